@@ -1,0 +1,81 @@
+// The transport interface: collectives over byte buffers between the ranks of a
+// group. It knows nothing of models or tensors; the reload engine drives it from
+// a plan that every rank computes identically.
+//
+// Every method except rank(), size(), backend() and abort() is COLLECTIVE: every
+// rank of the group must make the same calls, in the same order, with the same
+// sizes, roots and ranges. A rank that skips or reorders a call makes the others
+// time out; they never hang (see CommOptions::timeout).
+//
+// Errors: a failed call throws CommError; a call that does not complete within
+// the timeout throws CommTimeoutError naming the operation, the byte count and the
+// root. After either, the communicator is broken: every later call throws, and
+// the program should abort() so the peers stop too.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tpreload/core/span.h"
+
+namespace tpreload {
+
+enum class BitOp { kOr, kAnd };
+enum class IntOp { kSum, kMax, kMin };
+
+struct CommOptions {
+  // Deadline for one collective, from its start to its completion on this rank.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Largest message handed to the backend in one call; larger transfers are
+  // split. Must be at most INT32_MAX for MPI (its counts are int).
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // "mpi", "nccl", ...
+  virtual std::string backend() const = 0;
+
+  // Root's `buffer` is copied into every rank's `buffer`; sizes must agree.
+  virtual void broadcast(MutableBytes buffer, int root) = 0;
+
+  // Root sends `ranges[r]` of its `send` buffer to rank r, which receives it into
+  // `recv` (recv.size must equal ranges[rank()].length). `ranges` has size()
+  // entries and is identical on every rank; ranges may be empty, uneven, in any
+  // order and over 2 GiB. `send` is read on the root only.
+  virtual void scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
+                        MutableBytes recv, int root) = 0;
+
+  // Element-wise OR/AND of `count` 64-bit words across ranks, in place.
+  virtual void allreduce_bits(std::uint64_t* words, std::size_t count, BitOp op) = 0;
+
+  // Element-wise sum/max/min of `count` int64 values across ranks, in place.
+  virtual void allreduce_ints(std::int64_t* values, std::size_t count, IntOp op) = 0;
+
+  virtual void barrier() = 0;
+
+  // Ranks with the same `color` form a new group, ordered by (key, rank).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Ends the whole job (every rank of every group) with `code`. Not collective:
+  // this is how a rank that hit an error stops peers that wait on it.
+  [[noreturn]] virtual void abort(int code) noexcept = 0;
+};
+
+// Convenience wrappers over the vector forms.
+inline void allreduce_bits(Communicator& comm, std::vector<std::uint64_t>& words, BitOp op) {
+  comm.allreduce_bits(words.data(), words.size(), op);
+}
+inline void allreduce_ints(Communicator& comm, std::vector<std::int64_t>& values, IntOp op) {
+  comm.allreduce_ints(values.data(), values.size(), op);
+}
+
+}  // namespace tpreload

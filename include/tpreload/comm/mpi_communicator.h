@@ -1,0 +1,85 @@
+// The MPI backend of Communicator, on host memory.
+//
+// Every collective is posted non-blocking (MPI_Ibcast, MPI_Iscatterv,
+// MPI_Iallreduce, MPI_Ibarrier) and completed by polling against the deadline in
+// CommOptions, so a dead or diverging peer gives a CommTimeoutError instead of a
+// hang. Messages above CommOptions::max_message_bytes (at most INT32_MAX) are
+// split, so sizes are 64-bit end to end.
+//
+// Needs MPI initialised with at least MPI_THREAD_SERIALIZED (MpiRuntime does this);
+// one communicator must not be used from two threads at once.
+#pragma once
+
+#include <mpi.h>
+
+#include <memory>
+#include <string>
+
+#include "tpreload/comm/communicator.h"
+
+namespace tpreload {
+
+// Owns MPI initialisation for the process. finalize() is the explicit, collective
+// teardown; the destructor never waits on other ranks (if finalize() was not
+// called, e.g. while unwinding an error, it only logs, and the launcher ends the
+// job).
+class MpiRuntime {
+ public:
+  MpiRuntime(int* argc, char*** argv);
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+
+  void finalize();
+  int world_rank() const { return world_rank_; }
+  int world_size() const { return world_size_; }
+
+ private:
+  bool owns_ = false;
+  bool finalized_ = false;
+  int world_rank_ = 0;
+  int world_size_ = 1;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // A communicator over a duplicate of MPI_COMM_WORLD (collective over the world).
+  static std::unique_ptr<MpiCommunicator> world(CommOptions options = {});
+
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  const CommOptions& options() const { return options_; }
+
+  void broadcast(MutableBytes buffer, int root) override;
+  void scatterv(ConstBytes send, const std::vector<ByteRange>& ranges, MutableBytes recv,
+                int root) override;
+  void allreduce_bits(std::uint64_t* words, std::size_t count, BitOp op) override;
+  void allreduce_ints(std::int64_t* values, std::size_t count, IntOp op) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  [[noreturn]] void abort(int code) noexcept override;
+
+ private:
+  MpiCommunicator(MPI_Comm comm, CommOptions options, std::string label);
+  void check_usable(const char* op) const;
+  void check_root(const char* op, int root) const;
+  // Wait for `requests` until the deadline; `what` names the operation in errors.
+  void wait(std::vector<MPI_Request>& requests, const std::string& what);
+  template <typename T>
+  void allreduce_words(T* values, std::size_t count, MPI_Datatype type, MPI_Op op,
+                       const char* name);
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  CommOptions options_;
+  std::string label_;  // "world", "world/split(color=1)", ... for messages
+  int rank_ = 0;
+  int size_ = 1;
+  bool broken_ = false;
+};
+
+}  // namespace tpreload

@@ -1,0 +1,49 @@
+// Element types a checkpoint or a parameter can hold, with their sizes and the
+// names each format uses for them. No torch here: the model layer maps DType to
+// c10::ScalarType (see tpreload/model/torch_dtype.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tpreload {
+
+enum class DType : std::uint8_t {
+  kFloat32,
+  kFloat16,
+  kBFloat16,
+  kInt8,
+  kInt32,
+  kInt64,
+  kUInt8,
+  kBool,
+  kFloat64,
+};
+
+inline constexpr DType kAllDTypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16,
+                                       DType::kInt8,    DType::kInt32,   DType::kInt64,
+                                       DType::kUInt8,   DType::kBool,    DType::kFloat64};
+
+// Bytes per element.
+std::size_t dtype_size(DType dtype);
+
+// Canonical lower-case name: "float32", "bfloat16", ... (also Hugging Face's
+// `torch_dtype` spelling and the HDF5 `dtype` attribute value).
+std::string_view dtype_name(DType dtype);
+
+// safetensors header spelling: "F32", "F16", "BF16", "I8", "I32", "I64", "U8", "BOOL", "F64".
+std::string_view dtype_safetensors_name(DType dtype);
+
+// Parse a canonical name; also accepts "float"/"half"/"double" aliases. nullopt if unknown.
+std::optional<DType> dtype_from_name(std::string_view name);
+
+// Parse a safetensors spelling. nullopt if unknown (e.g. "F8_E4M3").
+std::optional<DType> dtype_from_safetensors(std::string_view name);
+
+// Whether the type is floating point (float16, bfloat16, float32, float64).
+bool dtype_is_floating(DType dtype);
+
+}  // namespace tpreload

@@ -1,0 +1,175 @@
+// Collectives of the MPI communicator at every world size, checking every byte.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <numeric>
+
+#include "mpi_test_main.h"
+#include "tpreload/comm/mpi_communicator.h"
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+using mpitest::world;
+
+// The byte a sender puts at `offset` of a buffer tagged `tag`.
+std::uint8_t pattern(std::uint64_t tag, std::uint64_t offset) {
+  return static_cast<std::uint8_t>((offset * 131 + tag * 7 + (offset >> 8)) & 0xff);
+}
+
+std::vector<std::uint8_t> filled(std::size_t n, std::uint64_t tag, std::uint64_t start = 0) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = pattern(tag, start + i);
+  return v;
+}
+
+std::size_t count_wrong(const std::vector<std::uint8_t>& got, std::uint64_t tag,
+                        std::uint64_t start = 0) {
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) wrong += got[i] != pattern(tag, start + i);
+  return wrong;
+}
+
+// A communicator that splits every message above 1000 bytes, to exercise chunking.
+std::unique_ptr<MpiCommunicator> small_message_world() {
+  CommOptions options;
+  options.timeout = std::chrono::seconds(60);
+  options.max_message_bytes = 1000;
+  return MpiCommunicator::world(options);
+}
+
+TEST(Broadcast, EverySizeFromEveryRoot) {
+  for (std::size_t n : {0, 1, 7, 4096, 1000 * 1000 + 3}) {
+    for (int root = 0; root < world().size(); ++root) {
+      auto buf = world().rank() == root ? filled(n, root) : std::vector<std::uint8_t>(n, 0xAA);
+      world().broadcast(MutableBytes(buf), root);
+      EXPECT_EQ(count_wrong(buf, root), 0u) << "size " << n << " root " << root;
+    }
+  }
+}
+
+TEST(Broadcast, SplitIntoManyMessages) {
+  auto comm = small_message_world();
+  const std::size_t n = 10 * 1000 + 17;  // 11 messages of at most 1000 bytes
+  const int root = comm->size() - 1;
+  auto buf = comm->rank() == root ? filled(n, 99) : std::vector<std::uint8_t>(n, 0);
+  comm->broadcast(MutableBytes(buf), root);
+  EXPECT_EQ(count_wrong(buf, 99), 0u);
+}
+
+// Ranges into the root buffer: uneven, one empty, laid out in reverse rank order.
+std::vector<ByteRange> uneven_ranges(int size, std::uint64_t unit) {
+  std::vector<ByteRange> ranges(size);
+  std::uint64_t offset = 0;
+  for (int r = size - 1; r >= 0; --r) {
+    const std::uint64_t length = r == 1 ? 0 : unit * (r + 1) + r;
+    ranges[r] = {offset, length};
+    offset += length + 5;  // gaps between ranges are never sent
+  }
+  return ranges;
+}
+
+void check_scatterv(Communicator& comm, std::uint64_t unit, int root) {
+  const auto ranges = uneven_ranges(comm.size(), unit);
+  std::uint64_t total = 0;
+  for (const auto& r : ranges) total = std::max(total, r.end());
+  const auto send = comm.rank() == root ? filled(total, 5) : std::vector<std::uint8_t>();
+  std::vector<std::uint8_t> recv(ranges[comm.rank()].length, 0xEE);
+  comm.scatterv(ConstBytes(send), ranges, MutableBytes(recv), root);
+  EXPECT_EQ(count_wrong(recv, 5, ranges[comm.rank()].offset), 0u)
+      << "unit " << unit << " root " << root;
+}
+
+TEST(Scatterv, UnevenAndEmptyRangesFromEveryRoot) {
+  for (std::uint64_t unit : {1, 100, 300 * 1000})
+    for (int root = 0; root < world().size(); ++root) check_scatterv(world(), unit, root);
+}
+
+TEST(Scatterv, SplitIntoManyRounds) {
+  auto comm = small_message_world();
+  check_scatterv(*comm, 2500, 0);
+}
+
+TEST(Scatterv, AllRangesEmpty) {
+  std::vector<ByteRange> ranges(world().size());
+  std::vector<std::uint8_t> send(world().rank() == 0 ? 16 : 0), recv;
+  world().scatterv(ConstBytes(send), ranges, MutableBytes(recv), 0);
+  SUCCEED();  // completing at all, on every rank, is the check
+}
+
+TEST(Scatterv, WrongReceiveSizeIsRejectedBeforeAnyTransfer) {
+  std::vector<ByteRange> ranges(world().size(), ByteRange{0, 8});
+  std::vector<std::uint8_t> send(8), recv(7);
+  EXPECT_THROW(world().scatterv(ConstBytes(send), ranges, MutableBytes(recv), 0), UsageError);
+}
+
+TEST(Allreduce, BitsOrAndAnd) {
+  const int size = world().size(), rank = world().rank();
+  const std::size_t words = 3;  // bits 0..191; ranks set bit (rank * 23) and bit 100
+  std::vector<std::uint64_t> mine(words, 0);
+  auto set = [&](std::vector<std::uint64_t>& w, int bit) { w[bit / 64] |= 1ull << (bit % 64); };
+  set(mine, rank * 23);
+  set(mine, 100);
+  auto ored = mine, anded = mine;
+  allreduce_bits(world(), ored, BitOp::kOr);
+  allreduce_bits(world(), anded, BitOp::kAnd);
+  std::vector<std::uint64_t> want_or(words, 0), want_and(words, 0);
+  for (int r = 0; r < size; ++r) set(want_or, r * 23);
+  set(want_or, 100);
+  set(want_and, 100);
+  if (size == 1) want_and = want_or;
+  EXPECT_EQ(ored, want_or);
+  EXPECT_EQ(anded, want_and);
+}
+
+TEST(Allreduce, IntsSumMaxMin) {
+  const int size = world().size(), rank = world().rank();
+  const std::int64_t big = std::int64_t{1} << 40;
+  std::vector<std::int64_t> sum = {rank, big + rank, -rank};
+  auto max = sum, min = sum;
+  allreduce_ints(world(), sum, IntOp::kSum);
+  allreduce_ints(world(), max, IntOp::kMax);
+  allreduce_ints(world(), min, IntOp::kMin);
+  const std::int64_t ranks_sum = std::int64_t{size} * (size - 1) / 2;
+  EXPECT_EQ(sum, (std::vector<std::int64_t>{ranks_sum, big * size + ranks_sum, -ranks_sum}));
+  EXPECT_EQ(max, (std::vector<std::int64_t>{size - 1, big + size - 1, 0}));
+  EXPECT_EQ(min, (std::vector<std::int64_t>{0, big, -(size - 1)}));
+}
+
+TEST(Allreduce, ManyMessages) {
+  auto comm = small_message_world();
+  std::vector<std::int64_t> values(1000);  // 8000 bytes: 8 messages of 125 values
+  std::iota(values.begin(), values.end(), comm->rank());
+  comm->allreduce_ints(values.data(), values.size(), IntOp::kSum);
+  const std::int64_t n = comm->size();
+  for (std::size_t i = 0; i < values.size(); ++i)
+    ASSERT_EQ(values[i], n * static_cast<std::int64_t>(i) + n * (n - 1) / 2) << "index " << i;
+}
+
+TEST(Split, TensorParallelGroupsByColor) {
+  const int rank = world().rank(), size = world().size();
+  const int tp = size >= 2 ? 2 : 1;  // groups of `tp` consecutive ranks
+  auto group = world().split(rank / tp, -rank);  // reversed order inside each group
+  const int group_size = std::min(tp, size - rank / tp * tp);
+  ASSERT_EQ(group->size(), group_size);
+  EXPECT_EQ(group->rank(), (rank / tp * tp + group_size - 1) - rank);
+  std::int64_t from_root = rank;  // the group's rank 0 is its highest world rank
+  std::vector<std::uint8_t> buf(8);
+  std::memcpy(buf.data(), &from_root, 8);
+  group->broadcast(MutableBytes(buf), 0);
+  std::memcpy(&from_root, buf.data(), 8);
+  EXPECT_EQ(from_root, rank / tp * tp + group_size - 1);
+  std::int64_t members = 1;
+  group->allreduce_ints(&members, 1, IntOp::kSum);
+  EXPECT_EQ(members, group_size);
+}
+
+TEST(Barrier, CompletesOnEveryRank) {
+  world().barrier();
+  world().barrier();
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace tpreload

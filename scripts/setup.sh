@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install what is missing (Debian 12), configure and build tpreload.
+#   scripts/setup.sh [extra cmake args...]
+# Environment: BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo), JOBS.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(cmake g++ make ccache pkg-config
+          libtorch-dev libopenmpi-dev openmpi-bin libhdf5-dev libspdlog-dev libgtest-dev
+          nlohmann-json3-dev libcli11-dev zlib1g-dev python3-h5py python3-numpy)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo}
+JOBS=${JOBS:-$(nproc)}
+# The precompiled header is compatible with ccache only with these sloppiness settings.
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+start=$(date +%s)
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "$@" >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS"
+echo "setup: built $BUILD_DIR ($BUILD_TYPE) in $(( $(date +%s) - start )) s"

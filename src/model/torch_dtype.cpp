@@ -1,0 +1,30 @@
+#include "tpreload/model/torch_dtype.h"
+
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+constexpr std::pair<DType, c10::ScalarType> kPairs[] = {
+    {DType::kFloat32, c10::ScalarType::Float}, {DType::kFloat16, c10::ScalarType::Half},
+    {DType::kBFloat16, c10::ScalarType::BFloat16}, {DType::kInt8, c10::ScalarType::Char},
+    {DType::kInt32, c10::ScalarType::Int},     {DType::kInt64, c10::ScalarType::Long},
+    {DType::kUInt8, c10::ScalarType::Byte},    {DType::kBool, c10::ScalarType::Bool},
+    {DType::kFloat64, c10::ScalarType::Double},
+};
+
+}  // namespace
+
+DType dtype_from_torch(c10::ScalarType type) {
+  for (auto [dtype, scalar] : kPairs)
+    if (scalar == type) return dtype;
+  raise<UsageError>("torch scalar type ", c10::toString(type), " has no tpreload dtype");
+}
+
+c10::ScalarType dtype_to_torch(DType dtype) {
+  for (auto [d, scalar] : kPairs)
+    if (d == dtype) return scalar;
+  raise<UsageError>("invalid DType value ", static_cast<int>(dtype));
+}
+
+}  // namespace tpreload
