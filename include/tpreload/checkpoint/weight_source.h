@@ -1,0 +1,96 @@
+// Where checkpoint bytes come from. A WeightSource lists its tensors (name, dtype,
+// shape, bytes, and where the bytes are) WITHOUT reading tensor data, then hands
+// out the bytes of one tensor or a byte range of it: as a zero-copy view where the
+// format allows (memory-mapped safetensors, in-memory tensors), or copied into a
+// caller's buffer (always).
+//
+// Sources are opened on the reader rank only; other ranks learn the tensor list
+// from the reload engine's metadata broadcast. No torch here.
+//
+// Errors: opening or listing throws CheckpointError naming the file, the tensor
+// and the offending values; read() throws CheckpointError for a failed read.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tpreload/core/dtype.h"
+#include "tpreload/core/span.h"
+
+namespace tpreload {
+
+struct TensorInfo {
+  std::string name;                // e.g. "model.layers.0.self_attn.q_proj.weight"
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t nbytes = 0;        // product(shape) * dtype_size(dtype)
+  std::string file;                // the file holding the bytes (for messages)
+  std::uint64_t file_offset = 0;   // absolute offset of the first byte in `file` (0 if n/a)
+  // For kernel-format shards: the tensor-parallel rank this tensor belongs to.
+  // -1 for an ordinary (unsharded, checkpoint-format) tensor.
+  int tp_rank = -1;
+};
+
+// Description of a kernel-format directory (`kernel_format.json`).
+struct KernelFormatInfo {
+  int tp_size = 1;
+  DType dtype = DType::kFloat32;    // dtype of the unquantized parameters
+  std::string quantization;         // "" or "int8"
+  std::string config_json;          // the model config.json it was made for, verbatim
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+
+  // One line for logs: format, path, file and tensor counts.
+  virtual std::string describe() const = 0;
+
+  // Every tensor, in a stable order (file order for file formats). Never reads data.
+  virtual const std::vector<TensorInfo>& tensors() const = 0;
+
+  // Bytes [range.offset, range.end()) of tensors()[index] without copying, when the
+  // format allows it; nullopt otherwise (e.g. HDF5, compressed data). The view
+  // stays valid for the lifetime of the source. Throws CheckpointError if the
+  // range is out of the tensor's bounds.
+  virtual std::optional<ConstBytes> view(std::size_t index, ByteRange range) = 0;
+
+  // Copy bytes [range.offset, range.end()) of tensors()[index] into `dst`
+  // (dst.size must equal range.length). Safe to call from one thread at a time.
+  virtual void read(std::size_t index, ByteRange range, MutableBytes dst) = 0;
+
+  // Tensor data bytes read or viewed so far (headers and metadata excluded).
+  virtual std::uint64_t bytes_read() const = 0;
+
+  // Free-form metadata (safetensors `__metadata__`), empty if the format has none.
+  virtual const std::map<std::string, std::string>& metadata() const = 0;
+
+  // Set for kernel-format directories, nullopt for checkpoint-format sources.
+  virtual std::optional<KernelFormatInfo> kernel_format() const { return std::nullopt; }
+};
+
+// Open what `path` names: a .safetensors file; a directory with
+// model.safetensors.index.json (sharded) or with *.safetensors files; a directory
+// with kernel_format.json (kernel-format shards); an .h5/.hdf5 file or a directory
+// holding exactly one. Throws CheckpointError naming the path when it is none of these.
+std::unique_ptr<WeightSource> open_weight_source(const std::string& path);
+
+// A tensor handed over in memory: the bytes are owned by the caller and must
+// outlive the source (or be kept alive by `keep_alive`).
+struct InMemoryTensor {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<std::int64_t> shape;
+  ConstBytes bytes;
+  std::shared_ptr<const void> keep_alive;
+};
+
+// The in-memory source (vLLM's `weights_iterator`). Throws CheckpointError for a
+// duplicate name or bytes that do not match shape x dtype.
+std::unique_ptr<WeightSource> make_in_memory_source(std::vector<InMemoryTensor> tensors);
+
+}  // namespace tpreload

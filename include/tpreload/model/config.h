@@ -1,0 +1,54 @@
+// A Hugging Face config.json for the Llama family (LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM), and the tensors a checkpoint for it holds.
+// No torch here: the checkpoint tool and the checkpoint layer's tests use it too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tpreload/core/dtype.h"
+
+namespace tpreload {
+
+struct ModelConfig {
+  std::string architecture;  // "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
+  std::int64_t hidden_size = 0;
+  std::int64_t intermediate_size = 0;
+  std::int64_t num_hidden_layers = 0;
+  std::int64_t num_attention_heads = 0;
+  std::int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
+  std::int64_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  std::int64_t vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;           // q/k/v biases (always on for Qwen2)
+  DType dtype = DType::kFloat32;         // `torch_dtype`
+  std::string json;                      // the original text, for kernel_format.json
+};
+
+// Parse config.json text; `origin` names it in errors. Throws ModelError for an
+// unknown architecture, a missing or non-positive field, or heads that do not
+// divide evenly.
+ModelConfig parse_model_config(const std::string& text, const std::string& origin);
+
+// Read `path`, a config.json file or a directory holding one.
+ModelConfig load_model_config(const std::string& path);
+
+// Serialise to config.json text (the fields above, Hugging Face spelling).
+std::string model_config_to_json(const ModelConfig& config);
+
+// A tensor a Hugging Face checkpoint for the config holds.
+struct CheckpointTensorSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+
+// Every tensor of a checkpoint for `config`, in Hugging Face naming and order:
+// model.embed_tokens.weight, then per layer input_layernorm, self_attn.{q,k,v,o}_proj
+// (q/k/v biases when attention_bias), post_attention_layernorm,
+// mlp.{gate,up,down}_proj, then model.norm.weight and lm_head.weight (untied only).
+std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);
+
+}  // namespace tpreload

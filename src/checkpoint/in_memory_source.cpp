@@ -1,0 +1,78 @@
+#include <set>
+
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+std::uint64_t expected_bytes(const InMemoryTensor& t) {
+  std::uint64_t n = dtype_size(t.dtype);
+  for (std::int64_t d : t.shape) {
+    if (d < 0) raise<CheckpointError>("in-memory tensor '", t.name, "' has negative dimension ", d);
+    n *= static_cast<std::uint64_t>(d);
+  }
+  return n;
+}
+
+class InMemorySource final : public WeightSource {
+ public:
+  explicit InMemorySource(std::vector<InMemoryTensor> tensors) : tensors_(std::move(tensors)) {
+    std::set<std::string> seen;
+    for (const auto& t : tensors_) {
+      if (!seen.insert(t.name).second)
+        raise<CheckpointError>("in-memory weights: duplicate tensor name '", t.name, "'");
+      const std::uint64_t want = expected_bytes(t);
+      if (want != t.bytes.size)
+        raise<CheckpointError>("in-memory tensor '", t.name, "': shape x ", dtype_name(t.dtype),
+                               " needs ", want, " bytes, got ", t.bytes.size);
+      infos_.push_back({t.name, t.dtype, t.shape, want, "<memory>", 0, -1});
+    }
+  }
+
+  std::string describe() const override {
+    return detail::concat("in-memory weights (", tensors_.size(), " tensors)");
+  }
+  const std::vector<TensorInfo>& tensors() const override { return infos_; }
+
+  std::optional<ConstBytes> view(std::size_t index, ByteRange range) override {
+    const ConstBytes all = checked(index, range);
+    bytes_read_ += range.length;
+    return all.subspan(range.offset, range.length);
+  }
+
+  void read(std::size_t index, ByteRange range, MutableBytes dst) override {
+    if (dst.size != range.length)
+      raise<UsageError>("in-memory tensor '", infos_.at(index).name, "': read of ", range.length,
+                        " bytes into a ", dst.size, "-byte buffer");
+    const ConstBytes bytes = *view(index, range);
+    std::copy(bytes.data, bytes.data + bytes.size, dst.data);
+  }
+
+  std::uint64_t bytes_read() const override { return bytes_read_; }
+  const std::map<std::string, std::string>& metadata() const override { return metadata_; }
+
+ private:
+  ConstBytes checked(std::size_t index, ByteRange range) const {
+    if (index >= tensors_.size())
+      raise<UsageError>("in-memory weights: tensor index ", index, " out of ", tensors_.size());
+    const ConstBytes all = tensors_[index].bytes;
+    if (range.end() > all.size || range.end() < range.offset)
+      raise<UsageError>("in-memory tensor '", infos_[index].name, "': range [", range.offset,
+                        ", ", range.end(), ") exceeds its ", all.size, " bytes");
+    return all;
+  }
+
+  std::vector<InMemoryTensor> tensors_;
+  std::vector<TensorInfo> infos_;
+  std::map<std::string, std::string> metadata_;
+  std::uint64_t bytes_read_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> make_in_memory_source(std::vector<InMemoryTensor> tensors) {
+  return std::make_unique<InMemorySource>(std::move(tensors));
+}
+
+}  // namespace tpreload

@@ -1,0 +1,140 @@
+#include "tpreload/model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <sys/stat.h>
+
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+using nlohmann::json;
+
+const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM",
+                                      "Qwen2ForCausalLM"};
+
+std::int64_t positive_int(const json& j, const char* key, const std::string& origin) {
+  if (!j.contains(key) || !j[key].is_number_integer())
+    raise<ModelError>(origin, ": field '", key, "' is missing or not an integer");
+  const auto value = j[key].get<std::int64_t>();
+  if (value <= 0) raise<ModelError>(origin, ": field '", key, "' must be positive, got ", value);
+  return value;
+}
+
+std::string architecture_of(const json& j, const std::string& origin) {
+  if (!j.contains("architectures") || !j["architectures"].is_array() ||
+      j["architectures"].empty() || !j["architectures"][0].is_string())
+    raise<ModelError>(origin, ": field 'architectures' is missing or not a list of names");
+  const auto name = j["architectures"][0].get<std::string>();
+  for (const char* known : kArchitectures)
+    if (name == known) return name;
+  raise<ModelError>(origin, ": architecture '", name,
+                    "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
+                    "Qwen2ForCausalLM)");
+}
+
+void check_heads(const ModelConfig& c, const std::string& origin) {
+  if (c.num_attention_heads % c.num_key_value_heads != 0)
+    raise<ModelError>(origin, ": num_attention_heads ", c.num_attention_heads,
+                      " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    raise<ModelError>(origin, ": not valid JSON: ", e.what());
+  }
+  ModelConfig c;
+  c.architecture = architecture_of(j, origin);
+  c.hidden_size = positive_int(j, "hidden_size", origin);
+  c.intermediate_size = positive_int(j, "intermediate_size", origin);
+  c.num_hidden_layers = positive_int(j, "num_hidden_layers", origin);
+  c.num_attention_heads = positive_int(j, "num_attention_heads", origin);
+  c.num_key_value_heads = j.contains("num_key_value_heads")
+                              ? positive_int(j, "num_key_value_heads", origin)
+                              : c.num_attention_heads;
+  c.vocab_size = positive_int(j, "vocab_size", origin);
+  if (j.contains("head_dim") && !j["head_dim"].is_null())
+    c.head_dim = positive_int(j, "head_dim", origin);
+  else if (c.hidden_size % c.num_attention_heads != 0)
+    raise<ModelError>(origin, ": hidden_size ", c.hidden_size,
+                      " is not a multiple of num_attention_heads ", c.num_attention_heads,
+                      " and no head_dim is given");
+  else
+    c.head_dim = c.hidden_size / c.num_attention_heads;
+  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+  c.rope_theta = j.value("rope_theta", 10000.0);
+  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || j.value("attention_bias", false);
+  const std::string dtype = j.value("torch_dtype", std::string("float32"));
+  const auto parsed = dtype_from_name(dtype);
+  if (!parsed || !dtype_is_floating(*parsed))
+    raise<ModelError>(origin, ": torch_dtype '", dtype,
+                      "' is not a floating type (float32, float16, bfloat16)");
+  c.dtype = *parsed;
+  check_heads(c, origin);
+  c.json = text;
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  struct stat st {};
+  std::string file = path;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/config.json";
+  std::ifstream in(file);
+  if (!in) raise<ModelError>("cannot open model config '", file, "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_model_config(text.str(), file);
+}
+
+std::string model_config_to_json(const ModelConfig& c) {
+  json j = {{"architectures", {c.architecture}},
+            {"hidden_size", c.hidden_size},
+            {"intermediate_size", c.intermediate_size},
+            {"num_hidden_layers", c.num_hidden_layers},
+            {"num_attention_heads", c.num_attention_heads},
+            {"num_key_value_heads", c.num_key_value_heads},
+            {"head_dim", c.head_dim},
+            {"vocab_size", c.vocab_size},
+            {"rms_norm_eps", c.rms_norm_eps},
+            {"rope_theta", c.rope_theta},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"attention_bias", c.attention_bias},
+            {"torch_dtype", std::string(dtype_name(c.dtype))}};
+  return j.dump(2);
+}
+
+std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) {
+  const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+                     kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+  std::vector<CheckpointTensorSpec> specs = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    specs.push_back({p + "input_layernorm.weight", {h}});
+    specs.push_back({p + "self_attn.q_proj.weight", {q, h}});
+    specs.push_back({p + "self_attn.k_proj.weight", {kv, h}});
+    specs.push_back({p + "self_attn.v_proj.weight", {kv, h}});
+    if (c.attention_bias) {
+      specs.push_back({p + "self_attn.q_proj.bias", {q}});
+      specs.push_back({p + "self_attn.k_proj.bias", {kv}});
+      specs.push_back({p + "self_attn.v_proj.bias", {kv}});
+    }
+    specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
+    specs.push_back({p + "post_attention_layernorm.weight", {h}});
+    specs.push_back({p + "mlp.gate_proj.weight", {inter, h}});
+    specs.push_back({p + "mlp.up_proj.weight", {inter, h}});
+    specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
+  }
+  specs.push_back({"model.norm.weight", {h}});
+  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}});
+  return specs;
+}
+
+}  // namespace tpreload
