@@ -193,6 +193,10 @@ void MpiCommunicator::allreduce_ints(std::int64_t* values, std::size_t count, In
   allreduce_words(values, count, MPI_INT64_T, mpi_op, name);
 }
 
+void MpiCommunicator::allreduce_floats(float* values, std::size_t count) {
+  allreduce_words(values, count, MPI_FLOAT, MPI_SUM, "allreduce(SUM float)");
+}
+
 void MpiCommunicator::barrier() {
   check_usable("barrier");
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);

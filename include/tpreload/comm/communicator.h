@@ -60,6 +60,11 @@ class Communicator {
   // Element-wise sum/max/min of `count` int64 values across ranks, in place.
   virtual void allreduce_ints(std::int64_t* values, std::size_t count, IntOp op) = 0;
 
+  // Element-wise sum of `count` floats across ranks, in place (the tensor-parallel
+  // forward pass sums row-parallel outputs with it). Summation order is the
+  // backend's; results agree across ranks, not bit-for-bit with a serial sum.
+  virtual void allreduce_floats(float* values, std::size_t count) = 0;
+
   virtual void barrier() = 0;
 
   // Ranks with the same `color` form a new group, ordered by (key, rank).
@@ -69,6 +74,10 @@ class Communicator {
   // this is how a rank that hit an error stops peers that wait on it.
   [[noreturn]] virtual void abort(int code) noexcept = 0;
 };
+
+// A communicator of one rank (tp = 1 without MPI): every collective is a no-op
+// or a local copy.
+std::unique_ptr<Communicator> make_local_communicator();
 
 // Convenience wrappers over the vector forms.
 inline void allreduce_bits(Communicator& comm, std::vector<std::uint64_t>& words, BitOp op) {

@@ -60,6 +60,7 @@ class MpiCommunicator final : public Communicator {
                 int root) override;
   void allreduce_bits(std::uint64_t* words, std::size_t count, BitOp op) override;
   void allreduce_ints(std::int64_t* values, std::size_t count, IntOp op) override;
+  void allreduce_floats(float* values, std::size_t count) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(int code) noexcept override;

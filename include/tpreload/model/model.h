@@ -1,0 +1,136 @@
+// A tensor-parallel Llama-family model on LibTorch: the parameters one rank holds
+// under vLLM's in-model names, their weight loaders, LoRA wrapping, int8
+// weight-only kernel format, and a CPU forward pass.
+//
+// Names. Parameters are named as vLLM names them ("model.layers.0.self_attn.
+// qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", "lm_head.weight").
+// With LoRA, linear layers keep their parameters under "...<module>.base_layer.
+// <leaf>" beside "...<module>.lora_a"/"lora_b"; parameter_for_reload() reaches the
+// base layer without changing the module tree (vLLM's get_parameter_for_reload).
+//
+// Storage. Every parameter tensor is allocated once, in the constructor; loads
+// copy into it, so pointers, shapes, strides and dtypes never change. A tied LM
+// head is the embedding tensor itself.
+//
+// int8. With quantization "int8", every decoder linear weight is int8 with a
+// float32 weight_scale [rows]. Checkpoint-format loads stage the unquantized shard
+// (per parameter, allocated on first load) and finish_layer()/finish() quantize
+// it per output row: scale = max|w| / 127 (1 where max|w| == 0),
+// q = clamp(round_half_even(w / scale), -127, 127), then release the staging.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tpreload/model/config.h"
+#include "tpreload/core/span.h"
+#include "tpreload/model/sharding.h"
+
+namespace tpreload {
+
+class Communicator;
+class WeightSource;
+
+enum class LoadFormat { kCheckpoint, kKernel };
+
+struct ModelOptions {
+  int tp_size = 1;
+  int tp_rank = 0;
+  std::string quantization;  // "" or "int8"
+  bool lora = false;         // wrap the decoder linear layers with LoRA adapters
+  std::int64_t lora_rank = 8;
+};
+
+class TensorParallelModel {
+ public:
+  // Allocates every parameter (zeros). Throws ModelError if the config cannot be
+  // split options.tp_size ways or tp_rank is out of range.
+  TensorParallelModel(ModelConfig config, ModelOptions options);
+
+  const ModelConfig& config() const { return rules_.config(); }
+  const ModelOptions& options() const { return options_; }
+  const ShardingRules& rules() const { return rules_; }
+
+  // Every parameter as named in the module tree (with ".base_layer." and LoRA
+  // adapters when wrapped), sorted by name. A tied LM head is not listed twice.
+  const std::map<std::string, at::Tensor>& named_parameters() const { return params_; }
+
+  // The parameter an in-model name refers to, trying "<module>.base_layer.<leaf>"
+  // when the plain name is absent. An undefined tensor when neither exists.
+  at::Tensor parameter_for_reload(const std::string& name) const;
+
+  // The names a reload in `format` must load, sorted: ".base_layer." stripped,
+  // LoRA adapters excluded, weight_scale only in kernel format.
+  std::vector<std::string> expected_names(LoadFormat format) const;
+
+  // --- loading (every call is local to this rank) ---
+
+  // Start tracking which names load; clears staging left from an aborted load.
+  void begin_load();
+
+  // Checkpoint format: copy the slice `placement` describes from `source` (the
+  // whole checkpoint tensor, or exactly the slice when `presliced`) into the
+  // target parameter (or its int8 staging), zeroing vocab padding rows. Throws
+  // ModelError naming tensor, expected and actual shape/dtype on a mismatch.
+  void load_checkpoint_tensor(const Placement& placement, const at::Tensor& source,
+                              bool presliced);
+
+  // Check, without writing, that load_checkpoint_tensor() would accept a tensor
+  // of this shape and dtype. Returns "" if so, else the reason.
+  std::string check_checkpoint_tensor(const Placement& placement,
+                                      const std::vector<std::int64_t>& shape, DType dtype,
+                                      bool presliced) const;
+
+  // Kernel format: copy `source` straight into the parameter `name` resolves to.
+  void load_kernel_tensor(const std::string& name, const at::Tensor& source);
+  std::string check_kernel_tensor(const std::string& name, const std::vector<std::int64_t>& shape,
+                                  DType dtype) const;
+
+  // Post-load processing of one decoder layer (int8 quantization of its staged
+  // weights), or of everything still staged. No-op without quantization.
+  void finish_layer(std::int64_t layer);
+  void finish();
+
+  // Expected names loaded since begin_load(): a stacked parameter (qkv_proj,
+  // gate_up_proj) counts once all of its shards loaded.
+  std::vector<std::string> loaded_names(LoadFormat format) const;
+
+  // Bytes held by int8 staging right now (for the reload's memory report).
+  std::uint64_t staging_bytes() const;
+
+  // vLLM-style local load of every tensor of `source` (checkpoint or kernel
+  // format, by source): loaders, then finish(). Returns the names loaded; fills
+  // `skipped` with checkpoint names that have no parameter.
+  std::set<std::string> load_weights(WeightSource& source,
+                                     std::set<std::string>* skipped = nullptr);
+
+  // Logits [tokens, vocab_size] (float32) for one sequence. Collective over
+  // `tp_comm`, whose size and rank must equal tp_size and tp_rank.
+  at::Tensor forward(const std::vector<std::int64_t>& tokens, Communicator& tp_comm) const;
+
+ private:
+  at::Tensor& target_for(const std::string& param_name);
+  at::Tensor weight_f32(const std::string& module) const;
+  at::Tensor linear(const at::Tensor& x, const std::string& module) const;
+  void quantize_into(const std::string& param_name, const at::Tensor& staged);
+  std::string storage_name(const std::string& name) const;
+
+  ShardingRules rules_;
+  ModelOptions options_;
+  std::map<std::string, at::Tensor> params_;
+  std::map<std::string, at::Tensor> staging_;         // int8 only: unquantized shards
+  std::map<std::string, std::set<std::string>> loaded_;  // param -> shard ids loaded
+};
+
+// A tensor viewing `bytes` (no copy; the bytes must outlive it). Shape x dtype
+// must equal the byte count (UsageError otherwise).
+at::Tensor tensor_view(ConstBytes bytes, DType dtype, const std::vector<std::int64_t>& shape);
+
+// The bytes of a contiguous tensor.
+ConstBytes tensor_bytes(const at::Tensor& tensor);
+
+}  // namespace tpreload

@@ -1,0 +1,128 @@
+// The tensor-parallel forward pass (CPU, float32 compute): embedding, RMSNorm,
+// rotary attention with grouped-query heads, SwiGLU MLP and the LM head. Row-
+// parallel outputs and vocab-parallel pieces are summed over the TP group.
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/model.h"
+
+namespace tpreload {
+namespace {
+
+void allreduce_sum(at::Tensor& t, Communicator& comm) {
+  if (comm.size() == 1) return;
+  t = t.contiguous();
+  comm.allreduce_floats(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()));
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor variance = x.pow(2).mean({-1}, /*keepdim=*/true);
+  return x * at::rsqrt(variance + eps) * weight.to(at::kFloat);
+}
+
+// Hugging Face's rotate-half rotary embedding on [tokens, heads, head_dim].
+at::Tensor apply_rope(const at::Tensor& x, double theta) {
+  const std::int64_t tokens = x.size(0), dim = x.size(2);
+  const at::Tensor inv_freq =
+      1.0 / at::pow(theta, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
+  const at::Tensor freqs = at::outer(at::arange(tokens, at::kDouble), inv_freq);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = emb.cos().to(at::kFloat).unsqueeze(1);
+  const at::Tensor sin = emb.sin().to(at::kFloat).unsqueeze(1);
+  const at::Tensor x1 = x.narrow(2, 0, dim / 2), x2 = x.narrow(2, dim / 2, dim / 2);
+  return x * cos + at::cat({-x2, x1}, -1) * sin;
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const std::int64_t tokens = q.size(0);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+  at::Tensor scores = at::einsum("thd,shd->hts", {q, k}) * scale;
+  const at::Tensor mask = at::ones({tokens, tokens}, at::kBool).triu(1);
+  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  return at::einsum("hts,shd->thd", {at::softmax(scores, -1), v});
+}
+
+}  // namespace
+
+at::Tensor TensorParallelModel::weight_f32(const std::string& module) const {
+  const at::Tensor w = parameter_for_reload(module + ".weight");
+  if (w.scalar_type() != at::kChar) return w.to(at::kFloat);
+  return w.to(at::kFloat) * parameter_for_reload(module + ".weight_scale").unsqueeze(1);
+}
+
+at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& module) const {
+  at::Tensor y = at::matmul(x, weight_f32(module).t());
+  const at::Tensor bias = parameter_for_reload(module + ".bias");
+  if (bias.defined()) y = y + bias.to(at::kFloat);
+  const auto a = params_.find(module + ".lora_a");
+  if (a != params_.end()) y = y + at::matmul(at::matmul(x, a->second.t()),
+                                             params_.at(module + ".lora_b").t());
+  return y;
+}
+
+at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
+                                        Communicator& comm) const {
+  if (comm.size() != options_.tp_size || comm.rank() != options_.tp_rank)
+    raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
+                      " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
+  const ModelConfig& c = config();
+  const int tp = options_.tp_size, rank = options_.tp_rank;
+  const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
+  const at::Tensor ids = at::tensor(tokens, at::kLong);
+  for (auto t : tokens)
+    if (t < 0 || t >= c.vocab_size)
+      raise<UsageError>("forward: token ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
+
+  // Vocab-parallel embedding: each rank looks up the tokens in its row range.
+  const at::Tensor in_range = (ids >= vocab_start) & (ids < vocab_start + per_vocab);
+  const at::Tensor local_ids = (ids - vocab_start).clamp(0, per_vocab - 1);
+  at::Tensor h = weight_f32("model.embed_tokens").index_select(0, local_ids) *
+                 in_range.unsqueeze(1).to(at::kFloat);
+  allreduce_sum(h, comm);
+
+  const std::int64_t q_heads = c.num_attention_heads / tp, kv_heads = rules_.kv_heads_per_rank();
+  const std::int64_t hd = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
+  // Local KV head for each local query head (grouped-query attention).
+  std::vector<std::int64_t> kv_of_q(q_heads);
+  for (std::int64_t i = 0; i < q_heads; ++i)
+    kv_of_q[i] = (rank * q_heads + i) / group - rules_.kv_head_start(rank);
+  const at::Tensor kv_index = at::tensor(kv_of_q, at::kLong);
+
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const at::Tensor x = rms_norm(h, parameter_for_reload(p + "input_layernorm.weight"),
+                                  c.rms_norm_eps);
+    const at::Tensor qkv = linear(x, p + "self_attn.qkv_proj");
+    const std::int64_t n = static_cast<std::int64_t>(tokens.size());
+    at::Tensor q = qkv.narrow(1, 0, q_heads * hd).reshape({n, q_heads, hd});
+    at::Tensor k = qkv.narrow(1, q_heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+    at::Tensor v = qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+    q = apply_rope(q, c.rope_theta);
+    k = apply_rope(k, c.rope_theta).index_select(1, kv_index);
+    v = v.index_select(1, kv_index);
+    at::Tensor attn = linear(causal_attention(q, k, v).reshape({n, q_heads * hd}),
+                             p + "self_attn.o_proj");
+    allreduce_sum(attn, comm);
+    h = h + attn;
+    const at::Tensor y = rms_norm(h, parameter_for_reload(p + "post_attention_layernorm.weight"),
+                                  c.rms_norm_eps);
+    const at::Tensor gate_up = linear(y, p + "mlp.gate_up_proj");
+    const std::int64_t inter = gate_up.size(1) / 2;
+    at::Tensor mlp = linear(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter),
+                            p + "mlp.down_proj");
+    allreduce_sum(mlp, comm);
+    h = h + mlp;
+  }
+  h = rms_norm(h, parameter_for_reload("model.norm.weight"), c.rms_norm_eps);
+  const std::string head = c.tie_word_embeddings ? "model.embed_tokens" : "lm_head";
+  const at::Tensor local_logits = at::matmul(h, weight_f32(head).t());
+  at::Tensor logits = at::zeros({h.size(0), rules_.padded_vocab()}, at::kFloat);
+  logits.narrow(1, vocab_start, per_vocab).copy_(local_logits);
+  allreduce_sum(logits, comm);
+  return logits.narrow(1, 0, c.vocab_size).contiguous();
+}
+
+}  // namespace tpreload

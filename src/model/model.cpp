@@ -1,0 +1,242 @@
+#include "tpreload/model/model.h"
+
+#include <ATen/ATen.h>
+
+#include <sstream>
+
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/torch_dtype.h"
+
+namespace tpreload {
+namespace {
+
+const std::string kBaseLayer = ".base_layer.";
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+// "a.b.weight" -> "a.b.base_layer.weight"
+std::string with_base_layer(const std::string& name) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string::npos) return name;
+  return name.substr(0, dot) + kBaseLayer + name.substr(dot + 1);
+}
+
+std::string strip_base_layer(std::string name) {
+  const auto at = name.find(kBaseLayer);
+  if (at != std::string::npos) name.replace(at, kBaseLayer.size(), ".");
+  return name;
+}
+
+bool is_linear(const ParamSpec& spec) {
+  return spec.layer >= 0 && (spec.kind == ShardKind::kColumn || spec.kind == ShardKind::kRow);
+}
+
+std::string scale_name(const std::string& weight_name) { return weight_name + "_scale"; }
+
+at::TensorOptions options_for(DType dtype) {
+  return at::TensorOptions().dtype(dtype_to_torch(dtype)).device(at::kCPU);
+}
+
+}  // namespace
+
+at::Tensor tensor_view(ConstBytes bytes, DType dtype, const std::vector<std::int64_t>& shape) {
+  std::uint64_t want = dtype_size(dtype);
+  for (auto d : shape) want *= static_cast<std::uint64_t>(d);
+  if (want != bytes.size)
+    raise<UsageError>("tensor_view: shape ", shape_str(shape), " x ", dtype_name(dtype),
+                      " needs ", want, " bytes, got ", bytes.size);
+  return at::from_blob(const_cast<std::byte*>(bytes.data), shape, options_for(dtype));
+}
+
+ConstBytes tensor_bytes(const at::Tensor& tensor) {
+  if (!tensor.is_contiguous()) raise<UsageError>("tensor_bytes: tensor is not contiguous");
+  return ConstBytes(tensor.data_ptr(), tensor.numel() * tensor.element_size());
+}
+
+TensorParallelModel::TensorParallelModel(ModelConfig config, ModelOptions options)
+    : rules_(std::move(config), options.tp_size, options.quantization), options_(options) {
+  if (options_.tp_rank < 0 || options_.tp_rank >= options_.tp_size)
+    raise<ModelError>("tensor-parallel rank ", options_.tp_rank, " is outside [0, ",
+                      options_.tp_size, ")");
+  for (const ParamSpec& spec : rules_.params()) {
+    params_[storage_name(spec.name)] = at::zeros(spec.shape, options_for(spec.dtype));
+    if (options_.lora && is_linear(spec) && spec.from_checkpoint && spec.shape.size() == 2) {
+      const std::string module = spec.name.substr(0, spec.name.rfind('.'));
+      params_[module + ".lora_a"] =
+          at::zeros({options_.lora_rank, spec.shape[1]}, options_for(DType::kFloat32));
+      params_[module + ".lora_b"] =
+          at::zeros({spec.shape[0], options_.lora_rank}, options_for(DType::kFloat32));
+    }
+  }
+}
+
+std::string TensorParallelModel::storage_name(const std::string& name) const {
+  if (!options_.lora) return name;
+  const ParamSpec* spec = rules_.find_param(name);
+  return spec && is_linear(*spec) ? with_base_layer(name) : name;
+}
+
+at::Tensor TensorParallelModel::parameter_for_reload(const std::string& name) const {
+  auto it = params_.find(name);
+  if (it == params_.end()) it = params_.find(with_base_layer(name));
+  return it == params_.end() ? at::Tensor() : it->second;
+}
+
+std::vector<std::string> TensorParallelModel::expected_names(LoadFormat format) const {
+  std::vector<std::string> names;
+  for (const ParamSpec& spec : rules_.params())
+    if (format == LoadFormat::kKernel || spec.from_checkpoint) names.push_back(spec.name);
+  return names;
+}
+
+void TensorParallelModel::begin_load() {
+  loaded_.clear();
+  staging_.clear();
+}
+
+at::Tensor& TensorParallelModel::target_for(const std::string& param_name) {
+  const ParamSpec* spec = rules_.find_param(param_name);
+  if (!spec) raise<ModelError>("no parameter named '", param_name, "'");
+  if (spec->dtype == DType::kInt8 && rules_.quantization() == "int8") {
+    auto it = staging_.find(param_name);
+    if (it == staging_.end())
+      it = staging_.emplace(param_name, at::zeros(spec->shape, options_for(config().dtype))).first;
+    return it->second;
+  }
+  return params_.at(storage_name(param_name));
+}
+
+std::string TensorParallelModel::check_checkpoint_tensor(const Placement& pl,
+                                                         const std::vector<std::int64_t>& shape,
+                                                         DType dtype, bool presliced) const {
+  const std::vector<std::int64_t> want = presliced ? pl.slice_shape() : pl.source_shape;
+  if (shape == want && dtype == config().dtype) return "";
+  return detail::concat("tensor '", pl.checkpoint_name, "' for parameter '", pl.param,
+                        "' on tp rank ", options_.tp_rank, "/", options_.tp_size, ": expected ",
+                        presliced ? "slice " : "", shape_str(want), " ",
+                        dtype_name(config().dtype), ", got ", shape_str(shape), " ",
+                        dtype_name(dtype));
+}
+
+void TensorParallelModel::load_checkpoint_tensor(const Placement& pl, const at::Tensor& source,
+                                                 bool presliced) {
+  const std::string problem = check_checkpoint_tensor(
+      pl, source.sizes().vec(), dtype_from_torch(source.scalar_type()), presliced);
+  if (!problem.empty()) raise<ModelError>(problem);
+  const at::Tensor slice = presliced || pl.source_dim < 0
+                               ? source
+                               : source.narrow(pl.source_dim, pl.source_start, pl.source_length);
+  at::Tensor& dst = target_for(pl.param);
+  if (slice.dim() > 0 && slice.size(0) > 0) dst.narrow(0, pl.dest_row, slice.size(0)).copy_(slice);
+  if (pl.zero_rows_from >= 0)
+    dst.narrow(0, pl.zero_rows_from, dst.size(0) - pl.zero_rows_from).zero_();
+  loaded_[pl.param].insert(pl.shard_id);
+}
+
+std::string TensorParallelModel::check_kernel_tensor(const std::string& name,
+                                                     const std::vector<std::int64_t>& shape,
+                                                     DType dtype) const {
+  const at::Tensor param = parameter_for_reload(name);
+  if (!param.defined())
+    return detail::concat("kernel-format tensor '", name, "' has no parameter on tp rank ",
+                          options_.tp_rank, "/", options_.tp_size);
+  const DType have = dtype_from_torch(param.scalar_type());
+  if (param.sizes().vec() == shape && have == dtype) return "";
+  return detail::concat("kernel-format tensor '", name, "' on tp rank ", options_.tp_rank, "/",
+                        options_.tp_size, ": expected ", shape_str(param.sizes().vec()), " ",
+                        dtype_name(have), ", got ", shape_str(shape), " ", dtype_name(dtype));
+}
+
+void TensorParallelModel::load_kernel_tensor(const std::string& name, const at::Tensor& source) {
+  const std::string problem = check_kernel_tensor(name, source.sizes().vec(),
+                                                  dtype_from_torch(source.scalar_type()));
+  if (!problem.empty()) raise<ModelError>(problem);
+  parameter_for_reload(name).copy_(source);
+  loaded_[strip_base_layer(name)].insert("*");
+}
+
+void TensorParallelModel::quantize_into(const std::string& param_name, const at::Tensor& staged) {
+  const at::Tensor w = staged.to(at::kFloat);
+  const at::Tensor amax = w.abs().amax({1});
+  const at::Tensor scale = at::where(amax == 0, at::ones_like(amax), amax / 127.0f);
+  const at::Tensor q = at::clamp(at::round(w / scale.unsqueeze(1)), -127, 127).to(at::kChar);
+  params_.at(storage_name(param_name)).copy_(q);
+  params_.at(storage_name(scale_name(param_name))).copy_(scale);
+}
+
+void TensorParallelModel::finish_layer(std::int64_t layer) {
+  for (auto it = staging_.begin(); it != staging_.end();) {
+    if (layer_of(it->first) != layer) {
+      ++it;
+      continue;
+    }
+    quantize_into(it->first, it->second);
+    it = staging_.erase(it);
+  }
+}
+
+void TensorParallelModel::finish() {
+  for (const auto& [name, staged] : staging_) quantize_into(name, staged);
+  staging_.clear();
+}
+
+std::vector<std::string> TensorParallelModel::loaded_names(LoadFormat format) const {
+  std::vector<std::string> names;
+  for (const ParamSpec& spec : rules_.params()) {
+    if (format == LoadFormat::kCheckpoint && !spec.from_checkpoint) continue;
+    const auto it = loaded_.find(spec.name);
+    if (it == loaded_.end()) continue;
+    bool complete = it->second.count("*") > 0;
+    if (!complete) {
+      complete = true;
+      for (const auto& id : spec.shard_ids) complete = complete && it->second.count(id) > 0;
+    }
+    if (complete) names.push_back(spec.name);
+  }
+  return names;
+}
+
+std::uint64_t TensorParallelModel::staging_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const auto& [name, t] : staging_) bytes += t.numel() * t.element_size();
+  return bytes;
+}
+
+std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
+                                                        std::set<std::string>* skipped) {
+  begin_load();
+  const bool kernel = source.kernel_format().has_value();
+  const auto& infos = source.tensors();
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    const TensorInfo& info = infos[i];
+    if (kernel && info.tp_rank != options_.tp_rank) continue;
+    std::optional<Placement> pl;
+    if (!kernel && !(pl = rules_.place(info.name, options_.tp_rank))) {
+      if (skipped) skipped->insert(info.name);
+      continue;
+    }
+    at::Tensor tensor;
+    if (auto view = source.view(i, {0, info.nbytes})) {
+      tensor = tensor_view(*view, info.dtype, info.shape);
+    } else {
+      tensor = at::empty(info.shape, options_for(info.dtype));
+      source.read(i, {0, info.nbytes}, MutableBytes(tensor.data_ptr(), info.nbytes));
+    }
+    if (kernel)
+      load_kernel_tensor(info.name, tensor);
+    else
+      load_checkpoint_tensor(*pl, tensor, false);
+  }
+  finish();
+  const auto names = loaded_names(kernel ? LoadFormat::kKernel : LoadFormat::kCheckpoint);
+  return {names.begin(), names.end()};
+}
+
+}  // namespace tpreload

@@ -1,0 +1,197 @@
+#include "tpreload/model/sharding.h"
+
+#include <algorithm>
+
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+// "model.layers.0.self_attn.q_proj.weight" -> {"model.layers.0.self_attn.", "q_proj", "weight"}
+struct NameParts {
+  std::string prefix, module, leaf;
+};
+
+NameParts split_name(const std::string& name) {
+  const auto last = name.rfind('.');
+  const auto before = last == std::string::npos ? std::string::npos : name.rfind('.', last - 1);
+  if (last == std::string::npos) return {"", "", name};
+  if (before == std::string::npos) return {"", name.substr(0, last), name.substr(last + 1)};
+  return {name.substr(0, before + 1), name.substr(before + 1, last - before - 1),
+          name.substr(last + 1)};
+}
+
+void require_divisible(std::int64_t value, std::int64_t by, const char* what, int tp) {
+  if (by <= 0 || value % by != 0)
+    raise<ModelError>("cannot split the model ", tp, " ways: ", what, " ", value,
+                      " is not divisible by ", by);
+}
+
+}  // namespace
+
+std::int64_t layer_of(const std::string& name) {
+  static const std::string kPrefix = "model.layers.";
+  if (name.compare(0, kPrefix.size(), kPrefix) != 0) return -1;
+  std::int64_t value = 0;
+  std::size_t i = kPrefix.size();
+  if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return -1;
+  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
+    value = value * 10 + (name[i] - '0');
+  return value;
+}
+
+std::vector<std::int64_t> Placement::slice_shape() const {
+  std::vector<std::int64_t> shape = source_shape;
+  if (source_dim >= 0) shape[source_dim] = source_length;
+  return shape;
+}
+
+ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quantization)
+    : config_(std::move(config)), tp_size_(tp_size), quantization_(std::move(quantization)) {
+  if (tp_size_ < 1) raise<ModelError>("tensor-parallel size must be at least 1, got ", tp_size_);
+  if (!quantization_.empty() && quantization_ != "int8")
+    raise<ModelError>("unknown quantization '", quantization_, "' (supported: int8)");
+  const auto& c = config_;
+  require_divisible(c.num_attention_heads, tp_size_, "num_attention_heads", tp_size_);
+  if (tp_size_ >= c.num_key_value_heads)
+    require_divisible(tp_size_, c.num_key_value_heads, "tensor-parallel size (KV replication)",
+                      tp_size_);
+  else
+    require_divisible(c.num_key_value_heads, tp_size_, "num_key_value_heads", tp_size_);
+  require_divisible(c.intermediate_size, tp_size_, "intermediate_size", tp_size_);
+  padded_vocab_ = (c.vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
+  require_divisible(padded_vocab_, tp_size_, "padded vocab size", tp_size_);
+  build_rules();
+  build_params();
+}
+
+std::int64_t ShardingRules::kv_heads_per_rank() const {
+  return std::max<std::int64_t>(1, config_.num_key_value_heads / tp_size_);
+}
+
+std::int64_t ShardingRules::kv_head_start(int tp_rank) const {
+  const std::int64_t nkv = config_.num_key_value_heads;
+  if (tp_size_ >= nkv) return tp_rank / (tp_size_ / nkv);
+  return tp_rank * (nkv / tp_size_);
+}
+
+void ShardingRules::build_rules() {
+  for (const auto& spec : checkpoint_tensor_specs(config_)) {
+    const NameParts p = split_name(spec.name);
+    Rule rule{spec.name, "", ShardKind::kReplicated, spec.shape};
+    if (p.module == "embed_tokens" || spec.name == "lm_head.weight") {
+      rule.kind = ShardKind::kVocab;
+    } else if (p.module == "q_proj" || p.module == "k_proj" || p.module == "v_proj") {
+      rule = {p.prefix + "qkv_proj." + p.leaf, p.module.substr(0, 1), ShardKind::kColumn,
+              spec.shape};
+    } else if (p.module == "gate_proj" || p.module == "up_proj") {
+      rule = {p.prefix + "gate_up_proj." + p.leaf, p.module == "gate_proj" ? "0" : "1",
+              ShardKind::kColumn, spec.shape};
+    } else if ((p.module == "o_proj" || p.module == "down_proj") && p.leaf == "weight") {
+      rule.kind = ShardKind::kRow;
+    }
+    rules_.emplace_back(spec.name, rule);
+  }
+  std::sort(rules_.begin(), rules_.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+}
+
+void ShardingRules::build_params() {
+  const auto& c = config_;
+  const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
+  const std::int64_t qkv_rows = q_local + 2 * kv_heads_per_rank() * c.head_dim;
+  const std::int64_t gate_up_rows = 2 * c.intermediate_size / tp_size_;
+  for (const auto& [name, rule] : rules_) {
+    if (find_param(rule.param)) continue;
+    ParamSpec spec{rule.param, rule.source_shape, c.dtype, rule.kind, layer_of(rule.param),
+                   true, {""}};
+    const NameParts p = split_name(rule.param);
+    if (rule.kind == ShardKind::kVocab) spec.shape[0] = padded_vocab_ / tp_size_;
+    if (p.module == "qkv_proj") {
+      spec.shape[0] = qkv_rows;
+      spec.shard_ids = {"q", "k", "v"};
+    }
+    if (p.module == "gate_up_proj") {
+      spec.shape[0] = gate_up_rows;
+      spec.shard_ids = {"0", "1"};
+    }
+    if (rule.kind == ShardKind::kRow) spec.shape[1] /= tp_size_;
+    const bool quantized = quantization_ == "int8" && spec.layer >= 0 && spec.shape.size() == 2 &&
+                           (rule.kind == ShardKind::kColumn || rule.kind == ShardKind::kRow);
+    if (quantized) {
+      spec.dtype = DType::kInt8;
+      params_.push_back({p.prefix + p.module + ".weight_scale", {spec.shape[0]}, DType::kFloat32,
+                         rule.kind, spec.layer, false, {""}});
+    }
+    params_.push_back(spec);
+  }
+  std::sort(params_.begin(), params_.end(),
+            [](const ParamSpec& a, const ParamSpec& b) { return a.name < b.name; });
+}
+
+const ParamSpec* ShardingRules::find_param(const std::string& name) const {
+  const auto it = std::lower_bound(params_.begin(), params_.end(), name,
+                                   [](const ParamSpec& p, const std::string& n) { return p.name < n; });
+  if (it != params_.end() && it->name == name) return &*it;
+  // params_ is sorted once build_params() finishes; before that, search linearly.
+  for (const auto& p : params_)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+std::vector<std::int64_t> ShardingRules::unquantized_shape(const ParamSpec& param) const {
+  return param.shape;  // int8 keeps the shape; only the dtype differs
+}
+
+const ShardingRules::Rule* ShardingRules::find_rule(const std::string& checkpoint_name) const {
+  const auto it = std::lower_bound(
+      rules_.begin(), rules_.end(), checkpoint_name,
+      [](const std::pair<std::string, Rule>& r, const std::string& n) { return r.first < n; });
+  return it != rules_.end() && it->first == checkpoint_name ? &it->second : nullptr;
+}
+
+std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name, int tp_rank,
+                                              SkipReason* why) const {
+  if (why) *why = SkipReason::kNone;
+  const Rule* rule = find_rule(checkpoint_name);
+  if (!rule) {
+    if (why)
+      *why = checkpoint_name == "lm_head.weight" && config_.tie_word_embeddings
+                 ? SkipReason::kTiedHead
+                 : SkipReason::kNoParameter;
+    return std::nullopt;
+  }
+  Placement pl{checkpoint_name, rule->param, rule->shard_id, rule->source_shape};
+  const auto& c = config_;
+  const std::int64_t rows = rule->source_shape[0];
+  if (rule->kind == ShardKind::kVocab) {
+    const std::int64_t per = padded_vocab_ / tp_size_, start = tp_rank * per;
+    const std::int64_t length = std::clamp<std::int64_t>(c.vocab_size - start, 0, per);
+    pl.source_dim = 0;
+    pl.source_start = std::min(start, c.vocab_size);
+    pl.source_length = length;
+    if (length < per) pl.zero_rows_from = length;
+  } else if (rule->kind == ShardKind::kRow) {
+    const std::int64_t per = rule->source_shape[1] / tp_size_;
+    pl.source_dim = 1;
+    pl.source_start = tp_rank * per;
+    pl.source_length = per;
+  } else if (rule->kind == ShardKind::kColumn) {
+    const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
+    const std::int64_t kv_local = kv_heads_per_rank() * c.head_dim;
+    pl.source_dim = 0;
+    if (rule->shard_id == "q" || rule->shard_id == "0" || rule->shard_id == "1") {
+      const std::int64_t per = rows / tp_size_;
+      pl.source_start = tp_rank * per;
+      pl.source_length = per;
+      pl.dest_row = rule->shard_id == "1" ? per : 0;
+    } else {  // "k" or "v"
+      pl.source_start = kv_head_start(tp_rank) * c.head_dim;
+      pl.source_length = kv_local;
+      pl.dest_row = q_local + (rule->shard_id == "v" ? kv_local : 0);
+    }
+  }
+  return pl;
+}
+
+}  // namespace tpreload

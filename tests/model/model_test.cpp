@@ -1,0 +1,239 @@
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "../support/tiny_models.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/model.h"
+
+namespace tpreload {
+namespace {
+
+using testdata::expected_shards;
+using testdata::memory_source;
+using testdata::random_checkpoint;
+using testdata::same_bytes;
+using testdata::tiny_config;
+
+ModelOptions opts(int tp, int rank, std::string quantization = "") {
+  ModelOptions o;
+  o.tp_size = tp;
+  o.tp_rank = rank;
+  o.quantization = std::move(quantization);
+  return o;
+}
+
+TEST(ModelLoad, EveryRankHoldsExactlyTheIndependentSlices) {
+  for (const char* name : testdata::kTinyConfigs) {
+    const ModelConfig config = tiny_config(name);
+    const auto ckpt = random_checkpoint(config, 7);
+    for (int tp : {1, 2, 4, 8}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        TensorParallelModel model(config, opts(tp, rank));
+        auto source = memory_source(ckpt);
+        const auto loaded = model.load_weights(*source);
+        const auto expected = expected_shards(config, ckpt, tp, rank);
+        ASSERT_EQ(model.named_parameters().size(), expected.size()) << name << " tp " << tp;
+        for (const auto& [param, want] : expected) {
+          const at::Tensor got = model.parameter_for_reload(param);
+          ASSERT_TRUE(got.defined()) << param;
+          EXPECT_TRUE(same_bytes(got, want))
+              << name << " tp " << tp << " rank " << rank << " param " << param;
+          EXPECT_EQ(loaded.count(param), 1u) << param;
+        }
+      }
+    }
+  }
+}
+
+TEST(ModelLoad, ParametersStayInPlace) {
+  const ModelConfig config = tiny_config("llama_gqa");
+  TensorParallelModel model(config, opts(2, 1));
+  struct Layout {
+    void* data;
+    std::vector<std::int64_t> sizes, strides;
+    at::ScalarType dtype;
+  };
+  std::map<std::string, Layout> before;
+  for (const auto& [name, t] : model.named_parameters())
+    before[name] = {t.data_ptr(), t.sizes().vec(), t.strides().vec(), t.scalar_type()};
+  for (std::uint64_t seed : {1, 2}) {
+    auto source = memory_source(random_checkpoint(config, seed));
+    model.load_weights(*source);
+  }
+  for (const auto& [name, t] : model.named_parameters()) {
+    EXPECT_EQ(t.data_ptr(), before[name].data) << name;
+    EXPECT_EQ(t.sizes().vec(), before[name].sizes) << name;
+    EXPECT_EQ(t.strides().vec(), before[name].strides) << name;
+    EXPECT_EQ(t.scalar_type(), before[name].dtype) << name;
+  }
+}
+
+TEST(ModelLoad, TiedHeadSharesTheEmbeddingAndSkipsLmHead) {
+  const ModelConfig config = tiny_config("qwen2_tied");
+  auto ckpt = random_checkpoint(config, 3);
+  ckpt["lm_head.weight"] = ckpt.at("model.embed_tokens.weight").clone();
+  ckpt["model.layers.0.self_attn.rotary_emb.inv_freq"] = at::ones({4});
+  TensorParallelModel model(config, opts(2, 0));
+  std::set<std::string> skipped;
+  auto source = memory_source(ckpt);
+  model.load_weights(*source, &skipped);
+  EXPECT_EQ(skipped, (std::set<std::string>{"lm_head.weight",
+                                            "model.layers.0.self_attn.rotary_emb.inv_freq"}));
+  EXPECT_FALSE(model.parameter_for_reload("lm_head.weight").defined());
+}
+
+TEST(ModelLoad, StackedParameterCountsOnlyWhenEveryShardLoaded) {
+  const ModelConfig config = tiny_config("llama_gqa");
+  auto ckpt = random_checkpoint(config, 4);
+  ckpt.erase("model.layers.0.self_attn.k_proj.weight");
+  ckpt.erase("model.layers.1.mlp.up_proj.weight");
+  TensorParallelModel model(config, opts(2, 0));
+  auto source = memory_source(ckpt);
+  const auto loaded = model.load_weights(*source);
+  EXPECT_EQ(loaded.count("model.layers.0.self_attn.qkv_proj.weight"), 0u);
+  EXPECT_EQ(loaded.count("model.layers.1.mlp.gate_up_proj.weight"), 0u);
+  EXPECT_EQ(loaded.count("model.layers.1.self_attn.qkv_proj.weight"), 1u);
+  EXPECT_EQ(loaded.size(), model.expected_names(LoadFormat::kCheckpoint).size() - 2);
+}
+
+TEST(ModelLoad, WrongShapeOrDtypeIsRejectedWithNames) {
+  const ModelConfig config = tiny_config("llama_gqa");
+  TensorParallelModel model(config, opts(4, 3));
+  const auto pl = model.rules().place("model.layers.1.mlp.down_proj.weight", 3);
+  ASSERT_TRUE(pl.has_value());
+  try {
+    model.load_checkpoint_tensor(*pl, at::zeros({64, 95}, at::kBFloat16), false);
+    FAIL() << "accepted a wrong shape";
+  } catch (const ModelError& e) {
+    EXPECT_STREQ(e.what(),
+                 "tensor 'model.layers.1.mlp.down_proj.weight' for parameter "
+                 "'model.layers.1.mlp.down_proj.weight' on tp rank 3/4: expected [64, 96] "
+                 "bfloat16, got [64, 95] bfloat16");
+  }
+  EXPECT_NE(model.check_checkpoint_tensor(*pl, {64, 96}, DType::kFloat32, false), "");
+  EXPECT_EQ(model.check_checkpoint_tensor(*pl, {64, 24}, DType::kBFloat16, true), "");
+}
+
+TEST(ShardingRules, IndivisibleSplitsAreModelErrors) {
+  try {
+    ShardingRules rules(tiny_config("llama_gqa"), 3);
+    FAIL();
+  } catch (const ModelError& e) {
+    EXPECT_STREQ(e.what(), "cannot split the model 3 ways: num_attention_heads 8 is not "
+                           "divisible by 3");
+  }
+  EXPECT_THROW(ShardingRules(tiny_config("llama_gqa"), 16), ModelError);
+  EXPECT_THROW(TensorParallelModel(tiny_config("llama_gqa"), opts(2, 2)), ModelError);
+}
+
+TEST(Lora, BaseLayerResolvesWithoutChangingTheTree) {
+  const ModelConfig config = tiny_config("qwen2_tied");
+  const auto ckpt = random_checkpoint(config, 5);
+  ModelOptions options = opts(2, 1);
+  options.lora = true;
+  TensorParallelModel model(config, options);
+  const auto& params = model.named_parameters();
+  EXPECT_EQ(params.count("model.layers.0.self_attn.qkv_proj.base_layer.weight"), 1u);
+  EXPECT_EQ(params.count("model.layers.0.self_attn.qkv_proj.base_layer.bias"), 1u);
+  EXPECT_EQ(params.count("model.layers.0.self_attn.qkv_proj.lora_a"), 1u);
+  EXPECT_EQ(params.count("model.layers.0.self_attn.qkv_proj.weight"), 0u);
+  EXPECT_EQ(params.count("model.layers.0.input_layernorm.weight"), 1u);
+  const at::Tensor base = model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight");
+  EXPECT_TRUE(base.is_same(params.at("model.layers.0.self_attn.qkv_proj.base_layer.weight")));
+  for (const auto& name : model.expected_names(LoadFormat::kCheckpoint)) {
+    EXPECT_EQ(name.find("base_layer"), std::string::npos) << name;
+    EXPECT_EQ(name.find("lora"), std::string::npos) << name;
+  }
+  auto source = memory_source(ckpt);
+  const auto loaded = model.load_weights(*source);
+  EXPECT_EQ(loaded.size(), model.expected_names(LoadFormat::kCheckpoint).size());
+  for (const auto& [param, want] : expected_shards(config, ckpt, 2, 1))
+    EXPECT_TRUE(same_bytes(model.parameter_for_reload(param), want)) << param;
+}
+
+// Per-row int8 quantization written out element by element, as the spec states it.
+void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scale) {
+  const at::Tensor w = shard.to(at::kFloat).contiguous();
+  q = at::empty(w.sizes(), at::kChar);
+  scale = at::empty({w.size(0)}, at::kFloat);
+  const float* src = w.data_ptr<float>();
+  for (std::int64_t r = 0; r < w.size(0); ++r) {
+    float amax = 0;
+    for (std::int64_t c = 0; c < w.size(1); ++c) amax = std::max(amax, std::fabs(src[r * w.size(1) + c]));
+    const float s = amax == 0 ? 1.0f : amax / 127.0f;
+    scale.data_ptr<float>()[r] = s;
+    for (std::int64_t c = 0; c < w.size(1); ++c) {
+      const float v = std::nearbyint(src[r * w.size(1) + c] / s);  // ties to even
+      q.data_ptr<std::int8_t>()[r * w.size(1) + c] = static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
+  }
+}
+
+TEST(Int8, CheckpointFormatQuantizesEachRankShardPerRow) {
+  const ModelConfig config = tiny_config("llama_gqa");
+  const auto ckpt = random_checkpoint(config, 6);
+  for (int rank : {0, 3}) {
+    ModelOptions options = opts(4, rank, "int8");
+    TensorParallelModel model(config, options);
+    const at::Tensor qkv = model.parameter_for_reload("model.layers.1.self_attn.qkv_proj.weight");
+    void* storage = qkv.data_ptr();
+    auto source = memory_source(ckpt);
+    const auto loaded = model.load_weights(*source);
+    EXPECT_EQ(loaded.size(), model.expected_names(LoadFormat::kCheckpoint).size());
+    EXPECT_EQ(model.staging_bytes(), 0u);
+    EXPECT_EQ(qkv.data_ptr(), storage);
+    for (const auto& [param, shard] : expected_shards(config, ckpt, 4, rank)) {
+      const at::Tensor got = model.parameter_for_reload(param);
+      if (got.scalar_type() != at::kChar) {
+        EXPECT_TRUE(same_bytes(got, shard)) << param;
+        continue;
+      }
+      at::Tensor q, scale;
+      quantize_reference(shard, q, scale);
+      EXPECT_TRUE(same_bytes(got, q)) << param;
+      EXPECT_TRUE(same_bytes(model.parameter_for_reload(param + "_scale"), scale)) << param;
+    }
+  }
+}
+
+TEST(Int8, KernelFormatCopiesWeightsAndScalesStraight) {
+  const ModelConfig config = tiny_config("llama_gqa");
+  ModelOptions options = opts(2, 1, "int8");
+  TensorParallelModel loaded(config, options), copy(config, options);
+  auto source = memory_source(random_checkpoint(config, 8));
+  loaded.load_weights(*source);
+  copy.begin_load();
+  for (const auto& name : copy.expected_names(LoadFormat::kKernel))
+    copy.load_kernel_tensor(name, loaded.parameter_for_reload(name));
+  EXPECT_EQ(copy.loaded_names(LoadFormat::kKernel).size(),
+            copy.expected_names(LoadFormat::kKernel).size());
+  for (const auto& [name, t] : loaded.named_parameters())
+    EXPECT_TRUE(same_bytes(copy.named_parameters().at(name), t)) << name;
+  EXPECT_NE(copy.check_kernel_tensor("model.layers.0.mlp.down_proj.weight", {64, 48},
+                                     DType::kBFloat16), "");
+}
+
+TEST(Forward, SingleRankMatchesTheReference) {
+  const std::vector<std::int64_t> tokens = {1, 17, 99, 3, 42, 0, 64};
+  auto comm = make_local_communicator();
+  for (const char* name : testdata::kTinyConfigs) {
+    const ModelConfig config = tiny_config(name);
+    const auto ckpt = random_checkpoint(config, 9);
+    TensorParallelModel model(config, opts(1, 0));
+    auto source = memory_source(ckpt);
+    model.load_weights(*source);
+    const at::Tensor got = model.forward(tokens, *comm);
+    const at::Tensor want = testdata::reference_logits(config, ckpt, tokens);
+    ASSERT_EQ(got.sizes(), want.sizes()) << name;
+    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
+        << name << " max diff " << (got - want).abs().max().item<float>();
+  }
+}
+
+}  // namespace
+}  // namespace tpreload

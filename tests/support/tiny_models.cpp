@@ -1,0 +1,169 @@
+#include "tiny_models.h"
+
+#include "tpreload/model/torch_dtype.h"
+
+namespace tpreload::testdata {
+
+ModelConfig tiny_config(const std::string& name) {
+  std::string json;
+  if (name == "llama_gqa")
+    json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":100,
+      "rms_norm_eps":1e-5,"rope_theta":10000.0,"tie_word_embeddings":false,
+      "torch_dtype":"bfloat16"})";
+  else if (name == "qwen2_tied")
+    json = R"({"architectures":["Qwen2ForCausalLM"],"hidden_size":64,"intermediate_size":128,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":130,
+      "rms_norm_eps":1e-6,"rope_theta":1000000.0,"tie_word_embeddings":true,
+      "torch_dtype":"float32"})";
+  else if (name == "mistral_mqa")
+    json = R"({"architectures":["MistralForCausalLM"],"hidden_size":32,"intermediate_size":64,
+      "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":1,"head_dim":8,
+      "vocab_size":200,"rms_norm_eps":1e-5,"tie_word_embeddings":false,"torch_dtype":"float16"})";
+  return parse_model_config(json, name);
+}
+
+std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config,
+                                                    std::uint64_t seed) {
+  at::manual_seed(seed);
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& spec : checkpoint_tensor_specs(config)) {
+    const bool norm = spec.name.find("norm") != std::string::npos;
+    at::Tensor t = at::randn(spec.shape, at::kFloat) * (norm ? 0.1 : 0.2);
+    if (norm) t = t + 1.0;
+    tensors[spec.name] = t.to(dtype_to_torch(config.dtype)).contiguous();
+  }
+  return tensors;
+}
+
+}  // namespace tpreload::testdata
+
+#include <cmath>
+#include <cstring>
+
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/model/model.h"
+
+namespace tpreload::testdata {
+
+std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tensor>& tensors) {
+  std::vector<InMemoryTensor> list;
+  for (const auto& [name, t] : tensors) {
+    auto owned = std::make_shared<at::Tensor>(t.contiguous());
+    list.push_back({name, dtype_from_torch(t.scalar_type()), t.sizes().vec(),
+                    ConstBytes(owned->data_ptr(), owned->numel() * owned->element_size()),
+                    std::shared_ptr<const void>(owned, owned.get())});
+  }
+  return make_in_memory_source(std::move(list));
+}
+
+namespace {
+
+at::Tensor rows(const at::Tensor& t, std::int64_t start, std::int64_t count) {
+  return t.slice(0, start, start + count);
+}
+
+at::Tensor vocab_shard(const at::Tensor& t, std::int64_t vocab, int tp, int r) {
+  const std::int64_t padded = (vocab + 63) / 64 * 64, per = padded / tp;
+  at::Tensor out = at::zeros({per, t.size(1)}, t.options());
+  const std::int64_t start = r * per, end = std::min(vocab, start + per);
+  if (end > start) out.slice(0, 0, end - start).copy_(t.slice(0, start, end));
+  return out;
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
+                                                  const std::map<std::string, at::Tensor>& ckpt,
+                                                  int tp, int r) {
+  std::map<std::string, at::Tensor> out;
+  const std::int64_t hd = c.head_dim, ql = c.num_attention_heads / tp * hd,
+                     il = c.intermediate_size / tp, nkv = c.num_key_value_heads;
+  // KV heads of rank r: one replicated head when tp >= nkv, else nkv/tp of them.
+  const std::int64_t kv_first = tp >= nkv ? r * nkv / tp : r * (nkv / tp);
+  const std::int64_t kv_count = tp >= nkv ? 1 : nkv / tp;
+  out["model.embed_tokens.weight"] = vocab_shard(ckpt.at("model.embed_tokens.weight"), c.vocab_size, tp, r);
+  if (!c.tie_word_embeddings)
+    out["lm_head.weight"] = vocab_shard(ckpt.at("lm_head.weight"), c.vocab_size, tp, r);
+  out["model.norm.weight"] = ckpt.at("model.norm.weight");
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"})
+      out[p + norm] = ckpt.at(p + norm);
+    for (std::string leaf : {"weight", "bias"}) {
+      const std::string q = p + "self_attn.q_proj." + leaf;
+      if (!ckpt.count(q)) continue;
+      out[p + "self_attn.qkv_proj." + leaf] = at::cat(
+          {rows(ckpt.at(q), r * ql, ql),
+           rows(ckpt.at(p + "self_attn.k_proj." + leaf), kv_first * hd, kv_count * hd),
+           rows(ckpt.at(p + "self_attn.v_proj." + leaf), kv_first * hd, kv_count * hd)});
+    }
+    out[p + "self_attn.o_proj.weight"] = ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
+    out[p + "mlp.gate_up_proj.weight"] = at::cat({rows(ckpt.at(p + "mlp.gate_proj.weight"), r * il, il),
+                                                  rows(ckpt.at(p + "mlp.up_proj.weight"), r * il, il)});
+    out[p + "mlp.down_proj.weight"] = ckpt.at(p + "mlp.down_proj.weight").slice(1, r * il, r * il + il);
+  }
+  return out;
+}
+
+namespace {
+
+at::Tensor f32(const std::map<std::string, at::Tensor>& ckpt, const std::string& name) {
+  return ckpt.at(name).to(at::kFloat);
+}
+
+at::Tensor norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return x / at::sqrt(x.pow(2).mean({-1}, true) + eps) * w;
+}
+
+at::Tensor rope(const at::Tensor& x, double theta) {  // x: [heads, tokens, dim]
+  const std::int64_t t = x.size(1), d = x.size(2);
+  std::vector<float> cos_v(t * d), sin_v(t * d);
+  for (std::int64_t pos = 0; pos < t; ++pos)
+    for (std::int64_t i = 0; i < d; ++i) {
+      const double freq = std::pow(theta, -2.0 * (i % (d / 2)) / d);
+      cos_v[pos * d + i] = static_cast<float>(std::cos(pos * freq));
+      sin_v[pos * d + i] = static_cast<float>(std::sin(pos * freq));
+    }
+  const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
+  const at::Tensor rotated = at::cat({-x.slice(2, d / 2, d), x.slice(2, 0, d / 2)}, 2);
+  return x * cos + rotated * sin;
+}
+
+}  // namespace
+
+at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                            const std::vector<std::int64_t>& tokens) {
+  const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
+                     nkv = c.num_key_value_heads;
+  at::Tensor h = f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens));
+  auto proj = [&](const at::Tensor& x, const std::string& name) {
+    at::Tensor y = at::matmul(x, f32(ckpt, name + ".weight").t());
+    return ckpt.count(name + ".bias") ? y + f32(ckpt, name + ".bias") : y;
+  };
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c.rms_norm_eps);
+    const at::Tensor q = rope(proj(x, p + "self_attn.q_proj").reshape({n, nh, hd}).transpose(0, 1), c.rope_theta);
+    at::Tensor k = rope(proj(x, p + "self_attn.k_proj").reshape({n, nkv, hd}).transpose(0, 1), c.rope_theta);
+    at::Tensor v = proj(x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
+    k = k.repeat_interleave(nh / nkv, 0);
+    v = v.repeat_interleave(nh / nkv, 0);
+    at::Tensor s = at::matmul(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(hd));
+    s = s + at::full({n, n}, -INFINITY).triu(1);
+    const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
+    h = h + proj(a, p + "self_attn.o_proj");
+    const at::Tensor y = norm(h, f32(ckpt, p + "post_attention_layernorm.weight"), c.rms_norm_eps);
+    h = h + proj(at::silu(proj(y, p + "mlp.gate_proj")) * proj(y, p + "mlp.up_proj"), p + "mlp.down_proj");
+  }
+  h = norm(h, f32(ckpt, "model.norm.weight"), c.rms_norm_eps);
+  return at::matmul(h, f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight").t());
+}
+
+bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor ca = a.contiguous(), cb = b.contiguous();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.numel() * ca.element_size()) == 0;
+}
+
+}  // namespace tpreload::testdata

@@ -1,0 +1,52 @@
+// Small model configs and seeded Hugging Face-style checkpoints for tests: they
+// exercise GQA with tp > num_kv_heads, Qwen2 biases, tied and untied heads, and
+// vocabularies that are not multiples of 64.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/model/config.h"
+
+namespace tpreload::testdata {
+
+// "llama_gqa" (untied, bfloat16, 8 heads / 2 KV heads, vocab 100),
+// "qwen2_tied" (tied, float32, biases, 8 heads / 4 KV heads, vocab 130),
+// "mistral_mqa" (untied, float16, 8 heads / 1 KV head, vocab 200).
+ModelConfig tiny_config(const std::string& name);
+inline const char* const kTinyConfigs[] = {"llama_gqa", "qwen2_tied", "mistral_mqa"};
+
+// Every checkpoint tensor for `config` (names from checkpoint_tensor_specs), with
+// values drawn from a generator seeded by `seed`, in the config's dtype.
+std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config, std::uint64_t seed);
+
+}  // namespace tpreload::testdata
+
+namespace tpreload {
+class WeightSource;
+}
+
+namespace tpreload::testdata {
+
+// An in-memory source over `tensors` (which it keeps alive).
+std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tensor>& tensors);
+
+// What rank `tp_rank` of `tp_size` must hold for every in-model parameter, sliced
+// from the checkpoint by rules written here, independently of ShardingRules.
+std::map<std::string, at::Tensor> expected_shards(const ModelConfig& config,
+                                                  const std::map<std::string, at::Tensor>& ckpt,
+                                                  int tp_size, int tp_rank);
+
+// Logits of a plain single-process Hugging Face-style forward pass over the
+// checkpoint tensors (float32 compute), independent of TensorParallelModel.
+at::Tensor reference_logits(const ModelConfig& config,
+                            const std::map<std::string, at::Tensor>& ckpt,
+                            const std::vector<std::int64_t>& tokens);
+
+// Whether two tensors hold the same bytes (and dtype and shape).
+bool same_bytes(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace tpreload::testdata
