@@ -130,14 +130,45 @@ void TensorParallelModel::load_checkpoint_tensor(const Placement& pl, const at::
   const std::string problem = check_checkpoint_tensor(
       pl, source.sizes().vec(), dtype_from_torch(source.scalar_type()), presliced);
   if (!problem.empty()) raise<ModelError>(problem);
-  const at::Tensor slice = presliced || pl.source_dim < 0
-                               ? source
-                               : source.narrow(pl.source_dim, pl.source_start, pl.source_length);
+  load_checkpoint_rows(pl, source, 0, presliced, true);
+}
+
+void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Tensor& block,
+                                               std::int64_t row0, bool presliced, bool last) {
+  const std::vector<std::int64_t> whole = presliced ? pl.slice_shape() : pl.source_shape;
+  std::vector<std::int64_t> got = block.sizes().vec();
+  const std::int64_t n = got.empty() ? 1 : got[0];
+  const bool fits = got.size() == whole.size() && row0 >= 0 &&
+                    (whole.empty() || n == 0 || row0 + n <= whole[0]) &&
+                    std::equal(got.begin() + (got.empty() ? 0 : 1), got.end(),
+                               whole.begin() + (whole.empty() ? 0 : 1)) &&
+                    dtype_from_torch(block.scalar_type()) == config().dtype;
+  if (!fits)
+    raise<ModelError>("tensor '", pl.checkpoint_name, "' on tp rank ", options_.tp_rank, "/",
+                      options_.tp_size, ": block of ", shape_str(got), " ",
+                      c10::toString(block.scalar_type()), " at row ", row0, " does not fit ",
+                      presliced ? "slice " : "", shape_str(whole), " ", dtype_name(config().dtype));
   at::Tensor& dst = target_for(pl.param);
-  if (slice.dim() > 0 && slice.size(0) > 0) dst.narrow(0, pl.dest_row, slice.size(0)).copy_(slice);
+  if (presliced || pl.source_dim != 0) {
+    // Block rows map one to one onto rows of the slice.
+    const at::Tensor part = presliced || pl.source_dim < 0
+                                ? block
+                                : block.narrow(pl.source_dim, pl.source_start, pl.source_length);
+    if (dst.dim() == 0)
+      dst.copy_(part);
+    else if (n > 0)
+      dst.narrow(0, pl.dest_row + row0, n).copy_(part);
+  } else {
+    // Full-tensor rows: keep those inside [source_start, source_start + length).
+    const std::int64_t lo = std::max(row0, pl.source_start);
+    const std::int64_t hi = std::min(row0 + n, pl.source_start + pl.source_length);
+    if (hi > lo)
+      dst.narrow(0, pl.dest_row + lo - pl.source_start, hi - lo)
+          .copy_(block.narrow(0, lo - row0, hi - lo));
+  }
   if (pl.zero_rows_from >= 0)
     dst.narrow(0, pl.zero_rows_from, dst.size(0) - pl.zero_rows_from).zero_();
-  loaded_[pl.param].insert(pl.shard_id);
+  if (last) loaded_[pl.param].insert(pl.shard_id);
 }
 
 std::string TensorParallelModel::check_kernel_tensor(const std::string& name,
@@ -158,8 +189,22 @@ void TensorParallelModel::load_kernel_tensor(const std::string& name, const at::
   const std::string problem = check_kernel_tensor(name, source.sizes().vec(),
                                                   dtype_from_torch(source.scalar_type()));
   if (!problem.empty()) raise<ModelError>(problem);
-  parameter_for_reload(name).copy_(source);
-  loaded_[strip_base_layer(name)].insert("*");
+  load_kernel_rows(name, source, 0, true);
+}
+
+void TensorParallelModel::load_kernel_rows(const std::string& name, const at::Tensor& block,
+                                           std::int64_t row0, bool last) {
+  at::Tensor param = parameter_for_reload(name);
+  if (!param.defined() || param.scalar_type() != block.scalar_type() ||
+      param.dim() != block.dim())
+    raise<ModelError>("kernel-format tensor '", name, "' on tp rank ", options_.tp_rank, "/",
+                      options_.tp_size, ": block ", shape_str(block.sizes().vec()),
+                      " does not fit the parameter");
+  if (param.dim() == 0)
+    param.copy_(block);
+  else if (block.size(0) > 0)
+    param.narrow(0, row0, block.size(0)).copy_(block);
+  if (last) loaded_[strip_base_layer(name)].insert("*");
 }
 
 void TensorParallelModel::quantize_into(const std::string& param_name, const at::Tensor& staged) {

@@ -46,7 +46,7 @@ std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config,
 
 namespace tpreload::testdata {
 
-std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tensor>& tensors) {
+std::vector<InMemoryTensor> in_memory(const std::map<std::string, at::Tensor>& tensors) {
   std::vector<InMemoryTensor> list;
   for (const auto& [name, t] : tensors) {
     auto owned = std::make_shared<at::Tensor>(t.contiguous());
@@ -54,7 +54,11 @@ std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tens
                     ConstBytes(owned->data_ptr(), owned->numel() * owned->element_size()),
                     std::shared_ptr<const void>(owned, owned.get())});
   }
-  return make_in_memory_source(std::move(list));
+  return list;
+}
+
+std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tensor>& tensors) {
+  return make_in_memory_source(in_memory(tensors));
 }
 
 namespace {

@@ -31,6 +31,9 @@ class WeightSource;
 
 namespace tpreload::testdata {
 
+// In-memory tensors viewing `tensors` (kept alive by each entry).
+std::vector<InMemoryTensor> in_memory(const std::map<std::string, at::Tensor>& tensors);
+
 // An in-memory source over `tensors` (which it keeps alive).
 std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tensor>& tensors);
 

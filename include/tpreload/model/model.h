@@ -79,6 +79,14 @@ class TensorParallelModel {
   void load_checkpoint_tensor(const Placement& placement, const at::Tensor& source,
                               bool presliced);
 
+  // The same for a block of rows: `block` holds rows [row0, row0 + block.size(0))
+  // of the whole checkpoint tensor (or of this rank's slice when `presliced`); a
+  // tensor may arrive in several blocks, in order, `last` marking the final one
+  // (only then does the parameter count as loaded). 1-D tensors count elements
+  // as rows.
+  void load_checkpoint_rows(const Placement& placement, const at::Tensor& block, std::int64_t row0,
+                            bool presliced, bool last);
+
   // Check, without writing, that load_checkpoint_tensor() would accept a tensor
   // of this shape and dtype. Returns "" if so, else the reason.
   std::string check_checkpoint_tensor(const Placement& placement,
@@ -87,6 +95,8 @@ class TensorParallelModel {
 
   // Kernel format: copy `source` straight into the parameter `name` resolves to.
   void load_kernel_tensor(const std::string& name, const at::Tensor& source);
+  void load_kernel_rows(const std::string& name, const at::Tensor& block, std::int64_t row0,
+                        bool last);
   std::string check_kernel_tensor(const std::string& name, const std::vector<std::int64_t>& shape,
                                   DType dtype) const;
 

@@ -1,0 +1,88 @@
+// The reload plan: from the tensor list the reader rank broadcasts and the model's
+// sharding rules (identical on every rank), every rank derives the same sequence
+// of buckets on its own. No per-tensor round trips, and no rank can branch into a
+// collective the others do not make. No torch here.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/model/sharding.h"
+
+namespace tpreload {
+
+enum class Distribution { kBroadcast, kScatter };
+enum class ReloadFormat { kCheckpoint, kKernel };
+
+std::string_view distribution_name(Distribution d);
+std::string_view format_name(ReloadFormat f);
+
+// What the reader rank tells everyone before any weight moves.
+struct SourceMetadata {
+  std::string description;                 // WeightSource::describe()
+  std::vector<TensorInfo> tensors;         // WeightSource::tensors()
+  std::optional<KernelFormatInfo> kernel;  // set for kernel-format sources
+};
+
+// Serialise / parse for the metadata broadcast. parse throws CommError on a
+// malformed payload.
+std::vector<std::uint8_t> serialize_metadata(const SourceMetadata& metadata);
+SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes);
+
+struct PlanOptions {
+  ReloadFormat format = ReloadFormat::kCheckpoint;
+  Distribution distribution = Distribution::kBroadcast;  // for sharded tensors
+  std::uint64_t bucket_bytes = std::uint64_t{64} << 20;
+  int world_size = 1;
+  int tp_size = 1;  // world rank w has tensor-parallel rank w % tp_size
+};
+
+// One checkpoint (or kernel-format) tensor that moves.
+struct PlannedTensor {
+  std::size_t index = 0;                 // into SourceMetadata::tensors
+  bool scatter = false;                  // scattered per rank, else broadcast whole
+  std::int64_t rows = 0;                 // rows of the unit sent: tensor rows, or max slice rows
+  std::int64_t layer = -1;
+  // Checkpoint format: the placement on each tensor-parallel rank.
+  std::vector<Placement> placements;
+  // Kernel format: the tensor-parallel rank that owns it, and the target name.
+  int kernel_tp_rank = -1;
+
+  // Rows of the unit world rank `w` receives (scatter) and bytes per such row.
+  std::int64_t rows_for(int tp_rank) const;
+  std::uint64_t row_bytes_for(int tp_rank, const TensorInfo& info) const;
+};
+
+// Rows [row_begin, row_end) of one planned tensor inside a bucket.
+struct Piece {
+  std::size_t planned = 0;
+  std::int64_t row_begin = 0, row_end = 0;
+  bool last = false;                      // the tensor's final piece
+  std::uint64_t offset = 0;               // broadcast: offset in the bucket
+  std::vector<std::uint64_t> rank_offset; // scatter: offset inside each world rank's region
+};
+
+struct Bucket {
+  bool scatter = false;
+  std::vector<Piece> pieces;
+  std::uint64_t bytes = 0;                // broadcast: bucket size; scatter: root buffer size
+  std::vector<ByteRange> ranges;          // scatter: each world rank's region of the root buffer
+  std::vector<std::int64_t> finished_layers;  // layers complete after this bucket (in order)
+};
+
+struct Plan {
+  std::vector<PlannedTensor> tensors;
+  std::vector<Bucket> buckets;
+  std::vector<std::string> skipped;       // checkpoint names with no parameter
+  std::uint64_t largest_bucket = 0;       // staging bytes per buffer, on any rank
+};
+
+// Build the plan. Throws ValidationError for a kernel-format source whose tp size
+// or quantization does not match the rules, UsageError for bad options.
+Plan make_plan(const SourceMetadata& metadata, const ShardingRules& rules,
+               const PlanOptions& options);
+
+}  // namespace tpreload

@@ -1,0 +1,106 @@
+// The distributed in-place reload: the native counterpart of vLLM's
+// reload_weights(vllm_config, model, weights_iterator, weights_path,
+// is_checkpoint_format) and get_parameter_for_reload(model, name).
+//
+// COLLECTIVE: every rank of `world` calls reload_weights() with the same options
+// and request (a WeightSource is needed on the reader rank only). The reader rank
+// lists the source and broadcasts the tensor list; every rank derives the same
+// plan; a preflight checks every planned tensor against every rank's parameters
+// before the first byte is written (all ranks raise the same ValidationError if
+// any rank objects); buckets then flow through a pipeline that overlaps reading,
+// transferring and applying; finally an allreduce of loaded-name bitsets finds
+// names no rank or only some ranks loaded.
+//
+// World = replicas x tp: world rank w holds tensor-parallel rank w % tp of
+// replica w / tp, and every replica receives the weights.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tpreload/model/model.h"
+#include "tpreload/reload/plan.h"
+
+namespace tpreload {
+
+class Communicator;
+class WeightSource;
+
+struct ReloadOptions {
+  ReloadFormat format = ReloadFormat::kCheckpoint;
+  Distribution distribution = Distribution::kBroadcast;
+  std::uint64_t bucket_bytes = std::uint64_t{64} << 20;
+  int pipeline_depth = 2;   // buffers per rank in flight (>= 1)
+  int reader_rank = 0;      // world rank that opens and reads the source
+  bool zero_copy = true;    // broadcast straight from a memory-mapped source when possible
+};
+
+struct PhaseSeconds {
+  double total = 0, read = 0, transfer = 0, apply = 0, finish = 0, validate = 0;
+};
+
+struct ReloadResult {
+  std::string source;                      // the source's description
+  ReloadFormat format = ReloadFormat::kCheckpoint;
+  Distribution distribution = Distribution::kBroadcast;
+  std::vector<std::string> loaded;         // expected names this rank loaded
+  std::vector<std::string> not_loaded_on_all_ranks;
+  std::map<std::string, std::vector<int>> not_loaded_on_some_ranks;  // name -> ranks missing it
+  std::vector<std::string> skipped;        // source names with no parameter
+  std::uint64_t bytes_read = 0;            // by the reader rank
+  std::uint64_t bytes_transferred = 0;     // bytes the reader rank sent
+  std::uint64_t bytes_copied_on_reader = 0;  // bytes the reader copied out of the source
+  std::uint64_t peak_staging_bytes = 0;    // max over ranks: bucket buffers + int8 staging
+  std::size_t buckets = 0;
+  PhaseSeconds seconds;                    // max over ranks
+
+  bool complete() const {
+    return not_loaded_on_all_ranks.empty() && not_loaded_on_some_ranks.empty();
+  }
+};
+
+// Reload `model` in place. `source` must be non-null on options.reader_rank and
+// is ignored elsewhere. Throws ValidationError (preflight, bad source kind),
+// CheckpointError (a failed read, raised on every rank alike) or CommError.
+ReloadResult reload_weights(TensorParallelModel& model, Communicator& world,
+                            WeightSource* source, const ReloadOptions& options);
+
+// Where the model's weights come from, as the serving config records it.
+struct WeightLocation {
+  std::string path;        // checkpoint directory or file
+  std::string revision;    // e.g. a hub revision; belongs to `path`
+  std::string remote_uri;  // a remote weights location; belongs to `path`
+};
+
+// A served model with its weight location and the caches derived from its
+// weights. The seed's semantics: reload from an in-memory source, else from a
+// given path, else from the model's own path; after a reload from a new path
+// that path becomes the model's path, and settings that belonged to the old
+// location (revision, remote_uri) are dropped.
+class ReloadableModel {
+ public:
+  ReloadableModel(TensorParallelModel& model, WeightLocation location);
+
+  TensorParallelModel& model() { return model_; }
+  const WeightLocation& location() const { return location_; }
+
+  // Run after every successful reload, in registration order (e.g. to drop LoRA,
+  // encoder or multimodal caches built from the old weights).
+  void on_reloaded(std::function<void(const ReloadResult&)> callback);
+
+  // COLLECTIVE. `source` (reader rank only) takes precedence over `path`; an
+  // empty `path` means the model's current location. Kernel format needs a
+  // kernel-format source or directory (ValidationError otherwise).
+  ReloadResult reload(Communicator& world, const ReloadOptions& options,
+                      WeightSource* source = nullptr, const std::string& path = "");
+
+ private:
+  TensorParallelModel& model_;
+  WeightLocation location_;
+  std::vector<std::function<void(const ReloadResult&)>> callbacks_;
+};
+
+}  // namespace tpreload

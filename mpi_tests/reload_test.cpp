@@ -1,0 +1,291 @@
+// The distributed reload end to end: every source kind, both formats, both
+// distributions, tiny and huge buckets, int8 and LoRA models, tp = world and
+// tp = world / 2. After each reload every rank's parameters equal the expected
+// slices byte for byte and no parameter moved.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "../tests/support/tiny_models.h"
+#include "mpi_test_main.h"
+#include "tpreload/checkpoint/kernel_format.h"
+#include "tpreload/checkpoint/writers.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/torch_dtype.h"
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+namespace {
+
+using mpitest::world;
+namespace fs = std::filesystem;
+
+// A directory every rank sees (created by rank 0, removed at exit).
+class SharedDir {
+ public:
+  SharedDir() {
+    std::string name(256, '\0');
+    if (world().rank() == 0) {
+      char tmpl[] = "/tmp/tpreload-reload-XXXXXX";
+      if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+      name = tmpl;
+      name.resize(256, '\0');
+    }
+    world().broadcast(MutableBytes(name.data(), name.size()), 0);
+    path_ = name.c_str();
+  }
+  ~SharedDir() {
+    world().barrier();
+    if (world().rank() == 0) fs::remove_all(path_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct Variant {
+  int tp;
+  std::string quantization;
+  bool lora;
+};
+
+ModelOptions options_for(const Variant& s) {
+  ModelOptions o;
+  o.tp_size = s.tp;
+  o.tp_rank = world().rank() % s.tp;
+  o.quantization = s.quantization;
+  o.lora = s.lora;
+  return o;
+}
+
+// What this rank must hold after loading `ckpt`: the independent slices, or (int8)
+// a local load through the loaders, which the unit tests check independently.
+std::map<std::string, at::Tensor> expected_params(const ModelConfig& config, const Variant& s,
+                                                  const std::map<std::string, at::Tensor>& ckpt) {
+  if (s.quantization.empty()) return testdata::expected_shards(config, ckpt, s.tp, world().rank() % s.tp);
+  TensorParallelModel local(config, options_for(s));
+  auto source = testdata::memory_source(ckpt);
+  local.load_weights(*source);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& name : local.expected_names(LoadFormat::kKernel))
+    out[name] = local.parameter_for_reload(name);
+  return out;
+}
+
+struct Layout {
+  void* data;
+  std::vector<std::int64_t> sizes, strides;
+};
+
+std::map<std::string, Layout> layout_of(const TensorParallelModel& model) {
+  std::map<std::string, Layout> out;
+  for (const auto& [name, t] : model.named_parameters())
+    out[name] = {t.data_ptr(), t.sizes().vec(), t.strides().vec()};
+  return out;
+}
+
+void expect_params(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& want,
+                   const std::string& what) {
+  std::size_t wrong = 0;
+  for (const auto& [name, t] : want) {
+    const at::Tensor got = model.parameter_for_reload(name);
+    if (!got.defined() || !testdata::same_bytes(got, t)) {
+      if (++wrong <= 3) ADD_FAILURE() << what << ": parameter " << name << " differs";
+    }
+  }
+  EXPECT_EQ(wrong, 0u) << what;
+}
+
+void expect_same_layout(const TensorParallelModel& model, const std::map<std::string, Layout>& before) {
+  for (const auto& [name, t] : model.named_parameters()) {
+    const Layout& b = before.at(name);
+    EXPECT_EQ(t.data_ptr(), b.data) << name;
+    EXPECT_EQ(t.sizes().vec(), b.sizes) << name;
+    EXPECT_EQ(t.strides().vec(), b.strides) << name;
+  }
+}
+
+// Every source kind for one checkpoint, written by rank 0 into `dir`.
+struct Sources {
+  std::string single, sharded, hdf5;
+};
+
+Sources write_sources(const std::map<std::string, at::Tensor>& ckpt, const std::string& dir) {
+  Sources s{dir + "/single/model.safetensors", dir + "/sharded", dir + "/model.h5"};
+  if (world().rank() == 0) {
+    fs::create_directories(dir + "/single");
+    const auto tensors = testdata::in_memory(ckpt);
+    write_safetensors(s.single, tensors);
+    write_safetensors_sharded(s.sharded, tensors, 3);
+    write_hdf5(s.hdf5, tensors);
+  }
+  world().barrier();
+  return s;
+}
+
+ReloadResult reload_from(TensorParallelModel& model, const std::string& path,
+                         const std::map<std::string, at::Tensor>* memory, const ReloadOptions& o) {
+  std::unique_ptr<WeightSource> source;
+  if (world().rank() == o.reader_rank)
+    source = memory ? testdata::memory_source(*memory) : open_weight_source(path);
+  return reload_weights(model, world(), source.get(), o);
+}
+
+void run_checkpoint_matrix(const std::string& config_name, const Variant& setup) {
+  SharedDir dir;
+  const ModelConfig config = testdata::tiny_config(config_name);
+  const auto v1 = testdata::random_checkpoint(config, 100), v2 = testdata::random_checkpoint(config, 200);
+  const Sources files = write_sources(v2, dir.path());
+  const auto want = expected_params(config, setup, v2);
+  for (const std::string kind : {"memory", "single", "sharded", "hdf5"}) {
+    for (Distribution dist : {Distribution::kBroadcast, Distribution::kScatter}) {
+      for (std::uint64_t bucket : {std::uint64_t{700}, std::uint64_t{1} << 30}) {
+        const std::string what = config_name + " tp " + std::to_string(setup.tp) + " " +
+                                 setup.quantization + (setup.lora ? " lora " : " ") + kind + " " +
+                                 std::string(distribution_name(dist)) + " bucket " + std::to_string(bucket);
+        TensorParallelModel model(config, options_for(setup));
+        ReloadOptions o;
+        o.distribution = dist;
+        o.bucket_bytes = bucket;
+        o.reader_rank = world().size() - 1;
+        reload_from(model, "", &v1, o);  // the live weights: version 1
+        const auto before = layout_of(model);
+        const std::string path = kind == "single" ? files.single : kind == "sharded" ? files.sharded : files.hdf5;
+        const ReloadResult r = reload_from(model, path, kind == "memory" ? &v2 : nullptr, o);
+        EXPECT_TRUE(r.complete()) << what;
+        EXPECT_TRUE(r.skipped.empty()) << what;
+        expect_params(model, want, what);
+        expect_same_layout(model, before);
+        EXPECT_LE(r.peak_staging_bytes, 2 * std::min<std::uint64_t>(bucket, 1 << 20) * 8 + (1 << 20))
+            << what;
+      }
+    }
+  }
+}
+
+TEST(Reload, CheckpointFormatEverySourceAndDistribution) {
+  run_checkpoint_matrix("llama_gqa", {world().size(), "", false});
+}
+
+TEST(Reload, TwoReplicasOfHalfTheWorld) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  run_checkpoint_matrix("qwen2_tied", {world().size() / 2, "", false});
+}
+
+TEST(Reload, Int8AndLoraModels) {
+  run_checkpoint_matrix("mistral_mqa", {world().size(), "int8", true});
+}
+
+TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
+  SharedDir dir;
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  for (const Variant& setup : {Variant{world().size(), "", false}, Variant{world().size(), "int8", false}}) {
+    const auto ckpt = testdata::random_checkpoint(config, 300);
+    const std::string kdir = dir.path() + "/kernel-" + setup.quantization;
+    if (world().rank() == 0) {  // what `reload_ckpt shard` writes, made here by local loads
+      std::vector<std::vector<InMemoryTensor>> per_rank;
+      for (int r = 0; r < setup.tp; ++r) {
+        ModelOptions o = options_for(setup);
+        o.tp_rank = r;
+        auto local = std::make_shared<TensorParallelModel>(config, o);
+        auto source = testdata::memory_source(ckpt);
+        local->load_weights(*source);
+        std::map<std::string, at::Tensor> params;
+        for (const auto& name : local->expected_names(LoadFormat::kKernel))
+          params[name] = local->parameter_for_reload(name).clone();
+        per_rank.push_back(testdata::in_memory(params));
+      }
+      KernelFormatInfo info{setup.tp, config.dtype, setup.quantization, model_config_to_json(config)};
+      write_kernel_format(kdir, info, per_rank);
+    }
+    world().barrier();
+    const auto want = expected_params(config, setup, ckpt);
+    for (Distribution dist : {Distribution::kBroadcast, Distribution::kScatter}) {
+      TensorParallelModel model(config, options_for(setup));
+      const auto before = layout_of(model);
+      ReloadOptions o;
+      o.format = ReloadFormat::kKernel;
+      o.distribution = dist;
+      o.bucket_bytes = 1000;
+      const ReloadResult r = reload_from(model, kdir, nullptr, o);
+      EXPECT_TRUE(r.complete());
+      expect_params(model, want, "kernel " + setup.quantization + " " + std::string(distribution_name(dist)));
+      expect_same_layout(model, before);
+    }
+  }
+}
+
+TEST(Reload, NotLoadedNamesAreExactlyTheMissingOnes) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  auto ckpt = testdata::random_checkpoint(config, 400);
+  ckpt.erase("model.layers.1.self_attn.v_proj.weight");
+  ckpt.erase("model.norm.weight");
+  ckpt["model.layers.0.self_attn.rotary_emb.inv_freq"] = at::ones({4});
+  ckpt["extra.unused.weight"] = at::ones({2, 2}, at::kBFloat16);
+  TensorParallelModel model(config, options_for({world().size(), "", false}));
+  ReloadOptions o;
+  const ReloadResult r = reload_from(model, "", &ckpt, o);
+  EXPECT_FALSE(r.complete());
+  EXPECT_EQ(r.not_loaded_on_all_ranks,
+            (std::vector<std::string>{"model.layers.1.self_attn.qkv_proj.weight", "model.norm.weight"}));
+  EXPECT_TRUE(r.not_loaded_on_some_ranks.empty());
+  EXPECT_EQ(r.skipped, (std::vector<std::string>{"extra.unused.weight",
+                                                 "model.layers.0.self_attn.rotary_emb.inv_freq"}));
+}
+
+TEST(Reload, BadShapeFailsPreflightOnEveryRankAndWritesNothing) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  auto good = testdata::random_checkpoint(config, 500), bad = testdata::random_checkpoint(config, 501);
+  bad["model.layers.1.mlp.up_proj.weight"] = at::zeros({96, 63}, at::kBFloat16);
+  const Variant setup{world().size(), "", false};
+  TensorParallelModel model(config, options_for(setup));
+  ReloadOptions o;
+  reload_from(model, "", &good, o);
+  try {
+    reload_from(model, "", &bad, o);
+    FAIL() << "a wrong shape passed preflight";
+  } catch (const ValidationError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("preflight (nothing was reloaded) failed on rank 0/"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'model.layers.1.mlp.up_proj.weight'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected [96, 64] bfloat16, got [96, 63] bfloat16"), std::string::npos) << msg;
+  }
+  expect_params(model, expected_params(config, setup, good), "after a refused reload");
+}
+
+TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  TensorParallelModel model(config, options_for({world().size(), "", false}));
+  ReloadableModel served(model, {"/nonexistent/tpreload/model", "", ""});
+  EXPECT_THROW(served.reload(world(), ReloadOptions{}), CheckpointError);
+}
+
+TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {
+  SharedDir dir;
+  const ModelConfig config = testdata::tiny_config("qwen2_tied");
+  const auto ckpt = testdata::random_checkpoint(config, 600);
+  const Sources files = write_sources(ckpt, dir.path());
+  const Variant setup{world().size(), "", false};
+  TensorParallelModel model(config, options_for(setup));
+  ReloadableModel served(model, {files.hdf5, "rev-abc", "s3://bucket/old"});
+  int calls = 0;
+  served.on_reloaded([&](const ReloadResult& r) { calls += r.complete() ? 1 : 100; });
+  served.reload(world(), ReloadOptions{});  // from its own path
+  EXPECT_EQ(served.location().revision, "rev-abc");
+  served.reload(world(), ReloadOptions{}, nullptr, files.sharded);
+  EXPECT_EQ(served.location().path, files.sharded);
+  EXPECT_EQ(served.location().revision, "");
+  EXPECT_EQ(served.location().remote_uri, "");
+  EXPECT_EQ(calls, 2);
+  ReloadOptions kernel;
+  kernel.format = ReloadFormat::kKernel;
+  EXPECT_THROW(served.reload(world(), kernel), ValidationError);  // a checkpoint dir
+  expect_params(model, expected_params(config, setup, ckpt), "after path reloads");
+}
+
+}  // namespace
+}  // namespace tpreload

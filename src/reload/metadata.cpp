@@ -1,0 +1,110 @@
+// The metadata broadcast's wire format: a flat little-endian byte string.
+#include <cstring>
+
+#include "tpreload/core/error.h"
+#include "tpreload/reload/plan.h"
+
+namespace tpreload {
+namespace {
+
+class Writer {
+ public:
+  template <typename T>
+  void put(T value) {
+    const auto* p = reinterpret_cast<const std::uint8_t*>(&value);
+    out_.insert(out_.end(), p, p + sizeof(T));
+  }
+  void put(const std::string& s) {
+    put<std::uint64_t>(s.size());
+    out_.insert(out_.end(), s.begin(), s.end());
+  }
+  std::vector<std::uint8_t> take() { return std::move(out_); }
+
+ private:
+  std::vector<std::uint8_t> out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<std::uint8_t>& in) : in_(in) {}
+  template <typename T>
+  T get() {
+    need(sizeof(T));
+    T value;
+    std::memcpy(&value, in_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return value;
+  }
+  std::string get_string() {
+    const auto n = get<std::uint64_t>();
+    need(n);
+    std::string s(reinterpret_cast<const char*>(in_.data() + at_), n);
+    at_ += n;
+    return s;
+  }
+  bool done() const { return at_ == in_.size(); }
+
+ private:
+  void need(std::uint64_t n) const {
+    if (n > in_.size() - at_)
+      raise<CommError>("reload metadata is truncated: need ", n, " bytes at offset ", at_,
+                       " of ", in_.size());
+  }
+  const std::vector<std::uint8_t>& in_;
+  std::uint64_t at_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::uint8_t> serialize_metadata(const SourceMetadata& m) {
+  Writer w;
+  w.put(m.description);
+  w.put<std::uint64_t>(m.tensors.size());
+  for (const TensorInfo& t : m.tensors) {
+    w.put(t.name);
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(t.dtype));
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(t.shape.size()));
+    for (auto d : t.shape) w.put<std::int64_t>(d);
+    w.put<std::uint64_t>(t.nbytes);
+    w.put(t.file);
+    w.put<std::int32_t>(t.tp_rank);
+  }
+  w.put<std::uint8_t>(m.kernel.has_value());
+  if (m.kernel) {
+    w.put<std::int32_t>(m.kernel->tp_size);
+    w.put<std::uint8_t>(static_cast<std::uint8_t>(m.kernel->dtype));
+    w.put(m.kernel->quantization);
+    w.put(m.kernel->config_json);
+  }
+  return w.take();
+}
+
+SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes) {
+  Reader r(bytes);
+  SourceMetadata m;
+  m.description = r.get_string();
+  const auto count = r.get<std::uint64_t>();
+  for (std::uint64_t i = 0; i < count; ++i) {
+    TensorInfo t;
+    t.name = r.get_string();
+    t.dtype = static_cast<DType>(r.get<std::uint8_t>());
+    const auto ndim = r.get<std::uint32_t>();
+    for (std::uint32_t d = 0; d < ndim; ++d) t.shape.push_back(r.get<std::int64_t>());
+    t.nbytes = r.get<std::uint64_t>();
+    t.file = r.get_string();
+    t.tp_rank = r.get<std::int32_t>();
+    m.tensors.push_back(std::move(t));
+  }
+  if (r.get<std::uint8_t>()) {
+    KernelFormatInfo k;
+    k.tp_size = r.get<std::int32_t>();
+    k.dtype = static_cast<DType>(r.get<std::uint8_t>());
+    k.quantization = r.get_string();
+    k.config_json = r.get_string();
+    m.kernel = k;
+  }
+  if (!r.done()) raise<CommError>("reload metadata has trailing bytes");
+  return m;
+}
+
+}  // namespace tpreload

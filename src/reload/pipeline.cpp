@@ -1,0 +1,331 @@
+#include "pipeline.h"
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "sync.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
+
+namespace tpreload::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::uint64_t row_bytes(const std::vector<std::int64_t>& shape, DType dtype) {
+  std::uint64_t n = dtype_size(dtype);
+  for (std::size_t d = 1; d < shape.size(); ++d) n *= static_cast<std::uint64_t>(shape[d]);
+  return n;
+}
+
+std::vector<std::int64_t> block_shape(std::vector<std::int64_t> shape, std::int64_t rows) {
+  if (!shape.empty()) shape[0] = rows;
+  return shape;
+}
+
+// A buffer slot: what the reader filled (send) and what this rank receives (recv).
+struct Slot {
+  std::size_t bucket = 0;
+  std::unique_ptr<std::byte[]> send, recv;
+  ConstBytes payload;  // reader rank, broadcast: the bytes to send (a view or `send`)
+  std::optional<std::string> read_error;
+};
+
+class Pipeline {
+ public:
+  Pipeline(const Plan& plan, const SourceMetadata& md, TensorParallelModel& model,
+           Communicator& world, WeightSource* source, const ReloadOptions& options)
+      : plan_(plan), md_(md), model_(model), world_(world), source_(source), options_(options),
+        rank_(world.rank()), tp_rank_(model.options().tp_rank),
+        reader_(world.rank() == options.reader_rank) {}
+
+  ~Pipeline() { stop(); }
+
+  PipelineStats run();
+
+ private:
+  void allocate_slots();
+  void reader_loop();
+  void apply_loop();
+  void fill(Slot& slot);
+  void fill_broadcast(const Bucket& bucket, Slot& slot);
+  void fill_scatter(const Bucket& bucket, Slot& slot);
+  ConstBytes full_rows(std::size_t index, std::int64_t a, std::int64_t b,
+                       std::vector<std::byte>& scratch);
+  void transfer(Slot& slot);
+  void apply(const Slot& slot);
+  void apply_piece(const Bucket& bucket, const Piece& piece, const std::byte* base);
+  void announce_read_status(const Slot& slot);
+  void stop();
+
+  const Plan& plan_;
+  const SourceMetadata& md_;
+  TensorParallelModel& model_;
+  Communicator& world_;
+  WeightSource* source_;
+  const ReloadOptions& options_;
+  const int rank_, tp_rank_;
+  const bool reader_;
+  PipelineStats stats_;
+  BlockingQueue<std::unique_ptr<Slot>> free_, filled_, to_apply_;
+  std::thread reader_thread_, apply_thread_;
+  std::atomic<bool> stopping_{false};
+};
+
+void Pipeline::allocate_slots() {
+  std::uint64_t send = 0, recv = 0;
+  for (const Bucket& b : plan_.buckets) {
+    if (reader_) send = std::max(send, b.bytes);
+    recv = std::max(recv, b.scatter ? b.ranges[rank_].length : (reader_ ? 0 : b.bytes));
+  }
+  const int depth = std::max(1, options_.pipeline_depth);
+  for (int i = 0; i < depth; ++i) {
+    auto slot = std::make_unique<Slot>();
+    if (send) slot->send.reset(new std::byte[send]);
+    if (recv) slot->recv.reset(new std::byte[recv]);
+    free_.push(std::move(slot));
+  }
+  stats_.buffer_bytes = static_cast<std::uint64_t>(depth) * (send + recv);
+}
+
+ConstBytes Pipeline::full_rows(std::size_t index, std::int64_t a, std::int64_t b,
+                               std::vector<std::byte>& scratch) {
+  const TensorInfo& info = md_.tensors[index];
+  const std::uint64_t rb = row_bytes(info.shape, info.dtype);
+  const ByteRange range{static_cast<std::uint64_t>(a) * rb, static_cast<std::uint64_t>(b - a) * rb};
+  if (auto view = source_->view(index, range)) return *view;
+  scratch.resize(range.length);
+  source_->read(index, range, MutableBytes(scratch.data(), scratch.size()));
+  return ConstBytes(scratch.data(), scratch.size());
+}
+
+void Pipeline::fill_broadcast(const Bucket& bucket, Slot& slot) {
+  // Views of each piece's bytes, where the source can give them.
+  std::vector<std::optional<ConstBytes>> views;
+  bool adjacent = options_.zero_copy;
+  for (const Piece& p : bucket.pieces) {
+    const PlannedTensor& t = plan_.tensors[p.planned];
+    const TensorInfo& info = md_.tensors[t.index];
+    const std::uint64_t rb = row_bytes(info.shape, info.dtype);
+    views.push_back(source_->view(t.index, {static_cast<std::uint64_t>(p.row_begin) * rb,
+                                            static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb}));
+    const auto& v = views.back();
+    adjacent = adjacent && v && (views.size() == 1 || (views[views.size() - 2]->data +
+                                                       views[views.size() - 2]->size == v->data));
+  }
+  if (adjacent && !views.empty()) {  // one contiguous run of the mapped file: send it as is
+    slot.payload = ConstBytes(views.front()->data, bucket.bytes);
+    return;
+  }
+  for (std::size_t i = 0; i < bucket.pieces.size(); ++i) {
+    const Piece& p = bucket.pieces[i];
+    const PlannedTensor& t = plan_.tensors[p.planned];
+    const TensorInfo& info = md_.tensors[t.index];
+    const std::uint64_t rb = row_bytes(info.shape, info.dtype);
+    const ByteRange range{static_cast<std::uint64_t>(p.row_begin) * rb,
+                          static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb};
+    std::byte* dst = slot.send.get() + p.offset;
+    if (views[i])
+      std::memcpy(dst, views[i]->data, range.length);
+    else
+      source_->read(t.index, range, MutableBytes(dst, range.length));
+    stats_.bytes_copied += range.length;
+  }
+  slot.payload = ConstBytes(slot.send.get(), bucket.bytes);
+}
+
+void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
+  std::vector<std::byte> scratch;
+  const int tp = model_.options().tp_size;
+  for (const Piece& p : bucket.pieces) {
+    const PlannedTensor& t = plan_.tensors[p.planned];
+    const TensorInfo& info = md_.tensors[t.index];
+    for (int w = 0; w < world_.size(); ++w) {
+      const int r = w % tp;
+      const std::int64_t end = std::min(p.row_end, t.rows_for(r));
+      if (end <= p.row_begin) continue;
+      std::byte* dst = slot.send.get() + bucket.ranges[w].offset + p.rank_offset[w];
+      if (w >= tp) {  // a replica: same bytes as world rank r
+        const std::byte* same = slot.send.get() + bucket.ranges[r].offset + p.rank_offset[r];
+        const std::uint64_t n = (end - p.row_begin) * t.row_bytes_for(r, info);
+        std::memcpy(dst, same, n);
+        stats_.bytes_copied += n;
+        continue;
+      }
+      const Placement* pl = t.kernel_tp_rank >= 0 ? nullptr : &t.placements[r];
+      if (!pl || pl->source_dim <= 0) {
+        const std::int64_t shift = pl && pl->source_dim == 0 ? pl->source_start : 0;
+        const ConstBytes rows = full_rows(t.index, shift + p.row_begin, shift + end, scratch);
+        std::memcpy(dst, rows.data, rows.size);
+        stats_.bytes_copied += rows.size;
+        continue;
+      }
+      // Row-parallel: each full row contributes its column window.
+      const ConstBytes rows = full_rows(t.index, p.row_begin, end, scratch);
+      const std::uint64_t full = row_bytes(info.shape, info.dtype);
+      const std::uint64_t inner = full / static_cast<std::uint64_t>(info.shape[1]);
+      const std::uint64_t width = static_cast<std::uint64_t>(pl->source_length) * inner;
+      for (std::int64_t i = 0; i < end - p.row_begin; ++i)
+        std::memcpy(dst + i * width, rows.data + i * full + pl->source_start * inner, width);
+      stats_.bytes_copied += static_cast<std::uint64_t>(end - p.row_begin) * width;
+    }
+  }
+}
+
+void Pipeline::fill(Slot& slot) {
+  const Bucket& bucket = plan_.buckets[slot.bucket];
+  const auto start = Clock::now();
+  if (bucket.scatter)
+    fill_scatter(bucket, slot);
+  else
+    fill_broadcast(bucket, slot);
+  stats_.read += since(start);
+}
+
+void Pipeline::reader_loop() {
+  for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
+    auto slot = free_.pop();
+    if (!slot || stopping_) return;
+    (*slot)->bucket = k;
+    try {
+      fill(**slot);
+    } catch (const std::exception& e) {
+      (*slot)->read_error = e.what();
+    }
+    const bool failed = (*slot)->read_error.has_value();
+    filled_.push(std::move(*slot));
+    if (failed) return;
+  }
+}
+
+void Pipeline::announce_read_status(const Slot& slot) {
+  std::optional<std::string> problem;
+  if (reader_) problem = slot.read_error;
+  std::int64_t status = problem ? 1 : 0;
+  world_.broadcast(MutableBytes(&status, sizeof status), options_.reader_rank);
+  if (status == 0) return;
+  std::int64_t length = problem ? static_cast<std::int64_t>(problem->size()) : 0;
+  world_.broadcast(MutableBytes(&length, sizeof length), options_.reader_rank);
+  std::string message(static_cast<std::size_t>(length), '\0');
+  if (reader_) message = *problem;
+  world_.broadcast(MutableBytes(message.data(), message.size()), options_.reader_rank);
+  raise<CheckpointError>("reading bucket ", slot.bucket + 1, " of ", plan_.buckets.size(),
+                         " failed on reader rank ", options_.reader_rank, ": ", message,
+                         "; weights of earlier buckets were already replaced");
+}
+
+void Pipeline::transfer(Slot& slot) {
+  const Bucket& bucket = plan_.buckets[slot.bucket];
+  const auto start = Clock::now();
+  if (bucket.scatter) {
+    const ConstBytes send = reader_ ? ConstBytes(slot.send.get(), bucket.bytes) : ConstBytes();
+    world_.scatterv(send, bucket.ranges,
+                    MutableBytes(slot.recv.get(), bucket.ranges[rank_].length),
+                    options_.reader_rank);
+  } else if (reader_) {
+    world_.broadcast(MutableBytes(const_cast<std::byte*>(slot.payload.data), slot.payload.size),
+                     options_.reader_rank);
+  } else {
+    world_.broadcast(MutableBytes(slot.recv.get(), bucket.bytes), options_.reader_rank);
+  }
+  if (reader_) stats_.bytes_sent += bucket.bytes;
+  stats_.transfer += since(start);
+}
+
+void Pipeline::apply_piece(const Bucket& bucket, const Piece& piece, const std::byte* base) {
+  const PlannedTensor& t = plan_.tensors[piece.planned];
+  const TensorInfo& info = md_.tensors[t.index];
+  const bool mine = t.kernel_tp_rank < 0 || t.kernel_tp_rank == tp_rank_;
+  if (!mine) return;
+  std::int64_t rows = piece.row_end - piece.row_begin;
+  const std::byte* at = base + piece.offset;
+  std::vector<std::int64_t> shape = info.shape;
+  if (bucket.scatter) {
+    rows = std::max<std::int64_t>(0, std::min(piece.row_end, t.rows_for(tp_rank_)) - piece.row_begin);
+    at = base + piece.rank_offset[rank_];
+    if (t.kernel_tp_rank < 0) shape = t.placements[tp_rank_].slice_shape();
+  }
+  shape = block_shape(shape, rows);
+  const std::uint64_t bytes = shape.empty() ? dtype_size(info.dtype)
+                                            : static_cast<std::uint64_t>(rows) * row_bytes(shape, info.dtype);
+  const at::Tensor block = tensor_view(ConstBytes(at, bytes), info.dtype, shape);
+  if (t.kernel_tp_rank >= 0)
+    model_.load_kernel_rows(info.name, block, piece.row_begin, piece.last);
+  else
+    model_.load_checkpoint_rows(t.placements[tp_rank_], block, piece.row_begin, bucket.scatter,
+                                piece.last);
+}
+
+void Pipeline::apply(const Slot& slot) {
+  const Bucket& bucket = plan_.buckets[slot.bucket];
+  const std::byte* base = bucket.scatter ? slot.recv.get()
+                          : reader_      ? slot.payload.data
+                                         : slot.recv.get();
+  auto start = Clock::now();
+  for (const Piece& piece : bucket.pieces) apply_piece(bucket, piece, base);
+  stats_.apply += since(start);
+  stats_.peak_model_staging = std::max(stats_.peak_model_staging, model_.staging_bytes());
+  start = Clock::now();
+  for (std::int64_t layer : bucket.finished_layers) model_.finish_layer(layer);
+  stats_.finish += since(start);
+}
+
+void Pipeline::apply_loop() {
+  while (auto slot = to_apply_.pop()) {
+    if (!stats_.apply_error) {
+      try {
+        apply(**slot);
+      } catch (const std::exception& e) {
+        stats_.apply_error = e.what();
+      }
+    }
+    free_.push(std::move(*slot));
+  }
+}
+
+void Pipeline::stop() {
+  stopping_ = true;
+  free_.close();
+  filled_.close();
+  to_apply_.close();
+  if (reader_thread_.joinable()) reader_thread_.join();
+  if (apply_thread_.joinable()) apply_thread_.join();
+}
+
+PipelineStats Pipeline::run() {
+  allocate_slots();
+  if (reader_) reader_thread_ = std::thread([this] { reader_loop(); });
+  apply_thread_ = std::thread([this] { apply_loop(); });
+  for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
+    std::optional<std::unique_ptr<Slot>> slot = reader_ ? filled_.pop() : free_.pop();
+    if (!slot) raise<Error>("reload pipeline stopped before bucket ", k + 1);
+    (*slot)->bucket = k;
+    announce_read_status(**slot);
+    transfer(**slot);
+    to_apply_.push(std::move(*slot));
+  }
+  to_apply_.close();
+  if (apply_thread_.joinable()) apply_thread_.join();
+  stop();
+  return stats_;
+}
+
+}  // namespace
+
+PipelineStats run_pipeline(const Plan& plan, const SourceMetadata& metadata,
+                           TensorParallelModel& model, Communicator& world, WeightSource* source,
+                           const ReloadOptions& options) {
+  Pipeline pipeline(plan, metadata, model, world, source, options);
+  return pipeline.run();
+}
+
+}  // namespace tpreload::detail

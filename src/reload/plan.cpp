@@ -1,0 +1,193 @@
+#include "tpreload/reload/plan.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+std::int64_t leading_rows(const std::vector<std::int64_t>& shape) {
+  return shape.empty() ? 1 : shape[0];
+}
+
+std::uint64_t bytes_per_row(const std::vector<std::int64_t>& shape, DType dtype) {
+  std::uint64_t n = dtype_size(dtype);
+  for (std::size_t d = 1; d < shape.size(); ++d) n *= static_cast<std::uint64_t>(shape[d]);
+  return n;
+}
+
+// Per-tensor decisions: which tensors move, how, and to whom.
+void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const PlanOptions& o,
+                  Plan& plan) {
+  const bool scatter = o.distribution == Distribution::kScatter;
+  for (std::size_t i = 0; i < md.tensors.size(); ++i) {
+    const TensorInfo& info = md.tensors[i];
+    PlannedTensor t;
+    t.index = i;
+    t.rows = leading_rows(info.shape);
+    if (o.format == ReloadFormat::kKernel) {
+      if (!rules.find_param(info.name) || info.tp_rank < 0 || info.tp_rank >= o.tp_size) {
+        plan.skipped.push_back(info.name);
+        continue;
+      }
+      t.kernel_tp_rank = info.tp_rank;
+      t.scatter = scatter;
+      t.layer = layer_of(info.name);
+    } else {
+      bool sliced = false;
+      for (int r = 0; r < o.tp_size; ++r) {
+        auto pl = rules.place(info.name, r);
+        if (!pl) break;
+        sliced = sliced || pl->source_dim >= 0;
+        t.placements.push_back(std::move(*pl));
+      }
+      if (t.placements.empty()) {
+        plan.skipped.push_back(info.name);
+        continue;
+      }
+      t.layer = layer_of(t.placements[0].param);
+      t.scatter = scatter && sliced;  // replicated tensors are always broadcast
+      if (t.scatter) {
+        t.rows = 0;
+        for (int r = 0; r < o.tp_size; ++r) t.rows = std::max(t.rows, t.rows_for(r));
+      }
+    }
+    plan.tensors.push_back(std::move(t));
+  }
+  // Grouped by layer (embedding, norm and head first), broadcasts before scatters
+  // inside a layer, file order otherwise.
+  std::stable_sort(plan.tensors.begin(), plan.tensors.end(),
+                   [](const PlannedTensor& a, const PlannedTensor& b) {
+                     if (a.layer != b.layer) return a.layer < b.layer;
+                     return !a.scatter && b.scatter;
+                   });
+}
+
+// Bytes one row of `t` costs in a bucket (scatter: summed over receiving ranks).
+std::uint64_t row_cost(const PlannedTensor& t, const TensorInfo& info, const PlanOptions& o) {
+  if (!t.scatter) return bytes_per_row(info.shape, info.dtype);
+  std::uint64_t cost = 0;
+  for (int w = 0; w < o.world_size; ++w) {
+    const int tp = w % o.tp_size;
+    if (t.rows_for(tp) > 0) cost += t.row_bytes_for(tp, info);
+  }
+  return cost;
+}
+
+// Lay out a closed scatter bucket: each world rank's rows form one contiguous region.
+void layout_scatter(const Plan& plan, const SourceMetadata& md, const PlanOptions& o,
+                    Bucket& b) {
+  std::vector<std::uint64_t> region(o.world_size, 0);
+  for (Piece& p : b.pieces) {
+    const PlannedTensor& t = plan.tensors[p.planned];
+    p.rank_offset.assign(o.world_size, 0);
+    for (int w = 0; w < o.world_size; ++w) {
+      const int tp = w % o.tp_size;
+      const std::int64_t rows = std::max<std::int64_t>(
+          0, std::min(p.row_end, t.rows_for(tp)) - p.row_begin);
+      p.rank_offset[w] = region[w];
+      region[w] += static_cast<std::uint64_t>(rows) * t.row_bytes_for(tp, md.tensors[t.index]);
+    }
+  }
+  b.ranges.resize(o.world_size);
+  std::uint64_t at = 0;
+  for (int w = 0; w < o.world_size; ++w) {
+    b.ranges[w] = {at, region[w]};
+    at += region[w];
+  }
+  b.bytes = at;
+}
+
+void close_bucket(Plan& plan, const SourceMetadata& md, const PlanOptions& o, Bucket& b) {
+  if (b.pieces.empty()) return;
+  if (b.scatter) layout_scatter(plan, md, o, b);
+  plan.largest_bucket = std::max(plan.largest_bucket, b.bytes);
+  plan.buckets.push_back(std::move(b));
+  b = Bucket{};
+}
+
+void plan_buckets(const SourceMetadata& md, const PlanOptions& o, Plan& plan) {
+  Bucket open;
+  for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
+    const PlannedTensor& t = plan.tensors[i];
+    if (!open.pieces.empty() && open.scatter != t.scatter) close_bucket(plan, md, o, open);
+    open.scatter = t.scatter;
+    const std::uint64_t cost = std::max<std::uint64_t>(1, row_cost(t, md.tensors[t.index], o));
+    std::int64_t row = 0;
+    do {
+      std::uint64_t room = o.bucket_bytes > open.bytes ? o.bucket_bytes - open.bytes : 0;
+      if (room < cost && !open.pieces.empty()) {
+        close_bucket(plan, md, o, open);
+        open.scatter = t.scatter;
+        room = o.bucket_bytes;
+      }
+      const std::int64_t fit = std::max<std::int64_t>(1, static_cast<std::int64_t>(room / cost));
+      const std::int64_t end = std::min(t.rows, row + fit);
+      Piece piece{i, row, end, end == t.rows, open.bytes, {}};
+      open.bytes += static_cast<std::uint64_t>(end - row) * cost;
+      open.pieces.push_back(std::move(piece));
+      row = end;
+    } while (row < t.rows);
+  }
+  close_bucket(plan, md, o, open);
+}
+
+void mark_finished_layers(Plan& plan) {
+  std::map<std::int64_t, std::size_t> last;
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+    for (const Piece& p : plan.buckets[b].pieces) last[plan.tensors[p.planned].layer] = b;
+  for (const auto& [layer, b] : last)
+    if (layer >= 0) plan.buckets[b].finished_layers.push_back(layer);
+}
+
+}  // namespace
+
+std::string_view distribution_name(Distribution d) {
+  return d == Distribution::kBroadcast ? "broadcast" : "scatter";
+}
+
+std::string_view format_name(ReloadFormat f) {
+  return f == ReloadFormat::kCheckpoint ? "checkpoint" : "kernel";
+}
+
+std::int64_t PlannedTensor::rows_for(int tp_rank) const {
+  if (kernel_tp_rank >= 0) return tp_rank == kernel_tp_rank ? rows : 0;
+  return leading_rows(placements.at(tp_rank).slice_shape());
+}
+
+std::uint64_t PlannedTensor::row_bytes_for(int tp_rank, const TensorInfo& info) const {
+  if (kernel_tp_rank >= 0) return bytes_per_row(info.shape, info.dtype);
+  return bytes_per_row(placements.at(tp_rank).slice_shape(), info.dtype);
+}
+
+Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanOptions& o) {
+  if (o.tp_size < 1 || o.world_size < 1 || o.world_size % o.tp_size != 0)
+    raise<UsageError>("world size ", o.world_size, " is not a multiple of tp size ", o.tp_size);
+  if (o.tp_size != rules.tp_size())
+    raise<UsageError>("plan tp size ", o.tp_size, " differs from the model's ", rules.tp_size());
+  if (o.bucket_bytes == 0) raise<UsageError>("bucket size must be positive");
+  if (o.format == ReloadFormat::kKernel) {
+    if (!md.kernel)
+      raise<ValidationError>("kernel-format reload from '", md.description,
+                             "', which is a checkpoint-format source (no kernel_format.json)");
+    if (md.kernel->tp_size != rules.tp_size() ||
+        md.kernel->quantization != rules.quantization())
+      raise<ValidationError>("kernel-format source '", md.description, "' was made for tp ",
+                             md.kernel->tp_size, " quantization '", md.kernel->quantization,
+                             "', the model is tp ", rules.tp_size(), " quantization '",
+                             rules.quantization(), "'");
+  } else if (md.kernel) {
+    raise<ValidationError>("checkpoint-format reload from '", md.description,
+                           "', which holds kernel-format shards (use kernel format)");
+  }
+  Plan plan;
+  plan_tensors(md, rules, o, plan);
+  plan_buckets(md, o, plan);
+  mark_finished_layers(plan);
+  return plan;
+}
+
+}  // namespace tpreload

@@ -1,0 +1,252 @@
+#include "tpreload/reload/reload.h"
+
+#include <chrono>
+
+#include "pipeline.h"
+#include "sync.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
+
+namespace tpreload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using detail::agree_on_problem;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+LoadFormat load_format(ReloadFormat f) {
+  return f == ReloadFormat::kKernel ? LoadFormat::kKernel : LoadFormat::kCheckpoint;
+}
+
+// COLLECTIVE. The reader lists its source; every rank gets the same metadata, or
+// every rank raises the same CheckpointError.
+SourceMetadata share_metadata(Communicator& world, WeightSource* source, int reader) {
+  std::optional<std::string> problem;
+  std::vector<std::uint8_t> payload;
+  if (world.rank() == reader) {
+    try {
+      if (!source) raise<UsageError>("no weight source was given to the reader rank");
+      payload = serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
+  std::int64_t size = static_cast<std::int64_t>(payload.size());
+  world.broadcast(MutableBytes(&size, sizeof size), reader);
+  payload.resize(static_cast<std::size_t>(size));
+  world.broadcast(MutableBytes(payload.data(), payload.size()), reader);
+  return parse_metadata(payload);
+}
+
+// A fingerprint of the model's parameter layout, to catch ranks built differently.
+std::int64_t layout_fingerprint(const TensorParallelModel& model) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  for (const ParamSpec& p : model.rules().params()) {
+    for (char c : p.name) mix(static_cast<unsigned char>(c));
+    for (auto d : p.shape) mix(static_cast<std::uint64_t>(d));
+    mix(static_cast<std::uint64_t>(p.dtype));
+  }
+  mix(static_cast<std::uint64_t>(model.options().tp_size));
+  return static_cast<std::int64_t>(h >> 1);
+}
+
+// This rank's objection to the plan, if any: every tensor it will receive must fit.
+std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetadata& md,
+                                             const TensorParallelModel& model, int world_rank) {
+  const int tp = model.options().tp_size;
+  if (model.options().tp_rank != world_rank % tp)
+    return detail::concat("world rank ", world_rank, " must hold tp rank ", world_rank % tp,
+                          " of ", tp, " but its model is tp rank ", model.options().tp_rank);
+  for (const PlannedTensor& t : plan.tensors) {
+    const TensorInfo& info = md.tensors[t.index];
+    std::string problem;
+    if (t.kernel_tp_rank >= 0) {
+      if (t.kernel_tp_rank == model.options().tp_rank)
+        problem = model.check_kernel_tensor(info.name, info.shape, info.dtype);
+    } else {
+      problem = model.check_checkpoint_tensor(t.placements[model.options().tp_rank], info.shape,
+                                              info.dtype, false);
+    }
+    if (!problem.empty()) return problem + " (in " + info.file + ")";
+  }
+  return std::nullopt;
+}
+
+void check_layout_agrees(Communicator& world, const TensorParallelModel& model) {
+  std::int64_t lo = layout_fingerprint(model), hi = lo;
+  world.allreduce_ints(&lo, 1, IntOp::kMin);
+  world.allreduce_ints(&hi, 1, IntOp::kMax);
+  if (lo != hi)
+    raise<ValidationError>("ranks hold models with different parameter layouts (configs, tp "
+                           "sizes or quantization differ); nothing was reloaded");
+}
+
+// COLLECTIVE. Bitsets of loaded names: OR says someone loaded it, AND that all did.
+void validate(Communicator& world, const TensorParallelModel& model, ReloadFormat format,
+              ReloadResult& result) {
+  const auto expected = model.expected_names(load_format(format));
+  const auto loaded = model.loaded_names(load_format(format));
+  const std::size_t words = (expected.size() + 63) / 64;
+  std::vector<std::uint64_t> mine(words, 0);
+  for (std::size_t i = 0, j = 0; i < expected.size(); ++i) {
+    while (j < loaded.size() && loaded[j] < expected[i]) ++j;
+    if (j < loaded.size() && loaded[j] == expected[i]) mine[i / 64] |= 1ull << (i % 64);
+  }
+  auto any = mine, all = mine;
+  allreduce_bits(world, any, BitOp::kOr);
+  allreduce_bits(world, all, BitOp::kAnd);
+  std::vector<std::size_t> partial;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    const std::uint64_t bit = 1ull << (i % 64);
+    if (!(any[i / 64] & bit)) result.not_loaded_on_all_ranks.push_back(expected[i]);
+    else if (!(all[i / 64] & bit)) partial.push_back(i);
+  }
+  if (partial.empty()) return;
+  // Which ranks miss each partially loaded name: one row per name, one column per rank.
+  const int n = world.size();
+  std::vector<std::int64_t> has(partial.size() * n, 0);
+  for (std::size_t k = 0; k < partial.size(); ++k)
+    has[k * n + world.rank()] = (mine[partial[k] / 64] >> (partial[k] % 64)) & 1;
+  allreduce_ints(world, has, IntOp::kSum);
+  for (std::size_t k = 0; k < partial.size(); ++k)
+    for (int r = 0; r < n; ++r)
+      if (!has[k * n + r]) result.not_loaded_on_some_ranks[expected[partial[k]]].push_back(r);
+}
+
+void reduce_figures(Communicator& world, ReloadResult& r, const detail::PipelineStats& stats,
+                    std::uint64_t read_bytes) {
+  auto us = [](double s) { return static_cast<std::int64_t>(s * 1e6); };
+  std::vector<std::int64_t> v = {us(r.seconds.total),    us(r.seconds.read),
+                                 us(r.seconds.transfer), us(r.seconds.apply),
+                                 us(r.seconds.finish),   us(r.seconds.validate),
+                                 static_cast<std::int64_t>(read_bytes),
+                                 static_cast<std::int64_t>(stats.bytes_sent),
+                                 static_cast<std::int64_t>(stats.bytes_copied),
+                                 static_cast<std::int64_t>(stats.buffer_bytes + stats.peak_model_staging)};
+  allreduce_ints(world, v, IntOp::kMax);
+  r.seconds = {v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6};
+  r.bytes_read = v[6];
+  r.bytes_transferred = v[7];
+  r.bytes_copied_on_reader = v[8];
+  r.peak_staging_bytes = v[9];
+}
+
+void check_options(const ReloadOptions& o, const Communicator& world) {
+  if (o.reader_rank < 0 || o.reader_rank >= world.size())
+    raise<UsageError>("reader rank ", o.reader_rank, " is not a rank of the ", world.size(),
+                      "-rank world");
+  if (o.bucket_bytes == 0) raise<UsageError>("bucket size must be positive");
+  if (o.pipeline_depth < 1) raise<UsageError>("pipeline depth must be at least 1");
+}
+
+}  // namespace
+
+ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, WeightSource* source,
+                            const ReloadOptions& options) {
+  const auto start = Clock::now();
+  check_options(options, world);
+  const bool reader = world.rank() == options.reader_rank;
+  const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
+  const SourceMetadata md = share_metadata(world, source, options.reader_rank);
+  check_layout_agrees(world, model);
+  const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
+                                 world.size(), model.options().tp_size};
+  const Plan plan = make_plan(md, model.rules(), plan_options);
+  agree_on_problem<ValidationError>(world, preflight_problem(plan, md, model, world.rank()),
+                                    "preflight (nothing was reloaded)");
+  log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
+              plan.tensors.size(), plan.buckets.size(), plan.largest_bucket, plan.skipped.size());
+
+  model.begin_load();
+  ReloadResult result;
+  result.source = md.description;
+  result.format = options.format;
+  result.distribution = options.distribution;
+  result.skipped = plan.skipped;
+  result.buckets = plan.buckets.size();
+  const auto stats = detail::run_pipeline(plan, md, model, world, source, options);
+  agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
+  auto t = Clock::now();
+  model.finish();
+  result.seconds.finish = stats.finish + since(t);
+  t = Clock::now();
+  validate(world, model, options.format, result);
+  result.loaded = model.loaded_names(load_format(options.format));
+  result.seconds.validate = since(t);
+  result.seconds.read = stats.read;
+  result.seconds.transfer = stats.transfer;
+  result.seconds.apply = stats.apply;
+  result.seconds.total = since(start);
+  const std::uint64_t read_bytes = reader && source ? source->bytes_read() - read_before : 0;
+  reduce_figures(world, result, stats, read_bytes);
+  return result;
+}
+
+// ------------------------------------------------------------ ReloadableModel
+
+ReloadableModel::ReloadableModel(TensorParallelModel& model, WeightLocation location)
+    : model_(model), location_(std::move(location)) {}
+
+void ReloadableModel::on_reloaded(std::function<void(const ReloadResult&)> callback) {
+  callbacks_.push_back(std::move(callback));
+}
+
+namespace {
+
+// Stands in for a source the reader rank failed to open, so that the failure
+// reaches every rank through the metadata exchange.
+class FailedSource final : public WeightSource {
+ public:
+  explicit FailedSource(std::string error) : error_(std::move(error)) {}
+  std::string describe() const override { throw CheckpointError(error_); }
+  const std::vector<TensorInfo>& tensors() const override { throw CheckpointError(error_); }
+  std::optional<ConstBytes> view(std::size_t, ByteRange) override { throw CheckpointError(error_); }
+  void read(std::size_t, ByteRange, MutableBytes) override { throw CheckpointError(error_); }
+  std::uint64_t bytes_read() const override { return 0; }
+  const std::map<std::string, std::string>& metadata() const override { throw CheckpointError(error_); }
+
+ private:
+  std::string error_;
+};
+
+}  // namespace
+
+ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& options,
+                                     WeightSource* source, const std::string& path) {
+  std::unique_ptr<WeightSource> opened;
+  const bool from_path = source == nullptr;
+  const std::string from = path.empty() ? location_.path : path;
+  if (from_path) {
+    if (from.empty())
+      raise<UsageError>("reload has no weights: no source, no path, and the model has no path");
+    if (world.rank() == options.reader_rank) {
+      try {
+        opened = open_weight_source(from);
+      } catch (const Error& e) {
+        opened = std::make_unique<FailedSource>(e.what());
+      }
+    }
+    source = opened.get();
+  } else if (!path.empty()) {
+    log().warn("reload got both a weight source and a path; using the source, ignoring '{}'", path);
+  }
+  ReloadResult result = reload_weights(model_, world, source, options);
+  if (from_path && from != location_.path) {
+    if (!location_.revision.empty() || !location_.remote_uri.empty())
+      log().info("weights now come from '{}'; dropping revision '{}' and remote location '{}' "
+                 "that belonged to '{}'",
+                 from, location_.revision, location_.remote_uri, location_.path);
+    location_ = WeightLocation{from, "", ""};
+  }
+  for (const auto& callback : callbacks_) callback(result);
+  return result;
+}
+
+}  // namespace tpreload
