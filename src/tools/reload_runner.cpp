@@ -1,59 +1,244 @@
-// reload_runner: reload a tensor-parallel model's weights in place across an MPI job.
+// reload_runner: build a tensor-parallel model on every rank of an MPI job, load
+// it, then reload its weights in place (from --weights, or from --model again),
+// and report what happened. `--demo` runs the whole story on a generated model.
 #include <CLI/CLI.hpp>
 
-#include <iostream>
+#include <ATen/ATen.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "tpreload/checkpoint/synthetic.h"
+#include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/comm/mpi_communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
+#include "tpreload/model/config.h"
+#include "tpreload/model/model.h"
+#include "tpreload/reload/reload.h"
+#include "tpreload/reload/report.h"
 
 namespace {
 
 using namespace tpreload;
+namespace fs = std::filesystem;
 
 struct RunnerOptions {
+  std::string model_dir;
+  std::string weights;
+  bool kernel_format = false;
+  int tp = 0;  // 0: the world size
+  std::string quantization;
+  bool lora = false;
+  std::string distribution = "broadcast";
+  double bucket_mb = 64;
+  int pipeline_depth = 2;
+  int reader_rank = 0;
+  int repeat = 1;
+  std::string report;
   bool demo = false;
   std::string log_level = "info";
   int timeout_s = 300;
 
   std::string describe() const {
-    return detail::concat("demo=", demo, " log_level=", log_level, " timeout_s=", timeout_s);
+    return tpreload::detail::concat("model=", model_dir, " weights=", weights.empty() ? "(model)" : weights,
+                          " kernel_format=", kernel_format, " tp=", tp, " quantization=",
+                          quantization.empty() ? "none" : quantization, " lora=", lora,
+                          " distribution=", distribution, " bucket_mb=", bucket_mb,
+                          " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
+                          " repeat=", repeat, " report=", report, " demo=", demo,
+                          " timeout_s=", timeout_s);
   }
 };
 
 void add_options(CLI::App& app, RunnerOptions& o) {
-  app.add_flag("--demo", o.demo,
-               "Run the built-in demo: a self-test of every collective on this job");
-  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
+  app.add_option("--model", o.model_dir,
+                 "Hugging Face-style model directory: config.json plus safetensors (one file or "
+                 "sharded with model.safetensors.index.json) or one HDF5 file");
+  app.add_option("--weights", o.weights,
+                 "Reload from this checkpoint directory or file (a kernel-format directory with "
+                 "--kernel-format); default: --model again");
+  app.add_flag("--kernel-format", o.kernel_format,
+               "The weights are kernel-format shards (made by `reload_ckpt shard`): copy them "
+               "straight into the parameters");
+  app.add_option("--tp", o.tp, "Tensor-parallel size; the world is replicas x tp (default: world size)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--quantization", o.quantization, "int8: weight-only int8 kernel format")
+      ->check(CLI::IsMember({"", "int8"}));
+  app.add_flag("--lora", o.lora, "Wrap the linear layers with LoRA adapters (base_layer names)");
+  app.add_option("--distribution", o.distribution,
+                 "broadcast: every rank gets whole tensors and takes its slice; scatter: the "
+                 "reader cuts each rank's slice and sends only that")
+      ->check(CLI::IsMember({"broadcast", "scatter"}))
       ->capture_default_str();
-  app.add_option("--timeout", o.timeout_s,
-                 "Seconds one collective may take before every rank stops with an error")
+  app.add_option("--bucket-mb", o.bucket_mb, "Bucket size in MiB (staging per buffer)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 16));
+  app.add_option("--reader-rank", o.reader_rank, "World rank that reads the checkpoint")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--repeat", o.repeat, "Reload this many times")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--report", o.report, "Write a JSON report of the last reload here (see docs/REPORT.md)");
+  app.add_flag("--demo", o.demo,
+               "Generate a small Llama model and two checkpoint versions, serve logits from "
+               "version 1, reload version 2 in place, and check the logits equal a fresh load");
+  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+  app.add_option("--timeout", o.timeout_s, "Seconds one collective may take before every rank stops with an error")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
 }
 
-// Exercise each collective once with a known pattern and count wrong bytes.
-int run_self_test(Communicator& comm) {
-  const int rank = comm.rank();
-  std::vector<std::uint8_t> buf(1 << 20);
-  for (std::size_t i = 0; i < buf.size(); ++i)
-    buf[i] = rank == 0 ? static_cast<std::uint8_t>(i * 7) : 0;
-  comm.broadcast(MutableBytes(buf), 0);
-  std::int64_t wrong = 0;
-  for (std::size_t i = 0; i < buf.size(); ++i) wrong += buf[i] != static_cast<std::uint8_t>(i * 7);
-  std::vector<std::int64_t> totals = {wrong, 1};
-  allreduce_ints(comm, totals, IntOp::kSum);
-  log().info("communicator self-test: broadcast of {} bytes to {} ranks, {} wrong bytes",
-             buf.size(), totals[1], totals[0]);
-  return totals[0] == 0 ? 0 : 1;
+ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
+  ReloadOptions r;
+  r.format = kernel ? ReloadFormat::kKernel : ReloadFormat::kCheckpoint;
+  r.distribution = o.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
+  r.bucket_bytes = static_cast<std::uint64_t>(o.bucket_mb * 1024 * 1024);
+  r.pipeline_depth = o.pipeline_depth;
+  r.reader_rank = o.reader_rank;
+  return r;
+}
+
+ModelOptions model_options(const RunnerOptions& o, const Communicator& world) {
+  ModelOptions m;
+  m.tp_size = o.tp > 0 ? o.tp : world.size();
+  if (world.size() % m.tp_size != 0)
+    raise<UsageError>("--tp ", m.tp_size, " does not divide the world size ", world.size());
+  m.tp_rank = world.rank() % m.tp_size;
+  m.quantization = o.quantization;
+  m.lora = o.lora;
+  return m;
+}
+
+void write_report(const RunnerOptions& o, const ReloadResult& r, const TensorParallelModel& model,
+                  Communicator& world) {
+  const auto fingerprints = gather_fingerprints(model, world);
+  if (world.rank() != 0) return;
+  std::ofstream out(o.report);
+  out << report_json(r, {world.size(), model.options().tp_size, world.backend()}, fingerprints) << "\n";
+  if (!out) raise<UsageError>("cannot write the report to '", o.report, "'");
+  log().info("wrote report {}", o.report);
+}
+
+int run_reloads(const RunnerOptions& o, Communicator& world) {
+  if (o.model_dir.empty()) raise<UsageError>("--model DIR is required (or use --demo)");
+  const ModelConfig config = load_model_config(o.model_dir);
+  TensorParallelModel model(config, model_options(o, world));
+  ReloadableModel served(model, {o.model_dir, "", ""});
+  log().info("loading {} ({} layers, tp {}) from {}", config.architecture, config.num_hidden_layers,
+             model.options().tp_size, o.model_dir);
+  const ReloadResult initial = served.reload(world, reload_options(o, false));
+  if (world.rank() == 0) std::cout << "initial load:\n" << summary_text(initial);
+  ReloadResult last = initial;
+  for (int i = 0; i < o.repeat; ++i) {
+    last = served.reload(world, reload_options(o, o.kernel_format), nullptr, o.weights);
+    if (world.rank() == 0) std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
+  }
+  if (!o.report.empty()) write_report(o, last, model, world);
+  return initial.complete() && last.complete() ? 0 : 3;
+}
+
+// ------------------------------------------------------------------ the demo
+
+std::string shared_temp_dir(Communicator& world) {
+  std::string name(512, '\0');
+  if (world.rank() == 0) {
+    std::string tmpl = (fs::temp_directory_path() / "tpreload-demo-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) raise<UsageError>("cannot create a temporary directory in ", fs::temp_directory_path());
+    name = tmpl;
+    name.resize(512, '\0');
+  }
+  world.broadcast(MutableBytes(name.data(), name.size()), 0);
+  return name.c_str();
+}
+
+ModelConfig demo_config() {
+  return parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
+    "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "vocab_size": 1000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})", "demo config");
+}
+
+void write_demo_checkpoints(const ModelConfig& config, const std::string& dir) {
+  std::vector<TensorSpec> specs;
+  for (const auto& s : checkpoint_tensor_specs(config)) specs.push_back({s.name, config.dtype, s.shape});
+  for (int version : {1, 2}) {
+    const std::string out = dir + "/v" + std::to_string(version);
+    GenerateOptions g;
+    g.shards = version == 1 ? 2 : 1;
+    g.values.seed = static_cast<std::uint64_t>(version);
+    generate_checkpoint(out, specs, g);
+    std::ofstream(out + "/config.json") << model_config_to_json(config);
+  }
+}
+
+// "-0.0318 0.0030 ..." : the first few logits of the first token.
+std::string head(const at::Tensor& logits) {
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(4);
+  for (std::int64_t i = 0; i < 6; ++i) out << (i ? " " : "") << logits[0][i].item<float>();
+  return out.str() + " ...";
+}
+
+int run_demo(const RunnerOptions& o, Communicator& world) {
+  const std::string dir = shared_temp_dir(world);
+  const ModelConfig config = demo_config();
+  if (world.rank() == 0) write_demo_checkpoints(config, dir);
+  world.barrier();
+  const ModelOptions mo = model_options(o, world);
+  auto tp_group = world.split(world.rank() / mo.tp_size, world.rank());
+  const std::vector<std::int64_t> tokens = {1, 15, 299, 640, 999, 42, 7, 512};
+  log().info("demo: {} ranks, tp {}, model {} in {}", world.size(), mo.tp_size, config.architecture, dir);
+
+  TensorParallelModel model(config, mo);
+  ReloadableModel served(model, {dir + "/v1", "", ""});
+  served.reload(world, reload_options(o, false));
+  const at::Tensor before = model.forward(tokens, *tp_group);
+  const void* storage = model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
+
+  const ReloadResult r = served.reload(world, reload_options(o, false), nullptr, dir + "/v2");
+  const at::Tensor after = model.forward(tokens, *tp_group);
+  TensorParallelModel fresh(config, mo);
+  ReloadableModel fresh_served(fresh, {dir + "/v2", "", ""});
+  fresh_served.reload(world, reload_options(o, false));
+  const at::Tensor expected = fresh.forward(tokens, *tp_group);
+
+  const bool in_place = storage == model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
+  const bool changed = !at::equal(before, after);
+  const bool exact = at::equal(after, expected);
+  if (world.rank() == 0) {
+    std::cout << summary_text(r)
+              << "demo: logits of version 1, first token:   " << head(before) << "\n"
+              << "demo: logits after the in-place reload:    " << head(after) << "\n"
+              << "demo: logits of a fresh load of version 2: " << head(expected) << "\n"
+              << "demo: logits changed: " << (changed ? "yes" : "NO")
+              << "; equal to a fresh load of version 2, bit for bit: " << (exact ? "yes" : "NO")
+              << "; parameters stayed in place: " << (in_place ? "yes" : "NO") << "\n";
+  }
+  if (!o.report.empty()) write_report(o, r, model, world);
+  world.barrier();
+  if (world.rank() == 0) fs::remove_all(dir);
+  return changed && exact && in_place && r.complete() ? 0 : 4;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "reload_runner: reload the weights of a live tensor-parallel model in place, on every "
-      "rank of an MPI job.\n\nRun it under mpirun, e.g.\n  mpirun -np 4 reload_runner --demo\n"};
+      "reload_runner: reload the weights of a live tensor-parallel model in place, on every rank "
+      "of an MPI job.\n\nThe reader rank reads the checkpoint and broadcasts or scatters it in "
+      "buckets; every rank copies its shard into the existing parameter storage; an allreduce "
+      "checks that every expected weight arrived. Exit status: 0 when every expected parameter "
+      "loaded on every rank, 3 when some did not (they are listed), 1 on errors.\n\nExamples:\n"
+      "  mpirun -np 4 reload_runner --demo\n"
+      "  mpirun -np 8 reload_runner --model /models/llama --tp 4 --weights /ckpt/step-200\n"
+      "  mpirun -np 4 reload_runner --model /models/llama --weights /ckpt/kernel-tp4 --kernel-format\n"};
   RunnerOptions options;
   add_options(app, options);
   try {
@@ -65,12 +250,11 @@ int main(int argc, char** argv) {
   std::unique_ptr<MpiCommunicator> world;
   try {
     init_logging(mpi.world_rank(), mpi.world_size(), options.log_level);
-    log().info("reload_runner options: {}", options.describe());
+    if (mpi.world_rank() == 0) log().info("reload_runner options: {}", options.describe());
     CommOptions comm_options;
     comm_options.timeout = std::chrono::seconds(options.timeout_s);
     world = MpiCommunicator::world(comm_options);
-    int rc = 0;
-    if (options.demo) rc = run_self_test(*world);
+    const int rc = options.demo ? run_demo(options, *world) : run_reloads(options, *world);
     world.reset();
     mpi.finalize();
     return rc;

@@ -1,0 +1,43 @@
+// Reload reports: a human summary and the JSON document reload_runner writes with
+// --report (schema in docs/REPORT.md), including per-rank CRC-32 fingerprints of
+// every parameter as stored after the reload.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+
+class Communicator;
+class TensorParallelModel;
+
+// Per-rank fingerprints of every parameter (zlib CRC-32 of its bytes).
+struct ParamFingerprint {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  DType dtype = DType::kFloat32;
+  std::vector<std::uint32_t> crc32_by_rank;  // index: world rank
+};
+
+// COLLECTIVE over `world`: every rank learns every rank's fingerprints. Every
+// rank's model must have the same parameter names (true for one model config).
+std::vector<ParamFingerprint> gather_fingerprints(const TensorParallelModel& model,
+                                                  Communicator& world);
+
+struct ReportContext {
+  int world_size = 1;
+  int tp_size = 1;
+  std::string transport = "mpi";
+};
+
+// The JSON report (pretty-printed) of one reload.
+std::string report_json(const ReloadResult& result, const ReportContext& context,
+                        const std::vector<ParamFingerprint>& fingerprints);
+
+// A few lines for humans: bytes, GB/s, seconds per phase, names not loaded.
+std::string summary_text(const ReloadResult& result);
+
+}  // namespace tpreload

@@ -1,0 +1,106 @@
+#include "tpreload/reload/report.h"
+
+#include <zlib.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/model.h"
+#include "tpreload/model/torch_dtype.h"
+
+namespace tpreload {
+
+std::vector<ParamFingerprint> gather_fingerprints(const TensorParallelModel& model,
+                                                  Communicator& world) {
+  const auto& params = model.named_parameters();
+  const int n = world.size();
+  std::vector<std::int64_t> crcs(params.size() * n, 0);
+  std::vector<ParamFingerprint> out;
+  std::size_t i = 0;
+  for (const auto& [name, t] : params) {
+    const at::Tensor c = t.contiguous();
+    const ConstBytes bytes = tensor_bytes(c);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (std::uint64_t at = 0; at < bytes.size;) {  // zlib takes 32-bit lengths
+      const auto len = static_cast<uInt>(std::min<std::uint64_t>(bytes.size - at, 1u << 30));
+      crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data + at), len);
+      at += len;
+    }
+    crcs[i * n + world.rank()] = static_cast<std::int64_t>(crc);
+    out.push_back({name, t.sizes().vec(), dtype_from_torch(t.scalar_type()), {}});
+    ++i;
+  }
+  allreduce_ints(world, crcs, IntOp::kSum);
+  for (std::size_t k = 0; k < out.size(); ++k)
+    for (int r = 0; r < n; ++r) out[k].crc32_by_rank.push_back(static_cast<std::uint32_t>(crcs[k * n + r]));
+  return out;
+}
+
+std::string report_json(const ReloadResult& r, const ReportContext& ctx,
+                        const std::vector<ParamFingerprint>& fingerprints) {
+  using nlohmann::json;
+  json some = json::object();
+  for (const auto& [name, ranks] : r.not_loaded_on_some_ranks) some[name] = ranks;
+  json ranks = json::array();
+  for (int w = 0; w < ctx.world_size; ++w) {
+    json params = json::object();
+    for (const auto& f : fingerprints)
+      params[f.name] = {{"shape", f.shape}, {"dtype", dtype_name(f.dtype)}, {"crc32", f.crc32_by_rank.at(w)}};
+    ranks.push_back({{"rank", w}, {"tp_rank", w % ctx.tp_size}, {"params", params}});
+  }
+  json doc = {
+      {"world_size", ctx.world_size},
+      {"tp_size", ctx.tp_size},
+      {"format", format_name(r.format)},
+      {"transport", ctx.transport},
+      {"distribution", distribution_name(r.distribution)},
+      {"source", r.source},
+      {"bytes_read", r.bytes_read},
+      {"bytes_transferred", r.bytes_transferred},
+      {"bytes_copied_on_reader", r.bytes_copied_on_reader},
+      {"buckets", r.buckets},
+      {"seconds",
+       {{"total", r.seconds.total}, {"read", r.seconds.read}, {"transfer", r.seconds.transfer},
+        {"apply", r.seconds.apply}, {"finish", r.seconds.finish}, {"validate", r.seconds.validate}}},
+      {"peak_staging_bytes", r.peak_staging_bytes},
+      {"skipped", r.skipped},
+      {"not_loaded", {{"on_all_ranks", r.not_loaded_on_all_ranks}, {"on_some_ranks", some}}},
+      {"ranks", ranks}};
+  return doc.dump(2);
+}
+
+std::string summary_text(const ReloadResult& r) {
+  std::ostringstream out;
+  const double gb = static_cast<double>(r.bytes_transferred) / 1e9;
+  out.setf(std::ios::fixed);
+  out.precision(3);
+  out << "reloaded " << r.loaded.size() << " parameters from " << r.source << " ("
+      << format_name(r.format) << " format, " << distribution_name(r.distribution) << ", "
+      << r.buckets << " buckets)\n"
+      << "  bytes read " << r.bytes_read << ", transferred " << r.bytes_transferred << " ("
+      << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0) << " GB/s end to end), peak staging "
+      << r.peak_staging_bytes << " bytes per rank\n"
+      << "  seconds: total " << r.seconds.total << ", read " << r.seconds.read << ", transfer "
+      << r.seconds.transfer << ", apply " << r.seconds.apply << ", finish " << r.seconds.finish
+      << ", validate " << r.seconds.validate << "\n";
+  if (!r.skipped.empty()) {
+    out << "  " << r.skipped.size() << " source tensors have no parameter (skipped):";
+    for (const auto& n : r.skipped) out << " " << n;
+    out << "\n";
+  }
+  if (r.complete()) {
+    out << "  every expected parameter loaded on every rank\n";
+  } else {
+    for (const auto& n : r.not_loaded_on_all_ranks) out << "  NOT LOADED on any rank: " << n << "\n";
+    for (const auto& [n, ranks] : r.not_loaded_on_some_ranks) {
+      out << "  NOT LOADED on ranks";
+      for (int k : ranks) out << " " << k;
+      out << ": " << n << "\n";
+    }
+  }
+  return out.str();
+}
+
+}  // namespace tpreload
