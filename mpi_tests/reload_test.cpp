@@ -14,6 +14,7 @@
 #include "tpreload/checkpoint/kernel_format.h"
 #include "tpreload/checkpoint/writers.h"
 #include "tpreload/core/error.h"
+#include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/torch_dtype.h"
 #include "tpreload/reload/reload.h"
 
@@ -186,21 +187,9 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
   for (const Variant& setup : {Variant{world().size(), "", false}, Variant{world().size(), "int8", false}}) {
     const auto ckpt = testdata::random_checkpoint(config, 300);
     const std::string kdir = dir.path() + "/kernel-" + setup.quantization;
-    if (world().rank() == 0) {  // what `reload_ckpt shard` writes, made here by local loads
-      std::vector<std::vector<InMemoryTensor>> per_rank;
-      for (int r = 0; r < setup.tp; ++r) {
-        ModelOptions o = options_for(setup);
-        o.tp_rank = r;
-        auto local = std::make_shared<TensorParallelModel>(config, o);
-        auto source = testdata::memory_source(ckpt);
-        local->load_weights(*source);
-        std::map<std::string, at::Tensor> params;
-        for (const auto& name : local->expected_names(LoadFormat::kKernel))
-          params[name] = local->parameter_for_reload(name).clone();
-        per_rank.push_back(testdata::in_memory(params));
-      }
-      KernelFormatInfo info{setup.tp, config.dtype, setup.quantization, model_config_to_json(config)};
-      write_kernel_format(kdir, info, per_rank);
+    if (world().rank() == 0) {  // exactly what `reload_ckpt shard` writes
+      auto source = testdata::memory_source(ckpt);
+      write_kernel_shards(config, *source, kdir, {setup.tp, setup.quantization});
     }
     world().barrier();
     const auto want = expected_params(config, setup, ckpt);
