@@ -219,32 +219,33 @@ class FailedSource final : public WeightSource {
 }  // namespace
 
 ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& options,
-                                     WeightSource* source, const std::string& path) {
-  std::unique_ptr<WeightSource> opened;
-  const bool from_path = source == nullptr;
+                                     const std::string& path) {
   const std::string from = path.empty() ? location_.path : path;
-  if (from_path) {
-    if (from.empty())
-      raise<UsageError>("reload has no weights: no source, no path, and the model has no path");
-    if (world.rank() == options.reader_rank) {
-      try {
-        opened = open_weight_source(from);
-      } catch (const Error& e) {
-        opened = std::make_unique<FailedSource>(e.what());
-      }
+  if (from.empty())
+    raise<UsageError>("reload has no weights: no path was given and the model has no location");
+  std::unique_ptr<WeightSource> opened;
+  if (world.rank() == options.reader_rank) {
+    try {
+      opened = open_weight_source(from);
+    } catch (const Error& e) {  // reaches every rank through the metadata exchange
+      opened = std::make_unique<FailedSource>(e.what());
     }
-    source = opened.get();
-  } else if (!path.empty()) {
-    log().warn("reload got both a weight source and a path; using the source, ignoring '{}'", path);
   }
-  ReloadResult result = reload_weights(model_, world, source, options);
-  if (from_path && from != location_.path) {
+  ReloadResult result = reload_weights(model_, world, opened.get(), options);
+  if (from != location_.path) {
     if (!location_.revision.empty() || !location_.remote_uri.empty())
       log().info("weights now come from '{}'; dropping revision '{}' and remote location '{}' "
                  "that belonged to '{}'",
                  from, location_.revision, location_.remote_uri, location_.path);
     location_ = WeightLocation{from, "", ""};
   }
+  for (const auto& callback : callbacks_) callback(result);
+  return result;
+}
+
+ReloadResult ReloadableModel::reload_from(Communicator& world, const ReloadOptions& options,
+                                          WeightSource* source) {
+  ReloadResult result = reload_weights(model_, world, source, options);
   for (const auto& callback : callbacks_) callback(result);
   return result;
 }

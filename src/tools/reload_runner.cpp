@@ -136,7 +136,7 @@ int run_reloads(const RunnerOptions& o, Communicator& world) {
   if (world.rank() == 0) std::cout << "initial load:\n" << summary_text(initial);
   ReloadResult last = initial;
   for (int i = 0; i < o.repeat; ++i) {
-    last = served.reload(world, reload_options(o, o.kernel_format), nullptr, o.weights);
+    last = served.reload(world, reload_options(o, o.kernel_format), o.weights);
     if (world.rank() == 0) std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
   }
   if (!o.report.empty()) write_report(o, last, model, world);
@@ -202,7 +202,7 @@ int run_demo(const RunnerOptions& o, Communicator& world) {
   const at::Tensor before = model.forward(tokens, *tp_group);
   const void* storage = model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
 
-  const ReloadResult r = served.reload(world, reload_options(o, false), nullptr, dir + "/v2");
+  const ReloadResult r = served.reload(world, reload_options(o, false), dir + "/v2");
   const at::Tensor after = model.forward(tokens, *tp_group);
   TensorParallelModel fresh(config, mo);
   ReloadableModel fresh_served(fresh, {dir + "/v2", "", ""});

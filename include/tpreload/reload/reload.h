@@ -91,11 +91,17 @@ class ReloadableModel {
   // encoder or multimodal caches built from the old weights).
   void on_reloaded(std::function<void(const ReloadResult&)> callback);
 
-  // COLLECTIVE. `source` (reader rank only) takes precedence over `path`; an
-  // empty `path` means the model's current location. Kernel format needs a
-  // kernel-format source or directory (ValidationError otherwise).
+  // COLLECTIVE. Reload from the model's current location, or from `path` (which
+  // then becomes the model's location). Kernel format needs a kernel-format
+  // directory (ValidationError otherwise, on every rank).
   ReloadResult reload(Communicator& world, const ReloadOptions& options,
-                      WeightSource* source = nullptr, const std::string& path = "");
+                      const std::string& path = "");
+
+  // COLLECTIVE. Reload from tensors handed over in memory (vLLM's
+  // weights_iterator): `source` on the reader rank, nullptr on the others. The
+  // model's location does not change.
+  ReloadResult reload_from(Communicator& world, const ReloadOptions& options,
+                           WeightSource* source);
 
  private:
   TensorParallelModel& model_;
