@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Run on several nodes with Open MPI's launcher.
+#   launch/multinode.sh HOSTFILE NP [reload_runner args...]
+# HOSTFILE lists "host slots=N" lines; the build must be at the same path on every host.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+. "$here/../scripts/mpi_env.sh"
+if [ $# -lt 2 ]; then
+  echo "usage: $0 HOSTFILE NP [reload_runner args...]" >&2
+  exit 2
+fi
+hostfile=$1 np=$2
+shift 2
+runner=${TPRELOAD_RUNNER:-$here/../build/reload_runner}
+# Export the root/oversubscription settings to the remote ranks too.
+exec mpirun --hostfile "$hostfile" -np "$np" --bind-to none \
+  -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x OMPI_MCA_btl_vader_single_copy_mechanism \
+  "$runner" "$@"
