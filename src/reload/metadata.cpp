@@ -67,6 +67,7 @@ std::vector<std::uint8_t> serialize_metadata(const SourceMetadata& m) {
     for (auto d : t.shape) w.put<std::int64_t>(d);
     w.put<std::uint64_t>(t.nbytes);
     w.put(t.file);
+    w.put<std::uint64_t>(t.file_offset);
     w.put<std::int32_t>(t.tp_rank);
   }
   w.put<std::uint8_t>(m.kernel.has_value());
@@ -92,6 +93,7 @@ SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes) {
     for (std::uint32_t d = 0; d < ndim; ++d) t.shape.push_back(r.get<std::int64_t>());
     t.nbytes = r.get<std::uint64_t>();
     t.file = r.get_string();
+    t.file_offset = r.get<std::uint64_t>();
     t.tp_rank = r.get<std::int32_t>();
     m.tensors.push_back(std::move(t));
   }

@@ -119,8 +119,12 @@ void Pipeline::fill_broadcast(const Bucket& bucket, Slot& slot) {
     views.push_back(source_->view(t.index, {static_cast<std::uint64_t>(p.row_begin) * rb,
                                             static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb}));
     const auto& v = views.back();
-    adjacent = adjacent && v && (views.size() == 1 || (views[views.size() - 2]->data +
-                                                       views[views.size() - 2]->size == v->data));
+    const bool next = v && (views.size() == 1 || (views[views.size() - 2]->data +
+                                                  views[views.size() - 2]->size == v->data));
+    if (adjacent && !next)
+      log().debug("bucket {}: piece {} ('{}') is not adjacent to the previous one; copying",
+                  slot.bucket, views.size() - 1, info.name);
+    adjacent = adjacent && next;
   }
   if (adjacent && !views.empty()) {  // one contiguous run of the mapped file: send it as is
     slot.payload = ConstBytes(views.front()->data, bucket.bytes);

@@ -1,0 +1,153 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "tpreload/core/error.h"
+#include "tpreload/reload/plan.h"
+
+namespace tpreload {
+namespace {
+
+ModelConfig config() {
+  return parse_model_config(R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+    "intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":8,
+    "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16"})", "test");
+}
+
+// Metadata for the config's checkpoint laid out in `order` (indices into the specs).
+SourceMetadata metadata(const ModelConfig& c, bool reverse_layers = false) {
+  SourceMetadata md;
+  md.description = "test source";
+  auto specs = checkpoint_tensor_specs(c);
+  if (reverse_layers) std::reverse(specs.begin(), specs.end());
+  std::uint64_t offset = 8;
+  for (const auto& s : specs) {
+    std::uint64_t n = 2;
+    for (auto d : s.shape) n *= d;
+    md.tensors.push_back({s.name, DType::kBFloat16, s.shape, n, "model.safetensors", offset, -1});
+    offset += n;
+  }
+  return md;
+}
+
+TEST(Metadata, RoundTripsEveryField) {
+  SourceMetadata md = metadata(config());
+  md.tensors[3].tp_rank = 2;
+  md.kernel = KernelFormatInfo{4, DType::kFloat16, "int8", "{\"a\": 1}"};
+  const SourceMetadata back = parse_metadata(serialize_metadata(md));
+  EXPECT_EQ(back.description, md.description);
+  ASSERT_EQ(back.tensors.size(), md.tensors.size());
+  for (std::size_t i = 0; i < md.tensors.size(); ++i) {
+    const TensorInfo &a = md.tensors[i], &b = back.tensors[i];
+    EXPECT_EQ(a.name, b.name);
+    EXPECT_EQ(a.dtype, b.dtype);
+    EXPECT_EQ(a.shape, b.shape);
+    EXPECT_EQ(a.nbytes, b.nbytes);
+    EXPECT_EQ(a.file, b.file);
+    EXPECT_EQ(a.file_offset, b.file_offset);
+    EXPECT_EQ(a.tp_rank, b.tp_rank);
+  }
+  ASSERT_TRUE(back.kernel.has_value());
+  EXPECT_EQ(back.kernel->tp_size, 4);
+  EXPECT_EQ(back.kernel->quantization, "int8");
+  EXPECT_EQ(back.kernel->config_json, "{\"a\": 1}");
+  auto bytes = serialize_metadata(md);
+  bytes.pop_back();
+  EXPECT_THROW(parse_metadata(bytes), CommError);
+}
+
+// Every planned tensor's rows are covered exactly once, in order, with `last`
+// on the final piece; buckets respect the size unless one row is larger.
+void check_coverage(const Plan& plan, const SourceMetadata& md, std::uint64_t bucket_bytes) {
+  std::vector<std::int64_t> next(plan.tensors.size(), 0);
+  for (const Bucket& b : plan.buckets) {
+    EXPECT_FALSE(b.pieces.empty());
+    if (b.pieces.size() > 1 || b.pieces[0].row_end - b.pieces[0].row_begin > 1) {
+      EXPECT_LE(b.bytes, bucket_bytes);
+    }
+    for (const Piece& p : b.pieces) {
+      EXPECT_EQ(p.row_begin, next[p.planned]) << md.tensors[plan.tensors[p.planned].index].name;
+      EXPECT_GT(p.row_end, p.row_begin);
+      next[p.planned] = p.row_end;
+      EXPECT_EQ(p.last, p.row_end == plan.tensors[p.planned].rows);
+    }
+    if (b.scatter) {  // regions are contiguous and tile the root buffer
+      std::uint64_t at = 0;
+      for (const ByteRange& r : b.ranges) {
+        EXPECT_EQ(r.offset, at);
+        at = r.end();
+      }
+      EXPECT_EQ(at, b.bytes);
+    }
+  }
+  for (std::size_t i = 0; i < plan.tensors.size(); ++i) EXPECT_EQ(next[i], plan.tensors[i].rows);
+}
+
+TEST(Plan, CoversEveryRowOnceForEveryBucketSize) {
+  const ModelConfig c = config();
+  const ShardingRules rules(c, 4);
+  const SourceMetadata md = metadata(c);
+  for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter})
+    for (std::uint64_t bucket : {std::uint64_t{1}, std::uint64_t{300}, std::uint64_t{5000},
+                                 std::uint64_t{1} << 30}) {
+      const Plan plan = make_plan(md, rules, {ReloadFormat::kCheckpoint, d, bucket, 8, 4});
+      check_coverage(plan, md, bucket);
+      EXPECT_EQ(plan.tensors.size(), md.tensors.size());
+    }
+}
+
+TEST(Plan, ReplicatedTensorsAreBroadcastEvenWhenScattering) {
+  const ModelConfig c = config();
+  const Plan plan = make_plan(metadata(c), ShardingRules(c, 2),
+                              {ReloadFormat::kCheckpoint, Distribution::kScatter, 1 << 20, 2, 2});
+  for (const PlannedTensor& t : plan.tensors) {
+    const bool replicated = t.placements[0].source_dim < 0;
+    EXPECT_EQ(t.scatter, !replicated) << t.placements[0].checkpoint_name;
+  }
+}
+
+TEST(Plan, GroupsByLayerWhateverTheFileOrderAndFinishesEachLayerOnce) {
+  const ModelConfig c = config();
+  const SourceMetadata md = metadata(c, /*reverse_layers=*/true);
+  const Plan plan = make_plan(md, ShardingRules(c, 2, "int8"),
+                              {ReloadFormat::kCheckpoint, Distribution::kBroadcast, 2000, 2, 2});
+  std::set<std::int64_t> done;  // decoder layers must each form one run
+  std::int64_t current = -2;
+  for (const PlannedTensor& t : plan.tensors) {
+    if (t.layer < 0) continue;  // embedding, final norm and head stand alone
+    if (t.layer != current) {
+      EXPECT_EQ(done.count(t.layer), 0u) << "layer " << t.layer << " appears twice";
+      done.insert(current);
+      current = t.layer;
+    }
+  }
+  std::vector<std::int64_t> finished;
+  for (const Bucket& b : plan.buckets)
+    finished.insert(finished.end(), b.finished_layers.begin(), b.finished_layers.end());
+  std::sort(finished.begin(), finished.end());
+  EXPECT_EQ(finished, (std::vector<std::int64_t>{0, 1, 2}));
+}
+
+TEST(Plan, UnknownNamesAreSkippedAndKernelMismatchesRejected) {
+  const ModelConfig c = config();
+  SourceMetadata md = metadata(c);
+  md.tensors.push_back({"rotary.inv_freq", DType::kFloat32, {4}, 16, "f", 0, -1});
+  const ShardingRules rules(c, 2);
+  const Plan plan = make_plan(md, rules, {ReloadFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 2, 2});
+  EXPECT_EQ(plan.skipped, (std::vector<std::string>{"rotary.inv_freq"}));
+  EXPECT_THROW(make_plan(md, rules, {ReloadFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2}),
+               ValidationError);
+  md.kernel = KernelFormatInfo{4, DType::kBFloat16, "", "{}"};
+  try {
+    make_plan(md, rules, {ReloadFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2});
+    FAIL();
+  } catch (const ValidationError& e) {
+    EXPECT_STREQ(e.what(), "kernel-format source 'test source' was made for tp 4 quantization '', "
+                           "the model is tp 2 quantization ''");
+  }
+  EXPECT_THROW(make_plan(md, rules, {ReloadFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 3, 2}),
+               UsageError);
+}
+
+}  // namespace
+}  // namespace tpreload
