@@ -1,0 +1,292 @@
+// reload_bench: the in-place reload against the bound of the same job, in the
+// style of nccl-tests. Per row: warm-up, N timed iterations (barrier-started,
+// times reduced with max over ranks), bytes, algbw and busbw, peak staging per
+// rank, reader copies per byte delivered, a wrong-bytes count (every iteration
+// is verified), and the bound measured in the same run: the same bytes read from
+// the same source and moved with the same collectives and bucket sizes into
+// destination buffers, with no model logic.
+//
+//   launch/mpirun.sh 4 build/bench/reload_bench --scenario tinyllama --dir /tmp/tpreload-bench
+#include <CLI/CLI.hpp>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "tpreload/checkpoint/synthetic.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/mpi_communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
+#include "tpreload/model/kernel_shards.h"
+#include "tpreload/model/model.h"
+#include "tpreload/reload/plan.h"
+#include "tpreload/reload/reload.h"
+
+namespace {
+
+using namespace tpreload;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct BenchOptions {
+  std::string scenario = "tiny";
+  std::string dir = "/tmp/tpreload-bench";
+  int tp = 0;
+  std::vector<std::string> formats = {"checkpoint", "kernel"};
+  std::vector<std::string> quantizations = {"none"};
+  std::vector<std::string> distributions = {"broadcast", "scatter"};
+  std::vector<double> bucket_mb = {64};
+  int pipeline_depth = 2;
+  int warmup = 1;
+  int iters = 3;
+};
+
+// Scenario configs (Hugging Face config.json text).
+std::string scenario_config(const std::string& name) {
+  if (name == "tiny")
+    return R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":768,
+      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":4000,
+      "torch_dtype":"bfloat16"})";
+  if (name == "tinyllama")
+    return R"({"architectures":["LlamaForCausalLM"],"hidden_size":2048,"intermediate_size":5632,
+      "num_hidden_layers":22,"num_attention_heads":32,"num_key_value_heads":4,"vocab_size":32000,
+      "torch_dtype":"bfloat16"})";
+  if (name == "llama3-8b-4l")
+    return R"({"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,
+      "num_hidden_layers":4,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
+      "rope_theta":500000.0,"torch_dtype":"bfloat16"})";
+  if (name == "small-tensors")  // 9 tensors per layer, all under 64 KB: 20,709 tensors
+    return R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,
+      "num_hidden_layers":2300,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":256,
+      "torch_dtype":"bfloat16"})";
+  raise<UsageError>("unknown scenario '", name, "' (tiny, tinyllama, llama3-8b-4l, small-tensors)");
+}
+
+double max_over_ranks(Communicator& world, double seconds) {
+  std::int64_t us = static_cast<std::int64_t>(seconds * 1e6);
+  world.allreduce_ints(&us, 1, IntOp::kMax);
+  return us / 1e6;
+}
+
+// Rank 0 generates the checkpoint (and kernel shards) once; reruns reuse them.
+std::string prepare_checkpoint(const BenchOptions& o, const ModelConfig& config, Communicator& world) {
+  const std::string dir = o.dir + "/" + o.scenario;
+  if (world.rank() == 0 && !fs::exists(dir + "/config.json")) {
+    std::vector<TensorSpec> specs;
+    for (const auto& s : checkpoint_tensor_specs(config)) specs.push_back({s.name, config.dtype, s.shape});
+    GenerateOptions g;
+    g.values.seed = 1;
+    log().info("generating {} checkpoint in {}", o.scenario, dir);
+    generate_checkpoint(dir, specs, g);
+    std::ofstream(dir + "/config.json") << config.json;
+  }
+  world.barrier();
+  return dir;
+}
+
+std::string prepare_kernel_shards(const std::string& dir, const ModelConfig& config, int tp,
+                                  const std::string& quantization, Communicator& world) {
+  const std::string out = dir + "/kernel-tp" + std::to_string(tp) + (quantization.empty() ? "" : "-" + quantization);
+  if (world.rank() == 0 && !fs::exists(out + "/kernel_format.json")) {
+    auto source = open_weight_source(dir);
+    log().info("writing kernel-format shards {}", out);
+    write_kernel_shards(config, *source, out, {tp, quantization});
+  }
+  world.barrier();
+  return out;
+}
+
+// The bound: per bucket of the same plan, the reader reads the bucket's bytes from
+// the source into a buffer and moves them with the same collective into
+// destination buffers. No slicing, no model.
+double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* source,
+                     Communicator& world, int reader) {
+  std::uint64_t largest = 0;
+  for (const Bucket& b : plan.buckets) largest = std::max(largest, b.bytes);
+  std::vector<std::byte> send(world.rank() == reader ? largest : 0), recv(largest);
+  world.barrier();
+  const auto start = Clock::now();
+  for (const Bucket& b : plan.buckets) {
+    if (world.rank() == reader) {
+      // bucket.bytes read from the pieces' tensors, starting at each piece's rows.
+      std::uint64_t at = 0;
+      for (std::size_t k = 0; at < b.bytes; ++k) {
+        const Piece& p = b.pieces[k % b.pieces.size()];
+        const TensorInfo& info = md.tensors[plan.tensors[p.planned].index];
+        const std::uint64_t row = info.shape.empty() ? info.nbytes : info.nbytes / info.shape[0];
+        const std::uint64_t start = k < b.pieces.size() ? std::min(info.nbytes, p.row_begin * row) : 0;
+        const std::uint64_t n = std::min(b.bytes - at, info.nbytes - start);
+        source->read(plan.tensors[p.planned].index, {start, n}, MutableBytes(send.data() + at, n));
+        at += n;
+      }
+    }
+    if (b.scatter)
+      world.scatterv(ConstBytes(send.data(), send.size()), b.ranges,
+                     MutableBytes(recv.data(), b.ranges[world.rank()].length), reader);
+    else
+      world.broadcast(MutableBytes(world.rank() == reader ? send.data() : recv.data(), b.bytes), reader);
+  }
+  return max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+}
+
+// Bytes of `model` that differ from `reference`.
+std::int64_t wrong_bytes(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& reference) {
+  std::int64_t wrong = 0;
+  for (const auto& [name, want] : reference) {
+    const at::Tensor got = model.named_parameters().at(name).contiguous();
+    const auto* a = static_cast<const std::uint8_t*>(got.data_ptr());
+    const auto* b = static_cast<const std::uint8_t*>(want.data_ptr());
+    const std::size_t n = want.numel() * want.element_size();
+    for (std::size_t i = 0; i < n; ++i) wrong += a[i] != b[i];
+  }
+  return wrong;
+}
+
+void scramble(TensorParallelModel& model) {
+  for (const auto& [name, t] : model.named_parameters()) std::memset(t.data_ptr(), 0x5A, t.numel() * t.element_size());
+}
+
+struct Row {
+  std::string format, quantization, distribution;
+  double bucket_mb;
+  double seconds = 0, bound = 0;
+  std::uint64_t bytes = 0, staging = 0, copied = 0;
+  std::int64_t wrong = 0;
+};
+
+Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string& ckpt_dir, Row row,
+            Communicator& world) {
+  const int tp = o.tp > 0 ? o.tp : world.size();
+  const std::string quant = row.quantization == "none" ? "" : row.quantization;
+  const bool kernel = row.format == "kernel";
+  const std::string path = kernel ? prepare_kernel_shards(ckpt_dir, config, tp, quant, world) : ckpt_dir;
+  ModelOptions mo;
+  mo.tp_size = tp;
+  mo.tp_rank = world.rank() % tp;
+  mo.quantization = quant;
+  TensorParallelModel model(config, mo);
+  // Reference: this rank's parameters loaded locally from the same files, no transport.
+  std::map<std::string, at::Tensor> reference;
+  {
+    auto local = open_weight_source(path);
+    model.load_weights(*local);
+    for (const auto& [name, t] : model.named_parameters()) reference[name] = t.clone();
+  }
+  ReloadOptions ro;
+  ro.format = kernel ? ReloadFormat::kKernel : ReloadFormat::kCheckpoint;
+  ro.distribution = row.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
+  ro.bucket_bytes = static_cast<std::uint64_t>(row.bucket_mb * 1024 * 1024);
+  ro.pipeline_depth = o.pipeline_depth;
+  auto source = world.rank() == 0 ? open_weight_source(path) : nullptr;
+  for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro);
+  for (int i = 0; i < o.iters; ++i) {
+    scramble(model);
+    world.barrier();
+    const auto start = Clock::now();
+    const ReloadResult r = reload_weights(model, world, source.get(), ro);
+    row.seconds += max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+    row.bytes = r.bytes_transferred;
+    row.staging = std::max(row.staging, r.peak_staging_bytes);
+    row.copied = r.bytes_copied_on_reader;
+    std::int64_t wrong = wrong_bytes(model, reference);
+    world.allreduce_ints(&wrong, 1, IntOp::kSum);
+    row.wrong += wrong;
+  }
+  row.seconds /= o.iters;
+  // The bound: the same plan's buckets, raw.
+  SourceMetadata md;
+  std::vector<std::uint8_t> payload;
+  if (world.rank() == 0) payload = serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
+  std::int64_t size = payload.size();
+  world.broadcast(MutableBytes(&size, 8), 0);
+  payload.resize(size);
+  world.broadcast(MutableBytes(payload.data(), payload.size()), 0);
+  md = parse_metadata(payload);
+  const Plan plan = make_plan(md, model.rules(), {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp});
+  for (int i = 0; i < o.iters; ++i) row.bound += measure_bound(plan, md, source.get(), world, 0);
+  row.bound /= o.iters;
+  return row;
+}
+
+void print_header(const BenchOptions& o, const ModelConfig& c, Communicator& world) {
+  if (world.rank() != 0) return;
+  std::cout << "# reload_bench scenario=" << o.scenario << " layers=" << c.num_hidden_layers
+            << " hidden=" << c.hidden_size << " world=" << world.size()
+            << " tp=" << (o.tp > 0 ? o.tp : world.size()) << " warmup=" << o.warmup << " iters=" << o.iters
+            << "\n# busbw: broadcast factor 1, scatter (n-1)/n; bound = same bytes, same collectives, no model\n"
+            << std::left << std::setw(11) << "# format" << std::setw(6) << "quant" << std::setw(10) << "dist"
+            << std::right << std::setw(8) << "bucketMB" << std::setw(14) << "bytes" << std::setw(10) << "time(s)"
+            << std::setw(10) << "algbw" << std::setw(10) << "busbw" << std::setw(10) << "bound(s)"
+            << std::setw(8) << "ratio" << std::setw(12) << "stagingMB" << std::setw(9) << "copies"
+            << std::setw(8) << "wrong" << "\n";
+}
+
+void print_row(const Row& r, Communicator& world) {
+  if (world.rank() != 0) return;
+  const int n = world.size();
+  const double algbw = r.bytes / r.seconds / 1e9;
+  const double factor = r.distribution == "scatter" && n > 1 ? double(n - 1) / n : 1.0;
+  std::cout << std::left << std::setw(11) << r.format << std::setw(6) << r.quantization << std::setw(10)
+            << r.distribution << std::right << std::fixed << std::setprecision(1) << std::setw(8) << r.bucket_mb
+            << std::setw(14) << r.bytes << std::setprecision(4) << std::setw(10) << r.seconds
+            << std::setprecision(2) << std::setw(10) << algbw << std::setw(10) << algbw * factor
+            << std::setprecision(4) << std::setw(10) << r.bound << std::setprecision(2) << std::setw(8)
+            << r.seconds / r.bound << std::setprecision(1) << std::setw(12) << r.staging / 1048576.0
+            << std::setprecision(2) << std::setw(9) << (r.bytes ? double(r.copied) / r.bytes : 0.0)
+            << std::setw(8) << r.wrong << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"reload_bench: in-place reload time against the raw read + transport bound, per "
+               "format, quantization, distribution and bucket size (run under mpirun)."};
+  BenchOptions o;
+  app.add_option("--scenario", o.scenario, "tiny, tinyllama, llama3-8b-4l or small-tensors")->capture_default_str();
+  app.add_option("--dir", o.dir, "Where checkpoints are generated (reused when present)")->capture_default_str();
+  app.add_option("--tp", o.tp, "Tensor-parallel size (default: world size)");
+  app.add_option("--formats", o.formats, "checkpoint and/or kernel")->capture_default_str();
+  app.add_option("--quantizations", o.quantizations, "none and/or int8")->capture_default_str();
+  app.add_option("--distributions", o.distributions, "broadcast and/or scatter")->capture_default_str();
+  app.add_option("--bucket-mb", o.bucket_mb, "Bucket sizes in MiB")->capture_default_str();
+  app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "Untimed reloads per row")->capture_default_str();
+  app.add_option("--iters", o.iters, "Timed reloads per row")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  MpiRuntime mpi(&argc, &argv);
+  std::unique_ptr<MpiCommunicator> world;
+  try {
+    init_logging(mpi.world_rank(), mpi.world_size(), "warn");
+    world = MpiCommunicator::world();
+    const ModelConfig config = parse_model_config(scenario_config(o.scenario), o.scenario);
+    const std::string dir = prepare_checkpoint(o, config, *world);
+    print_header(o, config, *world);
+    std::int64_t wrong = 0;
+    for (const auto& format : o.formats)
+      for (const auto& quant : o.quantizations)
+        for (const auto& dist : o.distributions)
+          for (double mb : o.bucket_mb) {
+            const Row r = run_row(o, config, dir, Row{format, quant, dist, mb}, *world);
+            print_row(r, *world);
+            wrong += r.wrong;
+          }
+    world.reset();
+    mpi.finalize();
+    return wrong == 0 ? 0 : 5;
+  } catch (const std::exception& e) {
+    log().error("{}", e.what());
+    if (world) world->abort(1);
+    return 1;
+  }
+}
