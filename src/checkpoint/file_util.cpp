@@ -1,0 +1,219 @@
+#include "file_util.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
+
+namespace tpreload::detail {
+namespace {
+
+std::string errno_text(int err) {
+  return std::strerror(err);
+}
+
+}  // namespace
+
+FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+FileDescriptor::~FileDescriptor() {
+  if (fd_ >= 0 && ::close(fd_) != 0)
+    log().warn("close of file descriptor {} failed: {}", fd_, errno_text(errno));
+}
+
+void FileDescriptor::close(const std::string& path) {
+  const int fd = release();
+  if (fd >= 0 && ::close(fd) != 0)
+    raise<CheckpointError>("close of '", path, "' failed: ", errno_text(errno));
+}
+
+MappedFile MappedFile::open(const std::string& path) {
+  MappedFile m;
+  m.path_ = path;
+  m.fd_ = FileDescriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (m.fd_.get() < 0) raise<CheckpointError>("cannot open '", path, "': ", errno_text(errno));
+  struct stat st {};
+  if (::fstat(m.fd_.get(), &st) != 0)
+    raise<CheckpointError>("cannot stat '", path, "': ", errno_text(errno));
+  if (!S_ISREG(st.st_mode)) raise<CheckpointError>("'", path, "' is not a regular file");
+  m.size_ = static_cast<std::uint64_t>(st.st_size);
+  if (m.size_ == 0) return m;  // mmap of 0 bytes is invalid; nothing to map
+  void* addr = ::mmap(nullptr, m.size_, PROT_READ, MAP_PRIVATE, m.fd_.get(), 0);
+  if (addr == MAP_FAILED)
+    raise<CheckpointError>("cannot map '", path, "' (", m.size_, " bytes): ", errno_text(errno));
+  m.data_ = static_cast<const std::byte*>(addr);
+  return m;
+}
+
+MappedFile::MappedFile(MappedFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      fd_(std::move(other.fd_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
+    path_ = std::move(other.path_);
+    fd_ = std::move(other.fd_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr && ::munmap(const_cast<std::byte*>(data_), size_) != 0)
+    log().warn("munmap of '{}' failed: {}", path_, errno_text(errno));
+}
+
+void pread_exact(int fd, void* dst, std::uint64_t size, std::uint64_t offset,
+                 const std::string& path) {
+  auto* out = static_cast<char*>(dst);
+  std::uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::pread(fd, out + done, size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      raise<CheckpointError>("read of ", size, " bytes at offset ", offset, " of '", path,
+                             "' failed: ", errno_text(errno));
+    if (n == 0)
+      raise<CheckpointError>("read of ", size, " bytes at offset ", offset, " of '", path,
+                             "' hit end of file after ", done, " bytes");
+    done += static_cast<std::uint64_t>(n);
+  }
+}
+
+AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {
+  std::string pattern = target_ + ".tmp.XXXXXX";
+  const int fd = ::mkstemp(pattern.data());
+  if (fd < 0)
+    raise<CheckpointError>("cannot create a temporary file for '", target_,
+                           "': ", errno_text(errno));
+  fd_ = FileDescriptor(fd);
+  temp_ = pattern;
+  if (::fchmod(fd, 0644) != 0)  // mkstemp makes 0600; checkpoints are shared read-only
+    log().warn("cannot set the mode of '{}': {}", temp_, errno_text(errno));
+}
+
+AtomicFile::AtomicFile(AtomicFile&& other) noexcept
+    : target_(std::move(other.target_)),
+      temp_(std::move(other.temp_)),
+      fd_(std::move(other.fd_)),
+      committed_(std::exchange(other.committed_, true)) {}
+
+AtomicFile::~AtomicFile() {
+  if (committed_ || temp_.empty()) return;
+  fd_ = FileDescriptor();
+  if (::unlink(temp_.c_str()) != 0 && errno != ENOENT)
+    log().warn("cannot remove temporary file '{}': {}", temp_, errno_text(errno));
+}
+
+void AtomicFile::write(const void* data, std::uint64_t size) {
+  const auto* in = static_cast<const char*>(data);
+  std::uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::write(fd_.get(), in + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      raise<CheckpointError>("write of ", size, " bytes to '", target_,
+                             "' failed: ", errno_text(errno));
+    done += static_cast<std::uint64_t>(n);
+  }
+}
+
+void AtomicFile::close_fd() {
+  if (fd_.get() >= 0 && ::fsync(fd_.get()) != 0)
+    raise<CheckpointError>("fsync of '", target_, "' failed: ", errno_text(errno));
+  fd_.close(temp_);
+}
+
+void AtomicFile::commit() {
+  if (fd_.get() < 0) {  // written through another library: reopen to fsync
+    fd_ = FileDescriptor(::open(temp_.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd_.get() < 0) raise<CheckpointError>("cannot reopen '", temp_, "': ", errno_text(errno));
+  }
+  close_fd();
+  if (::rename(temp_.c_str(), target_.c_str()) != 0)
+    raise<CheckpointError>("cannot rename '", temp_, "' to '", target_, "': ", errno_text(errno));
+  committed_ = true;
+}
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool is_directory(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_regular_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::uint64_t file_size(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    raise<CheckpointError>("cannot stat '", path, "': ", errno_text(errno));
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return dir.back() == '/' ? dir + name : dir + "/" + name;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::vector<std::string> list_files(const std::string& dir, const std::string& suffix) {
+  std::unique_ptr<DIR, int (*)(DIR*)> handle(::opendir(dir.c_str()), &::closedir);
+  if (!handle) raise<CheckpointError>("cannot list directory '", dir, "': ", errno_text(errno));
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(handle.get())) {
+    const std::string name = entry->d_name;
+    if (ends_with(name, suffix) && is_regular_file(join_path(dir, name))) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+void make_directories(const std::string& dir) {
+  if (dir.empty() || is_directory(dir)) return;
+  const auto slash = dir.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) make_directories(dir.substr(0, slash));
+  if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+    raise<CheckpointError>("cannot create directory '", dir, "': ", errno_text(errno));
+}
+
+std::string read_text_file(const std::string& path) {
+  const std::uint64_t size = file_size(path);
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) raise<CheckpointError>("cannot open '", path, "': ", errno_text(errno));
+  std::string text(size, '\0');
+  pread_exact(fd.get(), text.data(), size, 0, path);
+  return text;
+}
+
+}  // namespace tpreload::detail

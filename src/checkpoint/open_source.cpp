@@ -1,0 +1,59 @@
+// open_weight_source(): dispatch on what a path names (see weight_source.h).
+#include "file_util.h"
+#include "tpreload/checkpoint/hdf5.h"
+#include "tpreload/checkpoint/kernel_format.h"
+#include "tpreload/checkpoint/safetensors.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+bool has_hdf5_extension(const std::string& path) {
+  return detail::ends_with(path, ".h5") || detail::ends_with(path, ".hdf5");
+}
+
+std::unique_ptr<WeightSource> open_directory(const std::string& dir) {
+  if (detail::is_regular_file(detail::join_path(dir, kKernelFormatFile)))
+    return open_kernel_format(dir);
+  if (detail::is_regular_file(detail::join_path(dir, "model.safetensors.index.json")) ||
+      !detail::list_files(dir, ".safetensors").empty())
+    return open_safetensors(dir);
+  auto h5 = detail::list_files(dir, ".h5");
+  for (auto& name : detail::list_files(dir, ".hdf5")) h5.push_back(name);
+  if (h5.size() == 1) return open_hdf5(detail::join_path(dir, h5.front()));
+  if (h5.size() > 1)
+    raise<CheckpointError>("directory '", dir, "' holds ", h5.size(), " HDF5 files ('", h5[0],
+                           "', '", h5[1], "', ...); name one of them");
+  raise<CheckpointError>("directory '", dir,
+                         "' holds no checkpoint: expected kernel_format.json, "
+                         "model.safetensors.index.json, *.safetensors or one .h5/.hdf5 file");
+}
+
+std::string base_name(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string parent_dir(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash);
+}
+
+}  // namespace
+
+std::unique_ptr<WeightSource> open_weight_source(const std::string& path) {
+  if (detail::is_directory(path)) return open_directory(path);
+  if (!detail::is_regular_file(path))
+    raise<CheckpointError>("checkpoint '", path, "': no such file or directory");
+  const std::string base = base_name(path);
+  if (base == kKernelFormatFile || base == "model.safetensors.index.json")
+    return open_directory(parent_dir(path));
+  if (detail::ends_with(path, ".safetensors")) return open_safetensors(path);
+  if (has_hdf5_extension(path) || is_hdf5_file(path)) return open_hdf5(path);
+  raise<CheckpointError>("checkpoint '", path,
+                         "': not a .safetensors, .h5/.hdf5 or HDF5 file, nor a checkpoint "
+                         "directory");
+}
+
+}  // namespace tpreload

@@ -1,0 +1,181 @@
+// Parsing and validation of a safetensors header (see safetensors.h).
+#include <fcntl.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "file_util.h"
+#include "shape_util.h"
+#include "tpreload/checkpoint/safetensors.h"
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+using nlohmann::json;
+
+template <typename... Args>
+[[noreturn]] void fail(const std::string& origin, Args&&... args) {
+  raise<CheckpointError>("safetensors file '", origin, "': ", std::forward<Args>(args)...);
+}
+
+// Parse, rejecting duplicate keys of the top-level object (nlohmann keeps the last).
+json parse_json(std::string_view text, const std::string& origin) {
+  if (text.empty() || text.front() != '{')
+    fail(origin, "header does not start with '{' (not a JSON object)");
+  std::set<std::string> keys;
+  auto on_event = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (!keys.insert(key).second) fail(origin, "duplicate tensor name '", key, "' in header");
+    }
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), on_event);
+  } catch (const json::exception& e) {
+    fail(origin, "header is not valid JSON: ", e.what());
+  }
+}
+
+std::map<std::string, std::string> parse_metadata(const json& j, const std::string& origin) {
+  if (!j.is_object()) fail(origin, "'__metadata__' is not an object of strings");
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : j.items()) {
+    if (!value.is_string())
+      fail(origin, "'__metadata__' value of key '", key, "' is not a string: ", value.dump());
+    out[key] = value.get<std::string>();
+  }
+  return out;
+}
+
+std::uint64_t non_negative(const json& v, bool& ok) {
+  ok = v.is_number_unsigned() || (v.is_number_integer() && v.get<std::int64_t>() >= 0);
+  return ok ? v.get<std::uint64_t>() : 0;
+}
+
+std::vector<std::int64_t> parse_shape(const json& e, const std::string& name,
+                                      const std::string& origin) {
+  if (!e.contains("shape") || !e["shape"].is_array())
+    fail(origin, "tensor '", name, "': 'shape' is missing or not a list");
+  std::vector<std::int64_t> shape;
+  for (const auto& d : e["shape"]) {
+    bool ok = false;
+    const std::uint64_t v = non_negative(d, ok);
+    if (!ok || v > static_cast<std::uint64_t>(INT64_MAX))
+      fail(origin, "tensor '", name, "': shape ", e["shape"].dump(),
+           " has a dimension that is not a non-negative 64-bit integer");
+    shape.push_back(static_cast<std::int64_t>(v));
+  }
+  return shape;
+}
+
+ByteRange parse_offsets(const json& e, const std::string& name, const std::string& origin) {
+  const json* offsets = e.contains("data_offsets") ? &e["data_offsets"] : nullptr;
+  bool ok_begin = false, ok_end = false;
+  if (offsets == nullptr || !offsets->is_array() || offsets->size() != 2)
+    fail(origin, "tensor '", name, "': 'data_offsets' is missing or not [begin, end]");
+  const std::uint64_t begin = non_negative((*offsets)[0], ok_begin);
+  const std::uint64_t end = non_negative((*offsets)[1], ok_end);
+  if (!ok_begin || !ok_end)
+    fail(origin, "tensor '", name, "': data_offsets ", offsets->dump(),
+         " are not non-negative integers");
+  if (end < begin)
+    fail(origin, "tensor '", name, "': data_offsets [", begin, ", ", end,
+         ") end before they begin");
+  return {begin, end - begin};
+}
+
+SafetensorsEntry parse_entry(const std::string& name, const json& e, const std::string& origin) {
+  if (!e.is_object()) fail(origin, "tensor '", name, "': header entry is not an object");
+  if (!e.contains("dtype") || !e["dtype"].is_string())
+    fail(origin, "tensor '", name, "': 'dtype' is missing or not a string");
+  const auto dtype_text = e["dtype"].get<std::string>();
+  const auto dtype = dtype_from_safetensors(dtype_text);
+  if (!dtype) fail(origin, "tensor '", name, "': unknown dtype '", dtype_text, "'");
+  SafetensorsEntry entry{name, *dtype, parse_shape(e, name, origin),
+                         parse_offsets(e, name, origin)};
+  const auto want = detail::checked_nbytes(entry.shape, entry.dtype);
+  if (!want)
+    fail(origin, "tensor '", name, "': shape ", detail::shape_string(entry.shape), " x ",
+         dtype_text, " overflows 64 bits");
+  if (*want != entry.data.length)
+    fail(origin, "tensor '", name, "': shape ", detail::shape_string(entry.shape), " x ",
+         dtype_text, " needs ", *want, " bytes but data_offsets [", entry.data.offset, ", ",
+         entry.data.end(), ") span ", entry.data.length);
+  return entry;
+}
+
+// Sorted, starting at 0, contiguous, in bounds, and ending at the end of the file.
+void check_layout(const SafetensorsHeader& h, const std::string& origin) {
+  std::uint64_t expected = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const auto& t : h.tensors) {
+    if (t.data.end() > h.data_bytes)
+      fail(origin, "tensor '", t.name, "': data_offsets [", t.data.offset, ", ", t.data.end(),
+           ") exceed the data section of ", h.data_bytes, " bytes (file truncated?)");
+    if (t.data.offset < expected)
+      fail(origin, "tensor '", t.name, "': data_offsets [", t.data.offset, ", ", t.data.end(),
+           ") overlap tensor '", previous->name, "' at [", previous->data.offset, ", ",
+           previous->data.end(), ")");
+    if (t.data.offset > expected)
+      fail(origin, "tensor '", t.name, "': data_offsets [", t.data.offset, ", ", t.data.end(),
+           ") leave a gap after byte ", expected, " (offsets must be contiguous from 0)");
+    expected = t.data.end();
+    previous = &t;
+  }
+  if (expected != h.data_bytes)
+    fail(origin, "tensor '", previous ? previous->name : std::string("(none)"),
+         "': tensors end at data byte ", expected, " but the data section holds ", h.data_bytes,
+         " bytes (", h.data_bytes - expected, " unexpected trailing bytes)");
+}
+
+}  // namespace
+
+SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint64_t file_size,
+                                           const std::string& origin) {
+  SafetensorsHeader h;
+  h.header_bytes = json_text.size();
+  h.data_start = 8 + h.header_bytes;
+  if (h.data_start > file_size)
+    fail(origin, "header of ", h.header_bytes, " bytes runs past the end of the ", file_size,
+         "-byte file");
+  h.data_bytes = file_size - h.data_start;
+  const json j = parse_json(json_text, origin);
+  for (const auto& [key, value] : j.items()) {
+    if (key == "__metadata__")
+      h.metadata = parse_metadata(value, origin);
+    else
+      h.tensors.push_back(parse_entry(key, value, origin));
+  }
+  std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) {
+    return a.data.offset != b.data.offset ? a.data.offset < b.data.offset
+                                          : a.data.end() < b.data.end();
+  });
+  check_layout(h, origin);
+  return h;
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  detail::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path, "cannot open: ", std::strerror(errno));
+  const std::uint64_t size = detail::file_size(path);
+  if (size < 8) fail(path, "file is ", size, " bytes, too small for the 8-byte header length");
+  unsigned char len_bytes[8];
+  detail::pread_exact(fd.get(), len_bytes, 8, 0, path);
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  if (n > kSafetensorsMaxHeaderBytes)
+    fail(path, "header length ", n, " exceeds the limit of ", kSafetensorsMaxHeaderBytes, " bytes");
+  if (n > size - 8)
+    fail(path, "header length ", n, " runs past the end of the ", size, "-byte file");
+  std::string text(n, '\0');
+  detail::pread_exact(fd.get(), text.data(), n, 8, path);
+  return parse_safetensors_header(text, size, path);
+}
+
+}  // namespace tpreload

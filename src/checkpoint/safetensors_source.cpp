@@ -1,0 +1,210 @@
+// The memory-mapped safetensors source and open_safetensors().
+#include "safetensors_source.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "file_util.h"
+#include "tpreload/checkpoint/safetensors.h"
+#include "tpreload/core/error.h"
+
+namespace tpreload::detail {
+namespace {
+
+struct MappedShard {
+  SafetensorsShard shard;
+  SafetensorsHeader header;
+  MappedFile map;
+};
+
+struct Location {
+  std::size_t shard = 0;
+  ByteRange data;  // relative to the data section
+};
+
+class SafetensorsSource final : public WeightSource {
+ public:
+  SafetensorsSource(const std::vector<SafetensorsShard>& shards, SafetensorsSourceOptions options)
+      : options_(std::move(options)) {
+    for (const auto& shard : shards) add_shard(shard);
+    for (auto& [key, value] : options_.extra_metadata) metadata_[key] = value;
+  }
+
+  std::string describe() const override {
+    return concat(options_.label, ": ", shards_.size(), " file(s), ", infos_.size(), " tensors");
+  }
+  const std::vector<TensorInfo>& tensors() const override { return infos_; }
+
+  std::optional<ConstBytes> view(std::size_t index, ByteRange range) override {
+    const ConstBytes bytes = locate(index, range);
+    bytes_read_ += range.length;
+    return bytes;
+  }
+
+  void read(std::size_t index, ByteRange range, MutableBytes dst) override {
+    if (dst.size != range.length)
+      raise<UsageError>("tensor '", infos_.at(index).name, "': read of ", range.length,
+                        " bytes into a ", dst.size, "-byte buffer");
+    const ConstBytes bytes = locate(index, range);
+    if (bytes.size > 0) std::memcpy(dst.data, bytes.data, bytes.size);
+    bytes_read_ += range.length;
+  }
+
+  std::uint64_t bytes_read() const override { return bytes_read_; }
+  const std::map<std::string, std::string>& metadata() const override { return metadata_; }
+  std::optional<KernelFormatInfo> kernel_format() const override { return options_.kernel_format; }
+
+ private:
+  void add_shard(const SafetensorsShard& shard) {
+    MappedShard m{shard, read_safetensors_header(shard.path), MappedFile::open(shard.path)};
+    if (m.map.size() != m.header.data_start + m.header.data_bytes)
+      raise<CheckpointError>("safetensors file '", shard.path, "' changed size while opening");
+    for (const auto& t : m.header.tensors) {
+      const auto key = std::make_pair(shard.tp_rank, t.name);
+      const auto [it, inserted] = owner_.emplace(key, shard.path);
+      if (!inserted)
+        raise<CheckpointError>("safetensors file '", shard.path, "': tensor '", t.name,
+                               "' is also in '", it->second, "'");
+      infos_.push_back({t.name, t.dtype, t.shape, t.data.length, shard.path,
+                        m.header.data_start + t.data.offset, shard.tp_rank});
+      locations_.push_back({shards_.size(), t.data});
+    }
+    for (const auto& [key, value] : m.header.metadata) metadata_.emplace(key, value);
+    shards_.push_back(std::move(m));
+  }
+
+  ConstBytes locate(std::size_t index, ByteRange range) const {
+    if (index >= infos_.size())
+      raise<UsageError>(options_.label, ": tensor index ", index, " out of ", infos_.size());
+    const TensorInfo& info = infos_[index];
+    if (range.end() < range.offset || range.end() > info.nbytes)
+      raise<CheckpointError>("safetensors file '", info.file, "': tensor '", info.name,
+                             "': range [", range.offset, ", ", range.offset + range.length,
+                             ") exceeds its ", info.nbytes, " bytes");
+    const MappedShard& shard = shards_[locations_[index].shard];
+    return {shard.map.data() + info.file_offset + range.offset, range.length};
+  }
+
+  SafetensorsSourceOptions options_;
+  std::vector<MappedShard> shards_;
+  std::vector<TensorInfo> infos_;
+  std::vector<Location> locations_;
+  std::map<std::pair<int, std::string>, std::string> owner_;
+  std::map<std::string, std::string> metadata_;
+  std::atomic<std::uint64_t> bytes_read_{0};
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> make_safetensors_source(const std::vector<SafetensorsShard>& shards,
+                                                      SafetensorsSourceOptions options) {
+  return std::make_unique<SafetensorsSource>(shards, std::move(options));
+}
+
+}  // namespace tpreload::detail
+
+namespace tpreload {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr std::uint64_t kMaxIndexBytes = 100'000'000;
+
+template <typename... Args>
+[[noreturn]] void index_fail(const std::string& path, Args&&... args) {
+  raise<CheckpointError>("safetensors index '", path, "': ", std::forward<Args>(args)...);
+}
+
+json parse_index(const std::string& path) {
+  const std::uint64_t size = detail::file_size(path);
+  if (size > kMaxIndexBytes)
+    index_fail(path, "file of ", size, " bytes exceeds the limit of ", kMaxIndexBytes);
+  try {
+    json j = json::parse(detail::read_text_file(path));
+    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+      index_fail(path, "no 'weight_map' object");
+    return j;
+  } catch (const json::exception& e) {
+    index_fail(path, "not valid JSON: ", e.what());
+  }
+}
+
+std::map<std::string, std::string> index_metadata(const json& j) {
+  std::map<std::string, std::string> out;
+  if (!j.contains("metadata") || !j["metadata"].is_object()) return out;
+  for (const auto& [key, value] : j["metadata"].items())
+    out[key] = value.is_string() ? value.get<std::string>() : value.dump();
+  return out;
+}
+
+// Files named by the weight map (sorted), each checked to be a plain existing file.
+std::vector<std::string> index_files(const std::string& dir, const std::string& path,
+                                     const json& weight_map) {
+  std::set<std::string> files;
+  for (const auto& [name, file] : weight_map.items()) {
+    if (!file.is_string())
+      index_fail(path, "tensor '", name, "': file is not a string: ", file.dump());
+    const auto f = file.get<std::string>();
+    if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+      index_fail(path, "tensor '", name, "': file name '", f, "' is not a plain file name");
+    if (!detail::is_regular_file(detail::join_path(dir, f)))
+      index_fail(path, "tensor '", name, "': file '", f, "' does not exist");
+    files.insert(f);
+  }
+  return {files.begin(), files.end()};
+}
+
+// Every weight_map entry is in its file, and every tensor of the files is mapped.
+void check_index(const WeightSource& source, const std::string& path, const json& weight_map) {
+  std::map<std::string, std::string> actual;
+  for (const auto& t : source.tensors()) {
+    const auto slash = t.file.find_last_of('/');
+    actual[t.name] = t.file.substr(slash == std::string::npos ? 0 : slash + 1);
+  }
+  for (const auto& [name, file] : weight_map.items()) {
+    const auto it = actual.find(name);
+    if (it == actual.end() || it->second != file.get<std::string>())
+      index_fail(path, "tensor '", name, "' is mapped to '", file.get<std::string>(),
+                 "', which does not contain it");
+  }
+  for (const auto& [name, file] : actual)
+    if (!weight_map.contains(name))
+      index_fail(path, "tensor '", name, "' in '", file, "' is missing from the weight_map");
+}
+
+std::unique_ptr<WeightSource> open_indexed(const std::string& dir) {
+  const std::string path = detail::join_path(dir, kIndexName);
+  const json j = parse_index(path);
+  std::vector<detail::SafetensorsShard> shards;
+  for (const auto& f : index_files(dir, path, j["weight_map"]))
+    shards.push_back({detail::join_path(dir, f), -1});
+  auto source = detail::make_safetensors_source(
+      shards, {detail::concat("safetensors '", dir, "' (sharded, index)"), index_metadata(j),
+               std::nullopt});
+  check_index(*source, path, j["weight_map"]);
+  return source;
+}
+
+}  // namespace
+
+std::unique_ptr<WeightSource> open_safetensors(const std::string& path) {
+  if (!detail::is_directory(path))
+    return detail::make_safetensors_source({{path, -1}},
+                                           {detail::concat("safetensors '", path, "'"), {}, {}});
+  if (detail::is_regular_file(detail::join_path(path, kIndexName))) return open_indexed(path);
+  const auto names = detail::list_files(path, ".safetensors");
+  if (names.empty())
+    raise<CheckpointError>("directory '", path, "' holds no .safetensors files and no ",
+                           kIndexName);
+  std::vector<detail::SafetensorsShard> shards;
+  for (const auto& n : names) shards.push_back({detail::join_path(path, n), -1});
+  return detail::make_safetensors_source(shards,
+                                         {detail::concat("safetensors '", path, "'"), {}, {}});
+}
+
+}  // namespace tpreload
