@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
     int cache_generation = 0;
     served.on_reloaded([&](const ReloadResult&) { ++cache_generation; });  // drop derived caches
 
-    for (int step = 1; step <= 2; ++step) {
+    int rc = 0;
+    for (int step = 1; step <= 2 && rc == 0; ++step) {
       std::vector<InMemoryTensor> tensors;
       std::vector<at::Tensor> keep;
       std::unique_ptr<WeightSource> source;
@@ -70,11 +71,11 @@ int main(int argc, char** argv) {
       if (world->rank() == 0)
         std::cout << "step " << step << ": " << summary_text(r) << "  logits[0][0] = "
                   << logits[0][0].item<float>() << ", cache generation " << cache_generation << "\n";
-      if (!r.complete()) return 3;
+      if (!r.complete()) rc = 3;  // reported above; finalize MPI before leaving
     }
     world.reset();
     mpi.finalize();
-    return 0;
+    return rc;
   } catch (const std::exception& e) {
     log().error("{}", e.what());
     if (world) world->abort(1);

@@ -39,9 +39,15 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     if (provided < MPI_THREAD_SERIALIZED)
       raise<CommError>("MPI provides thread level ", provided,
                        ", tpreload needs MPI_THREAD_SERIALIZED (", MPI_THREAD_SERIALIZED, ")");
+  } else {
+    // MPI belongs to the host program: check its thread level, change nothing.
+    int provided = 0;
+    MPI_CHECK(MPI_Query_thread(&provided));
+    if (provided < MPI_THREAD_SERIALIZED)
+      raise<CommError>("MPI was initialised with thread level ", provided,
+                       "; tpreload needs MPI_THREAD_SERIALIZED (", MPI_THREAD_SERIALIZED, ")");
   }
-  // Errors come back as codes that MPI_CHECK turns into exceptions, not aborts.
-  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  if (owns_) MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_size_));
 }
@@ -59,28 +65,48 @@ void MpiRuntime::finalize() {
 
 // ----------------------------------------------------------- MpiCommunicator
 
-std::unique_ptr<MpiCommunicator> MpiCommunicator::world(CommOptions options) {
-  MPI_Comm dup = MPI_COMM_NULL;
-  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
-  return std::unique_ptr<MpiCommunicator>(new MpiCommunicator(dup, options, "world"));
+MpiCommHandle::~MpiCommHandle() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  // MPI_Comm_free is local in practice (no peer synchronisation).
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, CommOptions options, std::string label)
-    : comm_(comm), options_(options), label_(std::move(label)) {
-  if (options_.max_message_bytes == 0 || options_.max_message_bytes > INT_MAX)
+MpiCommHandle& MpiCommHandle::operator=(MpiCommHandle&& other) noexcept {
+  if (this != &other) {
+    MpiCommHandle old(release());
+    comm_ = other.release();
+  }
+  return *this;
+}
+
+void MpiCommunicator::check_options(const CommOptions& options) {
+  if (options.max_message_bytes == 0 || options.max_message_bytes > INT_MAX)
     raise<UsageError>("CommOptions::max_message_bytes must be in [1, ", INT_MAX, "], got ",
-                      options_.max_message_bytes);
+                      options.max_message_bytes);
+  if (options.timeout.count() <= 0)
+    raise<UsageError>("CommOptions::timeout must be positive, got ", options.timeout.count(), " ms");
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::world(CommOptions options) {
+  check_options(options);
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &dup));
+  return std::unique_ptr<MpiCommunicator>(
+      new MpiCommunicator(MpiCommHandle(dup), options, "world"));
+}
+
+MpiCommunicator::MpiCommunicator(MpiCommHandle comm, CommOptions options, std::string label)
+    : handle_(std::move(comm)), comm_(handle_.get()), options_(options), label_(std::move(label)) {
+  // Errors come back as codes that MPI_CHECK turns into exceptions, not aborts.
   MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
   MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   MPI_CHECK(MPI_Comm_size(comm_, &size_));
 }
 
 MpiCommunicator::~MpiCommunicator() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  // MPI_Comm_free is local in practice (no peer synchronisation); skip it after
-  // finalize or once broken, when pending requests may still reference comm_.
-  if (comm_ != MPI_COMM_NULL && !finalized && !broken_) MPI_Comm_free(&comm_);
+  // Once broken, requests may still reference comm_: leave it to process exit.
+  if (broken_) handle_.release();
 }
 
 void MpiCommunicator::check_usable(const char* op) const {
@@ -96,25 +122,44 @@ void MpiCommunicator::check_root(const char* op, int root) const {
                       " is not a rank of communicator '", label_, "'");
 }
 
+void MpiCommunicator::fail(const std::string& message, bool timeout) {
+  broken_ = true;
+  if (options_.abort_on_failure) {
+    // Requests still in flight point into the caller's buffers; a process that
+    // went on would let MPI write into freed memory. End the whole job instead.
+    log().critical("{}; aborting the job", message);
+    log().flush();
+    MPI_Abort(MPI_COMM_WORLD, timeout ? 124 : 1);
+  }
+  if (timeout) throw CommTimeoutError(message);
+  throw CommError(message);
+}
+
 void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::string& what) {
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + options_.timeout;
+  std::vector<MPI_Status> statuses(requests.size());
   for (int polls = 0;; ++polls) {
     int done = 0;
     const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
-                               MPI_STATUSES_IGNORE);
+                               statuses.data());
     if (rc != MPI_SUCCESS) {
-      broken_ = true;
-      detail::raise_mpi_error(rc, what.c_str(), __FILE__, __LINE__);
+      int code = rc;  // MPI_ERR_IN_STATUS: the first failed request says what went wrong
+      for (const MPI_Status& st : statuses)
+        if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) code = st.MPI_ERROR;
+      char text[MPI_MAX_ERROR_STRING] = {0};
+      int length = 0;
+      MPI_Error_string(code, text, &length);
+      fail(detail::concat("rank ", rank_, "/", size_, ": ", what, " on communicator '", label_,
+                          "' failed with MPI error ", code, " (", text, ")"),
+           false);
     }
     if (done) return;
-    if (std::chrono::steady_clock::now() > deadline) {
-      broken_ = true;
-      raise<CommTimeoutError>(
-          "rank ", rank_, "/", size_, ": ", what, " on communicator '", label_,
-          "' did not complete within ", options_.timeout.count(),
-          " ms; a peer is dead, stuck, or not making the same call");
-    }
+    if (std::chrono::steady_clock::now() > deadline)
+      fail(detail::concat("rank ", rank_, "/", size_, ": ", what, " on communicator '", label_,
+                          "' did not complete within ", options_.timeout.count(),
+                          " ms; a peer is dead, stuck, or not making the same call"),
+           true);
     // Non-blocking collectives advance only inside MPI_Test, so poll tightly
     // (yielding, for oversubscribed ranks) while data may be flowing; a sleep here
     // cost 15x on a 10 MB broadcast. Only a wait past one second, a stalled peer,
@@ -154,19 +199,22 @@ void MpiCommunicator::scatterv(ConstBytes send, const std::vector<ByteRange>& ra
                           "-byte send buffer");
   }
   const auto rounds = plan_scatter_rounds(ranges, options_.max_message_bytes, INT_MAX);
+  // Each posted round keeps its own counts and displacements until wait() returns:
+  // MPI forbids changing them while a non-blocking collective is in flight.
+  std::vector<std::vector<int>> counts(rounds.size(), std::vector<int>(size_));
+  std::vector<std::vector<int>> displs(rounds.size(), std::vector<int>(size_));
   std::vector<MPI_Request> requests;
-  std::vector<int> counts(size_), displs(size_);
-  for (const ScatterRound& round : rounds) {
+  for (std::size_t k = 0; k < rounds.size(); ++k) {
+    const ScatterRound& round = rounds[k];
     for (int r = 0; r < size_; ++r) {
-      counts[r] = static_cast<int>(round.send[r].length);
-      displs[r] = counts[r] ? static_cast<int>(round.send[r].offset - round.base) : 0;
+      counts[k][r] = static_cast<int>(round.send[r].length);
+      displs[k][r] = counts[k][r] ? static_cast<int>(round.send[r].offset - round.base) : 0;
     }
-    // Send arguments are read only at the root; MPI copies counts and displs on posting.
     const std::byte* base = rank_ == root ? send.data + round.base : nullptr;
     requests.emplace_back(MPI_REQUEST_NULL);
-    MPI_CHECK(MPI_Iscatterv(base, counts.data(), displs.data(), MPI_BYTE,
-                            recv.data + round.recv_offset[rank_], counts[rank_], MPI_BYTE, root,
-                            comm_, &requests.back()));
+    MPI_CHECK(MPI_Iscatterv(base, counts[k].data(), displs[k].data(), MPI_BYTE,
+                            recv.data + round.recv_offset[rank_], counts[k][rank_], MPI_BYTE,
+                            root, comm_, &requests.back()));
   }
   wait(requests, detail::concat("scatterv of ", recv.size, " bytes to this rank from root ",
                                 root, " (", rounds.size(), " rounds)"));
@@ -218,7 +266,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   MPI_Comm sub = MPI_COMM_NULL;
   MPI_CHECK(MPI_Comm_split(comm_, color, key, &sub));
   return std::unique_ptr<Communicator>(new MpiCommunicator(
-      sub, options_, detail::concat(label_, "/split(color=", color, ")")));
+      MpiCommHandle(sub), options_, detail::concat(label_, "/split(color=", color, ")")));
 }
 
 void MpiCommunicator::abort(int code) noexcept {

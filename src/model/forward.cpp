@@ -53,10 +53,11 @@ at::Tensor TensorParallelModel::weight_f32(const std::string& module) const {
   return w.to(at::kFloat) * parameter_for_reload(module + ".weight_scale").unsqueeze(1);
 }
 
-at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& module) const {
+at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& module,
+                                       bool add_bias) const {
   at::Tensor y = at::matmul(x, weight_f32(module).t());
   const at::Tensor bias = parameter_for_reload(module + ".bias");
-  if (bias.defined()) y = y + bias.to(at::kFloat);
+  if (bias.defined() && add_bias) y = y + bias.to(at::kFloat);
   const auto a = params_.find(module + ".lora_a");
   if (a != params_.end()) y = y + at::matmul(at::matmul(x, a->second.t()),
                                              params_.at(module + ".lora_b").t());
@@ -103,9 +104,13 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     q = apply_rope(q, c.rope_theta);
     k = apply_rope(k, c.rope_theta).index_select(1, kv_index);
     v = v.index_select(1, kv_index);
+    // Row-parallel: partial products are summed over the group, then the
+    // (replicated) bias is added once.
     at::Tensor attn = linear(causal_attention(q, k, v).reshape({n, q_heads * hd}),
-                             p + "self_attn.o_proj");
+                             p + "self_attn.o_proj", /*add_bias=*/false);
     allreduce_sum(attn, comm);
+    const at::Tensor o_bias = parameter_for_reload(p + "self_attn.o_proj.bias");
+    if (o_bias.defined()) attn = attn + o_bias.to(at::kFloat);
     h = h + attn;
     const at::Tensor y = rms_norm(h, parameter_for_reload(p + "post_attention_layernorm.weight"),
                                   c.rms_norm_eps);

@@ -216,19 +216,32 @@ void TensorParallelModel::quantize_into(const std::string& param_name, const at:
   params_.at(storage_name(scale_name(param_name))).copy_(scale);
 }
 
+bool TensorParallelModel::shards_complete(const std::string& param) const {
+  const ParamSpec* spec = rules_.find_param(param);
+  const auto it = loaded_.find(param);
+  if (!spec || it == loaded_.end()) return false;
+  if (it->second.count("*")) return true;
+  for (const auto& id : spec->shard_ids)
+    if (!it->second.count(id)) return false;
+  return true;
+}
+
 void TensorParallelModel::finish_layer(std::int64_t layer) {
   for (auto it = staging_.begin(); it != staging_.end();) {
     if (layer_of(it->first) != layer) {
       ++it;
       continue;
     }
-    quantize_into(it->first, it->second);
+    // A stacked weight with a shard missing keeps its previous int8 values (and is
+    // reported as not loaded) rather than being quantized with zeros in the gap.
+    if (shards_complete(it->first)) quantize_into(it->first, it->second);
     it = staging_.erase(it);
   }
 }
 
 void TensorParallelModel::finish() {
-  for (const auto& [name, staged] : staging_) quantize_into(name, staged);
+  for (const auto& [name, staged] : staging_)
+    if (shards_complete(name)) quantize_into(name, staged);
   staging_.clear();
 }
 
@@ -236,14 +249,7 @@ std::vector<std::string> TensorParallelModel::loaded_names(LoadFormat format) co
   std::vector<std::string> names;
   for (const ParamSpec& spec : rules_.params()) {
     if (format == LoadFormat::kCheckpoint && !spec.from_checkpoint) continue;
-    const auto it = loaded_.find(spec.name);
-    if (it == loaded_.end()) continue;
-    bool complete = it->second.count("*") > 0;
-    if (!complete) {
-      complete = true;
-      for (const auto& id : spec.shard_ids) complete = complete && it->second.count(id) > 0;
-    }
-    if (complete) names.push_back(spec.name);
+    if (shards_complete(spec.name)) names.push_back(spec.name);
   }
   return names;
 }

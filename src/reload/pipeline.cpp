@@ -119,8 +119,8 @@ void Pipeline::fill_broadcast(const Bucket& bucket, Slot& slot) {
     views.push_back(source_->view(t.index, {static_cast<std::uint64_t>(p.row_begin) * rb,
                                             static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb}));
     const auto& v = views.back();
-    const bool next = v && (views.size() == 1 || (views[views.size() - 2]->data +
-                                                  views[views.size() - 2]->size == v->data));
+    const auto& prev = views.size() > 1 ? views[views.size() - 2] : std::optional<ConstBytes>();
+    const bool next = v && (views.size() == 1 || (prev && prev->data + prev->size == v->data));
     if (adjacent && !next)
       log().debug("bucket {}: piece {} ('{}') is not adjacent to the previous one; copying",
                   slot.bucket, views.size() - 1, info.name);
@@ -153,34 +153,31 @@ void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
+    const bool row_parallel = t.kernel_tp_rank < 0 && t.placements[0].source_dim == 1;
+    // Row-parallel slices all come from the same full rows: read them once.
+    ConstBytes shared_rows;
+    if (row_parallel) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);
     for (int w = 0; w < world_.size(); ++w) {
       const int r = w % tp;
       const std::int64_t end = std::min(p.row_end, t.rows_for(r));
       if (end <= p.row_begin) continue;
       std::byte* dst = slot.send.get() + bucket.ranges[w].offset + p.rank_offset[w];
+      const std::uint64_t n = static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
       if (w >= tp) {  // a replica: same bytes as world rank r
-        const std::byte* same = slot.send.get() + bucket.ranges[r].offset + p.rank_offset[r];
-        const std::uint64_t n = (end - p.row_begin) * t.row_bytes_for(r, info);
-        std::memcpy(dst, same, n);
-        stats_.bytes_copied += n;
-        continue;
-      }
-      const Placement* pl = t.kernel_tp_rank >= 0 ? nullptr : &t.placements[r];
-      if (!pl || pl->source_dim <= 0) {
-        const std::int64_t shift = pl && pl->source_dim == 0 ? pl->source_start : 0;
+        std::memcpy(dst, slot.send.get() + bucket.ranges[r].offset + p.rank_offset[r], n);
+      } else if (row_parallel) {  // each full row contributes its column window
+        const Placement& pl = t.placements[r];
+        const std::uint64_t full = row_bytes(info.shape, info.dtype);
+        const std::uint64_t inner = full / static_cast<std::uint64_t>(info.shape[1]);
+        const std::uint64_t width = static_cast<std::uint64_t>(pl.source_length) * inner;
+        for (std::int64_t i = 0; i < end - p.row_begin; ++i)
+          std::memcpy(dst + i * width, shared_rows.data + i * full + pl.source_start * inner, width);
+      } else {  // column-parallel or kernel format: contiguous full rows
+        const std::int64_t shift = t.kernel_tp_rank < 0 ? t.placements[r].source_start : 0;
         const ConstBytes rows = full_rows(t.index, shift + p.row_begin, shift + end, scratch);
         std::memcpy(dst, rows.data, rows.size);
-        stats_.bytes_copied += rows.size;
-        continue;
       }
-      // Row-parallel: each full row contributes its column window.
-      const ConstBytes rows = full_rows(t.index, p.row_begin, end, scratch);
-      const std::uint64_t full = row_bytes(info.shape, info.dtype);
-      const std::uint64_t inner = full / static_cast<std::uint64_t>(info.shape[1]);
-      const std::uint64_t width = static_cast<std::uint64_t>(pl->source_length) * inner;
-      for (std::int64_t i = 0; i < end - p.row_begin; ++i)
-        std::memcpy(dst + i * width, rows.data + i * full + pl->source_start * inner, width);
-      stats_.bytes_copied += static_cast<std::uint64_t>(end - p.row_begin) * width;
+      stats_.bytes_copied += n;
     }
   }
 }
@@ -310,7 +307,18 @@ PipelineStats Pipeline::run() {
   if (reader_) reader_thread_ = std::thread([this] { reader_loop(); });
   apply_thread_ = std::thread([this] { apply_loop(); });
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
-    std::optional<std::unique_ptr<Slot>> slot = reader_ ? filled_.pop() : free_.pop();
+    std::optional<std::unique_ptr<Slot>> slot;
+    if (reader_) {
+      bool stalled = false;
+      slot = filled_.pop_for(options_.read_stall_timeout, &stalled);
+      if (stalled) {  // a read that never returns cannot be cancelled: end the job
+        log().critical("reading bucket {} of {} made no progress for {} s; aborting the job", k + 1,
+                       plan_.buckets.size(), options_.read_stall_timeout.count());
+        world_.abort(125);
+      }
+    } else {
+      slot = free_.pop();
+    }
     if (!slot) raise<Error>("reload pipeline stopped before bucket ", k + 1);
     (*slot)->bucket = k;
     announce_read_status(**slot);

@@ -37,6 +37,7 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
       t.kernel_tp_rank = info.tp_rank;
       t.scatter = scatter;
       t.layer = layer_of(info.name);
+      t.rejected = info.shape != rules.find_param(info.name)->shape;
     } else {
       bool sliced = false;
       for (int r = 0; r < o.tp_size; ++r) {
@@ -51,7 +52,8 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
       }
       t.layer = layer_of(t.placements[0].param);
       t.scatter = scatter && sliced;  // replicated tensors are always broadcast
-      if (t.scatter) {
+      t.rejected = info.shape != t.placements[0].source_shape;
+      if (t.scatter && !t.rejected) {
         t.rows = 0;
         for (int r = 0; r < o.tp_size; ++r) t.rows = std::max(t.rows, t.rows_for(r));
       }
@@ -134,6 +136,7 @@ void plan_buckets(const SourceMetadata& md, const PlanOptions& o, Plan& plan) {
   Bucket open;
   for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
     const PlannedTensor& t = plan.tensors[i];
+    if (t.rejected) continue;
     if (!open.pieces.empty() && open.scatter != t.scatter) close_bucket(plan, md, o, open);
     open.scatter = t.scatter;
     const std::uint64_t cost = std::max<std::uint64_t>(1, row_cost(t, md.tensors[t.index], o));

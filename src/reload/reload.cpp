@@ -44,17 +44,35 @@ SourceMetadata share_metadata(Communicator& world, WeightSource* source, int rea
   return parse_metadata(payload);
 }
 
-// A fingerprint of the model's parameter layout, to catch ranks built differently.
-std::int64_t layout_fingerprint(const TensorParallelModel& model) {
+std::uint64_t fnv(std::uint64_t h, std::uint64_t v) { return (h ^ v) * 1099511628211ull; }
+
+// A fingerprint of what must be identical on every rank for them to derive the
+// same plan: the model's parameter layout and the options the plan depends on.
+std::int64_t agreement_fingerprint(const TensorParallelModel& model, const ReloadOptions& o) {
   std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
   for (const ParamSpec& p : model.rules().params()) {
-    for (char c : p.name) mix(static_cast<unsigned char>(c));
-    for (auto d : p.shape) mix(static_cast<std::uint64_t>(d));
-    mix(static_cast<std::uint64_t>(p.dtype));
+    for (char c : p.name) h = fnv(h, static_cast<unsigned char>(c));
+    for (auto d : p.shape) h = fnv(h, static_cast<std::uint64_t>(d));
+    h = fnv(h, static_cast<std::uint64_t>(p.dtype));
   }
-  mix(static_cast<std::uint64_t>(model.options().tp_size));
+  for (std::uint64_t v : {std::uint64_t(model.options().tp_size), std::uint64_t(o.format),
+                          std::uint64_t(o.distribution), o.bucket_bytes,
+                          std::uint64_t(o.reader_rank), std::uint64_t(o.zero_copy)})
+    h = fnv(h, v);
   return static_cast<std::int64_t>(h >> 1);
+}
+
+// COLLECTIVE, and the first call of a reload: ranks whose models or options
+// differ would compute different plans, so every rank stops here alike.
+void check_ranks_agree(Communicator& world, const TensorParallelModel& model,
+                       const ReloadOptions& options) {
+  std::int64_t lo = agreement_fingerprint(model, options), hi = lo;
+  world.allreduce_ints(&lo, 1, IntOp::kMin);
+  world.allreduce_ints(&hi, 1, IntOp::kMax);
+  if (lo != hi)
+    raise<UsageError>("ranks disagree on the model (config, tp size, quantization) or on the "
+                      "reload options (format, distribution, bucket size, reader rank); "
+                      "nothing was reloaded");
 }
 
 // This rank's objection to the plan, if any: every tensor it will receive must fit.
@@ -77,15 +95,6 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
     if (!problem.empty()) return problem + " (in " + info.file + ")";
   }
   return std::nullopt;
-}
-
-void check_layout_agrees(Communicator& world, const TensorParallelModel& model) {
-  std::int64_t lo = layout_fingerprint(model), hi = lo;
-  world.allreduce_ints(&lo, 1, IntOp::kMin);
-  world.allreduce_ints(&hi, 1, IntOp::kMax);
-  if (lo != hi)
-    raise<ValidationError>("ranks hold models with different parameter layouts (configs, tp "
-                           "sizes or quantization differ); nothing was reloaded");
 }
 
 // COLLECTIVE. Bitsets of loaded names: OR says someone loaded it, AND that all did.
@@ -151,11 +160,11 @@ void check_options(const ReloadOptions& o, const Communicator& world) {
 ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, WeightSource* source,
                             const ReloadOptions& options) {
   const auto start = Clock::now();
-  check_options(options, world);
+  check_ranks_agree(world, model, options);
+  check_options(options, world);  // same options everywhere, so the same verdict
   const bool reader = world.rank() == options.reader_rank;
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
   const SourceMetadata md = share_metadata(world, source, options.reader_rank);
-  check_layout_agrees(world, model);
   const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
                                  world.size(), model.options().tp_size};
   const Plan plan = make_plan(md, model.rules(), plan_options);
@@ -174,7 +183,13 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Wei
   const auto stats = detail::run_pipeline(plan, md, model, world, source, options);
   agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
   auto t = Clock::now();
-  model.finish();
+  std::optional<std::string> finish_problem;
+  try {
+    model.finish();
+  } catch (const std::exception& e) {
+    finish_problem = e.what();
+  }
+  agree_on_problem<ModelError>(world, finish_problem, "post-load processing (finish)");
   result.seconds.finish = stats.finish + since(t);
   t = Clock::now();
   validate(world, model, options.format, result);
@@ -227,12 +242,14 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
   if (world.rank() == options.reader_rank) {
     try {
       opened = open_weight_source(from);
-    } catch (const Error& e) {  // reaches every rank through the metadata exchange
+    } catch (const std::exception& e) {  // reaches every rank through the metadata exchange
       opened = std::make_unique<FailedSource>(e.what());
     }
   }
   ReloadResult result = reload_weights(model_, world, opened.get(), options);
-  if (from != location_.path) {
+  // A partial reload changed some weights (callbacks must still drop derived
+  // caches) but does not make `from` the model's location.
+  if (from != location_.path && result.complete()) {
     if (!location_.revision.empty() || !location_.remote_uri.empty())
       log().info("weights now come from '{}'; dropping revision '{}' and remote location '{}' "
                  "that belonged to '{}'",

@@ -33,6 +33,16 @@ class BlockingQueue {
     items_.pop_front();
     return value;
   }
+  // As pop(), but gives up after `timeout` (nullopt, with *timed_out set).
+  template <typename Duration>
+  std::optional<T> pop_for(Duration timeout, bool* timed_out) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    *timed_out = !ready_.wait_for(lock, timeout, [&] { return closed_ || !items_.empty(); });
+    if (items_.empty()) return std::nullopt;
+    T value = std::move(items_.front());
+    items_.pop_front();
+    return value;
+  }
   void close() {
     {
       std::lock_guard<std::mutex> lock(mutex_);

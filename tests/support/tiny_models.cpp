@@ -10,7 +10,7 @@ ModelConfig tiny_config(const std::string& name) {
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":100,
       "rms_norm_eps":1e-5,"rope_theta":10000.0,"tie_word_embeddings":false,
-      "torch_dtype":"bfloat16"})";
+      "attention_bias":true,"torch_dtype":"bfloat16"})";
   else if (name == "qwen2_tied")
     json = R"({"architectures":["Qwen2ForCausalLM"],"hidden_size":64,"intermediate_size":128,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":130,
@@ -102,6 +102,8 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
            rows(ckpt.at(p + "self_attn.k_proj." + leaf), kv_first * hd, kv_count * hd),
            rows(ckpt.at(p + "self_attn.v_proj." + leaf), kv_first * hd, kv_count * hd)});
     }
+    if (ckpt.count(p + "self_attn.o_proj.bias"))  // row-parallel bias: replicated
+      out[p + "self_attn.o_proj.bias"] = ckpt.at(p + "self_attn.o_proj.bias");
     out[p + "self_attn.o_proj.weight"] = ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
     out[p + "mlp.gate_up_proj.weight"] = at::cat({rows(ckpt.at(p + "mlp.gate_proj.weight"), r * il, il),
                                                   rows(ckpt.at(p + "mlp.up_proj.weight"), r * il, il)});

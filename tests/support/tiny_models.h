@@ -13,7 +13,7 @@
 
 namespace tpreload::testdata {
 
-// "llama_gqa" (untied, bfloat16, 8 heads / 2 KV heads, vocab 100),
+// "llama_gqa" (untied, bfloat16, q/k/v/o biases, 8 heads / 2 KV heads, vocab 100),
 // "qwen2_tied" (tied, float32, biases, 8 heads / 4 KV heads, vocab 130),
 // "mistral_mqa" (untied, float16, 8 heads / 1 KV head, vocab 200).
 ModelConfig tiny_config(const std::string& name);

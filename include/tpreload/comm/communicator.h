@@ -7,10 +7,13 @@
 // sizes, roots and ranges. A rank that skips or reorders a call makes the others
 // time out; they never hang (see CommOptions::timeout).
 //
-// Errors: a failed call throws CommError; a call that does not complete within
-// the timeout throws CommTimeoutError naming the operation, the byte count and the
-// root. After either, the communicator is broken: every later call throws, and
-// the program should abort() so the peers stop too.
+// Errors: a failed call, or one that does not complete within the timeout, is
+// reported naming the operation, the byte count, the root and the communicator.
+// By default (CommOptions::abort_on_failure) the job is then aborted: requests
+// still in flight point into the caller's buffers, so no rank may go on. With
+// abort_on_failure off, the call throws CommError / CommTimeoutError and the
+// communicator is broken (every later call throws); the caller must then end the
+// process (abort()) without touching MPI state that the failed call used.
 #pragma once
 
 #include <chrono>
@@ -33,6 +36,8 @@ struct CommOptions {
   // Largest message handed to the backend in one call; larger transfers are
   // split. Must be at most INT32_MAX for MPI (its counts are int).
   std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
+  // Abort the job on a failed or timed-out collective instead of throwing.
+  bool abort_on_failure = true;
 };
 
 class Communicator {

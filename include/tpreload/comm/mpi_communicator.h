@@ -41,6 +41,26 @@ class MpiRuntime {
   int world_size_ = 1;
 };
 
+// Move-only owner of an MPI_Comm (freed on destruction unless MPI is finalized).
+class MpiCommHandle {
+ public:
+  explicit MpiCommHandle(MPI_Comm comm = MPI_COMM_NULL) : comm_(comm) {}
+  ~MpiCommHandle();
+  MpiCommHandle(MpiCommHandle&& other) noexcept : comm_(other.release()) {}
+  MpiCommHandle& operator=(MpiCommHandle&& other) noexcept;
+  MpiCommHandle(const MpiCommHandle&) = delete;
+  MpiCommHandle& operator=(const MpiCommHandle&) = delete;
+  MPI_Comm get() const { return comm_; }
+  MPI_Comm release() {
+    MPI_Comm c = comm_;
+    comm_ = MPI_COMM_NULL;
+    return c;
+  }
+
+ private:
+  MPI_Comm comm_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   // A communicator over a duplicate of MPI_COMM_WORLD (collective over the world).
@@ -66,8 +86,11 @@ class MpiCommunicator final : public Communicator {
   [[noreturn]] void abort(int code) noexcept override;
 
  private:
-  MpiCommunicator(MPI_Comm comm, CommOptions options, std::string label);
+  MpiCommunicator(MpiCommHandle comm, CommOptions options, std::string label);
+  static void check_options(const CommOptions& options);
   void check_usable(const char* op) const;
+  // Mark broken; abort the job (CommOptions::abort_on_failure) or throw.
+  [[noreturn]] void fail(const std::string& message, bool timeout);
   void check_root(const char* op, int root) const;
   // Wait for `requests` until the deadline; `what` names the operation in errors.
   void wait(std::vector<MPI_Request>& requests, const std::string& what);
@@ -75,7 +98,8 @@ class MpiCommunicator final : public Communicator {
   void allreduce_words(T* values, std::size_t count, MPI_Datatype type, MPI_Op op,
                        const char* name);
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MpiCommHandle handle_;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // handle_.get(), for brevity
   CommOptions options_;
   std::string label_;  // "world", "world/split(color=1)", ... for messages
   int rank_ = 0;

@@ -47,7 +47,8 @@ struct CheckpointTensorSpec {
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:
 // model.embed_tokens.weight, then per layer input_layernorm, self_attn.{q,k,v,o}_proj
-// (q/k/v biases when attention_bias), post_attention_layernorm,
+// (q/k/v biases when attention_bias, and o_proj's too except for Qwen2),
+// post_attention_layernorm,
 // mlp.{gate,up,down}_proj, then model.norm.weight and lm_head.weight (untied only).
 std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);
 

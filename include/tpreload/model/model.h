@@ -125,9 +125,10 @@ class TensorParallelModel {
  private:
   at::Tensor& target_for(const std::string& param_name);
   at::Tensor weight_f32(const std::string& module) const;
-  at::Tensor linear(const at::Tensor& x, const std::string& module) const;
+  at::Tensor linear(const at::Tensor& x, const std::string& module, bool add_bias = true) const;
   void quantize_into(const std::string& param_name, const at::Tensor& staged);
   std::string storage_name(const std::string& name) const;
+  bool shards_complete(const std::string& param) const;
 
   ShardingRules rules_;
   ModelOptions options_;

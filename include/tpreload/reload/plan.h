@@ -50,6 +50,9 @@ struct PlannedTensor {
   std::vector<Placement> placements;
   // Kernel format: the tensor-parallel rank that owns it, and the target name.
   int kernel_tp_rank = -1;
+  // Declared shape differs from what the parameter needs: never bucketed (an
+  // untrusted shape must not size the plan); preflight reports it.
+  bool rejected = false;
 
   // Rows of the unit world rank `w` receives (scatter) and bytes per such row.
   std::int64_t rows_for(int tp_rank) const;

@@ -15,6 +15,7 @@
 // replica w / tp, and every replica receives the weights.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,6 +37,9 @@ struct ReloadOptions {
   int pipeline_depth = 2;   // buffers per rank in flight (>= 1)
   int reader_rank = 0;      // world rank that opens and reads the source
   bool zero_copy = true;    // broadcast straight from a memory-mapped source when possible
+  // The reader rank aborts the job when filling one bucket takes longer (a hung
+  // file system); peers would otherwise wait on it forever.
+  std::chrono::seconds read_stall_timeout{300};
 };
 
 struct PhaseSeconds {
@@ -63,8 +67,13 @@ struct ReloadResult {
 };
 
 // Reload `model` in place. `source` must be non-null on options.reader_rank and
-// is ignored elsewhere. Throws ValidationError (preflight, bad source kind),
-// CheckpointError (a failed read, raised on every rank alike) or CommError.
+// is ignored elsewhere. Throws, on every rank alike: UsageError (ranks disagree
+// on the model or options), ValidationError (preflight, wrong source kind; no
+// weight was written), CheckpointError (the source cannot be opened, or a read
+// failed mid-way: earlier buckets were already written), ModelError (applying or
+// post-processing failed). A failed or stalled collective aborts the job (see
+// CommOptions::abort_on_failure). Names that did not load are not an error: they
+// are in the result (complete() is false).
 ReloadResult reload_weights(TensorParallelModel& model, Communicator& world,
                             WeightSource* source, const ReloadOptions& options);
 

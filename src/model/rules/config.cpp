@@ -127,6 +127,9 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
       specs.push_back({p + "self_attn.v_proj.bias", {kv}});
     }
     specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
+    // Llama's attention_bias covers o_proj too; Qwen2 biases only q/k/v.
+    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM")
+      specs.push_back({p + "self_attn.o_proj.bias", {h}});
     specs.push_back({p + "post_attention_layernorm.weight", {h}});
     specs.push_back({p + "mlp.gate_proj.weight", {inter, h}});
     specs.push_back({p + "mlp.up_proj.weight", {inter, h}});
