@@ -185,12 +185,13 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   ro.bucket_bytes = static_cast<std::uint64_t>(row.bucket_mb * 1024 * 1024);
   ro.pipeline_depth = o.pipeline_depth;
   auto source = world.rank() == 0 ? open_weight_source(path) : nullptr;
-  for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro);
+  ReloadWorkspace workspace;  // as a serving engine keeps it (ReloadableModel does)
+  for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro, &workspace);
   for (int i = 0; i < o.iters; ++i) {
     scramble(model);
     world.barrier();
     const auto start = Clock::now();
-    const ReloadResult r = reload_weights(model, world, source.get(), ro);
+    const ReloadResult r = reload_weights(model, world, source.get(), ro, &workspace);
     row.seconds += max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
     row.bytes = r.bytes_transferred;
     row.staging = std::max(row.staging, r.peak_staging_bytes);

@@ -35,7 +35,8 @@ std::vector<std::int64_t> block_shape(std::vector<std::int64_t> shape, std::int6
 // A buffer slot: what the reader filled (send) and what this rank receives (recv).
 struct Slot {
   std::size_t bucket = 0;
-  std::unique_ptr<std::byte[]> send, recv;
+  std::byte* send = nullptr;  // buffers owned by the ReloadWorkspace
+  std::byte* recv = nullptr;
   ConstBytes payload;  // reader rank, broadcast: the bytes to send (a view or `send`)
   std::optional<std::string> read_error;
 };
@@ -43,8 +44,10 @@ struct Slot {
 class Pipeline {
  public:
   Pipeline(const Plan& plan, const SourceMetadata& md, TensorParallelModel& model,
-           Communicator& world, WeightSource* source, const ReloadOptions& options)
+           Communicator& world, WeightSource* source, const ReloadOptions& options,
+           ReloadWorkspace& workspace)
       : plan_(plan), md_(md), model_(model), world_(world), source_(source), options_(options),
+        workspace_(workspace),
         rank_(world.rank()), tp_rank_(model.options().tp_rank),
         reader_(world.rank() == options.reader_rank) {}
 
@@ -73,6 +76,7 @@ class Pipeline {
   Communicator& world_;
   WeightSource* source_;
   const ReloadOptions& options_;
+  ReloadWorkspace& workspace_;
   const int rank_, tp_rank_;
   const bool reader_;
   PipelineStats stats_;
@@ -90,8 +94,8 @@ void Pipeline::allocate_slots() {
   const int depth = std::max(1, options_.pipeline_depth);
   for (int i = 0; i < depth; ++i) {
     auto slot = std::make_unique<Slot>();
-    if (send) slot->send.reset(new std::byte[send]);
-    if (recv) slot->recv.reset(new std::byte[recv]);
+    if (send) slot->send = workspace_.buffer(2 * i, send);
+    if (recv) slot->recv = workspace_.buffer(2 * i + 1, recv);
     free_.push(std::move(slot));
   }
   stats_.buffer_bytes = static_cast<std::uint64_t>(depth) * (send + recv);
@@ -137,14 +141,14 @@ void Pipeline::fill_broadcast(const Bucket& bucket, Slot& slot) {
     const std::uint64_t rb = row_bytes(info.shape, info.dtype);
     const ByteRange range{static_cast<std::uint64_t>(p.row_begin) * rb,
                           static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb};
-    std::byte* dst = slot.send.get() + p.offset;
+    std::byte* dst = slot.send + p.offset;
     if (views[i])
       std::memcpy(dst, views[i]->data, range.length);
     else
       source_->read(t.index, range, MutableBytes(dst, range.length));
     stats_.bytes_copied += range.length;
   }
-  slot.payload = ConstBytes(slot.send.get(), bucket.bytes);
+  slot.payload = ConstBytes(slot.send, bucket.bytes);
 }
 
 void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
@@ -161,10 +165,10 @@ void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
       const int r = w % tp;
       const std::int64_t end = std::min(p.row_end, t.rows_for(r));
       if (end <= p.row_begin) continue;
-      std::byte* dst = slot.send.get() + bucket.ranges[w].offset + p.rank_offset[w];
+      std::byte* dst = slot.send + bucket.ranges[w].offset + p.rank_offset[w];
       const std::uint64_t n = static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
       if (w >= tp) {  // a replica: same bytes as world rank r
-        std::memcpy(dst, slot.send.get() + bucket.ranges[r].offset + p.rank_offset[r], n);
+        std::memcpy(dst, slot.send + bucket.ranges[r].offset + p.rank_offset[r], n);
       } else if (row_parallel) {  // each full row contributes its column window
         const Placement& pl = t.placements[r];
         const std::uint64_t full = row_bytes(info.shape, info.dtype);
@@ -228,15 +232,15 @@ void Pipeline::transfer(Slot& slot) {
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const auto start = Clock::now();
   if (bucket.scatter) {
-    const ConstBytes send = reader_ ? ConstBytes(slot.send.get(), bucket.bytes) : ConstBytes();
+    const ConstBytes send = reader_ ? ConstBytes(slot.send, bucket.bytes) : ConstBytes();
     world_.scatterv(send, bucket.ranges,
-                    MutableBytes(slot.recv.get(), bucket.ranges[rank_].length),
+                    MutableBytes(slot.recv, bucket.ranges[rank_].length),
                     options_.reader_rank);
   } else if (reader_) {
     world_.broadcast(MutableBytes(const_cast<std::byte*>(slot.payload.data), slot.payload.size),
                      options_.reader_rank);
   } else {
-    world_.broadcast(MutableBytes(slot.recv.get(), bucket.bytes), options_.reader_rank);
+    world_.broadcast(MutableBytes(slot.recv, bucket.bytes), options_.reader_rank);
   }
   if (reader_) stats_.bytes_sent += bucket.bytes;
   stats_.transfer += since(start);
@@ -268,9 +272,9 @@ void Pipeline::apply_piece(const Bucket& bucket, const Piece& piece, const std::
 
 void Pipeline::apply(const Slot& slot) {
   const Bucket& bucket = plan_.buckets[slot.bucket];
-  const std::byte* base = bucket.scatter ? slot.recv.get()
+  const std::byte* base = bucket.scatter ? slot.recv
                           : reader_      ? slot.payload.data
-                                         : slot.recv.get();
+                                         : slot.recv;
   auto start = Clock::now();
   for (const Piece& piece : bucket.pieces) apply_piece(bucket, piece, base);
   stats_.apply += since(start);
@@ -335,9 +339,30 @@ PipelineStats Pipeline::run() {
 
 PipelineStats run_pipeline(const Plan& plan, const SourceMetadata& metadata,
                            TensorParallelModel& model, Communicator& world, WeightSource* source,
-                           const ReloadOptions& options) {
-  Pipeline pipeline(plan, metadata, model, world, source, options);
+                           const ReloadOptions& options, ReloadWorkspace& workspace) {
+  Pipeline pipeline(plan, metadata, model, world, source, options, workspace);
   return pipeline.run();
 }
 
 }  // namespace tpreload::detail
+
+namespace tpreload {
+
+std::uint64_t ReloadWorkspace::bytes() const {
+  std::uint64_t total = 0;
+  for (const Buffer& b : buffers_) total += b.size;
+  return total;
+}
+
+std::byte* ReloadWorkspace::buffer(std::size_t index, std::uint64_t size) {
+  if (buffers_.size() <= index) buffers_.resize(index + 1);
+  Buffer& b = buffers_[index];
+  if (b.size < size) {
+    b.data.reset();  // free before allocating: never hold both
+    b.data.reset(new std::byte[size]);
+    b.size = size;
+  }
+  return b.data.get();
+}
+
+}  // namespace tpreload

@@ -30,6 +30,6 @@ struct PipelineStats {
 // rank; apply failures are returned (for the caller to agree on), never thrown.
 PipelineStats run_pipeline(const Plan& plan, const SourceMetadata& metadata,
                            TensorParallelModel& model, Communicator& world, WeightSource* source,
-                           const ReloadOptions& options);
+                           const ReloadOptions& options, ReloadWorkspace& workspace);
 
 }  // namespace tpreload::detail

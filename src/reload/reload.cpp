@@ -158,7 +158,8 @@ void check_options(const ReloadOptions& o, const Communicator& world) {
 }  // namespace
 
 ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, WeightSource* source,
-                            const ReloadOptions& options) {
+                            const ReloadOptions& options, ReloadWorkspace* workspace) {
+  ReloadWorkspace local;  // freed on return when the caller keeps none
   const auto start = Clock::now();
   check_ranks_agree(world, model, options);
   check_options(options, world);  // same options everywhere, so the same verdict
@@ -180,7 +181,8 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Wei
   result.distribution = options.distribution;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
-  const auto stats = detail::run_pipeline(plan, md, model, world, source, options);
+  const auto stats = detail::run_pipeline(plan, md, model, world, source, options,
+                                          workspace ? *workspace : local);
   agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
   auto t = Clock::now();
   std::optional<std::string> finish_problem;
@@ -246,7 +248,7 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
       opened = std::make_unique<FailedSource>(e.what());
     }
   }
-  ReloadResult result = reload_weights(model_, world, opened.get(), options);
+  ReloadResult result = reload_weights(model_, world, opened.get(), options, &workspace_);
   // A partial reload changed some weights (callbacks must still drop derived
   // caches) but does not make `from` the model's location.
   if (from != location_.path && result.complete()) {
@@ -262,7 +264,7 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
 
 ReloadResult ReloadableModel::reload_from(Communicator& world, const ReloadOptions& options,
                                           WeightSource* source) {
-  ReloadResult result = reload_weights(model_, world, source, options);
+  ReloadResult result = reload_weights(model_, world, source, options, &workspace_);
   for (const auto& callback : callbacks_) callback(result);
   return result;
 }

@@ -42,6 +42,27 @@ struct ReloadOptions {
   std::chrono::seconds read_stall_timeout{300};
 };
 
+// Staging buffers kept between reloads, so that a reload does not pay for fresh
+// pages (first-touch faults made a 10 MB bucket 10x slower than the transport).
+// Holds at most pipeline_depth x (send + receive) buckets; release() frees them.
+// Not thread-safe: one reload at a time per workspace.
+class ReloadWorkspace {
+ public:
+  std::uint64_t bytes() const;
+  void release() { buffers_.clear(); }
+
+  // A buffer of at least `size` bytes for slot `index` (0 = send, 1 = receive per
+  // slot); grows, never shrinks, until release().
+  std::byte* buffer(std::size_t index, std::uint64_t size);
+
+ private:
+  struct Buffer {
+    std::unique_ptr<std::byte[]> data;
+    std::uint64_t size = 0;
+  };
+  std::vector<Buffer> buffers_;
+};
+
 struct PhaseSeconds {
   double total = 0, read = 0, transfer = 0, apply = 0, finish = 0, validate = 0;
 };
@@ -74,8 +95,10 @@ struct ReloadResult {
 // post-processing failed). A failed or stalled collective aborts the job (see
 // CommOptions::abort_on_failure). Names that did not load are not an error: they
 // are in the result (complete() is false).
+// `workspace` (optional) keeps staging buffers for the next reload.
 ReloadResult reload_weights(TensorParallelModel& model, Communicator& world,
-                            WeightSource* source, const ReloadOptions& options);
+                            WeightSource* source, const ReloadOptions& options,
+                            ReloadWorkspace* workspace = nullptr);
 
 // Where the model's weights come from, as the serving config records it.
 struct WeightLocation {
@@ -94,6 +117,8 @@ class ReloadableModel {
   ReloadableModel(TensorParallelModel& model, WeightLocation location);
 
   TensorParallelModel& model() { return model_; }
+  // Staging kept between reloads (bounded by pipeline depth x bucket size).
+  ReloadWorkspace& workspace() { return workspace_; }
   const WeightLocation& location() const { return location_; }
 
   // Run after every successful reload, in registration order (e.g. to drop LoRA,
@@ -115,6 +140,7 @@ class ReloadableModel {
  private:
   TensorParallelModel& model_;
   WeightLocation location_;
+  ReloadWorkspace workspace_;
   std::vector<std::function<void(const ReloadResult&)>> callbacks_;
 };
 
