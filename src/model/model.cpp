@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <sstream>
 
 #include "tpreload/checkpoint/weight_source.h"
@@ -96,22 +97,7 @@ std::vector<std::string> TensorParallelModel::expected_names(LoadFormat format) 
   return names;
 }
 
-void TensorParallelModel::begin_load() {
-  loaded_.clear();
-  staging_.clear();
-}
-
-at::Tensor& TensorParallelModel::target_for(const std::string& param_name) {
-  const ParamSpec* spec = rules_.find_param(param_name);
-  if (!spec) raise<ModelError>("no parameter named '", param_name, "'");
-  if (spec->dtype == DType::kInt8 && rules_.quantization() == "int8") {
-    auto it = staging_.find(param_name);
-    if (it == staging_.end())
-      it = staging_.emplace(param_name, at::zeros(spec->shape, options_for(config().dtype))).first;
-    return it->second;
-  }
-  return params_.at(storage_name(param_name));
-}
+void TensorParallelModel::begin_load() { loaded_.clear(); }
 
 std::string TensorParallelModel::check_checkpoint_tensor(const Placement& pl,
                                                          const std::vector<std::int64_t>& shape,
@@ -148,24 +134,20 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
                       options_.tp_size, ": block of ", shape_str(got), " ",
                       c10::toString(block.scalar_type()), " at row ", row0, " does not fit ",
                       presliced ? "slice " : "", shape_str(whole), " ", dtype_name(config().dtype));
-  at::Tensor& dst = target_for(pl.param);
   if (presliced || pl.source_dim != 0) {
     // Block rows map one to one onto rows of the slice.
     const at::Tensor part = presliced || pl.source_dim < 0
                                 ? block
                                 : block.narrow(pl.source_dim, pl.source_start, pl.source_length);
-    if (dst.dim() == 0)
-      dst.copy_(part);
-    else if (n > 0)
-      dst.narrow(0, pl.dest_row + row0, n).copy_(part);
+    write_rows(pl.param, pl.dest_row + row0, part);
   } else {
     // Full-tensor rows: keep those inside [source_start, source_start + length).
     const std::int64_t lo = std::max(row0, pl.source_start);
     const std::int64_t hi = std::min(row0 + n, pl.source_start + pl.source_length);
     if (hi > lo)
-      dst.narrow(0, pl.dest_row + lo - pl.source_start, hi - lo)
-          .copy_(block.narrow(0, lo - row0, hi - lo));
+      write_rows(pl.param, pl.dest_row + lo - pl.source_start, block.narrow(0, lo - row0, hi - lo));
   }
+  at::Tensor& dst = params_.at(storage_name(pl.param));
   if (pl.zero_rows_from >= 0)
     dst.narrow(0, pl.zero_rows_from, dst.size(0) - pl.zero_rows_from).zero_();
   if (last) loaded_[pl.param].insert(pl.shard_id);
@@ -207,13 +189,69 @@ void TensorParallelModel::load_kernel_rows(const std::string& name, const at::Te
   if (last) loaded_[strip_base_layer(name)].insert("*");
 }
 
-void TensorParallelModel::quantize_into(const std::string& param_name, const at::Tensor& staged) {
-  const at::Tensor w = staged.to(at::kFloat);
-  const at::Tensor amax = w.abs().amax({1});
-  const at::Tensor scale = at::where(amax == 0, at::ones_like(amax), amax / 127.0f);
-  const at::Tensor q = at::clamp(at::round(w / scale.unsqueeze(1)), -127, 127).to(at::kChar);
-  params_.at(storage_name(param_name)).copy_(q);
-  params_.at(storage_name(scale_name(param_name))).copy_(scale);
+namespace {
+
+// Per-row int8 quantization of `rows` x `cols` elements of T, one pass per row
+// (the row stays in cache): scale = max|w| / 127 (1 where max|w| == 0),
+// q = clamp(nearbyint(w / scale), -127, 127) with ties to even, as at::round.
+template <typename T>
+void quantize_rows(const T* w, std::int64_t rows, std::int64_t cols, std::int8_t* q, float* scale) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* row = w + r * cols;
+    float amax = 0.0f;
+    for (std::int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(static_cast<float>(row[c])));
+    const float s = amax == 0.0f ? 1.0f : amax / 127.0f;
+    scale[r] = s;
+    std::int8_t* out = q + r * cols;
+    // |w / s| <= 127 (+ rounding), far below 2^22, so adding and subtracting
+    // 1.5 * 2^23 rounds to the nearest integer, ties to even, exactly as nearbyint
+    // does in the default rounding mode; unlike a libm call it vectorizes.
+    constexpr float kRound = 12582912.0f;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float shifted = static_cast<float>(row[c]) / s + kRound;  // no -ffast-math here
+      const float v = shifted - kRound;
+      out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, v)));
+    }
+  }
+}
+
+}  // namespace
+
+void TensorParallelModel::write_rows(const std::string& param, std::int64_t row,
+                                     const at::Tensor& part) {
+  at::Tensor& dst = params_.at(storage_name(param));
+  if (dst.dim() == 0) {
+    dst.copy_(part);
+    return;
+  }
+  if (part.size(0) == 0) return;
+  if (dst.scalar_type() != at::kChar || part.scalar_type() == at::kChar) {
+    dst.narrow(0, row, part.size(0)).copy_(part);
+    return;
+  }
+  // int8 kernel format: every output row arrives whole in one block, so it is
+  // quantized straight into the int8 storage (no staging of the layer).
+  const at::Tensor w = part.contiguous();
+  const std::int64_t rows = w.size(0), cols = w.numel() / rows;
+  auto* out = dst.data_ptr<std::int8_t>() + row * cols;
+  auto* scales = params_.at(storage_name(scale_name(param))).data_ptr<float>() + row;
+  switch (w.scalar_type()) {
+    case at::kBFloat16:
+      quantize_rows(w.data_ptr<at::BFloat16>(), rows, cols, out, scales);
+      break;
+    case at::kHalf:
+      quantize_rows(w.data_ptr<at::Half>(), rows, cols, out, scales);
+      break;
+    case at::kFloat:
+      quantize_rows(w.data_ptr<float>(), rows, cols, out, scales);
+      break;
+    case at::kDouble:
+      quantize_rows(w.data_ptr<double>(), rows, cols, out, scales);
+      break;
+    default:
+      raise<ModelError>("int8 quantization of '", param, "': unsupported dtype ",
+                        c10::toString(w.scalar_type()));
+  }
 }
 
 bool TensorParallelModel::shards_complete(const std::string& param) const {
@@ -226,24 +264,13 @@ bool TensorParallelModel::shards_complete(const std::string& param) const {
   return true;
 }
 
-void TensorParallelModel::finish_layer(std::int64_t layer) {
-  for (auto it = staging_.begin(); it != staging_.end();) {
-    if (layer_of(it->first) != layer) {
-      ++it;
-      continue;
-    }
-    // A stacked weight with a shard missing keeps its previous int8 values (and is
-    // reported as not loaded) rather than being quantized with zeros in the gap.
-    if (shards_complete(it->first)) quantize_into(it->first, it->second);
-    it = staging_.erase(it);
-  }
+void TensorParallelModel::finish_layer(std::int64_t /*layer*/) {
+  // Nothing to do for the processing this model supports: int8 rows are
+  // quantized as they arrive (write_rows). The hook stays for processing that
+  // needs a whole layer (e.g. per-tensor scales).
 }
 
-void TensorParallelModel::finish() {
-  for (const auto& [name, staged] : staging_)
-    if (shards_complete(name)) quantize_into(name, staged);
-  staging_.clear();
-}
+void TensorParallelModel::finish() {}
 
 std::vector<std::string> TensorParallelModel::loaded_names(LoadFormat format) const {
   std::vector<std::string> names;
@@ -252,12 +279,6 @@ std::vector<std::string> TensorParallelModel::loaded_names(LoadFormat format) co
     if (shards_complete(spec.name)) names.push_back(spec.name);
   }
   return names;
-}
-
-std::uint64_t TensorParallelModel::staging_bytes() const {
-  std::uint64_t bytes = 0;
-  for (const auto& [name, t] : staging_) bytes += t.numel() * t.element_size();
-  return bytes;
 }
 
 std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,

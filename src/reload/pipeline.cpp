@@ -278,7 +278,6 @@ void Pipeline::apply(const Slot& slot) {
   auto start = Clock::now();
   for (const Piece& piece : bucket.pieces) apply_piece(bucket, piece, base);
   stats_.apply += since(start);
-  stats_.peak_model_staging = std::max(stats_.peak_model_staging, model_.staging_bytes());
   start = Clock::now();
   for (std::int64_t layer : bucket.finished_layers) model_.finish_layer(layer);
   stats_.finish += since(start);

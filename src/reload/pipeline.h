@@ -21,7 +21,6 @@ struct PipelineStats {
   std::uint64_t bytes_sent = 0;         // reader rank
   std::uint64_t bytes_copied = 0;       // reader rank: bytes memcpy'd out of the source
   std::uint64_t buffer_bytes = 0;       // staging buffers this rank allocated
-  std::uint64_t peak_model_staging = 0; // int8 staging high-water mark
   std::optional<std::string> apply_error;  // first apply failure on this rank
 };
 

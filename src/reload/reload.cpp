@@ -138,7 +138,7 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
                                  static_cast<std::int64_t>(read_bytes),
                                  static_cast<std::int64_t>(stats.bytes_sent),
                                  static_cast<std::int64_t>(stats.bytes_copied),
-                                 static_cast<std::int64_t>(stats.buffer_bytes + stats.peak_model_staging)};
+                                 static_cast<std::int64_t>(stats.buffer_bytes)};
   allreduce_ints(world, v, IntOp::kMax);
   r.seconds = {v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6};
   r.bytes_read = v[6];

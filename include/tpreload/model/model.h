@@ -13,10 +13,13 @@
 // head is the embedding tensor itself.
 //
 // int8. With quantization "int8", every decoder linear weight is int8 with a
-// float32 weight_scale [rows]. Checkpoint-format loads stage the unquantized shard
-// (per parameter, allocated on first load) and finish_layer()/finish() quantize
-// it per output row: scale = max|w| / 127 (1 where max|w| == 0),
-// q = clamp(round_half_even(w / scale), -127, 127), then release the staging.
+// float32 weight_scale [rows], computed per output row of the rank's shard:
+// scale = max|w| / 127 (1 where max|w| == 0), q = clamp(round_half_even(w /
+// scale), -127, 127). Each output row of a shard comes whole from one checkpoint
+// tensor (column-parallel rows from q/k/v/gate/up, row-parallel rows as one
+// column window), so checkpoint-format loads quantize rows as they arrive,
+// straight into the int8 storage: no staging, and the same bytes as quantizing
+// the whole shard afterwards.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -69,12 +72,12 @@ class TensorParallelModel {
 
   // --- loading (every call is local to this rank) ---
 
-  // Start tracking which names load; clears staging left from an aborted load.
+  // Start tracking which names load.
   void begin_load();
 
   // Checkpoint format: copy the slice `placement` describes from `source` (the
   // whole checkpoint tensor, or exactly the slice when `presliced`) into the
-  // target parameter (or its int8 staging), zeroing vocab padding rows. Throws
+  // target parameter (quantizing int8 rows), zeroing vocab padding rows. Throws
   // ModelError naming tensor, expected and actual shape/dtype on a mismatch.
   void load_checkpoint_tensor(const Placement& placement, const at::Tensor& source,
                               bool presliced);
@@ -100,17 +103,15 @@ class TensorParallelModel {
   std::string check_kernel_tensor(const std::string& name, const std::vector<std::int64_t>& shape,
                                   DType dtype) const;
 
-  // Post-load processing of one decoder layer (int8 quantization of its staged
-  // weights), or of everything still staged. No-op without quantization.
+  // Post-load processing of one decoder layer, or of everything at the end. The
+  // processing implemented today (int8) happens per row on arrival, so these are
+  // hooks with no work; the engine calls them as each layer completes.
   void finish_layer(std::int64_t layer);
   void finish();
 
   // Expected names loaded since begin_load(): a stacked parameter (qkv_proj,
   // gate_up_proj) counts once all of its shards loaded.
   std::vector<std::string> loaded_names(LoadFormat format) const;
-
-  // Bytes held by int8 staging right now (for the reload's memory report).
-  std::uint64_t staging_bytes() const;
 
   // vLLM-style local load of every tensor of `source` (checkpoint or kernel
   // format, by source): loaders, then finish(). Returns the names loaded; fills
@@ -123,17 +124,15 @@ class TensorParallelModel {
   at::Tensor forward(const std::vector<std::int64_t>& tokens, Communicator& tp_comm) const;
 
  private:
-  at::Tensor& target_for(const std::string& param_name);
   at::Tensor weight_f32(const std::string& module) const;
   at::Tensor linear(const at::Tensor& x, const std::string& module, bool add_bias = true) const;
-  void quantize_into(const std::string& param_name, const at::Tensor& staged);
+  void write_rows(const std::string& param, std::int64_t row, const at::Tensor& part);
   std::string storage_name(const std::string& name) const;
   bool shards_complete(const std::string& param) const;
 
   ShardingRules rules_;
   ModelOptions options_;
   std::map<std::string, at::Tensor> params_;
-  std::map<std::string, at::Tensor> staging_;         // int8 only: unquantized shards
   std::map<std::string, std::set<std::string>> loaded_;  // param -> shard ids loaded
 };
 
