@@ -26,6 +26,8 @@ BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo}
 JOBS=${JOBS:-$(nproc)}
 # The precompiled header is compatible with ccache only with these sloppiness settings.
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
+# Paths relative to the checkout, so a fresh clone elsewhere still hits the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 start=$(date +%s)
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstring>
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
@@ -17,7 +18,7 @@ class LocalCommunicator final : public Communicator {
     check_root(root);
     if (ranges.size() != 1 || ranges[0].length != recv.size || ranges[0].end() > send.size)
       raise<UsageError>("local scatterv: range does not match the buffers");
-    std::copy(send.data + ranges[0].offset, send.data + ranges[0].end(), recv.data);
+    std::memmove(recv.data, send.data + ranges[0].offset, ranges[0].length);  // may be in place
   }
   void allreduce_bits(std::uint64_t*, std::size_t, BitOp) override {}
   void allreduce_ints(std::int64_t*, std::size_t, IntOp) override {}

@@ -198,6 +198,8 @@ void MpiCommunicator::scatterv(ConstBytes send, const std::vector<ByteRange>& ra
                           ranges[r].offset, ", ", ranges[r].end(), ") exceeds the ", send.size,
                           "-byte send buffer");
   }
+  // The root may receive in place: its range of the send buffer is its result.
+  const bool in_place = rank_ == root && recv.size > 0 && recv.data == send.data + ranges[root].offset;
   const auto rounds = plan_scatter_rounds(ranges, options_.max_message_bytes, INT_MAX);
   // Each posted round keeps its own counts and displacements until wait() returns:
   // MPI forbids changing them while a non-blocking collective is in flight.
@@ -212,9 +214,9 @@ void MpiCommunicator::scatterv(ConstBytes send, const std::vector<ByteRange>& ra
     }
     const std::byte* base = rank_ == root ? send.data + round.base : nullptr;
     requests.emplace_back(MPI_REQUEST_NULL);
-    MPI_CHECK(MPI_Iscatterv(base, counts[k].data(), displs[k].data(), MPI_BYTE,
-                            recv.data + round.recv_offset[rank_], counts[k][rank_], MPI_BYTE,
-                            root, comm_, &requests.back()));
+    void* into = in_place ? MPI_IN_PLACE : static_cast<void*>(recv.data + round.recv_offset[rank_]);
+    MPI_CHECK(MPI_Iscatterv(base, counts[k].data(), displs[k].data(), MPI_BYTE, into,
+                            counts[k][rank_], MPI_BYTE, root, comm_, &requests.back()));
   }
   wait(requests, detail::concat("scatterv of ", recv.size, " bytes to this rank from root ",
                                 root, " (", rounds.size(), " rounds)"));

@@ -89,7 +89,8 @@ void Pipeline::allocate_slots() {
   std::uint64_t send = 0, recv = 0;
   for (const Bucket& b : plan_.buckets) {
     if (reader_) send = std::max(send, b.bytes);
-    recv = std::max(recv, b.scatter ? b.ranges[rank_].length : (reader_ ? 0 : b.bytes));
+    // The reader receives its own scatter range in place, inside its send buffer.
+    if (!reader_) recv = std::max(recv, b.scatter ? b.ranges[rank_].length : b.bytes);
   }
   const int depth = std::max(1, options_.pipeline_depth);
   for (int i = 0; i < depth; ++i) {
@@ -233,8 +234,8 @@ void Pipeline::transfer(Slot& slot) {
   const auto start = Clock::now();
   if (bucket.scatter) {
     const ConstBytes send = reader_ ? ConstBytes(slot.send, bucket.bytes) : ConstBytes();
-    world_.scatterv(send, bucket.ranges,
-                    MutableBytes(slot.recv, bucket.ranges[rank_].length),
+    std::byte* into = reader_ ? slot.send + bucket.ranges[rank_].offset : slot.recv;
+    world_.scatterv(send, bucket.ranges, MutableBytes(into, bucket.ranges[rank_].length),
                     options_.reader_rank);
   } else if (reader_) {
     world_.broadcast(MutableBytes(const_cast<std::byte*>(slot.payload.data), slot.payload.size),
@@ -272,9 +273,9 @@ void Pipeline::apply_piece(const Bucket& bucket, const Piece& piece, const std::
 
 void Pipeline::apply(const Slot& slot) {
   const Bucket& bucket = plan_.buckets[slot.bucket];
-  const std::byte* base = bucket.scatter ? slot.recv
-                          : reader_      ? slot.payload.data
-                                         : slot.recv;
+  const std::byte* base = !reader_        ? slot.recv
+                          : bucket.scatter ? slot.send + bucket.ranges[rank_].offset
+                                           : slot.payload.data;
   auto start = Clock::now();
   for (const Piece& piece : bucket.pieces) apply_piece(bucket, piece, base);
   stats_.apply += since(start);

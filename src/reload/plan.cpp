@@ -60,32 +60,18 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
     }
     plan.tensors.push_back(std::move(t));
   }
-  // Grouped by layer, whatever order the files hold (so int8 staging stays bounded
-  // per layer); layers, and tensors outside layers, in the order they first appear
-  // in the files; broadcasts before scatters inside a layer; then file position.
-  // For a file laid out layer by layer this is plain file order, so consecutive
-  // broadcast pieces are adjacent bytes of one mapping and need no copy.
-  using Position = std::tuple<std::string, std::uint64_t>;
-  auto position = [&md](const PlannedTensor& t) {
-    const TensorInfo& info = md.tensors[t.index];
-    return Position{info.file, info.file_offset};
-  };
-  std::map<std::int64_t, Position> first_in_layer;
-  for (const PlannedTensor& t : plan.tensors) {
-    if (t.layer < 0) continue;
-    auto [it, fresh] = first_in_layer.emplace(t.layer, position(t));
-    if (!fresh) it->second = std::min(it->second, position(t));
-  }
-  auto group = [&](const PlannedTensor& t) {
-    return t.layer < 0 ? position(t) : first_in_layer.at(t.layer);
-  };
+  // Broadcast tensors first, then scattered ones, each in file order: broadcast
+  // buckets are then contiguous runs of the mapped file (sent without a copy), and
+  // the two kinds never alternate (which would cut buckets short: one collective
+  // per norm weight). No per-layer grouping is needed: nothing is staged per layer
+  // (int8 rows are quantized as they arrive); finish_layer() still runs after the
+  // bucket holding a layer's last piece.
   std::stable_sort(plan.tensors.begin(), plan.tensors.end(),
-                   [&](const PlannedTensor& a, const PlannedTensor& b) {
-                     const Position ga = group(a), gb = group(b);
-                     if (ga != gb) return ga < gb;
-                     if (a.layer != b.layer) return a.layer < b.layer;
+                   [&md](const PlannedTensor& a, const PlannedTensor& b) {
                      if (a.scatter != b.scatter) return !a.scatter;
-                     return position(a) < position(b);
+                     const TensorInfo& x = md.tensors[a.index];
+                     const TensorInfo& y = md.tensors[b.index];
+                     return std::tie(x.file, x.file_offset) < std::tie(y.file, y.file_offset);
                    });
 }
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "tpreload/core/error.h"
@@ -106,26 +107,40 @@ TEST(Plan, ReplicatedTensorsAreBroadcastEvenWhenScattering) {
   }
 }
 
-TEST(Plan, GroupsByLayerWhateverTheFileOrderAndFinishesEachLayerOnce) {
+TEST(Plan, FinishesEachLayerOnceAfterItsLastPieceWhateverTheFileOrder) {
   const ModelConfig c = config();
   const SourceMetadata md = metadata(c, /*reverse_layers=*/true);
-  const Plan plan = make_plan(md, ShardingRules(c, 2, "int8"),
-                              {ReloadFormat::kCheckpoint, Distribution::kBroadcast, 2000, 2, 2});
-  std::set<std::int64_t> done;  // decoder layers must each form one run
-  std::int64_t current = -2;
-  for (const PlannedTensor& t : plan.tensors) {
-    if (t.layer < 0) continue;  // embedding, final norm and head stand alone
-    if (t.layer != current) {
-      EXPECT_EQ(done.count(t.layer), 0u) << "layer " << t.layer << " appears twice";
-      done.insert(current);
-      current = t.layer;
+  for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+    const Plan plan = make_plan(md, ShardingRules(c, 2, "int8"),
+                                {ReloadFormat::kCheckpoint, d, 2000, 2, 2});
+    std::map<std::int64_t, std::size_t> last_piece, finished_at;
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+      for (const Piece& p : plan.buckets[b].pieces)
+        if (plan.tensors[p.planned].layer >= 0) last_piece[plan.tensors[p.planned].layer] = b;
+      for (std::int64_t layer : plan.buckets[b].finished_layers) {
+        EXPECT_EQ(finished_at.count(layer), 0u) << "layer " << layer << " finished twice";
+        finished_at[layer] = b;
+      }
     }
+    EXPECT_EQ(finished_at, last_piece);
+    EXPECT_EQ(finished_at.size(), 3u);
   }
-  std::vector<std::int64_t> finished;
-  for (const Bucket& b : plan.buckets)
-    finished.insert(finished.end(), b.finished_layers.begin(), b.finished_layers.end());
-  std::sort(finished.begin(), finished.end());
-  EXPECT_EQ(finished, (std::vector<std::int64_t>{0, 1, 2}));
+}
+
+TEST(Plan, BroadcastBucketsFollowTheFileAndKindsDoNotAlternate) {
+  const ModelConfig c = config();
+  const SourceMetadata md = metadata(c);
+  const Plan plan = make_plan(md, ShardingRules(c, 2), {ReloadFormat::kCheckpoint,
+                                                        Distribution::kScatter, 1 << 20, 2, 2});
+  ASSERT_EQ(plan.buckets.size(), 2u);  // all broadcasts, then all scatters
+  EXPECT_FALSE(plan.buckets[0].scatter);
+  EXPECT_TRUE(plan.buckets[1].scatter);
+  std::uint64_t at = 0;
+  for (const Piece& p : plan.buckets[0].pieces) {
+    const TensorInfo& info = md.tensors[plan.tensors[p.planned].index];
+    EXPECT_GT(info.file_offset, at) << info.name << " out of file order";
+    at = info.file_offset;
+  }
 }
 
 TEST(Plan, UnknownNamesAreSkippedAndKernelMismatchesRejected) {

@@ -55,7 +55,8 @@ class Communicator {
   // Root sends `ranges[r]` of its `send` buffer to rank r, which receives it into
   // `recv` (recv.size must equal ranges[rank()].length). `ranges` has size()
   // entries and is identical on every rank; ranges may be empty, uneven, in any
-  // order and over 2 GiB. `send` is read on the root only.
+  // order and over 2 GiB. `send` is read on the root only. On the root, `recv`
+  // may be the root's own range of `send` (received in place, no copy).
   virtual void scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
                         MutableBytes recv, int root) = 0;
 
