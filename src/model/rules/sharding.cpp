@@ -1,6 +1,7 @@
 #include "tpreload/model/sharding.h"
 
 #include <algorithm>
+#include <set>
 
 #include "tpreload/core/error.h"
 
@@ -101,8 +102,9 @@ void ShardingRules::build_params() {
   const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
   const std::int64_t qkv_rows = q_local + 2 * kv_heads_per_rank() * c.head_dim;
   const std::int64_t gate_up_rows = 2 * c.intermediate_size / tp_size_;
+  std::set<std::string> seen;  // params_ is sorted only at the end
   for (const auto& [name, rule] : rules_) {
-    if (find_param(rule.param)) continue;
+    if (!seen.insert(rule.param).second) continue;
     ParamSpec spec{rule.param, rule.source_shape, c.dtype, rule.kind, layer_of(rule.param),
                    true, {""}};
     const NameParts p = split_name(rule.param);
@@ -132,11 +134,7 @@ void ShardingRules::build_params() {
 const ParamSpec* ShardingRules::find_param(const std::string& name) const {
   const auto it = std::lower_bound(params_.begin(), params_.end(), name,
                                    [](const ParamSpec& p, const std::string& n) { return p.name < n; });
-  if (it != params_.end() && it->name == name) return &*it;
-  // params_ is sorted once build_params() finishes; before that, search linearly.
-  for (const auto& p : params_)
-    if (p.name == name) return &p;
-  return nullptr;
+  return it != params_.end() && it->name == name ? &*it : nullptr;
 }
 
 std::vector<std::int64_t> ShardingRules::unquantized_shape(const ParamSpec& param) const {
