@@ -265,29 +265,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  MpiRuntime mpi(&argc, &argv);
-  std::unique_ptr<MpiCommunicator> world;
-  try {
-    init_logging(mpi.world_rank(), mpi.world_size(), "warn");
-    world = MpiCommunicator::world();
+  return run_mpi_program(&argc, &argv, "warn", CommOptions{}, [&](MpiCommunicator& world) {
     const ModelConfig config = parse_model_config(scenario_config(o.scenario), o.scenario);
-    const std::string dir = prepare_checkpoint(o, config, *world);
-    print_header(o, config, *world);
+    const std::string dir = prepare_checkpoint(o, config, world);
+    print_header(o, config, world);
     std::int64_t wrong = 0;
     for (const auto& format : o.formats)
       for (const auto& quant : o.quantizations)
         for (const auto& dist : o.distributions)
           for (double mb : o.bucket_mb) {
-            const Row r = run_row(o, config, dir, Row{format, quant, dist, mb}, *world);
-            print_row(r, *world);
+            const Row r = run_row(o, config, dir, Row{format, quant, dist, mb}, world);
+            print_row(r, world);
             wrong += r.wrong;
           }
-    world.reset();
-    mpi.finalize();
     return wrong == 0 ? 0 : 5;
-  } catch (const std::exception& e) {
-    log().error("{}", e.what());
-    if (world) world->abort(1);
-    return 1;
-  }
+  });
 }

@@ -43,42 +43,31 @@ std::vector<at::Tensor> trainer_step(const ModelConfig& config, int step,
 }  // namespace
 
 int main(int argc, char** argv) {
-  MpiRuntime mpi(&argc, &argv);
-  std::unique_ptr<MpiCommunicator> world;
-  try {
-    init_logging(mpi.world_rank(), mpi.world_size());
-    world = MpiCommunicator::world();
+  return run_mpi_program(&argc, &argv, "info", CommOptions{}, [](MpiCommunicator& world) {
     const ModelConfig config = small_config();
     ModelOptions options;
-    options.tp_size = world->size();
-    options.tp_rank = world->rank();
+    options.tp_size = world.size();
+    options.tp_rank = world.rank();
     TensorParallelModel model(config, options);
     ReloadableModel served(model, {});
     int cache_generation = 0;
     served.on_reloaded([&](const ReloadResult&) { ++cache_generation; });  // drop derived caches
 
-    int rc = 0;
-    for (int step = 1; step <= 2 && rc == 0; ++step) {
+    for (int step = 1; step <= 2; ++step) {
       std::vector<InMemoryTensor> tensors;
       std::vector<at::Tensor> keep;
       std::unique_ptr<WeightSource> source;
-      if (world->rank() == 0) {  // only the reader rank holds the trainer's tensors
+      if (world.rank() == 0) {  // only the reader rank holds the trainer's tensors
         keep = trainer_step(config, step, tensors);
         source = make_in_memory_source(std::move(tensors));
       }
-      const ReloadResult r = served.reload_from(*world, ReloadOptions{}, source.get());
-      const at::Tensor logits = model.forward({3, 1, 4, 1, 5}, *world);
-      if (world->rank() == 0)
+      const ReloadResult r = served.reload_from(world, ReloadOptions{}, source.get());
+      const at::Tensor logits = model.forward({3, 1, 4, 1, 5}, world);
+      if (world.rank() == 0)
         std::cout << "step " << step << ": " << summary_text(r) << "  logits[0][0] = "
                   << logits[0][0].item<float>() << ", cache generation " << cache_generation << "\n";
-      if (!r.complete()) rc = 3;  // reported above; finalize MPI before leaving
+      if (!r.complete()) return 3;  // the names are in the summary above
     }
-    world.reset();
-    mpi.finalize();
-    return rc;
-  } catch (const std::exception& e) {
-    log().error("{}", e.what());
-    if (world) world->abort(1);
-    return 1;
-  }
+    return 0;
+  });
 }

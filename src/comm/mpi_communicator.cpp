@@ -271,6 +271,27 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
       MpiCommHandle(sub), options_, detail::concat(label_, "/split(color=", color, ")")));
 }
 
+int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
+                    const CommOptions& options,
+                    const std::function<int(MpiCommunicator& world)>& body) {
+  MpiRuntime mpi(argc, argv);
+  std::unique_ptr<MpiCommunicator> world;
+  try {
+    init_logging(mpi.world_rank(), mpi.world_size(), log_level);
+    world = MpiCommunicator::world(options);
+    const int rc = body(*world);
+    world.reset();
+    mpi.finalize();
+    return rc;
+  } catch (const std::exception& e) {
+    log().error("{}", e.what());
+    if (world) world->abort(1);
+    log().flush();
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
+
 void MpiCommunicator::abort(int code) noexcept {
   log().error("aborting the MPI job with code {} (communicator '{}')", code, label_);
   log().flush();

@@ -252,21 +252,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  MpiRuntime mpi(&argc, &argv);
-  std::unique_ptr<MpiCommunicator> world;
-  try {
-    init_logging(mpi.world_rank(), mpi.world_size(), options.log_level);
-    if (mpi.world_rank() == 0) log().info("reload_runner options: {}", options.describe());
-    CommOptions comm_options;
-    comm_options.timeout = std::chrono::seconds(options.timeout_s);
-    world = MpiCommunicator::world(comm_options);
-    const int rc = options.demo ? run_demo(options, *world) : run_reloads(options, *world);
-    world.reset();
-    mpi.finalize();
-    return rc;
-  } catch (const std::exception& e) {
-    log().error("{}", e.what());
-    if (world) world->abort(1);
-    return 1;
-  }
+  CommOptions comm_options;
+  comm_options.timeout = std::chrono::seconds(options.timeout_s);
+  return run_mpi_program(&argc, &argv, options.log_level, comm_options, [&](MpiCommunicator& world) {
+    if (world.rank() == 0) log().info("reload_runner options: {}", options.describe());
+    return options.demo ? run_demo(options, world) : run_reloads(options, world);
+  });
 }

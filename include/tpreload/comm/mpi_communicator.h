@@ -12,6 +12,7 @@
 
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -106,5 +107,13 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   bool broken_ = false;
 };
+
+// The main() of an MPI program: initialise MPI, set up logging with the rank
+// prefix (`log_level`), make the world communicator, and run `body`. An exception
+// from `body` is logged and ends the whole job (MPI_Abort with 1), so no peer is
+// left waiting; otherwise MPI is finalized and body's return value returned.
+int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
+                    const CommOptions& options,
+                    const std::function<int(MpiCommunicator& world)>& body);
 
 }  // namespace tpreload
