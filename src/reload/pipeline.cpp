@@ -323,7 +323,9 @@ PipelineStats Pipeline::run() {
     } else {
       slot = free_.pop();
     }
-    if (!slot) raise<Error>("reload pipeline stopped before bucket ", k + 1);
+    if (!slot)
+      raise<Error>("rank ", rank_, "/", world_.size(), ": reload pipeline stopped before bucket ",
+                   k + 1, " of ", plan_.buckets.size());
     (*slot)->bucket = k;
     announce_read_status(**slot);
     transfer(**slot);

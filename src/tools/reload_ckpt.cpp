@@ -26,19 +26,40 @@ namespace {
 
 using namespace tpreload;
 
+// --gzip and --flat, shared by generate and convert.
+struct Hdf5Args {
+  int gzip = 0;
+  bool flat = false;
+
+  Hdf5WriteOptions options() const {
+    Hdf5WriteOptions o;
+    o.gzip_level = gzip;
+    o.layout = flat ? Hdf5Layout::kFlat : Hdf5Layout::kNested;
+    return o;
+  }
+};
+
+void add_hdf5_options(CLI::App* cmd, Hdf5Args& a) {
+  cmd->add_option("--gzip", a.gzip, "hdf5: gzip level 1-9 (chunked), 0 = contiguous")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 9));
+  cmd->add_flag("--flat", a.flat, "hdf5: datasets named by the dotted name at the root");
+}
+
 struct GenerateArgs {
   std::string config, out, format = "safetensors", dtype;
-  int shards = 1, gzip = 0;
+  int shards = 1;
   std::uint64_t seed = 0;
   double stddev = 0.02;
-  bool with_inv_freq = false, flat = false;
+  bool with_inv_freq = false;
   std::vector<std::string> extras;
+  Hdf5Args hdf5;
 };
 
 struct ConvertArgs {
   std::string in, out, format;
-  int shards = 1, gzip = 0;
-  bool flat = false;
+  int shards = 1;
+  Hdf5Args hdf5;
 };
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
@@ -104,8 +125,7 @@ int run_generate(const GenerateArgs& a) {
   options.format = a.format;
   options.shards = a.shards;
   options.values = {a.seed, a.stddev, config.rope_theta};
-  options.hdf5.gzip_level = a.gzip;
-  options.hdf5.layout = a.flat ? Hdf5Layout::kFlat : Hdf5Layout::kNested;
+  options.hdf5 = a.hdf5.options();
   const auto specs = generate_specs(config, a);
   const auto files = generate_checkpoint(a.out, specs, options);
   write_text(a.out + "/config.json", config_json.dump(2) + "\n");
@@ -158,10 +178,7 @@ int run_convert(const ConvertArgs& a) {
   const FillFn fill = fill_from(*source);
   const std::string format = output_format(a);
   if (format == "hdf5") {
-    Hdf5WriteOptions options;
-    options.gzip_level = a.gzip;
-    options.layout = a.flat ? Hdf5Layout::kFlat : Hdf5Layout::kNested;
-    write_hdf5(a.out, specs, fill, options);
+    write_hdf5(a.out, specs, fill, a.hdf5.options());
   } else if (format == "safetensors" && a.shards > 1) {
     write_safetensors_sharded(a.out, specs, fill, a.shards, source->metadata());
   } else if (format == "safetensors") {
@@ -220,10 +237,7 @@ CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
   cmd->add_flag("--with-inv-freq", a.with_inv_freq,
                 "Add model.layers.N.self_attn.rotary_emb.inv_freq (float32) as old HF "
                 "checkpoints have");
-  cmd->add_option("--gzip", a.gzip, "hdf5: gzip level 1-9 (chunked), 0 = contiguous")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 9));
-  cmd->add_flag("--flat", a.flat, "hdf5: datasets named by the dotted name at the root");
+  add_hdf5_options(cmd, a.hdf5);
   return cmd;
 }
 
@@ -240,10 +254,7 @@ CLI::App* add_convert(CLI::App& app, ConvertArgs& a) {
   cmd->add_option("--shards", a.shards, "safetensors shards")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--gzip", a.gzip, "hdf5: gzip level 1-9, 0 = contiguous")
-      ->capture_default_str()
-      ->check(CLI::Range(0, 9));
-  cmd->add_flag("--flat", a.flat, "hdf5: flat dotted dataset names instead of nested groups");
+  add_hdf5_options(cmd, a.hdf5);
   return cmd;
 }
 

@@ -77,9 +77,6 @@ class ShardingRules {
   const std::vector<ParamSpec>& params() const { return params_; }
   const ParamSpec* find_param(const std::string& name) const;
 
-  // The unquantized (checkpoint-format staging) shape and dtype of a parameter.
-  std::vector<std::int64_t> unquantized_shape(const ParamSpec& param) const;
-
   // Placement of a checkpoint tensor on `tp_rank`, or nullopt with the reason.
   std::optional<Placement> place(const std::string& checkpoint_name, int tp_rank,
                                  SkipReason* why = nullptr) const;

@@ -137,10 +137,6 @@ const ParamSpec* ShardingRules::find_param(const std::string& name) const {
   return it != params_.end() && it->name == name ? &*it : nullptr;
 }
 
-std::vector<std::int64_t> ShardingRules::unquantized_shape(const ParamSpec& param) const {
-  return param.shape;  // int8 keeps the shape; only the dtype differs
-}
-
 const ShardingRules::Rule* ShardingRules::find_rule(const std::string& checkpoint_name) const {
   const auto it = std::lower_bound(
       rules_.begin(), rules_.end(), checkpoint_name,
