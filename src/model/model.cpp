@@ -8,6 +8,7 @@
 
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/error.h"
+#include "tpreload/model/quantize.h"
 #include "tpreload/model/torch_dtype.h"
 
 namespace tpreload {
@@ -192,38 +193,6 @@ void TensorParallelModel::load_kernel_rows(const std::string& name, const at::Te
 
 namespace {
 
-// Per-row int8 quantization of `rows` x `cols` elements of T, one pass per row
-// (the row stays in cache): scale = max|w| / 127 (1 where max|w| == 0),
-// q = clamp(nearbyint(w / scale), -127, 127) with ties to even, as at::round.
-// Vectorized at -O3 (the build's -O2 cost model leaves these loops scalar).
-template <typename T>
-__attribute__((optimize("O3"))) void quantize_rows(const T* w, std::int64_t rows, std::int64_t cols, std::int8_t* q, float* scale) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* row = w + r * cols;
-    float amax = 0.0f;
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float a = std::fabs(static_cast<float>(row[c]));
-      amax = a > amax ? a : amax;
-    }
-    const float s = amax == 0.0f ? 1.0f : amax / 127.0f;
-    scale[r] = s;
-    std::int8_t* out = q + r * cols;
-    // |w / s| <= 127 (+ rounding), far below 2^22, so adding and subtracting
-    // 1.5 * 2^23 rounds to the nearest integer, ties to even, exactly as nearbyint
-    // does in the default rounding mode; unlike a libm call it vectorizes.
-    constexpr float kRound = 12582912.0f;
-    for (std::int64_t c = 0; c < cols; ++c) {
-      const float shifted = static_cast<float>(row[c]) / s + kRound;  // no -ffast-math here
-      const float v = shifted - kRound;
-      out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, v)));
-    }
-  }
-}
-
-}  // namespace
-
-namespace {
-
 // dst rows [row, row + part.size(0)) = part. Plain memcpy when the rows are
 // contiguous (ATen's copy_ costs microseconds of dispatch per call, which
 // dominates a checkpoint of 20,000 small tensors); ATen otherwise.
@@ -264,27 +233,25 @@ void TensorParallelModel::write_rows(const std::string& param, std::int64_t row,
   }
   // int8 kernel format: every output row arrives whole in one block, so it is
   // quantized straight into the int8 storage (no staging of the layer).
-  const at::Tensor w = part.contiguous();
-  const std::int64_t rows = w.size(0), cols = w.numel() / rows;
-  auto* out = dst.data_ptr<std::int8_t>() + row * cols;
-  auto* scales = params_.at(storage_name(scale_name(param))).data_ptr<float>() + row;
-  switch (w.scalar_type()) {
-    case at::kBFloat16:
-      quantize_rows(w.data_ptr<at::BFloat16>(), rows, cols, out, scales);
-      break;
-    case at::kHalf:
-      quantize_rows(w.data_ptr<at::Half>(), rows, cols, out, scales);
-      break;
-    case at::kFloat:
-      quantize_rows(w.data_ptr<float>(), rows, cols, out, scales);
-      break;
-    case at::kDouble:
-      quantize_rows(w.data_ptr<double>(), rows, cols, out, scales);
-      break;
-    default:
+  // Row-parallel shards of a broadcast tensor arrive as strided views: the kernel
+  // reads them in place (ATen's contiguous() would run on its own thread pool).
+  at::Tensor w = part;
+  if (w.scalar_type() != at::kBFloat16 && w.scalar_type() != at::kFloat) {
+    if (w.scalar_type() != at::kHalf && w.scalar_type() != at::kDouble)
       raise<ModelError>("int8 quantization of '", param, "': unsupported dtype ",
                         c10::toString(w.scalar_type()));
+    w = w.to(at::kFloat);  // exact for half; double rounds as the formula's per-element cast
   }
+  const std::int64_t rows = w.size(0), cols = w.numel() / rows;
+  if (w.dim() != 2 || w.stride(1) != 1) w = w.contiguous();
+  const std::int64_t row_stride = w.dim() == 2 && rows > 1 ? w.stride(0) : cols;
+  auto* out = dst.data_ptr<std::int8_t>() + row * cols;
+  auto* scales = params_.at(storage_name(scale_name(param))).data_ptr<float>() + row;
+  if (w.scalar_type() == at::kBFloat16)
+    quantize_rows_bf16(static_cast<const std::uint16_t*>(w.data_ptr()), rows, cols, row_stride,
+                       out, scales);
+  else
+    quantize_rows_f32(w.data_ptr<float>(), rows, cols, row_stride, out, scales);
 }
 
 bool TensorParallelModel::shards_complete(const std::string& param) const {

@@ -1,0 +1,100 @@
+#include "tpreload/model/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+// Built once per instruction set (AVX-512, AVX2, baseline x86-64) and picked at
+// load time: the loops below vectorize, and wider vectors are most of the speed.
+// Loops at -O3 because the build's -O2 cost model leaves them scalar.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define TPRELOAD_QUANTIZE_KERNEL \
+  __attribute__((optimize("O3"), target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#elif defined(__GNUC__) && !defined(__clang__)
+#define TPRELOAD_QUANTIZE_KERNEL __attribute__((optimize("O3")))
+#else
+#define TPRELOAD_QUANTIZE_KERNEL
+#endif
+
+namespace tpreload {
+namespace {
+
+// bfloat16 travels as its bit pattern: the high half of a float.
+inline float to_float(std::uint16_t bf16) {
+  const std::uint32_t u = static_cast<std::uint32_t>(bf16) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline float to_float(float v) { return v; }
+
+// max|w| as the formula states it, NaNs ignored; the slow path for rows with a NaN.
+template <typename T>
+inline float plain_amax(const T* row, std::int64_t cols) {
+  float amax = 0.0f;
+  for (std::int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(to_float(row[c])));
+  return amax;
+}
+
+// For IEEE values without NaNs, |x| orders as the bits with the sign cleared, and
+// an integer max vectorizes where a float max with NaN semantics does not.
+inline float row_amax(const std::uint16_t* row, std::int64_t cols) {
+  std::uint16_t m = 0;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const std::uint16_t a = row[c] & 0x7fffu;
+    m = a > m ? a : m;
+  }
+  return m > 0x7f80u ? plain_amax(row, cols) : to_float(m);
+}
+
+inline float row_amax(const float* row, std::int64_t cols) {
+  std::uint32_t m = 0;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    std::uint32_t a;
+    std::memcpy(&a, row + c, sizeof a);
+    a &= 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  if (m > 0x7f800000u) return plain_amax(row, cols);
+  float f;
+  std::memcpy(&f, &m, sizeof f);
+  return f;
+}
+
+template <typename T>
+__attribute__((always_inline)) inline void quantize(const T* w, std::int64_t rows,
+                                                    std::int64_t cols, std::int64_t row_stride,
+                                                    std::int8_t* q, float* scale) {
+  // |w / s| <= 127 (+ rounding), far below 2^22, so adding and subtracting
+  // 1.5 * 2^23 rounds to the nearest integer, ties to even, exactly as nearbyint
+  // does in the default rounding mode; unlike a libm call it vectorizes. The
+  // division stays a division (no reciprocal): the bytes must match the formula.
+  constexpr float kRound = 12582912.0f;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* row = w + r * row_stride;
+    const float amax = row_amax(row, cols);
+    const float s = amax == 0.0f ? 1.0f : amax / 127.0f;
+    scale[r] = s;
+    std::int8_t* out = q + r * cols;
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const float v = (to_float(row[c]) / s + kRound) - kRound;
+      out[c] = static_cast<std::int8_t>(std::min(127.0f, std::max(-127.0f, v)));
+    }
+  }
+}
+
+}  // namespace
+
+TPRELOAD_QUANTIZE_KERNEL void quantize_rows_bf16(const std::uint16_t* w, std::int64_t rows,
+                                                 std::int64_t cols, std::int64_t row_stride,
+                                                 std::int8_t* q, float* scale) {
+  quantize(w, rows, cols, row_stride, q, scale);
+}
+
+TPRELOAD_QUANTIZE_KERNEL void quantize_rows_f32(const float* w, std::int64_t rows,
+                                                std::int64_t cols, std::int64_t row_stride,
+                                                std::int8_t* q, float* scale) {
+  quantize(w, rows, cols, row_stride, q, scale);
+}
+
+}  // namespace tpreload
