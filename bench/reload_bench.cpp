@@ -4,7 +4,8 @@
 // rank, reader copies per byte delivered, a wrong-bytes count (every iteration
 // is verified), and the bound measured in the same run: the same bytes read from
 // the same source and moved with the same collectives and bucket sizes into
-// destination buffers, with no model logic.
+// destination buffers, with no model logic. Each timed reload opens the
+// checkpoint, as reloading a new checkpoint does (--keep-open reuses one).
 //
 //   launch/mpirun.sh 4 build/bench/reload_bench --scenario tinyllama --dir /tmp/tpreload-bench
 #include <CLI/CLI.hpp>
@@ -46,6 +47,8 @@ struct BenchOptions {
   int pipeline_depth = 2;
   int warmup = 1;
   int iters = 3;
+  bool keep_open = false;
+  bool zero_copy = false;
 };
 
 // Scenario configs (Hugging Face config.json text).
@@ -184,6 +187,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   ro.distribution = row.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
   ro.bucket_bytes = static_cast<std::uint64_t>(row.bucket_mb * 1024 * 1024);
   ro.pipeline_depth = o.pipeline_depth;
+  ro.zero_copy = o.zero_copy;
   auto source = world.rank() == 0 ? open_weight_source(path) : nullptr;
   ReloadWorkspace workspace;  // as a serving engine keeps it (ReloadableModel does)
   for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro, &workspace);
@@ -191,6 +195,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     scramble(model);
     world.barrier();
     const auto start = Clock::now();
+    if (!o.keep_open && world.rank() == 0) source = open_weight_source(path);
     const ReloadResult r = reload_weights(model, world, source.get(), ro, &workspace);
     row.seconds += max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
     row.bytes = r.bytes_transferred;
@@ -257,6 +262,10 @@ int main(int argc, char** argv) {
   app.add_option("--quantizations", o.quantizations, "none and/or int8")->capture_default_str();
   app.add_option("--distributions", o.distributions, "broadcast and/or scatter")->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket sizes in MiB")->capture_default_str();
+  app.add_flag("--zero-copy", o.zero_copy, "Broadcast runs of the mapped file as they are (ReloadOptions::zero_copy)");
+  app.add_flag("--keep-open", o.keep_open,
+               "Open the checkpoint once and reuse it; by default each timed reload opens it, "
+               "as a reload of a new checkpoint does");
   app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed reloads per row")->capture_default_str();
   app.add_option("--iters", o.iters, "Timed reloads per row")->capture_default_str();

@@ -153,6 +153,7 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
         ReloadOptions o;
         o.distribution = dist;
         o.bucket_bytes = bucket;
+        o.zero_copy = bucket > 700;  // both ways of filling a broadcast bucket
         o.reader_rank = world().size() - 1;
         reload_from(model, "", &v1, o);  // the live weights: version 1
         const auto before = layout_of(model);

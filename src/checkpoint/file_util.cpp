@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -98,6 +99,43 @@ void pread_exact(int fd, void* dst, std::uint64_t size, std::uint64_t offset,
                              "' hit end of file after ", done, " bytes");
     done += static_cast<std::uint64_t>(n);
   }
+}
+
+constexpr std::size_t kMaxIov = 1024;  // Linux UIO_MAXIOV, POSIX IOV_MAX there
+
+void preadv_exact(int fd, const std::vector<MutableBytes>& parts, std::uint64_t offset,
+                  const std::string& path) {
+  std::vector<iovec> iov;
+  iov.reserve(parts.size());
+  for (const MutableBytes& part : parts)
+    if (part.size > 0) iov.push_back({part.data, part.size});
+  std::size_t first = 0;
+  while (first < iov.size()) {
+    const int count = static_cast<int>(std::min<std::size_t>(iov.size() - first, kMaxIov));
+    const ssize_t n = ::preadv(fd, iov.data() + first, count, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      raise<CheckpointError>("read of ", count, " pieces at offset ", offset, " of '", path,
+                             "' failed: ", errno_text(errno));
+    if (n == 0)
+      raise<CheckpointError>("read at offset ", offset, " of '", path, "' hit end of file");
+    offset += static_cast<std::uint64_t>(n);
+    // Step past the pieces filled; a partly filled one continues where it stopped.
+    auto left = static_cast<std::size_t>(n);
+    while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+    if (left > 0) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+}
+
+void check_split(const std::string& tensor, ByteRange range, const std::vector<MutableBytes>& parts) {
+  std::uint64_t total = 0;
+  for (const MutableBytes& part : parts) total += part.size;
+  if (total != range.length)
+    raise<UsageError>("tensor '", tensor, "': split read of ", range.length, " bytes into parts of ",
+                      total, " bytes");
 }
 
 AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {

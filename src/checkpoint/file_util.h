@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tpreload/core/span.h"
+
 namespace tpreload::detail {
 
 // Owns one POSIX file descriptor; closes it on destruction.
@@ -64,6 +66,14 @@ class MappedFile {
 // `path` on a short read or an I/O error.
 void pread_exact(int fd, void* dst, std::uint64_t size, std::uint64_t offset,
                  const std::string& path);
+
+// The bytes from `offset` on, split in order over `parts` (preadv, IOV_MAX parts
+// per call). Throws CheckpointError naming `path` on a failed or short read.
+void preadv_exact(int fd, const std::vector<MutableBytes>& parts, std::uint64_t offset,
+                  const std::string& path);
+
+// Throws UsageError unless the sizes of `parts` add up to range.length.
+void check_split(const std::string& tensor, ByteRange range, const std::vector<MutableBytes>& parts);
 
 // A file written under a temporary name in the target's directory and renamed onto
 // the target by commit(). Destroying it uncommitted removes the temporary, so a

@@ -1,4 +1,6 @@
 // open_weight_source(): dispatch on what a path names (see weight_source.h).
+#include <cstring>
+
 #include "file_util.h"
 #include "tpreload/checkpoint/hdf5.h"
 #include "tpreload/checkpoint/kernel_format.h"
@@ -7,6 +9,26 @@
 #include "tpreload/core/error.h"
 
 namespace tpreload {
+
+void WeightSource::read_split(std::size_t index, ByteRange range,
+                              const std::vector<MutableBytes>& parts) {
+  detail::check_split(tensors().at(index).name, range, parts);
+  std::vector<std::byte> scratch;
+  ConstBytes bytes;
+  if (auto v = view(index, range)) {
+    bytes = *v;
+  } else {
+    scratch.resize(range.length);
+    read(index, range, MutableBytes(scratch.data(), scratch.size()));
+    bytes = ConstBytes(scratch.data(), scratch.size());
+  }
+  std::size_t at = 0;
+  for (const MutableBytes& part : parts) {
+    if (part.size > 0) std::memcpy(part.data, bytes.data + at, part.size);
+    at += part.size;
+  }
+}
+
 namespace {
 
 bool has_hdf5_extension(const std::string& path) {

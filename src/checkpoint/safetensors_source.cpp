@@ -49,8 +49,23 @@ class SafetensorsSource final : public WeightSource {
     if (dst.size != range.length)
       raise<UsageError>("tensor '", infos_.at(index).name, "': read of ", range.length,
                         " bytes into a ", dst.size, "-byte buffer");
+    // pread, not a copy out of the mapping: the kernel copies from the page cache
+    // through its own large-page map, while a copy out of a fresh mapping takes a
+    // page fault and a TLB miss per 4 KiB (4x slower for a 2 GB checkpoint).
     const ConstBytes bytes = locate(index, range);
-    if (bytes.size > 0) std::memcpy(dst.data, bytes.data, bytes.size);
+    const MappedFile& map = shards_[locations_[index].shard].map;
+    if (bytes.size > 0)
+      pread_exact(map.fd(), dst.data, bytes.size,
+                  static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
+    bytes_read_ += range.length;
+  }
+
+  void read_split(std::size_t index, ByteRange range,
+                  const std::vector<MutableBytes>& parts) override {
+    check_split(infos_.at(index).name, range, parts);
+    const ConstBytes bytes = locate(index, range);
+    const MappedFile& map = shards_[locations_[index].shard].map;
+    preadv_exact(map.fd(), parts, static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
     bytes_read_ += range.length;
   }
 

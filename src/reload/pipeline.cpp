@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <thread>
 
 #include "sync.h"
@@ -61,6 +63,7 @@ class Pipeline {
   void apply_loop();
   void fill(Slot& slot);
   void fill_broadcast(const Bucket& bucket, Slot& slot);
+  bool read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t, Slot& slot);
   void fill_scatter(const Bucket& bucket, Slot& slot);
   ConstBytes full_rows(std::size_t index, std::int64_t a, std::int64_t b,
                        std::vector<std::byte>& scratch);
@@ -142,14 +145,43 @@ void Pipeline::fill_broadcast(const Bucket& bucket, Slot& slot) {
     const std::uint64_t rb = row_bytes(info.shape, info.dtype);
     const ByteRange range{static_cast<std::uint64_t>(p.row_begin) * rb,
                           static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb};
-    std::byte* dst = slot.send + p.offset;
-    if (views[i])
-      std::memcpy(dst, views[i]->data, range.length);
-    else
-      source_->read(t.index, range, MutableBytes(dst, range.length));
+    source_->read(t.index, range, MutableBytes(slot.send + p.offset, range.length));
     stats_.bytes_copied += range.length;
   }
   slot.payload = ConstBytes(slot.send, bucket.bytes);
+}
+
+// Row-parallel: each full row is [one rank's window | the next rank's | ...]. When
+// the windows tile the row, one split read cuts every rank's slice out of the file
+// straight into the send buffer. False (nothing read) when they do not.
+bool Pipeline::read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
+                                Slot& slot) {
+  const TensorInfo& info = md_.tensors[t.index];
+  const int tp = model_.options().tp_size;
+  std::vector<int> order(tp);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return t.placements[a].source_start < t.placements[b].source_start;
+  });
+  std::int64_t col = 0;
+  for (int r : order) {
+    if (t.rows_for(r) < p.row_end || t.placements[r].source_start != col) return false;
+    col += t.placements[r].source_length;
+  }
+  if (col != info.shape[1]) return false;
+  const std::uint64_t full = row_bytes(info.shape, info.dtype);
+  const std::uint64_t inner = full / static_cast<std::uint64_t>(info.shape[1]);
+  const std::int64_t rows = p.row_end - p.row_begin;
+  std::vector<MutableBytes> parts;
+  parts.reserve(static_cast<std::size_t>(rows) * tp);
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (int r : order) {
+      const std::uint64_t width = static_cast<std::uint64_t>(t.placements[r].source_length) * inner;
+      parts.emplace_back(slot.send + bucket.ranges[r].offset + p.rank_offset[r] + i * width, width);
+    }
+  source_->read_split(t.index, {static_cast<std::uint64_t>(p.row_begin) * full,
+                                static_cast<std::uint64_t>(rows) * full}, parts);
+  return true;
 }
 
 void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
@@ -159,9 +191,10 @@ void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
     const bool row_parallel = t.kernel_tp_rank < 0 && t.placements[0].source_dim == 1;
-    // Row-parallel slices all come from the same full rows: read them once.
+    const bool split = row_parallel && read_row_windows(bucket, p, t, slot);
+    // Otherwise row-parallel slices all come from the same full rows: read them once.
     ConstBytes shared_rows;
-    if (row_parallel) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);
+    if (row_parallel && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);
     for (int w = 0; w < world_.size(); ++w) {
       const int r = w % tp;
       const std::int64_t end = std::min(p.row_end, t.rows_for(r));
@@ -170,6 +203,7 @@ void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
       const std::uint64_t n = static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
       if (w >= tp) {  // a replica: same bytes as world rank r
         std::memcpy(dst, slot.send + bucket.ranges[r].offset + p.rank_offset[r], n);
+      } else if (split) {  // read above
       } else if (row_parallel) {  // each full row contributes its column window
         const Placement& pl = t.placements[r];
         const std::uint64_t full = row_bytes(info.shape, info.dtype);
@@ -179,8 +213,9 @@ void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
           std::memcpy(dst + i * width, shared_rows.data + i * full + pl.source_start * inner, width);
       } else {  // column-parallel or kernel format: contiguous full rows
         const std::int64_t shift = t.kernel_tp_rank < 0 ? t.placements[r].source_start : 0;
-        const ConstBytes rows = full_rows(t.index, shift + p.row_begin, shift + end, scratch);
-        std::memcpy(dst, rows.data, rows.size);
+        const std::uint64_t rb = row_bytes(info.shape, info.dtype);
+        source_->read(t.index, {static_cast<std::uint64_t>(shift + p.row_begin) * rb, n},
+                      MutableBytes(dst, n));
       }
       stats_.bytes_copied += n;
     }

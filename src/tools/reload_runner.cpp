@@ -37,7 +37,7 @@ struct RunnerOptions {
   double bucket_mb = 64;
   int pipeline_depth = 2;
   int reader_rank = 0;
-  bool no_zero_copy = false;
+  bool zero_copy = false;
   int repeat = 1;
   std::string report;
   bool demo = false;
@@ -50,7 +50,7 @@ struct RunnerOptions {
                           quantization.empty() ? "none" : quantization, " lora=", lora,
                           " distribution=", distribution, " bucket_mb=", bucket_mb,
                           " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
-                          " zero_copy=", !no_zero_copy,
+                          " zero_copy=", zero_copy,
                           " repeat=", repeat, " report=", report, " demo=", demo,
                           " timeout_s=", timeout_s);
   }
@@ -85,9 +85,10 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option("--reader-rank", o.reader_rank, "World rank that reads the checkpoint")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  app.add_flag("--no-zero-copy", o.no_zero_copy,
-               "Always copy into a send buffer, even when a bucket could be broadcast straight "
-               "from the memory-mapped file");
+  app.add_flag("--zero-copy", o.zero_copy,
+               "Broadcast a bucket straight from the memory-mapped file when it is one run of "
+               "it, instead of reading it into a send buffer (slower on a freshly opened "
+               "checkpoint: see docs/PERFORMANCE.md)");
   app.add_option("--repeat", o.repeat, "Reload this many times")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--report", o.report, "Write a JSON report of the last reload here (see docs/REPORT.md)");
   app.add_flag("--demo", o.demo,
@@ -106,7 +107,7 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   r.bucket_bytes = static_cast<std::uint64_t>(o.bucket_mb * 1024 * 1024);
   r.pipeline_depth = o.pipeline_depth;
   r.reader_rank = o.reader_rank;
-  r.zero_copy = !o.no_zero_copy;
+  r.zero_copy = o.zero_copy;
   return r;
 }
 

@@ -63,6 +63,13 @@ class WeightSource {
   // (dst.size must equal range.length). Safe to call from one thread at a time.
   virtual void read(std::size_t index, ByteRange range, MutableBytes dst) = 0;
 
+  // Copy bytes [range.offset, range.end()) of tensors()[index] into `parts` in
+  // order: the first parts[0].size bytes into parts[0], the next into parts[1], and
+  // so on (the sizes must add up to range.length). How a reader cuts row-parallel
+  // slices out of full rows with one copy. The default copies out of view() or a
+  // read() into a scratch buffer; file sources read straight into the parts.
+  virtual void read_split(std::size_t index, ByteRange range, const std::vector<MutableBytes>& parts);
+
   // Tensor data bytes read or viewed so far (headers and metadata excluded).
   virtual std::uint64_t bytes_read() const = 0;
 

@@ -36,7 +36,11 @@ struct ReloadOptions {
   std::uint64_t bucket_bytes = std::uint64_t{64} << 20;
   int pipeline_depth = 2;   // buffers per rank in flight (>= 1)
   int reader_rank = 0;      // world rank that opens and reads the source
-  bool zero_copy = true;    // broadcast straight from a memory-mapped source when possible
+  // Broadcast a bucket straight from a memory-mapped source when it is one run of
+  // the file. Off by default: a checkpoint opened for this reload is a fresh
+  // mapping, and faulting it in page by page cost more than reading it into the
+  // send buffer (2.7x the reload time for 2.2 GB; docs/PERFORMANCE.md).
+  bool zero_copy = false;
   // The reader rank aborts the job when filling one bucket takes longer (a hung
   // file system); peers would otherwise wait on it forever.
   std::chrono::seconds read_stall_timeout{300};
