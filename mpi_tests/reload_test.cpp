@@ -246,6 +246,49 @@ TEST(Reload, BadShapeFailsPreflightOnEveryRankAndWritesNothing) {
   expect_params(model, expected_params(config, setup, good), "after a refused reload");
 }
 
+// The workspace keeps the plan for the next reload of the same listing: new bytes
+// under the same names, shapes and offsets load through it; anything that changes
+// the listing or the options plans afresh; a plan refused by preflight is not kept.
+TEST(Reload, WorkspaceReusesThePlanOnlyForTheSameListingAndOptions) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 510), v2 = testdata::random_checkpoint(config, 511);
+  const Variant setup{world().size(), "", false};
+  TensorParallelModel model(config, options_for(setup));
+  ReloadWorkspace workspace;
+  ReloadOptions o;
+  o.distribution = Distribution::kScatter;
+  o.bucket_bytes = 4096;
+  auto reload = [&](const std::map<std::string, at::Tensor>& ckpt, const ReloadOptions& opts) {
+    auto source = world().rank() == 0 ? testdata::memory_source(ckpt) : nullptr;
+    return reload_weights(model, world(), source.get(), opts, &workspace);
+  };
+  ASSERT_TRUE(reload(v1, o).complete());
+  const auto* first = workspace.cached_plan();
+  ASSERT_NE(first, nullptr);
+  const std::uint64_t first_key = workspace.cached_plan_key();
+  ASSERT_TRUE(reload(v2, o).complete());
+  EXPECT_EQ(workspace.cached_plan(), first) << "same listing, same options: the plan is reused";
+  expect_params(model, expected_params(config, setup, v2), "v2 through the kept plan");
+
+  ReloadOptions other = o;
+  other.bucket_bytes = 1 << 20;
+  ASSERT_TRUE(reload(v1, other).complete());
+  EXPECT_NE(workspace.cached_plan_key(), first_key) << "new options: a new plan";
+  expect_params(model, expected_params(config, setup, v1), "v1 with other options");
+
+  auto fewer = v2;  // a different listing under the same options
+  fewer.erase("model.norm.weight");
+  const ReloadResult partial = reload(fewer, other);
+  EXPECT_EQ(partial.not_loaded_on_all_ranks, std::vector<std::string>{"model.norm.weight"});
+
+  auto bad = v2;
+  bad["model.layers.0.mlp.down_proj.weight"] = at::zeros({64, 95}, at::kBFloat16);
+  EXPECT_THROW(reload(bad, other), ValidationError);
+  EXPECT_EQ(workspace.cached_plan(), nullptr) << "a refused plan is not kept";
+  ASSERT_TRUE(reload(v2, other).complete());
+  expect_params(model, expected_params(config, setup, v2), "v2 after a refused reload");
+}
+
 TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   TensorParallelModel model(config, options_for({world().size(), "", false}));

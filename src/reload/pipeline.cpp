@@ -385,6 +385,20 @@ PipelineStats run_pipeline(const Plan& plan, const SourceMetadata& metadata,
 
 namespace tpreload {
 
+ReloadWorkspace::ReloadWorkspace() = default;
+ReloadWorkspace::~ReloadWorkspace() = default;
+ReloadWorkspace::ReloadWorkspace(ReloadWorkspace&&) noexcept = default;
+ReloadWorkspace& ReloadWorkspace::operator=(ReloadWorkspace&&) noexcept = default;
+
+void ReloadWorkspace::release() {
+  buffers_.clear();
+  plan_.reset();
+}
+
+std::uint64_t ReloadWorkspace::cached_plan_key() const { return plan_ ? plan_->key : 0; }
+
+void ReloadWorkspace::keep_plan(std::unique_ptr<detail::CachedPlan> plan) { plan_ = std::move(plan); }
+
 std::uint64_t ReloadWorkspace::bytes() const {
   std::uint64_t total = 0;
   for (const Buffer& b : buffers_) total += b.size;

@@ -24,6 +24,13 @@ struct PipelineStats {
   std::optional<std::string> apply_error;  // first apply failure on this rank
 };
 
+// A plan a ReloadWorkspace keeps for the next reload (see ReloadWorkspace).
+struct CachedPlan {
+  std::uint64_t key = 0;  // listing hash, model layout, options, this rank's place
+  SourceMetadata metadata;
+  Plan plan;
+};
+
 // COLLECTIVE. Runs every bucket of `plan`. A read failure on the reader rank is
 // announced with the bucket it hit and raised as the same CheckpointError on every
 // rank; apply failures are returned (for the caller to agree on), never thrown.

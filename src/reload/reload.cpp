@@ -1,6 +1,8 @@
 #include "tpreload/reload/reload.h"
 
 #include <chrono>
+#include <cstring>
+#include <memory>
 
 #include "pipeline.h"
 #include "sync.h"
@@ -14,6 +16,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using detail::agree_on_problem;
+using detail::CachedPlan;
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -21,27 +24,6 @@ double since(Clock::time_point t) {
 
 LoadFormat load_format(ReloadFormat f) {
   return f == ReloadFormat::kKernel ? LoadFormat::kKernel : LoadFormat::kCheckpoint;
-}
-
-// COLLECTIVE. The reader lists its source; every rank gets the same metadata, or
-// every rank raises the same CheckpointError.
-SourceMetadata share_metadata(Communicator& world, WeightSource* source, int reader) {
-  std::optional<std::string> problem;
-  std::vector<std::uint8_t> payload;
-  if (world.rank() == reader) {
-    try {
-      if (!source) raise<UsageError>("no weight source was given to the reader rank");
-      payload = serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
-  }
-  agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
-  std::int64_t size = static_cast<std::int64_t>(payload.size());
-  world.broadcast(MutableBytes(&size, sizeof size), reader);
-  payload.resize(static_cast<std::size_t>(size));
-  world.broadcast(MutableBytes(payload.data(), payload.size()), reader);
-  return parse_metadata(payload);
 }
 
 std::uint64_t fnv(std::uint64_t h, std::uint64_t v) { return (h ^ v) * 1099511628211ull; }
@@ -63,16 +45,19 @@ std::int64_t agreement_fingerprint(const TensorParallelModel& model, const Reloa
 }
 
 // COLLECTIVE, and the first call of a reload: ranks whose models or options
-// differ would compute different plans, so every rank stops here alike.
-void check_ranks_agree(Communicator& world, const TensorParallelModel& model,
-                       const ReloadOptions& options) {
-  std::int64_t lo = agreement_fingerprint(model, options), hi = lo;
+// differ would compute different plans, so every rank stops here alike. Returns
+// the fingerprint they agree on.
+std::int64_t check_ranks_agree(Communicator& world, const TensorParallelModel& model,
+                               const ReloadOptions& options) {
+  const std::int64_t mine = agreement_fingerprint(model, options);
+  std::int64_t lo = mine, hi = mine;
   world.allreduce_ints(&lo, 1, IntOp::kMin);
   world.allreduce_ints(&hi, 1, IntOp::kMax);
   if (lo != hi)
     raise<UsageError>("ranks disagree on the model (config, tp size, quantization) or on the "
                       "reload options (format, distribution, bucket size, reader rank); "
                       "nothing was reloaded");
+  return mine;
 }
 
 // This rank's objection to the plan, if any: every tensor it will receive must fit.
@@ -95,6 +80,67 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
     if (!problem.empty()) return problem + " (in " + info.file + ")";
   }
   return std::nullopt;
+}
+
+std::uint64_t hash_bytes(const std::vector<std::uint8_t>& bytes) {
+  std::uint64_t h = 1469598103934665603ull;
+  std::size_t i = 0;
+  for (; i + 8 <= bytes.size(); i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, bytes.data() + i, sizeof word);
+    h = fnv(h, word);
+    h ^= h >> 29;
+  }
+  for (; i < bytes.size(); ++i) h = fnv(h, bytes[i]);
+  return fnv(h, bytes.size());
+}
+
+// COLLECTIVE. The metadata and plan every rank uses, and its preflight. The reader
+// serializes its listing and broadcasts the listing's hash; when every rank's
+// workspace holds a plan made for that hash (and for the same model and options),
+// it is used as is. Otherwise the listing is broadcast, each rank plans and
+// preflights, and keeps the plan. Errors reach every rank alike: CheckpointError
+// when the reader cannot list its source, ValidationError from preflight.
+const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
+                              const TensorParallelModel& model, const ReloadOptions& options,
+                              std::int64_t fingerprint, ReloadWorkspace& workspace) {
+  const int reader = options.reader_rank;
+  std::optional<std::string> problem;
+  std::vector<std::uint8_t> payload;
+  if (world.rank() == reader) {
+    try {
+      if (!source) raise<UsageError>("no weight source was given to the reader rank");
+      payload = serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
+  std::int64_t listing[2] = {static_cast<std::int64_t>(payload.size()),
+                             static_cast<std::int64_t>(hash_bytes(payload) >> 1)};
+  world.broadcast(MutableBytes(listing, sizeof listing), reader);
+  std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[1]), listing[0]),
+                          static_cast<std::uint64_t>(fingerprint));
+  key = fnv(fnv(fnv(key, world.size()), world.rank()), model.options().tp_rank);
+  const CachedPlan* cached = workspace.cached_plan();
+  std::int64_t all_cached = cached && cached->key == key;
+  world.allreduce_ints(&all_cached, 1, IntOp::kMin);
+  if (all_cached) return *cached;
+
+  workspace.keep_plan(nullptr);  // a plan that fails preflight is not kept
+  payload.resize(static_cast<std::size_t>(listing[0]));
+  world.broadcast(MutableBytes(payload.data(), payload.size()), reader);
+  auto fresh = std::make_unique<CachedPlan>();
+  fresh->key = key;
+  fresh->metadata = parse_metadata(payload);
+  const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
+                                 world.size(), model.options().tp_size};
+  fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
+  agree_on_problem<ValidationError>(world,
+                                    preflight_problem(fresh->plan, fresh->metadata, model, world.rank()),
+                                    "preflight (nothing was reloaded)");
+  workspace.keep_plan(std::move(fresh));
+  return *workspace.cached_plan();
 }
 
 // COLLECTIVE. Bitsets of loaded names: OR says someone loaded it, AND that all did.
@@ -160,17 +206,15 @@ void check_options(const ReloadOptions& o, const Communicator& world) {
 ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, WeightSource* source,
                             const ReloadOptions& options, ReloadWorkspace* workspace) {
   ReloadWorkspace local;  // freed on return when the caller keeps none
+  ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
-  check_ranks_agree(world, model, options);
+  const std::int64_t fingerprint = check_ranks_agree(world, model, options);
   check_options(options, world);  // same options everywhere, so the same verdict
   const bool reader = world.rank() == options.reader_rank;
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
-  const SourceMetadata md = share_metadata(world, source, options.reader_rank);
-  const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
-                                 world.size(), model.options().tp_size};
-  const Plan plan = make_plan(md, model.rules(), plan_options);
-  agree_on_problem<ValidationError>(world, preflight_problem(plan, md, model, world.rank()),
-                                    "preflight (nothing was reloaded)");
+  const CachedPlan& planned = plan_reload(world, source, model, options, fingerprint, kept);
+  const SourceMetadata& md = planned.metadata;
+  const Plan& plan = planned.plan;
   log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
               plan.tensors.size(), plan.buckets.size(), plan.largest_bucket, plan.skipped.size());
 
@@ -181,8 +225,7 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Wei
   result.distribution = options.distribution;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
-  const auto stats = detail::run_pipeline(plan, md, model, world, source, options,
-                                          workspace ? *workspace : local);
+  const auto stats = detail::run_pipeline(plan, md, model, world, source, options, kept);
   agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
   auto t = Clock::now();
   std::optional<std::string> finish_problem;

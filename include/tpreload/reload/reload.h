@@ -46,18 +46,39 @@ struct ReloadOptions {
   std::chrono::seconds read_stall_timeout{300};
 };
 
-// Staging buffers kept between reloads, so that a reload does not pay for fresh
-// pages (first-touch faults made a 10 MB bucket 10x slower than the transport).
-// Holds at most pipeline_depth x (send + receive) buckets; release() frees them.
-// Not thread-safe: one reload at a time per workspace.
+namespace detail {
+struct CachedPlan;
+}
+
+// What a reload keeps for the next one:
+//  - staging buffers, so that a reload does not pay for fresh pages (first-touch
+//    faults made a 10 MB bucket 10x slower than the transport); at most
+//    pipeline_depth x (send + receive) buckets;
+//  - the last plan: the tensor list, the buckets and the preflight verdict. The
+//    next reload reuses it when every rank holds a plan for the same listing (a
+//    64-bit hash of the reader's serialized metadata, the model layout and the
+//    options), which spares a checkpoint of 20,000 small tensors its per-reload
+//    metadata exchange, planning and preflight.
+// release() frees both. Not thread-safe: one reload at a time per workspace.
 class ReloadWorkspace {
  public:
+  ReloadWorkspace();
+  ~ReloadWorkspace();
+  ReloadWorkspace(ReloadWorkspace&&) noexcept;
+  ReloadWorkspace& operator=(ReloadWorkspace&&) noexcept;
+
   std::uint64_t bytes() const;
-  void release() { buffers_.clear(); }
+  void release();
 
   // A buffer of at least `size` bytes for slot `index` (0 = send, 1 = receive per
   // slot); grows, never shrinks, until release().
   std::byte* buffer(std::size_t index, std::uint64_t size);
+
+  // The plan kept by the last reload (null when none); replaced by keep_plan().
+  // Its key (0 when none) names the listing, model and options it was made for.
+  const detail::CachedPlan* cached_plan() const { return plan_.get(); }
+  std::uint64_t cached_plan_key() const;
+  void keep_plan(std::unique_ptr<detail::CachedPlan> plan);
 
  private:
   struct Buffer {
@@ -65,6 +86,7 @@ class ReloadWorkspace {
     std::uint64_t size = 0;
   };
   std::vector<Buffer> buffers_;
+  std::unique_ptr<detail::CachedPlan> plan_;
 };
 
 struct PhaseSeconds {
