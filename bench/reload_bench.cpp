@@ -43,8 +43,8 @@ struct BenchOptions {
   std::vector<std::string> formats = {"checkpoint", "kernel"};
   std::vector<std::string> quantizations = {"none"};
   std::vector<std::string> distributions = {"broadcast", "scatter"};
-  std::vector<double> bucket_mb = {64};
-  int pipeline_depth = 2;
+  std::vector<double> bucket_mb = {ReloadOptions{}.bucket_bytes / 1048576.0};
+  int pipeline_depth = ReloadOptions{}.pipeline_depth;
   int warmup = 1;
   int iters = 3;
   bool keep_open = false;
@@ -249,6 +249,39 @@ void print_row(const Row& r, Communicator& world) {
             << std::setw(8) << r.wrong << std::endl;
 }
 
+// The targets of docs/PERFORMANCE.md, judged on the rows of this run (a target
+// whose rows were not run is not printed).
+void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communicator& world) {
+  if (world.rank() != 0) return;
+  auto verdict = [](double value, double limit, const char* unit = "") {
+    std::ostringstream out;
+    out << std::fixed << std::setprecision(2) << value << unit << (value <= limit ? " met" : " MISSED");
+    return out.str();
+  };
+  std::cout << "# targets (warm page cache, this machine)\n";
+  const bool large = o.scenario == "tinyllama" || o.scenario == "llama3-8b-4l";
+  const bool scaled = world.size() == 2 || world.size() == 4;
+  for (const Row& r : rows) {
+    const std::string what = r.format + " " + r.quantization + " " + r.distribution;
+    if (large && scaled && r.quantization == "none")
+      std::cout << "#   reload <= 1.15x bound, " << what << ": " << verdict(r.seconds / r.bound, 1.15) << "\n";
+    if (o.scenario == "small-tensors")
+      std::cout << "#   small tensors <= 1.3x bound, " << what << ": " << verdict(r.seconds / r.bound, 1.3) << "\n";
+    const double limit_mb = 2 * r.bucket_mb + 64;
+    std::cout << "#   extra memory <= " << limit_mb << " MB (2 x bucket + 64), " << what << ": "
+              << verdict(r.staging / 1048576.0, limit_mb, " MB") << "\n";
+    std::cout << "#   reader copies per byte sent <= 1 (the read), " << what << ": "
+              << verdict(r.bytes ? double(r.copied) / r.bytes : 0.0, 1.0) << "\n";
+    if (r.format != "checkpoint" || r.quantization != "int8") continue;
+    for (const Row& k : rows)
+      if (k.format == "kernel" && k.quantization == "int8" && k.distribution == r.distribution &&
+          k.bucket_mb == r.bucket_mb)
+        std::cout << "#   checkpoint int8 <= 1.5x kernel int8, " << r.distribution << ": "
+                  << verdict(r.seconds / k.seconds, 1.5) << "\n";
+  }
+  std::cout << std::flush;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -279,14 +312,16 @@ int main(int argc, char** argv) {
     const std::string dir = prepare_checkpoint(o, config, world);
     print_header(o, config, world);
     std::int64_t wrong = 0;
+    std::vector<Row> rows;
     for (const auto& format : o.formats)
       for (const auto& quant : o.quantizations)
         for (const auto& dist : o.distributions)
           for (double mb : o.bucket_mb) {
-            const Row r = run_row(o, config, dir, Row{format, quant, dist, mb}, world);
-            print_row(r, world);
-            wrong += r.wrong;
+            rows.push_back(run_row(o, config, dir, Row{format, quant, dist, mb}, world));
+            print_row(rows.back(), world);
+            wrong += rows.back().wrong;
           }
+    print_targets(o, rows, world);
     return wrong == 0 ? 0 : 5;
   });
 }

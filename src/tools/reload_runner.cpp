@@ -33,9 +33,9 @@ struct RunnerOptions {
   int tp = 0;  // 0: the world size
   std::string quantization;
   bool lora = false;
-  std::string distribution = "broadcast";
-  double bucket_mb = 64;
-  int pipeline_depth = 2;
+  std::string distribution{distribution_name(ReloadOptions{}.distribution)};
+  double bucket_mb = ReloadOptions{}.bucket_bytes / 1048576.0;
+  int pipeline_depth = ReloadOptions{}.pipeline_depth;
   int reader_rank = 0;
   bool zero_copy = false;
   int repeat = 1;

@@ -34,8 +34,8 @@ SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes);
 
 struct PlanOptions {
   ReloadFormat format = ReloadFormat::kCheckpoint;
-  Distribution distribution = Distribution::kBroadcast;  // for sharded tensors
-  std::uint64_t bucket_bytes = std::uint64_t{64} << 20;
+  Distribution distribution = Distribution::kScatter;  // for sharded tensors
+  std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
   int world_size = 1;
   int tp_size = 1;  // world rank w has tensor-parallel rank w % tp_size
 };

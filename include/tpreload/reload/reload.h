@@ -32,9 +32,12 @@ class WeightSource;
 
 struct ReloadOptions {
   ReloadFormat format = ReloadFormat::kCheckpoint;
-  Distribution distribution = Distribution::kBroadcast;
-  std::uint64_t bucket_bytes = std::uint64_t{64} << 20;
-  int pipeline_depth = 2;   // buffers per rank in flight (>= 1)
+  // Defaults chosen by scripts/sweep.sh (docs/PERFORMANCE.md, "Defaults"): on the
+  // 2-core reference machine scatter with 16 MiB buckets and one buffer in flight
+  // was fastest; sweep again on a machine with cores to spare for the pipeline.
+  Distribution distribution = Distribution::kScatter;
+  std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
+  int pipeline_depth = 1;   // buffers per rank in flight (>= 1)
   int reader_rank = 0;      // world rank that opens and reads the source
   // Broadcast a bucket straight from a memory-mapped source when it is one run of
   // the file. Off by default: a checkpoint opened for this reload is a fresh
