@@ -29,6 +29,10 @@ void WeightSource::read_split(std::size_t index, ByteRange range,
   }
 }
 
+void WeightSource::read_many(const std::vector<ReadRequest>& requests) {
+  for (const ReadRequest& r : requests) read(r.index, r.range, r.dst);
+}
+
 namespace {
 
 bool has_hdf5_extension(const std::string& path) {

@@ -69,6 +69,35 @@ class SafetensorsSource final : public WeightSource {
     bytes_read_ += range.length;
   }
 
+  void read_many(const std::vector<ReadRequest>& requests) override {
+    std::vector<MutableBytes> run;  // destinations of file-adjacent requests
+    std::size_t shard = 0;
+    std::uint64_t start = 0, end = 0;
+    auto flush = [&] {
+      if (run.empty()) return;
+      const MappedFile& map = shards_[shard].map;
+      preadv_exact(map.fd(), run, start, map.path());
+      bytes_read_ += end - start;
+      run.clear();
+    };
+    for (const ReadRequest& r : requests) {
+      if (r.dst.size != r.range.length)
+        raise<UsageError>("tensor '", infos_.at(r.index).name, "': read of ", r.range.length,
+                          " bytes into a ", r.dst.size, "-byte buffer");
+      const ConstBytes bytes = locate(r.index, r.range);
+      const std::size_t s = locations_[r.index].shard;
+      const auto offset = static_cast<std::uint64_t>(bytes.data - shards_[s].map.data());
+      if (run.empty() || s != shard || offset != end) {
+        flush();
+        shard = s;
+        start = offset;
+      }
+      run.push_back(r.dst);
+      end = offset + r.range.length;
+    }
+    flush();
+  }
+
   std::uint64_t bytes_read() const override { return bytes_read_; }
   const std::map<std::string, std::string>& metadata() const override { return metadata_; }
   std::optional<KernelFormatInfo> kernel_format() const override { return options_.kernel_format; }

@@ -64,6 +64,8 @@ class Pipeline {
   void fill(Slot& slot);
   void fill_broadcast(const Bucket& bucket, Slot& slot);
   bool read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t, Slot& slot);
+  ByteRange piece_range(const Piece& p) const;
+  bool send_mapped(const Bucket& bucket, Slot& slot);
   void fill_scatter(const Bucket& bucket, Slot& slot);
   ConstBytes full_rows(std::size_t index, std::int64_t a, std::int64_t b,
                        std::vector<std::byte>& scratch);
@@ -116,38 +118,47 @@ ConstBytes Pipeline::full_rows(std::size_t index, std::int64_t a, std::int64_t b
   return ConstBytes(scratch.data(), scratch.size());
 }
 
-void Pipeline::fill_broadcast(const Bucket& bucket, Slot& slot) {
-  // Views of each piece's bytes, where the source can give them.
-  std::vector<std::optional<ConstBytes>> views;
-  bool adjacent = options_.zero_copy;
+ByteRange Pipeline::piece_range(const Piece& p) const {
+  const TensorInfo& info = md_.tensors[plan_.tensors[p.planned].index];
+  const std::uint64_t rb = row_bytes(info.shape, info.dtype);
+  return {static_cast<std::uint64_t>(p.row_begin) * rb,
+          static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb};
+}
+
+// zero_copy: a bucket whose pieces follow each other in one file is sent straight
+// from the source's mapping. False when it is not one run or the source has no views.
+bool Pipeline::send_mapped(const Bucket& bucket, Slot& slot) {
+  if (bucket.pieces.empty()) return false;
+  for (std::size_t i = 1; i < bucket.pieces.size(); ++i) {
+    const TensorInfo& a = md_.tensors[plan_.tensors[bucket.pieces[i - 1].planned].index];
+    const TensorInfo& b = md_.tensors[plan_.tensors[bucket.pieces[i].planned].index];
+    const ByteRange ra = piece_range(bucket.pieces[i - 1]), rb = piece_range(bucket.pieces[i]);
+    if (a.file != b.file || a.file_offset + ra.end() != b.file_offset + rb.offset) {
+      log().debug("bucket {}: piece {} ('{}') does not follow the previous one in the file; reading",
+                  slot.bucket, i, b.name);
+      return false;
+    }
+  }
+  std::optional<ConstBytes> first;
   for (const Piece& p : bucket.pieces) {
-    const PlannedTensor& t = plan_.tensors[p.planned];
-    const TensorInfo& info = md_.tensors[t.index];
-    const std::uint64_t rb = row_bytes(info.shape, info.dtype);
-    views.push_back(source_->view(t.index, {static_cast<std::uint64_t>(p.row_begin) * rb,
-                                            static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb}));
-    const auto& v = views.back();
-    const auto& prev = views.size() > 1 ? views[views.size() - 2] : std::optional<ConstBytes>();
-    const bool next = v && (views.size() == 1 || (prev && prev->data + prev->size == v->data));
-    if (adjacent && !next)
-      log().debug("bucket {}: piece {} ('{}') is not adjacent to the previous one; copying",
-                  slot.bucket, views.size() - 1, info.name);
-    adjacent = adjacent && next;
+    const auto v = source_->view(plan_.tensors[p.planned].index, piece_range(p));
+    if (!v) return false;  // sources without views have none for any tensor
+    if (!first) first = v;
   }
-  if (adjacent && !views.empty()) {  // one contiguous run of the mapped file: send it as is
-    slot.payload = ConstBytes(views.front()->data, bucket.bytes);
-    return;
-  }
-  for (std::size_t i = 0; i < bucket.pieces.size(); ++i) {
-    const Piece& p = bucket.pieces[i];
-    const PlannedTensor& t = plan_.tensors[p.planned];
-    const TensorInfo& info = md_.tensors[t.index];
-    const std::uint64_t rb = row_bytes(info.shape, info.dtype);
-    const ByteRange range{static_cast<std::uint64_t>(p.row_begin) * rb,
-                          static_cast<std::uint64_t>(p.row_end - p.row_begin) * rb};
-    source_->read(t.index, range, MutableBytes(slot.send + p.offset, range.length));
+  slot.payload = ConstBytes(first->data, bucket.bytes);
+  return true;
+}
+
+void Pipeline::fill_broadcast(const Bucket& bucket, Slot& slot) {
+  if (options_.zero_copy && send_mapped(bucket, slot)) return;
+  std::vector<ReadRequest> reads;
+  reads.reserve(bucket.pieces.size());
+  for (const Piece& p : bucket.pieces) {
+    const ByteRange range = piece_range(p);
+    reads.push_back({plan_.tensors[p.planned].index, range, MutableBytes(slot.send + p.offset, range.length)});
     stats_.bytes_copied += range.length;
   }
+  source_->read_many(reads);
   slot.payload = ConstBytes(slot.send, bucket.bytes);
 }
 
@@ -186,6 +197,13 @@ bool Pipeline::read_row_windows(const Bucket& bucket, const Piece& p, const Plan
 
 void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
   std::vector<std::byte> scratch;
+  std::vector<ReadRequest> reads;  // contiguous rows, merged by the source where adjacent
+  struct Replica {
+    std::byte* dst;
+    const std::byte* src;
+    std::uint64_t n;
+  };
+  std::vector<Replica> replicas;  // copied once the rows they repeat are read
   const int tp = model_.options().tp_size;
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
@@ -202,7 +220,7 @@ void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
       std::byte* dst = slot.send + bucket.ranges[w].offset + p.rank_offset[w];
       const std::uint64_t n = static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
       if (w >= tp) {  // a replica: same bytes as world rank r
-        std::memcpy(dst, slot.send + bucket.ranges[r].offset + p.rank_offset[r], n);
+        replicas.push_back({dst, slot.send + bucket.ranges[r].offset + p.rank_offset[r], n});
       } else if (split) {  // read above
       } else if (row_parallel) {  // each full row contributes its column window
         const Placement& pl = t.placements[r];
@@ -214,12 +232,14 @@ void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
       } else {  // column-parallel or kernel format: contiguous full rows
         const std::int64_t shift = t.kernel_tp_rank < 0 ? t.placements[r].source_start : 0;
         const std::uint64_t rb = row_bytes(info.shape, info.dtype);
-        source_->read(t.index, {static_cast<std::uint64_t>(shift + p.row_begin) * rb, n},
-                      MutableBytes(dst, n));
+        reads.push_back({t.index, {static_cast<std::uint64_t>(shift + p.row_begin) * rb, n},
+                         MutableBytes(dst, n)});
       }
       stats_.bytes_copied += n;
     }
   }
+  source_->read_many(reads);
+  for (const Replica& c : replicas) std::memcpy(c.dst, c.src, c.n);
 }
 
 void Pipeline::fill(Slot& slot) {

@@ -79,5 +79,51 @@ TEST(ReadSplit, Hdf5AndInMemorySourcesSplitThroughTheDefault) {
   expect_split_reads(*memory, bytes);
 }
 
+// read_many == read() of each request, whether the requests follow each other in
+// the file (merged into one preadv), skip bytes, go backwards, or cross tensors.
+void expect_read_many_matches_read(WeightSource& source) {
+  std::vector<std::pair<std::size_t, ByteRange>> wanted;
+  for (std::size_t i = 0; i < source.tensors().size(); ++i) {
+    const std::uint64_t n = source.tensors()[i].nbytes;
+    wanted.push_back({i, {0, n / 3}});
+    wanted.push_back({i, {n / 3, n / 3}});        // follows the previous request
+    wanted.push_back({i, {n - n / 4, n / 4}});   // skips a gap
+  }
+  wanted.push_back({0, {1, 2}});                  // backwards, into another tensor
+  std::uint64_t total = 0;
+  for (const auto& [i, r] : wanted) total += r.length;
+  std::vector<std::uint8_t> got(total, 0xEE), want(total, 0);
+  std::vector<ReadRequest> requests;
+  std::uint64_t at = 0;
+  for (const auto& [i, r] : wanted) {
+    requests.push_back({i, r, MutableBytes(got.data() + at, r.length)});
+    source.read(i, r, MutableBytes(want.data() + at, r.length));
+    at += r.length;
+  }
+  const std::uint64_t before = source.bytes_read();
+  source.read_many(requests);
+  EXPECT_EQ(got, want) << source.describe();
+  EXPECT_EQ(source.bytes_read() - before, total);
+  requests[1].dst.size -= 1;
+  EXPECT_THROW(source.read_many(requests), UsageError) << "a destination of the wrong size";
+}
+
+TEST(ReadMany, MergedReadsEqualSingleReadsInEverySource) {
+  TempDir dir;
+  const auto a = pattern(3000), b = pattern(1001), c = pattern(77);
+  const std::vector<InMemoryTensor> tensors{{"a", DType::kUInt8, {3000}, ConstBytes(a), nullptr},
+                                            {"b", DType::kUInt8, {1001}, ConstBytes(b), nullptr},
+                                            {"c", DType::kUInt8, {77}, ConstBytes(c), nullptr}};
+  write_safetensors(dir / "w.safetensors", tensors, {});
+  write_safetensors_sharded(dir / "sharded", tensors, 2);
+  write_hdf5(dir / "w.h5", tensors);
+  for (const std::string& path : {dir / "w.safetensors", dir / "sharded", dir / "w.h5"}) {
+    auto source = open_weight_source(path);
+    expect_read_many_matches_read(*source);
+  }
+  auto memory = make_in_memory_source(tensors);
+  expect_read_many_matches_read(*memory);
+}
+
 }  // namespace
 }  // namespace tpreload

@@ -43,6 +43,13 @@ struct KernelFormatInfo {
   std::string config_json;          // the model config.json it was made for, verbatim
 };
 
+// One read of WeightSource::read_many: bytes `range` of tensors()[index] into `dst`.
+struct ReadRequest {
+  std::size_t index = 0;
+  ByteRange range;
+  MutableBytes dst;  // dst.size == range.length
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -69,6 +76,11 @@ class WeightSource {
   // slices out of full rows with one copy. The default copies out of view() or a
   // read() into a scratch buffer; file sources read straight into the parts.
   virtual void read_split(std::size_t index, ByteRange range, const std::vector<MutableBytes>& parts);
+
+  // read() of each request, in order. File sources merge requests whose bytes
+  // follow each other in one file into one preadv, so that a bucket of 2,000
+  // small tensors costs a few system calls, not 2,000. Throws as read() does.
+  virtual void read_many(const std::vector<ReadRequest>& requests);
 
   // Tensor data bytes read or viewed so far (headers and metadata excluded).
   virtual std::uint64_t bytes_read() const = 0;
