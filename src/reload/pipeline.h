@@ -19,7 +19,7 @@ namespace tpreload::detail {
 struct PipelineStats {
   double read = 0, transfer = 0, apply = 0, finish = 0;
   std::uint64_t bytes_sent = 0;         // reader rank
-  std::uint64_t bytes_copied = 0;       // reader rank: bytes memcpy'd out of the source
+  std::uint64_t bytes_copied = 0;       // reader rank: bytes read or copied into send buffers
   std::uint64_t buffer_bytes = 0;       // staging buffers this rank allocated
   std::optional<std::string> apply_error;  // first apply failure on this rank
 };

@@ -106,7 +106,7 @@ struct ReloadResult {
   std::vector<std::string> skipped;        // source names with no parameter
   std::uint64_t bytes_read = 0;            // by the reader rank
   std::uint64_t bytes_transferred = 0;     // bytes the reader rank sent
-  std::uint64_t bytes_copied_on_reader = 0;  // bytes the reader copied out of the source
+  std::uint64_t bytes_copied_on_reader = 0;  // bytes the reader read or copied into send buffers
   std::uint64_t peak_staging_bytes = 0;    // max over ranks: bucket buffers (send + receive)
   std::size_t buckets = 0;
   PhaseSeconds seconds;                    // max over ranks
