@@ -139,11 +139,13 @@ bool Pipeline::send_mapped(const Bucket& bucket, Slot& slot) {
       return false;
     }
   }
-  std::optional<ConstBytes> first;
+  std::optional<ConstBytes> first, last;
   for (const Piece& p : bucket.pieces) {
     const auto v = source_->view(plan_.tensors[p.planned].index, piece_range(p));
     if (!v) return false;  // sources without views have none for any tensor
+    if (last && last->data + last->size != v->data) return false;  // not one run after all
     if (!first) first = v;
+    last = v;
   }
   slot.payload = ConstBytes(first->data, bucket.bytes);
   return true;
@@ -208,7 +210,9 @@ void Pipeline::fill_scatter(const Bucket& bucket, Slot& slot) {
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
-    const bool row_parallel = t.kernel_tp_rank < 0 && t.placements[0].source_dim == 1;
+    // (A row of zero columns has no bytes to cut: treated as contiguous rows.)
+    const bool row_parallel = t.kernel_tp_rank < 0 && t.placements[0].source_dim == 1 &&
+                              info.shape.size() >= 2 && info.shape[1] > 0;
     const bool split = row_parallel && read_row_windows(bucket, p, t, slot);
     // Otherwise row-parallel slices all come from the same full rows: read them once.
     ConstBytes shared_rows;

@@ -30,12 +30,29 @@ std::uint64_t fnv(std::uint64_t h, std::uint64_t v) { return (h ^ v) * 109951162
 
 // A fingerprint of what must be identical on every rank for them to derive the
 // same plan: the model's parameter layout and the options the plan depends on.
+std::uint64_t fnv(std::uint64_t h, const std::string& s) {
+  for (char c : s) h = fnv(h, static_cast<unsigned char>(c));
+  return fnv(h, s.size());
+}
+
+// Everything the placement of a tensor depends on: the config (heads, KV heads,
+// vocab...), quantization and LoRA, and per parameter its shape, dtype, kind,
+// layer and stacked shards. Ranks compare it, and a kept plan is keyed by it.
 std::int64_t agreement_fingerprint(const TensorParallelModel& model, const ReloadOptions& o) {
-  std::uint64_t h = 1469598103934665603ull;
+  const ModelConfig& c = model.config();
+  std::uint64_t h = fnv(1469598103934665603ull, c.architecture);
+  for (std::int64_t v : {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+                         c.num_key_value_heads, c.head_dim, c.vocab_size,
+                         std::int64_t(c.tie_word_embeddings), std::int64_t(c.attention_bias),
+                         std::int64_t(c.dtype), std::int64_t(model.options().lora)})
+    h = fnv(h, static_cast<std::uint64_t>(v));
+  h = fnv(h, model.options().quantization);
   for (const ParamSpec& p : model.rules().params()) {
-    for (char c : p.name) h = fnv(h, static_cast<unsigned char>(c));
+    h = fnv(h, p.name);
     for (auto d : p.shape) h = fnv(h, static_cast<std::uint64_t>(d));
-    h = fnv(h, static_cast<std::uint64_t>(p.dtype));
+    h = fnv(fnv(fnv(h, static_cast<std::uint64_t>(p.dtype)), static_cast<std::uint64_t>(p.kind)),
+            static_cast<std::uint64_t>(p.layer));
+    for (const auto& id : p.shard_ids) h = fnv(h, id);
   }
   for (std::uint64_t v : {std::uint64_t(model.options().tp_size), std::uint64_t(o.format),
                           std::uint64_t(o.distribution), o.bucket_bytes,
@@ -122,8 +139,11 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
   std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[1]), listing[0]),
                           static_cast<std::uint64_t>(fingerprint));
   key = fnv(fnv(fnv(key, world.size()), world.rank()), model.options().tp_rank);
+  // The hash picks the plan; the reader, which holds both listings, also compares
+  // them byte for byte, so that no listing can pass for another.
   const CachedPlan* cached = workspace.cached_plan();
-  std::int64_t all_cached = cached && cached->key == key;
+  std::int64_t all_cached =
+      cached && cached->key == key && (world.rank() != reader || cached->listing == payload);
   world.allreduce_ints(&all_cached, 1, IntOp::kMin);
   if (all_cached) return *cached;
 
@@ -133,6 +153,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
   auto fresh = std::make_unique<CachedPlan>();
   fresh->key = key;
   fresh->metadata = parse_metadata(payload);
+  if (world.rank() == reader) fresh->listing = std::move(payload);
   const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
                                  world.size(), model.options().tp_size};
   fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);

@@ -20,7 +20,7 @@ namespace tpreload {
 namespace {
 
 // bfloat16 travels as its bit pattern: the high half of a float.
-inline float to_float(std::uint16_t bf16) {
+__attribute__((always_inline)) inline float to_float(std::uint16_t bf16) {
   const std::uint32_t u = static_cast<std::uint32_t>(bf16) << 16;
   float f;
   std::memcpy(&f, &u, sizeof f);
@@ -30,7 +30,7 @@ inline float to_float(float v) { return v; }
 
 // max|w| as the formula states it, NaNs ignored; the slow path for rows with a NaN.
 template <typename T>
-inline float plain_amax(const T* row, std::int64_t cols) {
+__attribute__((always_inline)) inline float plain_amax(const T* row, std::int64_t cols) {
   float amax = 0.0f;
   for (std::int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(to_float(row[c])));
   return amax;
@@ -38,7 +38,7 @@ inline float plain_amax(const T* row, std::int64_t cols) {
 
 // For IEEE values without NaNs, |x| orders as the bits with the sign cleared, and
 // an integer max vectorizes where a float max with NaN semantics does not.
-inline float row_amax(const std::uint16_t* row, std::int64_t cols) {
+__attribute__((always_inline)) inline float row_amax(const std::uint16_t* row, std::int64_t cols) {
   std::uint16_t m = 0;
   for (std::int64_t c = 0; c < cols; ++c) {
     const std::uint16_t a = row[c] & 0x7fffu;
@@ -47,7 +47,7 @@ inline float row_amax(const std::uint16_t* row, std::int64_t cols) {
   return m > 0x7f80u ? plain_amax(row, cols) : to_float(m);
 }
 
-inline float row_amax(const float* row, std::int64_t cols) {
+__attribute__((always_inline)) inline float row_amax(const float* row, std::int64_t cols) {
   std::uint32_t m = 0;
   for (std::int64_t c = 0; c < cols; ++c) {
     std::uint32_t a;
