@@ -107,18 +107,24 @@ void preadv_exact(int fd, const std::vector<MutableBytes>& parts, std::uint64_t 
                   const std::string& path) {
   std::vector<iovec> iov;
   iov.reserve(parts.size());
+  std::uint64_t total = 0;
   for (const MutableBytes& part : parts)
-    if (part.size > 0) iov.push_back({part.data, part.size});
+    if (part.size > 0) {
+      iov.push_back({part.data, part.size});
+      total += part.size;
+    }
+  const std::uint64_t start = offset;
   std::size_t first = 0;
   while (first < iov.size()) {
     const int count = static_cast<int>(std::min<std::size_t>(iov.size() - first, kMaxIov));
     const ssize_t n = ::preadv(fd, iov.data() + first, count, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
-      raise<CheckpointError>("read of ", count, " pieces at offset ", offset, " of '", path,
-                             "' failed: ", errno_text(errno));
+      raise<CheckpointError>("read of ", total, " bytes (", iov.size(), " pieces) at offset ", start,
+                             " of '", path, "' failed at offset ", offset, ": ", errno_text(errno));
     if (n == 0)
-      raise<CheckpointError>("read at offset ", offset, " of '", path, "' hit end of file");
+      raise<CheckpointError>("read of ", total, " bytes at offset ", start, " of '", path,
+                             "' hit end of file after ", offset - start, " bytes");
     offset += static_cast<std::uint64_t>(n);
     // Step past the pieces filled; a partly filled one continues where it stopped.
     auto left = static_cast<std::size_t>(n);

@@ -134,7 +134,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
   }
   agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
   std::int64_t listing[2] = {static_cast<std::int64_t>(payload.size()),
-                             static_cast<std::int64_t>(hash_bytes(payload) >> 1)};
+                             static_cast<std::int64_t>(world.rank() == reader ? hash_bytes(payload) >> 1 : 0)};
   world.broadcast(MutableBytes(listing, sizeof listing), reader);
   std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[1]), listing[0]),
                           static_cast<std::uint64_t>(fingerprint));

@@ -3,6 +3,8 @@
 // one call takes), the default through view() or read() for the other sources.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <numeric>
 
 #include "test_util.h"
@@ -123,6 +125,28 @@ TEST(ReadMany, MergedReadsEqualSingleReadsInEverySource) {
   }
   auto memory = make_in_memory_source(tensors);
   expect_read_many_matches_read(*memory);
+}
+
+TEST(ReadMany, AFileCutShortAfterOpeningNamesTheFileAndHowFarItGot) {
+  TempDir dir;
+  const auto bytes = pattern(4000);
+  write_safetensors(dir / "w.safetensors",
+                    std::vector<InMemoryTensor>{{"w", DType::kUInt8, {4000}, ConstBytes(bytes), nullptr}},
+                    {});
+  auto source = open_safetensors(dir / "w.safetensors");
+  const std::uint64_t data_start = source->tensors()[0].file_offset;
+  ASSERT_EQ(::truncate((dir / "w.safetensors").c_str(), static_cast<off_t>(data_start + 1000)), 0);
+  std::vector<std::uint8_t> out(4000);
+  try {
+    source->read_many({{0, {0, 2000}, MutableBytes(out.data(), 2000)},
+                       {0, {2000, 2000}, MutableBytes(out.data() + 2000, 2000)}});
+    FAIL() << "a read past the end of the file succeeded";
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("w.safetensors"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("read of 4000 bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("hit end of file after 1000 bytes"), std::string::npos) << msg;
+  }
 }
 
 }  // namespace
