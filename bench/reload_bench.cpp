@@ -22,13 +22,14 @@
 
 #include "tpreload/checkpoint/synthetic.h"
 #include "tpreload/checkpoint/weight_source.h"
-#include "tpreload/comm/mpi_communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/model.h"
+#include "tpreload/model/scenarios.h"
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
+#include "tpreload/runtime/program.h"
 
 namespace {
 
@@ -51,27 +52,6 @@ struct BenchOptions {
   bool zero_copy = false;
 };
 
-// Scenario configs (Hugging Face config.json text).
-std::string scenario_config(const std::string& name) {
-  if (name == "tiny")
-    return R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":768,
-      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":4000,
-      "torch_dtype":"bfloat16"})";
-  if (name == "tinyllama")
-    return R"({"architectures":["LlamaForCausalLM"],"hidden_size":2048,"intermediate_size":5632,
-      "num_hidden_layers":22,"num_attention_heads":32,"num_key_value_heads":4,"vocab_size":32000,
-      "torch_dtype":"bfloat16"})";
-  if (name == "llama3-8b-4l")
-    return R"({"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,
-      "num_hidden_layers":4,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
-      "rope_theta":500000.0,"torch_dtype":"bfloat16"})";
-  if (name == "small-tensors")  // 9 tensors per layer, all under 64 KB: 20,709 tensors
-    return R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,
-      "num_hidden_layers":2300,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":256,
-      "torch_dtype":"bfloat16"})";
-  raise<UsageError>("unknown scenario '", name, "' (tiny, tinyllama, llama3-8b-4l, small-tensors)");
-}
-
 double max_over_ranks(Communicator& world, double seconds) {
   std::int64_t us = static_cast<std::int64_t>(seconds * 1e6);
   world.allreduce_ints(&us, 1, IntOp::kMax);
@@ -79,11 +59,13 @@ double max_over_ranks(Communicator& world, double seconds) {
 }
 
 // Rank 0 generates the checkpoint (and kernel shards) once; reruns reuse them.
-std::string prepare_checkpoint(const BenchOptions& o, const ModelConfig& config, Communicator& world) {
+std::string prepare_checkpoint(const BenchOptions& o, const ModelConfig& config,
+                               Communicator& world) {
   const std::string dir = o.dir + "/" + o.scenario;
   if (world.rank() == 0 && !fs::exists(dir + "/config.json")) {
     std::vector<TensorSpec> specs;
-    for (const auto& s : checkpoint_tensor_specs(config)) specs.push_back({s.name, config.dtype, s.shape});
+    for (const auto& s : checkpoint_tensor_specs(config))
+      specs.push_back({s.name, config.dtype, s.shape});
     GenerateOptions g;
     g.values.seed = 1;
     log().info("generating {} checkpoint in {}", o.scenario, dir);
@@ -96,7 +78,8 @@ std::string prepare_checkpoint(const BenchOptions& o, const ModelConfig& config,
 
 std::string prepare_kernel_shards(const std::string& dir, const ModelConfig& config, int tp,
                                   const std::string& quantization, Communicator& world) {
-  const std::string out = dir + "/kernel-tp" + std::to_string(tp) + (quantization.empty() ? "" : "-" + quantization);
+  const std::string out =
+      dir + "/kernel-tp" + std::to_string(tp) + (quantization.empty() ? "" : "-" + quantization);
   if (world.rank() == 0 && !fs::exists(out + "/kernel_format.json")) {
     auto source = open_weight_source(dir);
     log().info("writing kernel-format shards {}", out);
@@ -124,7 +107,8 @@ double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* s
         const Piece& p = b.pieces[k % b.pieces.size()];
         const TensorInfo& info = md.tensors[plan.tensors[p.planned].index];
         const std::uint64_t row = info.shape.empty() ? info.nbytes : info.nbytes / info.shape[0];
-        const std::uint64_t start = k < b.pieces.size() ? std::min(info.nbytes, p.row_begin * row) : 0;
+        const std::uint64_t start =
+            k < b.pieces.size() ? std::min(info.nbytes, p.row_begin * row) : 0;
         const std::uint64_t n = std::min(b.bytes - at, info.nbytes - start);
         source->read(plan.tensors[p.planned].index, {start, n}, MutableBytes(send.data() + at, n));
         at += n;
@@ -134,13 +118,15 @@ double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* s
       world.scatterv(ConstBytes(send.data(), send.size()), b.ranges,
                      MutableBytes(recv.data(), b.ranges[world.rank()].length), reader);
     else
-      world.broadcast(MutableBytes(world.rank() == reader ? send.data() : recv.data(), b.bytes), reader);
+      world.broadcast(MutableBytes(world.rank() == reader ? send.data() : recv.data(), b.bytes),
+                      reader);
   }
   return max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
 // Bytes of `model` that differ from `reference`.
-std::int64_t wrong_bytes(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& reference) {
+std::int64_t wrong_bytes(const TensorParallelModel& model,
+                         const std::map<std::string, at::Tensor>& reference) {
   std::int64_t wrong = 0;
   for (const auto& [name, want] : reference) {
     const at::Tensor got = model.named_parameters().at(name).contiguous();
@@ -153,7 +139,8 @@ std::int64_t wrong_bytes(const TensorParallelModel& model, const std::map<std::s
 }
 
 void scramble(TensorParallelModel& model) {
-  for (const auto& [name, t] : model.named_parameters()) std::memset(t.data_ptr(), 0x5A, t.numel() * t.element_size());
+  for (const auto& [name, t] : model.named_parameters())
+    std::memset(t.data_ptr(), 0x5A, t.numel() * t.element_size());
 }
 
 struct Row {
@@ -169,7 +156,8 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   const int tp = o.tp > 0 ? o.tp : world.size();
   const std::string quant = row.quantization == "none" ? "" : row.quantization;
   const bool kernel = row.format == "kernel";
-  const std::string path = kernel ? prepare_kernel_shards(ckpt_dir, config, tp, quant, world) : ckpt_dir;
+  const std::string path =
+      kernel ? prepare_kernel_shards(ckpt_dir, config, tp, quant, world) : ckpt_dir;
   ModelOptions mo;
   mo.tp_size = tp;
   mo.tp_rank = world.rank() % tp;
@@ -183,8 +171,9 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     for (const auto& [name, t] : model.named_parameters()) reference[name] = t.clone();
   }
   ReloadOptions ro;
-  ro.format = kernel ? ReloadFormat::kKernel : ReloadFormat::kCheckpoint;
-  ro.distribution = row.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
+  ro.format = kernel ? WeightFormat::kKernel : WeightFormat::kCheckpoint;
+  ro.distribution =
+      row.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
   ro.bucket_bytes = static_cast<std::uint64_t>(row.bucket_mb * 1024 * 1024);
   ro.pipeline_depth = o.pipeline_depth;
   ro.zero_copy = o.zero_copy;
@@ -197,7 +186,8 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     const auto start = Clock::now();
     if (!o.keep_open && world.rank() == 0) source = open_weight_source(path);
     const ReloadResult r = reload_weights(model, world, source.get(), ro, &workspace);
-    row.seconds += max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+    row.seconds +=
+        max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
     row.bytes = r.bytes_transferred;
     row.staging = std::max(row.staging, r.peak_staging_bytes);
     row.copied = r.bytes_copied_on_reader;
@@ -209,13 +199,15 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   // The bound: the same plan's buckets, raw.
   SourceMetadata md;
   std::vector<std::uint8_t> payload;
-  if (world.rank() == 0) payload = serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
+  if (world.rank() == 0)
+    payload = serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
   std::int64_t size = payload.size();
   world.broadcast(MutableBytes(&size, 8), 0);
   payload.resize(size);
   world.broadcast(MutableBytes(payload.data(), payload.size()), 0);
   md = parse_metadata(payload);
-  const Plan plan = make_plan(md, model.rules(), {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp});
+  const Plan plan =
+      make_plan(md, model.rules(), {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp});
   for (int i = 0; i < o.iters; ++i) row.bound += measure_bound(plan, md, source.get(), world, 0);
   row.bound /= o.iters;
   return row;
@@ -225,13 +217,16 @@ void print_header(const BenchOptions& o, const ModelConfig& c, Communicator& wor
   if (world.rank() != 0) return;
   std::cout << "# reload_bench scenario=" << o.scenario << " layers=" << c.num_hidden_layers
             << " hidden=" << c.hidden_size << " world=" << world.size()
-            << " tp=" << (o.tp > 0 ? o.tp : world.size()) << " warmup=" << o.warmup << " iters=" << o.iters
-            << "\n# busbw: broadcast factor 1, scatter (n-1)/n; bound = same bytes, same collectives, no model\n"
-            << std::left << std::setw(11) << "# format" << std::setw(6) << "quant" << std::setw(10) << "dist"
-            << std::right << std::setw(8) << "bucketMB" << std::setw(14) << "bytes" << std::setw(10) << "time(s)"
-            << std::setw(10) << "algbw" << std::setw(10) << "busbw" << std::setw(10) << "bound(s)"
-            << std::setw(8) << "ratio" << std::setw(12) << "stagingMB" << std::setw(9) << "copies"
-            << std::setw(8) << "wrong" << "\n";
+            << " tp=" << (o.tp > 0 ? o.tp : world.size()) << " warmup=" << o.warmup
+            << " iters=" << o.iters
+            << "\n# busbw: broadcast factor 1, scatter (n-1)/n; bound = same bytes, same "
+               "collectives, no model\n"
+            << std::left << std::setw(11) << "# format" << std::setw(6) << "quant" << std::setw(10)
+            << "dist" << std::right << std::setw(8) << "bucketMB" << std::setw(14) << "bytes"
+            << std::setw(10) << "time(s)" << std::setw(10) << "algbw" << std::setw(10) << "busbw"
+            << std::setw(10) << "bound(s)" << std::setw(8) << "ratio" << std::setw(12)
+            << "stagingMB" << std::setw(9) << "copies" << std::setw(8) << "wrong"
+            << "\n";
 }
 
 void print_row(const Row& r, Communicator& world) {
@@ -239,14 +234,14 @@ void print_row(const Row& r, Communicator& world) {
   const int n = world.size();
   const double algbw = r.bytes / r.seconds / 1e9;
   const double factor = r.distribution == "scatter" && n > 1 ? double(n - 1) / n : 1.0;
-  std::cout << std::left << std::setw(11) << r.format << std::setw(6) << r.quantization << std::setw(10)
-            << r.distribution << std::right << std::fixed << std::setprecision(1) << std::setw(8) << r.bucket_mb
-            << std::setw(14) << r.bytes << std::setprecision(4) << std::setw(10) << r.seconds
-            << std::setprecision(2) << std::setw(10) << algbw << std::setw(10) << algbw * factor
-            << std::setprecision(4) << std::setw(10) << r.bound << std::setprecision(2) << std::setw(8)
-            << r.seconds / r.bound << std::setprecision(1) << std::setw(12) << r.staging / 1048576.0
-            << std::setprecision(2) << std::setw(9) << (r.bytes ? double(r.copied) / r.bytes : 0.0)
-            << std::setw(8) << r.wrong << std::endl;
+  std::cout << std::left << std::setw(11) << r.format << std::setw(6) << r.quantization
+            << std::setw(10) << r.distribution << std::right << std::fixed << std::setprecision(1)
+            << std::setw(8) << r.bucket_mb << std::setw(14) << r.bytes << std::setprecision(4)
+            << std::setw(10) << r.seconds << std::setprecision(2) << std::setw(10) << algbw
+            << std::setw(10) << algbw * factor << std::setprecision(4) << std::setw(10) << r.bound
+            << std::setprecision(2) << std::setw(8) << r.seconds / r.bound << std::setprecision(1)
+            << std::setw(12) << r.staging / 1048576.0 << std::setprecision(2) << std::setw(9)
+            << (r.bytes ? double(r.copied) / r.bytes : 0.0) << std::setw(8) << r.wrong << std::endl;
 }
 
 // The targets of docs/PERFORMANCE.md, judged on the rows of this run (a target
@@ -255,7 +250,8 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
   if (world.rank() != 0) return;
   auto verdict = [](double value, double limit, const char* unit = "") {
     std::ostringstream out;
-    out << std::fixed << std::setprecision(2) << value << unit << (value <= limit ? " met" : " MISSED");
+    out << std::fixed << std::setprecision(2) << value << unit
+        << (value <= limit ? " met" : " MISSED");
     return out.str();
   };
   std::cout << "# targets (warm page cache, this machine)\n";
@@ -264,9 +260,11 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
   for (const Row& r : rows) {
     const std::string what = r.format + " " + r.quantization + " " + r.distribution;
     if (large && scaled && r.quantization == "none")
-      std::cout << "#   reload <= 1.15x bound, " << what << ": " << verdict(r.seconds / r.bound, 1.15) << "\n";
+      std::cout << "#   reload <= 1.15x bound, " << what << ": "
+                << verdict(r.seconds / r.bound, 1.15) << "\n";
     if (o.scenario == "small-tensors")
-      std::cout << "#   small tensors <= 1.3x bound, " << what << ": " << verdict(r.seconds / r.bound, 1.3) << "\n";
+      std::cout << "#   small tensors <= 1.3x bound, " << what << ": "
+                << verdict(r.seconds / r.bound, 1.3) << "\n";
     const double limit_mb = 2 * r.bucket_mb + 64;
     std::cout << "#   extra memory <= " << limit_mb << " MB (2 x bucket + 64), " << what << ": "
               << verdict(r.staging / 1048576.0, limit_mb, " MB") << "\n";
@@ -285,21 +283,27 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"reload_bench: in-place reload time against the raw read + transport bound, per "
-               "format, quantization, distribution and bucket size (run under mpirun)."};
+  CLI::App app{
+      "reload_bench: in-place reload time against the raw read + transport bound, per "
+      "format, quantization, distribution and bucket size (run under mpirun)."};
   BenchOptions o;
-  app.add_option("--scenario", o.scenario, "tiny, tinyllama, llama3-8b-4l or small-tensors")->capture_default_str();
-  app.add_option("--dir", o.dir, "Where checkpoints are generated (reused when present)")->capture_default_str();
+  app.add_option("--scenario", o.scenario, "tiny, tinyllama, llama3-8b-4l or small-tensors")
+      ->capture_default_str();
+  app.add_option("--dir", o.dir, "Where checkpoints are generated (reused when present)")
+      ->capture_default_str();
   app.add_option("--tp", o.tp, "Tensor-parallel size (default: world size)");
   app.add_option("--formats", o.formats, "checkpoint and/or kernel")->capture_default_str();
   app.add_option("--quantizations", o.quantizations, "none and/or int8")->capture_default_str();
-  app.add_option("--distributions", o.distributions, "broadcast and/or scatter")->capture_default_str();
+  app.add_option("--distributions", o.distributions, "broadcast and/or scatter")
+      ->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket sizes in MiB")->capture_default_str();
-  app.add_flag("--zero-copy", o.zero_copy, "Broadcast runs of the mapped file as they are (ReloadOptions::zero_copy)");
+  app.add_flag("--zero-copy", o.zero_copy,
+               "Broadcast runs of the mapped file as they are (ReloadOptions::zero_copy)");
   app.add_flag("--keep-open", o.keep_open,
                "Open the checkpoint once and reuse it; by default each timed reload opens it, "
                "as a reload of a new checkpoint does");
-  app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")->capture_default_str();
+  app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")
+      ->capture_default_str();
   app.add_option("--warmup", o.warmup, "Untimed reloads per row")->capture_default_str();
   app.add_option("--iters", o.iters, "Timed reloads per row")->capture_default_str();
   try {
@@ -308,7 +312,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   return run_mpi_program(&argc, &argv, "warn", CommOptions{}, [&](MpiCommunicator& world) {
-    const ModelConfig config = parse_model_config(scenario_config(o.scenario), o.scenario);
+    const ModelConfig config = scenario_config(o.scenario);
     const std::string dir = prepare_checkpoint(o, config, world);
     print_header(o, config, world);
     std::int64_t wrong = 0;

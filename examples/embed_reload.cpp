@@ -8,13 +8,13 @@
 #include <iostream>
 
 #include "tpreload/checkpoint/weight_source.h"
-#include "tpreload/comm/mpi_communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/torch_dtype.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
+#include "tpreload/runtime/program.h"
 
 using namespace tpreload;
 
@@ -24,7 +24,8 @@ ModelConfig small_config() {
   return parse_model_config(R"({"architectures": ["Qwen2ForCausalLM"], "hidden_size": 128,
     "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "vocab_size": 500, "tie_word_embeddings": true,
-    "torch_dtype": "float32"})", "example config");
+    "torch_dtype": "float32"})",
+                            "example config");
 }
 
 // What a trainer hands over: full (unsharded) tensors under Hugging Face names.
@@ -64,8 +65,9 @@ int main(int argc, char** argv) {
       const ReloadResult r = served.reload_from(world, ReloadOptions{}, source.get());
       const at::Tensor logits = model.forward({3, 1, 4, 1, 5}, world);
       if (world.rank() == 0)
-        std::cout << "step " << step << ": " << summary_text(r) << "  logits[0][0] = "
-                  << logits[0][0].item<float>() << ", cache generation " << cache_generation << "\n";
+        std::cout << "step " << step << ": " << summary_text(r)
+                  << "  logits[0][0] = " << logits[0][0].item<float>() << ", cache generation "
+                  << cache_generation << "\n";
       if (!r.complete()) return 3;  // the names are in the summary above
     }
     return 0;

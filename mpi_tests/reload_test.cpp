@@ -68,12 +68,13 @@ ModelOptions options_for(const Variant& s) {
 // a local load through the loaders, which the unit tests check independently.
 std::map<std::string, at::Tensor> expected_params(const ModelConfig& config, const Variant& s,
                                                   const std::map<std::string, at::Tensor>& ckpt) {
-  if (s.quantization.empty()) return testdata::expected_shards(config, ckpt, s.tp, world().rank() % s.tp);
+  if (s.quantization.empty())
+    return testdata::expected_shards(config, ckpt, s.tp, world().rank() % s.tp);
   TensorParallelModel local(config, options_for(s));
   auto source = testdata::memory_source(ckpt);
   local.load_weights(*source);
   std::map<std::string, at::Tensor> out;
-  for (const auto& name : local.expected_names(LoadFormat::kKernel))
+  for (const auto& name : local.expected_names(WeightFormat::kKernel))
     out[name] = local.parameter_for_reload(name);
   return out;
 }
@@ -102,7 +103,8 @@ void expect_params(const TensorParallelModel& model, const std::map<std::string,
   EXPECT_EQ(wrong, 0u) << what;
 }
 
-void expect_same_layout(const TensorParallelModel& model, const std::map<std::string, Layout>& before) {
+void expect_same_layout(const TensorParallelModel& model,
+                        const std::map<std::string, Layout>& before) {
   for (const auto& [name, t] : model.named_parameters()) {
     const Layout& b = before.at(name);
     EXPECT_EQ(t.data_ptr(), b.data) << name;
@@ -140,7 +142,8 @@ ReloadResult reload_from(TensorParallelModel& model, const std::string& path,
 void run_checkpoint_matrix(const std::string& config_name, const Variant& setup) {
   SharedDir dir;
   const ModelConfig config = testdata::tiny_config(config_name);
-  const auto v1 = testdata::random_checkpoint(config, 100), v2 = testdata::random_checkpoint(config, 200);
+  const auto v1 = testdata::random_checkpoint(config, 100),
+             v2 = testdata::random_checkpoint(config, 200);
   const Sources files = write_sources(v2, dir.path());
   const auto want = expected_params(config, setup, v2);
   for (const std::string kind : {"memory", "single", "sharded", "hdf5"}) {
@@ -148,7 +151,8 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
       for (std::uint64_t bucket : {std::uint64_t{700}, std::uint64_t{1} << 30}) {
         const std::string what = config_name + " tp " + std::to_string(setup.tp) + " " +
                                  setup.quantization + (setup.lora ? " lora " : " ") + kind + " " +
-                                 std::string(distribution_name(dist)) + " bucket " + std::to_string(bucket);
+                                 std::string(distribution_name(dist)) + " bucket " +
+                                 std::to_string(bucket);
         TensorParallelModel model(config, options_for(setup));
         ReloadOptions o;
         o.distribution = dist;
@@ -157,7 +161,9 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
         o.reader_rank = world().size() - 1;
         reload_from(model, "", &v1, o);  // the live weights: version 1
         const auto before = layout_of(model);
-        const std::string path = kind == "single" ? files.single : kind == "sharded" ? files.sharded : files.hdf5;
+        const std::string path = kind == "single"    ? files.single
+                                 : kind == "sharded" ? files.sharded
+                                                     : files.hdf5;
         const ReloadResult r = reload_from(model, path, kind == "memory" ? &v2 : nullptr, o);
         EXPECT_TRUE(r.complete()) << what;
         EXPECT_TRUE(r.skipped.empty()) << what;
@@ -184,7 +190,8 @@ TEST(Reload, Int8AndLoraModels) {
 TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
   SharedDir dir;
   const ModelConfig config = testdata::tiny_config("llama_gqa");
-  for (const Variant& setup : {Variant{world().size(), "", false}, Variant{world().size(), "int8", false}}) {
+  for (const Variant& setup :
+       {Variant{world().size(), "", false}, Variant{world().size(), "int8", false}}) {
     const auto ckpt = testdata::random_checkpoint(config, 300);
     const std::string kdir = dir.path() + "/kernel-" + setup.quantization;
     if (world().rank() == 0) {  // exactly what `reload_ckpt shard` writes
@@ -197,12 +204,13 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
       TensorParallelModel model(config, options_for(setup));
       const auto before = layout_of(model);
       ReloadOptions o;
-      o.format = ReloadFormat::kKernel;
+      o.format = WeightFormat::kKernel;
       o.distribution = dist;
       o.bucket_bytes = 1000;
       const ReloadResult r = reload_from(model, kdir, nullptr, o);
       EXPECT_TRUE(r.complete());
-      expect_params(model, want, "kernel " + setup.quantization + " " + std::string(distribution_name(dist)));
+      expect_params(model, want,
+                    "kernel " + setup.quantization + " " + std::string(distribution_name(dist)));
       expect_same_layout(model, before);
     }
   }
@@ -219,8 +227,9 @@ TEST(Reload, NotLoadedNamesAreExactlyTheMissingOnes) {
   ReloadOptions o;
   const ReloadResult r = reload_from(model, "", &ckpt, o);
   EXPECT_FALSE(r.complete());
-  EXPECT_EQ(r.not_loaded_on_all_ranks,
-            (std::vector<std::string>{"model.layers.1.self_attn.qkv_proj.weight", "model.norm.weight"}));
+  EXPECT_EQ(
+      r.not_loaded_on_all_ranks,
+      (std::vector<std::string>{"model.layers.1.self_attn.qkv_proj.weight", "model.norm.weight"}));
   EXPECT_TRUE(r.not_loaded_on_some_ranks.empty());
   EXPECT_EQ(r.skipped, (std::vector<std::string>{"extra.unused.weight",
                                                  "model.layers.0.self_attn.rotary_emb.inv_freq"}));
@@ -228,7 +237,8 @@ TEST(Reload, NotLoadedNamesAreExactlyTheMissingOnes) {
 
 TEST(Reload, BadShapeFailsPreflightOnEveryRankAndWritesNothing) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
-  auto good = testdata::random_checkpoint(config, 500), bad = testdata::random_checkpoint(config, 501);
+  auto good = testdata::random_checkpoint(config, 500),
+       bad = testdata::random_checkpoint(config, 501);
   bad["model.layers.1.mlp.up_proj.weight"] = at::zeros({96, 63}, at::kBFloat16);
   const Variant setup{world().size(), "", false};
   TensorParallelModel model(config, options_for(setup));
@@ -239,9 +249,11 @@ TEST(Reload, BadShapeFailsPreflightOnEveryRankAndWritesNothing) {
     FAIL() << "a wrong shape passed preflight";
   } catch (const ValidationError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("preflight (nothing was reloaded) failed on rank 0/"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("preflight (nothing was reloaded) failed on rank 0/"), std::string::npos)
+        << msg;
     EXPECT_NE(msg.find("'model.layers.1.mlp.up_proj.weight'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("expected [96, 64] bfloat16, got [96, 63] bfloat16"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("expected [96, 64] bfloat16, got [96, 63] bfloat16"), std::string::npos)
+        << msg;
   }
   expect_params(model, expected_params(config, setup, good), "after a refused reload");
 }
@@ -251,7 +263,8 @@ TEST(Reload, BadShapeFailsPreflightOnEveryRankAndWritesNothing) {
 // the listing or the options plans afresh; a plan refused by preflight is not kept.
 TEST(Reload, WorkspaceReusesThePlanOnlyForTheSameListingAndOptions) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
-  const auto v1 = testdata::random_checkpoint(config, 510), v2 = testdata::random_checkpoint(config, 511);
+  const auto v1 = testdata::random_checkpoint(config, 510),
+             v2 = testdata::random_checkpoint(config, 511);
   const Variant setup{world().size(), "", false};
   TensorParallelModel model(config, options_for(setup));
   ReloadWorkspace workspace;
@@ -314,7 +327,7 @@ TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {
   EXPECT_EQ(served.location().remote_uri, "");
   EXPECT_EQ(calls, 2);
   ReloadOptions kernel;
-  kernel.format = ReloadFormat::kKernel;
+  kernel.format = WeightFormat::kKernel;
   EXPECT_THROW(served.reload(world(), kernel), ValidationError);  // a checkpoint dir
   expect_params(model, expected_params(config, setup, ckpt), "after path reloads");
 }
@@ -323,7 +336,8 @@ TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {
 TEST(Reload, StagingStaysBoundedByTheBucketNotTheModel) {
   const ModelConfig config = parse_model_config(R"({"architectures":["LlamaForCausalLM"],
     "hidden_size":256,"intermediate_size":1024,"num_hidden_layers":16,"num_attention_heads":8,
-    "num_key_value_heads":8,"vocab_size":2000,"torch_dtype":"bfloat16"})", "staging test");
+    "num_key_value_heads":8,"vocab_size":2000,"torch_dtype":"bfloat16"})",
+                                                "staging test");
   const auto ckpt = testdata::random_checkpoint(config, 900);
   std::uint64_t model_bytes = 0;
   for (const auto& [name, t] : ckpt) model_bytes += t.numel() * t.element_size();
@@ -365,7 +379,8 @@ class FailingSource final : public WeightSource {
 
  private:
   void check(std::size_t i) const {
-    if (inner_->tensors()[i].name == bad_) throw CheckpointError("I/O error reading '" + bad_ + "'");
+    if (inner_->tensors()[i].name == bad_)
+      throw CheckpointError("I/O error reading '" + bad_ + "'");
   }
   std::unique_ptr<WeightSource> inner_;
   std::string bad_;

@@ -47,20 +47,26 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 
 }  // namespace
 
+// A parameter on the host (a copy for parameters in CUDA memory); undefined if absent.
+at::Tensor TensorParallelModel::host_param(const std::string& name) const {
+  const at::Tensor t = parameter_for_reload(name);
+  return !t.defined() || t.device().is_cpu() ? t : t.to(at::kCPU);
+}
+
 at::Tensor TensorParallelModel::weight_f32(const std::string& module) const {
-  const at::Tensor w = parameter_for_reload(module + ".weight");
+  const at::Tensor w = host_param(module + ".weight");
   if (w.scalar_type() != at::kChar) return w.to(at::kFloat);
-  return w.to(at::kFloat) * parameter_for_reload(module + ".weight_scale").unsqueeze(1);
+  return w.to(at::kFloat) * host_param(module + ".weight_scale").unsqueeze(1);
 }
 
 at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& module,
                                        bool add_bias) const {
   at::Tensor y = at::matmul(x, weight_f32(module).t());
-  const at::Tensor bias = parameter_for_reload(module + ".bias");
+  const at::Tensor bias = host_param(module + ".bias");
   if (bias.defined() && add_bias) y = y + bias.to(at::kFloat);
   const auto a = params_.find(module + ".lora_a");
-  if (a != params_.end()) y = y + at::matmul(at::matmul(x, a->second.t()),
-                                             params_.at(module + ".lora_b").t());
+  if (a != params_.end())
+    y = y + at::matmul(at::matmul(x, a->second.t()), params_.at(module + ".lora_b").t());
   return y;
 }
 
@@ -94,13 +100,13 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
 
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const at::Tensor x = rms_norm(h, parameter_for_reload(p + "input_layernorm.weight"),
-                                  c.rms_norm_eps);
+    const at::Tensor x = rms_norm(h, host_param(p + "input_layernorm.weight"), c.rms_norm_eps);
     const at::Tensor qkv = linear(x, p + "self_attn.qkv_proj");
     const std::int64_t n = static_cast<std::int64_t>(tokens.size());
     at::Tensor q = qkv.narrow(1, 0, q_heads * hd).reshape({n, q_heads, hd});
     at::Tensor k = qkv.narrow(1, q_heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
-    at::Tensor v = qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+    at::Tensor v =
+        qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
     q = apply_rope(q, c.rope_theta);
     k = apply_rope(k, c.rope_theta).index_select(1, kv_index);
     v = v.index_select(1, kv_index);
@@ -109,11 +115,11 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     at::Tensor attn = linear(causal_attention(q, k, v).reshape({n, q_heads * hd}),
                              p + "self_attn.o_proj", /*add_bias=*/false);
     allreduce_sum(attn, comm);
-    const at::Tensor o_bias = parameter_for_reload(p + "self_attn.o_proj.bias");
+    const at::Tensor o_bias = host_param(p + "self_attn.o_proj.bias");
     if (o_bias.defined()) attn = attn + o_bias.to(at::kFloat);
     h = h + attn;
-    const at::Tensor y = rms_norm(h, parameter_for_reload(p + "post_attention_layernorm.weight"),
-                                  c.rms_norm_eps);
+    const at::Tensor y =
+        rms_norm(h, host_param(p + "post_attention_layernorm.weight"), c.rms_norm_eps);
     const at::Tensor gate_up = linear(y, p + "mlp.gate_up_proj");
     const std::int64_t inter = gate_up.size(1) / 2;
     at::Tensor mlp = linear(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter),
@@ -121,7 +127,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     allreduce_sum(mlp, comm);
     h = h + mlp;
   }
-  h = rms_norm(h, parameter_for_reload("model.norm.weight"), c.rms_norm_eps);
+  h = rms_norm(h, host_param("model.norm.weight"), c.rms_norm_eps);
   const std::string head = c.tie_word_embeddings ? "model.embed_tokens" : "lm_head";
   const at::Tensor local_logits = at::matmul(h, weight_f32(head).t());
   at::Tensor logits = at::zeros({h.size(0), rules_.padded_vocab()}, at::kFloat);

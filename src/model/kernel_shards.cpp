@@ -29,7 +29,7 @@ class RankModels {
     model_ = std::make_unique<TensorParallelModel>(config_, o);
     std::set<std::string> skipped;
     const auto loaded = model_->load_weights(source_, &skipped);
-    for (const auto& name : model_->expected_names(LoadFormat::kCheckpoint))
+    for (const auto& name : model_->expected_names(WeightFormat::kCheckpoint))
       if (!loaded.count(name))
         raise<ValidationError>("cannot shard '", source_.describe(), "': parameter '", name,
                                "' of tp rank ", rank, " was not loaded (a tensor is missing)");

@@ -10,16 +10,6 @@
 namespace tpreload {
 namespace {
 
-std::int64_t leading_rows(const std::vector<std::int64_t>& shape) {
-  return shape.empty() ? 1 : shape[0];
-}
-
-std::uint64_t bytes_per_row(const std::vector<std::int64_t>& shape, DType dtype) {
-  std::uint64_t n = dtype_size(dtype);
-  for (std::size_t d = 1; d < shape.size(); ++d) n *= static_cast<std::uint64_t>(shape[d]);
-  return n;
-}
-
 // Per-tensor decisions: which tensors move, how, and to whom.
 void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const PlanOptions& o,
                   Plan& plan) {
@@ -28,16 +18,19 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
     const TensorInfo& info = md.tensors[i];
     PlannedTensor t;
     t.index = i;
-    t.rows = leading_rows(info.shape);
-    if (o.format == ReloadFormat::kKernel) {
-      if (!rules.find_param(info.name) || info.tp_rank < 0 || info.tp_rank >= o.tp_size) {
+    t.rows = shape_rows(info.shape);
+    if (o.format == WeightFormat::kKernel) {
+      const ParamSlot slot = rules.find_slot(info.name);
+      if (slot == kNoSlot || info.tp_rank < 0 || info.tp_rank >= o.tp_size) {
         plan.skipped.push_back(info.name);
         continue;
       }
-      t.kernel_tp_rank = info.tp_rank;
+      t.format = WeightFormat::kKernel;
+      t.owner_tp_rank = info.tp_rank;
+      t.slot = slot;
       t.scatter = scatter;
       t.layer = layer_of(info.name);
-      t.rejected = info.shape != rules.find_param(info.name)->shape;
+      t.rejected = info.shape != rules.params()[slot].shape;
     } else {
       bool sliced = false;
       for (int r = 0; r < o.tp_size; ++r) {
@@ -77,7 +70,7 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
 
 // Bytes one row of `t` costs in a bucket (scatter: summed over receiving ranks).
 std::uint64_t row_cost(const PlannedTensor& t, const TensorInfo& info, const PlanOptions& o) {
-  if (!t.scatter) return bytes_per_row(info.shape, info.dtype);
+  if (!t.scatter) return shape_row_bytes(info.shape, info.dtype);
   std::uint64_t cost = 0;
   for (int w = 0; w < o.world_size; ++w) {
     const int tp = w % o.tp_size;
@@ -87,16 +80,15 @@ std::uint64_t row_cost(const PlannedTensor& t, const TensorInfo& info, const Pla
 }
 
 // Lay out a closed scatter bucket: each world rank's rows form one contiguous region.
-void layout_scatter(const Plan& plan, const SourceMetadata& md, const PlanOptions& o,
-                    Bucket& b) {
+void layout_scatter(const Plan& plan, const SourceMetadata& md, const PlanOptions& o, Bucket& b) {
   std::vector<std::uint64_t> region(o.world_size, 0);
   for (Piece& p : b.pieces) {
     const PlannedTensor& t = plan.tensors[p.planned];
     p.rank_offset.assign(o.world_size, 0);
     for (int w = 0; w < o.world_size; ++w) {
       const int tp = w % o.tp_size;
-      const std::int64_t rows = std::max<std::int64_t>(
-          0, std::min(p.row_end, t.rows_for(tp)) - p.row_begin);
+      const std::int64_t rows =
+          std::max<std::int64_t>(0, std::min(p.row_end, t.rows_for(tp)) - p.row_begin);
       p.rank_offset[w] = region[w];
       region[w] += static_cast<std::uint64_t>(rows) * t.row_bytes_for(tp, md.tensors[t.index]);
     }
@@ -159,18 +151,14 @@ std::string_view distribution_name(Distribution d) {
   return d == Distribution::kBroadcast ? "broadcast" : "scatter";
 }
 
-std::string_view format_name(ReloadFormat f) {
-  return f == ReloadFormat::kCheckpoint ? "checkpoint" : "kernel";
-}
-
 std::int64_t PlannedTensor::rows_for(int tp_rank) const {
-  if (kernel_tp_rank >= 0) return tp_rank == kernel_tp_rank ? rows : 0;
-  return leading_rows(placements.at(tp_rank).slice_shape());
+  if (kernel()) return tp_rank == owner_tp_rank ? rows : 0;
+  return shape_rows(placements.at(tp_rank).slice_shape());
 }
 
 std::uint64_t PlannedTensor::row_bytes_for(int tp_rank, const TensorInfo& info) const {
-  if (kernel_tp_rank >= 0) return bytes_per_row(info.shape, info.dtype);
-  return bytes_per_row(placements.at(tp_rank).slice_shape(), info.dtype);
+  if (kernel()) return shape_row_bytes(info.shape, info.dtype);
+  return shape_row_bytes(placements.at(tp_rank).slice_shape(), info.dtype);
 }
 
 Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanOptions& o) {
@@ -179,12 +167,11 @@ Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanO
   if (o.tp_size != rules.tp_size())
     raise<UsageError>("plan tp size ", o.tp_size, " differs from the model's ", rules.tp_size());
   if (o.bucket_bytes == 0) raise<UsageError>("bucket size must be positive");
-  if (o.format == ReloadFormat::kKernel) {
+  if (o.format == WeightFormat::kKernel) {
     if (!md.kernel)
       raise<ValidationError>("kernel-format reload from '", md.description,
                              "', which is a checkpoint-format source (no kernel_format.json)");
-    if (md.kernel->tp_size != rules.tp_size() ||
-        md.kernel->quantization != rules.quantization())
+    if (md.kernel->tp_size != rules.tp_size() || md.kernel->quantization != rules.quantization())
       raise<ValidationError>("kernel-format source '", md.description, "' was made for tp ",
                              md.kernel->tp_size, " quantization '", md.kernel->quantization,
                              "', the model is tp ", rules.tp_size(), " quantization '",
@@ -198,6 +185,51 @@ Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanO
   plan_buckets(md, o, plan);
   mark_finished_layers(plan);
   return plan;
+}
+
+namespace {
+
+// This rank's part of one piece: the write, the padding and the completion mark.
+void resolve_piece(const Plan& plan, const SourceMetadata& md, const ShardingRules& rules,
+                   const Bucket& bucket, const Piece& p, int world_rank, int tp_rank,
+                   BucketApply& out) {
+  const PlannedTensor& t = plan.tensors[p.planned];
+  if (!t.held_by(tp_rank)) return;
+  const TensorInfo& info = md.tensors[t.index];
+  std::int64_t rows = p.row_end - p.row_begin;
+  std::uint64_t offset = p.offset;
+  if (bucket.scatter) {
+    rows = std::max<std::int64_t>(0, std::min(p.row_end, t.rows_for(tp_rank)) - p.row_begin);
+    offset = p.rank_offset[world_rank];
+  }
+  if (t.kernel()) {
+    if (rows > 0)
+      out.writes.push_back(kernel_row_write(rules, t.slot, info.dtype, p.row_begin, rows, offset));
+    if (p.last) out.completed.emplace_back(t.slot, rules.params()[t.slot].shards);
+    return;
+  }
+  const Placement& pl = t.placements[tp_rank];
+  if (auto w =
+          checkpoint_row_write(rules, pl, info.dtype, p.row_begin, rows, bucket.scatter, offset))
+    out.writes.push_back(*w);
+  if (!p.last) return;
+  if (auto z = padding_rows(rules, pl)) out.zeros.push_back(*z);
+  out.completed.emplace_back(pl.slot, shard_bit(pl.shard));
+}
+
+}  // namespace
+
+std::vector<BucketApply> resolve_applies(const Plan& plan, const SourceMetadata& md,
+                                         const ShardingRules& rules, const PlanOptions& o,
+                                         int world_rank) {
+  if (world_rank < 0 || world_rank >= o.world_size)
+    raise<UsageError>("world rank ", world_rank, " is outside a world of ", o.world_size);
+  const int tp_rank = world_rank % o.tp_size;
+  std::vector<BucketApply> out(plan.buckets.size());
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+    for (const Piece& p : plan.buckets[b].pieces)
+      resolve_piece(plan, md, rules, plan.buckets[b], p, world_rank, tp_rank, out[b]);
+  return out;
 }
 
 }  // namespace tpreload

@@ -8,6 +8,8 @@
 #include "sync.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/comm/communicator.h"
+#include "tpreload/comm/data_transport.h"
+#include "tpreload/comm/device.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
 
@@ -22,11 +24,9 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-LoadFormat load_format(ReloadFormat f) {
-  return f == ReloadFormat::kKernel ? LoadFormat::kKernel : LoadFormat::kCheckpoint;
+std::uint64_t fnv(std::uint64_t h, std::uint64_t v) {
+  return (h ^ v) * 1099511628211ull;
 }
-
-std::uint64_t fnv(std::uint64_t h, std::uint64_t v) { return (h ^ v) * 1099511628211ull; }
 
 // A fingerprint of what must be identical on every rank for them to derive the
 // same plan: the model's parameter layout and the options the plan depends on.
@@ -37,14 +37,16 @@ std::uint64_t fnv(std::uint64_t h, const std::string& s) {
 
 // Everything the placement of a tensor depends on: the config (heads, KV heads,
 // vocab...), quantization and LoRA, and per parameter its shape, dtype, kind,
-// layer and stacked shards. Ranks compare it, and a kept plan is keyed by it.
-std::int64_t agreement_fingerprint(const TensorParallelModel& model, const ReloadOptions& o) {
+// layer and stacked shards; and the data plane, whose transfers every rank must
+// post alike. Ranks compare it, and a kept plan is keyed by it.
+std::int64_t agreement_fingerprint(const TensorParallelModel& model, const ReloadOptions& o,
+                                   const DataTransport& data) {
   const ModelConfig& c = model.config();
   std::uint64_t h = fnv(1469598103934665603ull, c.architecture);
-  for (std::int64_t v : {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
-                         c.num_key_value_heads, c.head_dim, c.vocab_size,
-                         std::int64_t(c.tie_word_embeddings), std::int64_t(c.attention_bias),
-                         std::int64_t(c.dtype), std::int64_t(model.options().lora)})
+  for (std::int64_t v :
+       {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
+        c.num_key_value_heads, c.head_dim, c.vocab_size, std::int64_t(c.tie_word_embeddings),
+        std::int64_t(c.attention_bias), std::int64_t(c.dtype), std::int64_t(model.options().lora)})
     h = fnv(h, static_cast<std::uint64_t>(v));
   h = fnv(h, model.options().quantization);
   for (const ParamSpec& p : model.rules().params()) {
@@ -52,8 +54,9 @@ std::int64_t agreement_fingerprint(const TensorParallelModel& model, const Reloa
     for (auto d : p.shape) h = fnv(h, static_cast<std::uint64_t>(d));
     h = fnv(fnv(fnv(h, static_cast<std::uint64_t>(p.dtype)), static_cast<std::uint64_t>(p.kind)),
             static_cast<std::uint64_t>(p.layer));
-    for (const auto& id : p.shard_ids) h = fnv(h, id);
+    h = fnv(h, static_cast<std::uint64_t>(p.shards));
   }
+  h = fnv(fnv(h, data.backend()), static_cast<std::uint64_t>(data.memory()));
   for (std::uint64_t v : {std::uint64_t(model.options().tp_size), std::uint64_t(o.format),
                           std::uint64_t(o.distribution), o.bucket_bytes,
                           std::uint64_t(o.reader_rank), std::uint64_t(o.zero_copy)})
@@ -65,15 +68,16 @@ std::int64_t agreement_fingerprint(const TensorParallelModel& model, const Reloa
 // differ would compute different plans, so every rank stops here alike. Returns
 // the fingerprint they agree on.
 std::int64_t check_ranks_agree(Communicator& world, const TensorParallelModel& model,
-                               const ReloadOptions& options) {
-  const std::int64_t mine = agreement_fingerprint(model, options);
+                               const ReloadOptions& options, const DataTransport& data) {
+  const std::int64_t mine = agreement_fingerprint(model, options, data);
   std::int64_t lo = mine, hi = mine;
   world.allreduce_ints(&lo, 1, IntOp::kMin);
   world.allreduce_ints(&hi, 1, IntOp::kMax);
   if (lo != hi)
-    raise<UsageError>("ranks disagree on the model (config, tp size, quantization) or on the "
-                      "reload options (format, distribution, bucket size, reader rank); "
-                      "nothing was reloaded");
+    raise<UsageError>(
+        "ranks disagree on the model (config, tp size, quantization), on the "
+        "reload options (format, distribution, bucket size, reader rank) or on the "
+        "data plane (transport, memory space); nothing was reloaded");
   return mine;
 }
 
@@ -82,13 +86,13 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
                                              const TensorParallelModel& model, int world_rank) {
   const int tp = model.options().tp_size;
   if (model.options().tp_rank != world_rank % tp)
-    return detail::concat("world rank ", world_rank, " must hold tp rank ", world_rank % tp,
-                          " of ", tp, " but its model is tp rank ", model.options().tp_rank);
+    return detail::concat("world rank ", world_rank, " must hold tp rank ", world_rank % tp, " of ",
+                          tp, " but its model is tp rank ", model.options().tp_rank);
   for (const PlannedTensor& t : plan.tensors) {
     const TensorInfo& info = md.tensors[t.index];
     std::string problem;
-    if (t.kernel_tp_rank >= 0) {
-      if (t.kernel_tp_rank == model.options().tp_rank)
+    if (t.kernel()) {
+      if (t.held_by(model.options().tp_rank))
         problem = model.check_kernel_tensor(info.name, info.shape, info.dtype);
     } else {
       problem = model.check_checkpoint_tensor(t.placements[model.options().tp_rank], info.shape,
@@ -127,14 +131,16 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
   if (world.rank() == reader) {
     try {
       if (!source) raise<UsageError>("no weight source was given to the reader rank");
-      payload = serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
+      payload =
+          serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
     } catch (const std::exception& e) {
       problem = e.what();
     }
   }
   agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
-  std::int64_t listing[2] = {static_cast<std::int64_t>(payload.size()),
-                             static_cast<std::int64_t>(world.rank() == reader ? hash_bytes(payload) >> 1 : 0)};
+  std::int64_t listing[2] = {
+      static_cast<std::int64_t>(payload.size()),
+      static_cast<std::int64_t>(world.rank() == reader ? hash_bytes(payload) >> 1 : 0)};
   world.broadcast(MutableBytes(listing, sizeof listing), reader);
   std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[1]), listing[0]),
                           static_cast<std::uint64_t>(fingerprint));
@@ -157,18 +163,20 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
   const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
                                  world.size(), model.options().tp_size};
   fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
-  agree_on_problem<ValidationError>(world,
-                                    preflight_problem(fresh->plan, fresh->metadata, model, world.rank()),
-                                    "preflight (nothing was reloaded)");
+  agree_on_problem<ValidationError>(
+      world, preflight_problem(fresh->plan, fresh->metadata, model, world.rank()),
+      "preflight (nothing was reloaded)");
+  fresh->applies =
+      resolve_applies(fresh->plan, fresh->metadata, model.rules(), plan_options, world.rank());
   workspace.keep_plan(std::move(fresh));
   return *workspace.cached_plan();
 }
 
 // COLLECTIVE. Bitsets of loaded names: OR says someone loaded it, AND that all did.
-void validate(Communicator& world, const TensorParallelModel& model, ReloadFormat format,
+void validate(Communicator& world, const TensorParallelModel& model, WeightFormat format,
               ReloadResult& result) {
-  const auto expected = model.expected_names(load_format(format));
-  const auto loaded = model.loaded_names(load_format(format));
+  const auto expected = model.expected_names(format);
+  const auto loaded = model.loaded_names(format);
   const std::size_t words = (expected.size() + 63) / 64;
   std::vector<std::uint64_t> mine(words, 0);
   for (std::size_t i = 0, j = 0; i < expected.size(); ++i) {
@@ -181,8 +189,10 @@ void validate(Communicator& world, const TensorParallelModel& model, ReloadForma
   std::vector<std::size_t> partial;
   for (std::size_t i = 0; i < expected.size(); ++i) {
     const std::uint64_t bit = 1ull << (i % 64);
-    if (!(any[i / 64] & bit)) result.not_loaded_on_all_ranks.push_back(expected[i]);
-    else if (!(all[i / 64] & bit)) partial.push_back(i);
+    if (!(any[i / 64] & bit))
+      result.not_loaded_on_all_ranks.push_back(expected[i]);
+    else if (!(all[i / 64] & bit))
+      partial.push_back(i);
   }
   if (partial.empty()) return;
   // Which ranks miss each partially loaded name: one row per name, one column per rank.
@@ -199,19 +209,27 @@ void validate(Communicator& world, const TensorParallelModel& model, ReloadForma
 void reduce_figures(Communicator& world, ReloadResult& r, const detail::PipelineStats& stats,
                     std::uint64_t read_bytes) {
   auto us = [](double s) { return static_cast<std::int64_t>(s * 1e6); };
-  std::vector<std::int64_t> v = {us(r.seconds.total),    us(r.seconds.read),
-                                 us(r.seconds.transfer), us(r.seconds.apply),
-                                 us(r.seconds.finish),   us(r.seconds.validate),
+  std::vector<std::int64_t> v = {us(r.seconds.total),
+                                 us(r.seconds.read),
+                                 us(r.seconds.transfer),
+                                 us(r.seconds.apply),
+                                 us(r.seconds.finish),
+                                 us(r.seconds.validate),
                                  static_cast<std::int64_t>(read_bytes),
                                  static_cast<std::int64_t>(stats.bytes_sent),
                                  static_cast<std::int64_t>(stats.bytes_copied),
-                                 static_cast<std::int64_t>(stats.buffer_bytes)};
+                                 static_cast<std::int64_t>(stats.staging.total()),
+                                 static_cast<std::int64_t>(stats.staging.host),
+                                 static_cast<std::int64_t>(stats.staging.pinned),
+                                 static_cast<std::int64_t>(stats.staging.device)};
   allreduce_ints(world, v, IntOp::kMax);
   r.seconds = {v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6};
   r.bytes_read = v[6];
   r.bytes_transferred = v[7];
   r.bytes_copied_on_reader = v[8];
   r.peak_staging_bytes = v[9];
+  r.staging = {static_cast<std::uint64_t>(v[10]), static_cast<std::uint64_t>(v[11]),
+               static_cast<std::uint64_t>(v[12])};
 }
 
 void check_options(const ReloadOptions& o, const Communicator& world) {
@@ -222,14 +240,39 @@ void check_options(const ReloadOptions& o, const Communicator& world) {
   if (o.pipeline_depth < 1) raise<UsageError>("pipeline depth must be at least 1");
 }
 
+// This rank's planes fit together: same ranks, and a device transport only for
+// parameters on its device. Local checks: a rank that fails here throws before
+// its first collective, and its peers time out (every rank sets up its planes
+// alike, so in practice all fail here together).
+void check_planes(const Communicator& control, const DataTransport& data,
+                  const TensorParallelModel& model) {
+  if (data.size() != control.size() || data.rank() != control.rank())
+    raise<UsageError>("rank ", control.rank(), "/", control.size(), ": the data transport is rank ",
+                      data.rank(), "/", data.size(), " (it must span the control ranks in order)");
+  if (data.memory() == MemoryKind::kDevice &&
+      (model.sink().memory() != MemoryKind::kDevice || data.device() != model.sink().device()))
+    raise<UsageError>("rank ", control.rank(), "/", control.size(), ": the ", data.backend(),
+                      " transport moves device memory, but the parameters are ",
+                      model.sink().device() ? "on another device" : "in host memory",
+                      " (give the model the transport's device)");
+}
+
 }  // namespace
 
 ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, WeightSource* source,
                             const ReloadOptions& options, ReloadWorkspace* workspace) {
+  const auto data = make_communicator_transport(world);
+  return reload_weights(model, world, *data, source, options, workspace);
+}
+
+ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, DataTransport& data,
+                            WeightSource* source, const ReloadOptions& options,
+                            ReloadWorkspace* workspace) {
   ReloadWorkspace local;  // freed on return when the caller keeps none
   ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
-  const std::int64_t fingerprint = check_ranks_agree(world, model, options);
+  check_planes(world, data, model);
+  const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
   check_options(options, world);  // same options everywhere, so the same verdict
   const bool reader = world.rank() == options.reader_rank;
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
@@ -246,7 +289,9 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Wei
   result.distribution = options.distribution;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
-  const auto stats = detail::run_pipeline(plan, md, model, world, source, options, kept);
+  result.transport = data.backend();
+  result.parameter_memory = model.sink().device() ? model.sink().device()->describe() : "host";
+  const auto stats = detail::run_pipeline(planned, model, world, data, source, options, kept);
   agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
   auto t = Clock::now();
   std::optional<std::string> finish_problem;
@@ -259,7 +304,7 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Wei
   result.seconds.finish = stats.finish + since(t);
   t = Clock::now();
   validate(world, model, options.format, result);
-  result.loaded = model.loaded_names(load_format(options.format));
+  result.loaded = model.loaded_names(options.format);
   result.seconds.validate = since(t);
   result.seconds.read = stats.read;
   result.seconds.transfer = stats.transfer;
@@ -272,8 +317,15 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Wei
 
 // ------------------------------------------------------------ ReloadableModel
 
-ReloadableModel::ReloadableModel(TensorParallelModel& model, WeightLocation location)
-    : model_(model), location_(std::move(location)) {}
+ReloadableModel::ReloadableModel(TensorParallelModel& model, WeightLocation location,
+                                 DataTransport* data)
+    : model_(model), location_(std::move(location)), data_(data) {}
+
+ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& options,
+                                  WeightSource* source) {
+  if (data_) return reload_weights(model_, world, *data_, source, options, &workspace_);
+  return reload_weights(model_, world, source, options, &workspace_);
+}
 
 void ReloadableModel::on_reloaded(std::function<void(const ReloadResult&)> callback) {
   callbacks_.push_back(std::move(callback));
@@ -291,7 +343,9 @@ class FailedSource final : public WeightSource {
   std::optional<ConstBytes> view(std::size_t, ByteRange) override { throw CheckpointError(error_); }
   void read(std::size_t, ByteRange, MutableBytes) override { throw CheckpointError(error_); }
   std::uint64_t bytes_read() const override { return 0; }
-  const std::map<std::string, std::string>& metadata() const override { throw CheckpointError(error_); }
+  const std::map<std::string, std::string>& metadata() const override {
+    throw CheckpointError(error_);
+  }
 
  private:
   std::string error_;
@@ -312,14 +366,15 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
       opened = std::make_unique<FailedSource>(e.what());
     }
   }
-  ReloadResult result = reload_weights(model_, world, opened.get(), options, &workspace_);
+  ReloadResult result = run(world, options, opened.get());
   // A partial reload changed some weights (callbacks must still drop derived
   // caches) but does not make `from` the model's location.
   if (from != location_.path && result.complete()) {
     if (!location_.revision.empty() || !location_.remote_uri.empty())
-      log().info("weights now come from '{}'; dropping revision '{}' and remote location '{}' "
-                 "that belonged to '{}'",
-                 from, location_.revision, location_.remote_uri, location_.path);
+      log().info(
+          "weights now come from '{}'; dropping revision '{}' and remote location '{}' "
+          "that belonged to '{}'",
+          from, location_.revision, location_.remote_uri, location_.path);
     location_ = WeightLocation{from, "", ""};
   }
   for (const auto& callback : callbacks_) callback(result);
@@ -328,7 +383,7 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
 
 ReloadResult ReloadableModel::reload_from(Communicator& world, const ReloadOptions& options,
                                           WeightSource* source) {
-  ReloadResult result = reload_weights(model_, world, source, options, &workspace_);
+  ReloadResult result = run(world, options, source);
   for (const auto& callback : callbacks_) callback(result);
   return result;
 }

@@ -1,7 +1,5 @@
 #include "tpreload/reload/report.h"
 
-#include <zlib.h>
-
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -12,29 +10,29 @@
 
 namespace tpreload {
 
-std::vector<ParamFingerprint> gather_fingerprints(const TensorParallelModel& model,
-                                                  Communicator& world) {
+std::vector<ParamFingerprint> gather_fingerprints(TensorParallelModel& model, Communicator& world) {
   const auto& params = model.named_parameters();
   const int n = world.size();
   std::vector<std::int64_t> crcs(params.size() * n, 0);
   std::vector<ParamFingerprint> out;
   std::size_t i = 0;
+  ParameterSink& sink = model.sink();
   for (const auto& [name, t] : params) {
-    const at::Tensor c = t.contiguous();
-    const ConstBytes bytes = tensor_bytes(c);
-    uLong crc = crc32(0L, Z_NULL, 0);
-    for (std::uint64_t at = 0; at < bytes.size;) {  // zlib takes 32-bit lengths
-      const auto len = static_cast<uInt>(std::min<std::uint64_t>(bytes.size - at, 1u << 30));
-      crc = crc32(crc, reinterpret_cast<const Bytef*>(bytes.data + at), len);
-      at += len;
-    }
+    // Parameters are read where they live (device memory in bounded chunks).
+    const ParamSlot slot = model.rules().find_slot(name);
+    const std::uint32_t crc =
+        slot != kNoSlot ? sink.crc32(slot)
+                        : sink.crc32(static_cast<const std::byte*>(t.data_ptr()),
+                                     static_cast<std::uint64_t>(t.numel() * t.element_size()),
+                                     "'" + name + "'");
     crcs[i * n + world.rank()] = static_cast<std::int64_t>(crc);
     out.push_back({name, t.sizes().vec(), dtype_from_torch(t.scalar_type()), {}});
     ++i;
   }
   allreduce_ints(world, crcs, IntOp::kSum);
   for (std::size_t k = 0; k < out.size(); ++k)
-    for (int r = 0; r < n; ++r) out[k].crc32_by_rank.push_back(static_cast<std::uint32_t>(crcs[k * n + r]));
+    for (int r = 0; r < n; ++r)
+      out[k].crc32_by_rank.push_back(static_cast<std::uint32_t>(crcs[k * n + r]));
   return out;
 }
 
@@ -47,14 +45,15 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
   for (int w = 0; w < ctx.world_size; ++w) {
     json params = json::object();
     for (const auto& f : fingerprints)
-      params[f.name] = {{"shape", f.shape}, {"dtype", dtype_name(f.dtype)}, {"crc32", f.crc32_by_rank.at(w)}};
+      params[f.name] = {
+          {"shape", f.shape}, {"dtype", dtype_name(f.dtype)}, {"crc32", f.crc32_by_rank.at(w)}};
     ranks.push_back({{"rank", w}, {"tp_rank", w % ctx.tp_size}, {"params", params}});
   }
   json doc = {
       {"world_size", ctx.world_size},
       {"tp_size", ctx.tp_size},
       {"format", format_name(r.format)},
-      {"transport", ctx.transport},
+      {"transport", r.transport.empty() ? ctx.transport : r.transport},
       {"distribution", distribution_name(r.distribution)},
       {"source", r.source},
       {"bytes_read", r.bytes_read},
@@ -62,9 +61,16 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
       {"bytes_copied_on_reader", r.bytes_copied_on_reader},
       {"buckets", r.buckets},
       {"seconds",
-       {{"total", r.seconds.total}, {"read", r.seconds.read}, {"transfer", r.seconds.transfer},
-        {"apply", r.seconds.apply}, {"finish", r.seconds.finish}, {"validate", r.seconds.validate}}},
+       {{"total", r.seconds.total},
+        {"read", r.seconds.read},
+        {"transfer", r.seconds.transfer},
+        {"apply", r.seconds.apply},
+        {"finish", r.seconds.finish},
+        {"validate", r.seconds.validate}}},
       {"peak_staging_bytes", r.peak_staging_bytes},
+      {"staging_bytes",
+       {{"host", r.staging.host}, {"pinned_host", r.staging.pinned}, {"device", r.staging.device}}},
+      {"parameter_memory", r.parameter_memory},
       {"skipped", r.skipped},
       {"not_loaded", {{"on_all_ranks", r.not_loaded_on_all_ranks}, {"on_some_ranks", some}}},
       {"ranks", ranks}};
@@ -80,8 +86,11 @@ std::string summary_text(const ReloadResult& r) {
       << format_name(r.format) << " format, " << distribution_name(r.distribution) << ", "
       << r.buckets << " buckets)\n"
       << "  bytes read " << r.bytes_read << ", transferred " << r.bytes_transferred << " ("
-      << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0) << " GB/s end to end), peak staging "
-      << r.peak_staging_bytes << " bytes per rank\n"
+      << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0) << " GB/s end to end) over "
+      << (r.transport.empty() ? "?" : r.transport) << " into "
+      << (r.parameter_memory.empty() ? "?" : r.parameter_memory) << " memory\n  peak staging "
+      << r.peak_staging_bytes << " bytes per rank (host " << r.staging.host << ", pinned "
+      << r.staging.pinned << ", device " << r.staging.device << ")\n"
       << "  seconds: total " << r.seconds.total << ", read " << r.seconds.read << ", transfer "
       << r.seconds.transfer << ", apply " << r.seconds.apply << ", finish " << r.seconds.finish
       << ", validate " << r.seconds.validate << "\n";
@@ -93,7 +102,8 @@ std::string summary_text(const ReloadResult& r) {
   if (r.complete()) {
     out << "  every expected parameter loaded on every rank\n";
   } else {
-    for (const auto& n : r.not_loaded_on_all_ranks) out << "  NOT LOADED on any rank: " << n << "\n";
+    for (const auto& n : r.not_loaded_on_all_ranks)
+      out << "  NOT LOADED on any rank: " << n << "\n";
     for (const auto& [n, ranks] : r.not_loaded_on_some_ranks) {
       out << "  NOT LOADED on ranks";
       for (int k : ranks) out << " " << k;

@@ -1,15 +1,13 @@
-// Small concurrency and agreement helpers of the reload engine (internal).
+// Small concurrency helpers of the reload engine (internal).
 #pragma once
 
-#include <climits>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <optional>
 #include <string>
 
-#include "tpreload/comm/communicator.h"
-#include "tpreload/core/error.h"
+#include "tpreload/comm/agreement.h"
 
 namespace tpreload::detail {
 
@@ -58,24 +56,6 @@ class BlockingQueue {
   bool closed_ = false;
 };
 
-// COLLECTIVE. If any rank has a problem, every rank throws the same `E` whose
-// message names the lowest such rank, its problem, and how many ranks had one.
-template <typename E>
-void agree_on_problem(Communicator& comm, const std::optional<std::string>& problem,
-                      const std::string& what) {
-  std::int64_t first = problem ? comm.rank() : INT64_MAX;
-  comm.allreduce_ints(&first, 1, IntOp::kMin);
-  if (first == INT64_MAX) return;
-  std::int64_t ranks_with_problem = problem ? 1 : 0;
-  comm.allreduce_ints(&ranks_with_problem, 1, IntOp::kSum);
-  std::int64_t length = comm.rank() == first ? static_cast<std::int64_t>(problem->size()) : 0;
-  comm.allreduce_ints(&length, 1, IntOp::kMax);
-  std::string message(static_cast<std::size_t>(length), '\0');
-  if (comm.rank() == first) message = *problem;
-  comm.broadcast(MutableBytes(message.data(), message.size()), static_cast<int>(first));
-  std::string others;
-  if (ranks_with_problem > 1) others = concat(" (and on ", ranks_with_problem - 1, " other ranks)");
-  raise<E>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others);
-}
+using tpreload::agree_on_problem;
 
 }  // namespace tpreload::detail

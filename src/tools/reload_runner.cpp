@@ -13,13 +13,14 @@
 
 #include "tpreload/checkpoint/synthetic.h"
 #include "tpreload/checkpoint/weight_source.h"
-#include "tpreload/comm/mpi_communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
 #include "tpreload/model/config.h"
 #include "tpreload/model/model.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
+#include "tpreload/runtime/data_plane.h"
+#include "tpreload/runtime/program.h"
 
 namespace {
 
@@ -43,16 +44,18 @@ struct RunnerOptions {
   bool demo = false;
   std::string log_level = "info";
   int timeout_s = 300;
+  std::string device = "cpu";
+  std::string transport = "mpi";
 
   std::string describe() const {
-    return tpreload::detail::concat("model=", model_dir, " weights=", weights.empty() ? "(model)" : weights,
-                          " kernel_format=", kernel_format, " tp=", tp, " quantization=",
-                          quantization.empty() ? "none" : quantization, " lora=", lora,
-                          " distribution=", distribution, " bucket_mb=", bucket_mb,
-                          " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
-                          " zero_copy=", zero_copy,
-                          " repeat=", repeat, " report=", report, " demo=", demo,
-                          " timeout_s=", timeout_s);
+    return tpreload::detail::concat(
+        "model=", model_dir, " weights=", weights.empty() ? "(model)" : weights,
+        " kernel_format=", kernel_format, " tp=", tp,
+        " quantization=", quantization.empty() ? "none" : quantization, " lora=", lora,
+        " distribution=", distribution, " bucket_mb=", bucket_mb,
+        " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank, " zero_copy=", zero_copy,
+        " repeat=", repeat, " report=", report, " demo=", demo, " timeout_s=", timeout_s,
+        " device=", device, " transport=", transport);
   }
 };
 
@@ -66,7 +69,8 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_flag("--kernel-format", o.kernel_format,
                "The weights are kernel-format shards (made by `reload_ckpt shard`): copy them "
                "straight into the parameters");
-  app.add_option("--tp", o.tp, "Tensor-parallel size; the world is replicas x tp (default: world size)")
+  app.add_option("--tp", o.tp,
+                 "Tensor-parallel size; the world is replicas x tp (default: world size)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--quantization", o.quantization, "int8: weight-only int8 kernel format")
       ->check(CLI::IsMember({"", "int8"}));
@@ -89,20 +93,36 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                "Broadcast a bucket straight from the memory-mapped file when it is one run of "
                "it, instead of reading it into a send buffer (slower on a freshly opened "
                "checkpoint: see docs/PERFORMANCE.md)");
-  app.add_option("--repeat", o.repeat, "Reload this many times")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--report", o.report, "Write a JSON report of the last reload here (see docs/REPORT.md)");
+  app.add_option("--repeat", o.repeat, "Reload this many times")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--report", o.report,
+                 "Write a JSON report of the last reload here (see docs/REPORT.md)");
   app.add_flag("--demo", o.demo,
                "Generate a small Llama model and two checkpoint versions, serve logits from "
                "version 1, reload version 2 in place, and check the logits equal a fresh load");
-  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")->capture_default_str();
-  app.add_option("--timeout", o.timeout_s, "Seconds one collective may take before every rank stops with an error")
+  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
+  app.add_option("--timeout", o.timeout_s,
+                 "Seconds one collective may take before every rank stops with an error")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--device", o.device,
+                 "Where the parameters live: cpu (host memory) or cuda (the GPU of each rank's "
+                 "node-local rank, modulo the GPUs it sees)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option(
+         "--transport", o.transport,
+         "What moves the bucket bytes: mpi (host buffers; with --device cuda they are pinned "
+         "and applied on the GPU) or nccl (device buffers; needs --device cuda)")
+      ->check(CLI::IsMember({"mpi", "nccl"}))
+      ->capture_default_str();
 }
 
 ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   ReloadOptions r;
-  r.format = kernel ? ReloadFormat::kKernel : ReloadFormat::kCheckpoint;
+  r.format = kernel ? WeightFormat::kKernel : WeightFormat::kCheckpoint;
   r.distribution = o.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
   r.bucket_bytes = static_cast<std::uint64_t>(o.bucket_mb * 1024 * 1024);
   r.pipeline_depth = o.pipeline_depth;
@@ -111,8 +131,10 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   return r;
 }
 
-ModelOptions model_options(const RunnerOptions& o, const Communicator& world) {
+ModelOptions model_options(const RunnerOptions& o, const Communicator& world,
+                           const DataPlane& plane) {
   ModelOptions m;
+  m.device = plane.device;
   m.tp_size = o.tp > 0 ? o.tp : world.size();
   if (world.size() % m.tp_size != 0)
     raise<UsageError>("--tp ", m.tp_size, " does not divide the world size ", world.size());
@@ -122,29 +144,31 @@ ModelOptions model_options(const RunnerOptions& o, const Communicator& world) {
   return m;
 }
 
-void write_report(const RunnerOptions& o, const ReloadResult& r, const TensorParallelModel& model,
+void write_report(const RunnerOptions& o, const ReloadResult& r, TensorParallelModel& model,
                   Communicator& world) {
   const auto fingerprints = gather_fingerprints(model, world);
   if (world.rank() != 0) return;
   std::ofstream out(o.report);
-  out << report_json(r, {world.size(), model.options().tp_size, world.backend()}, fingerprints) << "\n";
+  out << report_json(r, {world.size(), model.options().tp_size, world.backend()}, fingerprints)
+      << "\n";
   if (!out) raise<UsageError>("cannot write the report to '", o.report, "'");
   log().info("wrote report {}", o.report);
 }
 
-int run_reloads(const RunnerOptions& o, Communicator& world) {
+int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
   if (o.model_dir.empty()) raise<UsageError>("--model DIR is required (or use --demo)");
   const ModelConfig config = load_model_config(o.model_dir);
-  TensorParallelModel model(config, model_options(o, world));
-  ReloadableModel served(model, {o.model_dir, "", ""});
-  log().info("loading {} ({} layers, tp {}) from {}", config.architecture, config.num_hidden_layers,
-             model.options().tp_size, o.model_dir);
+  TensorParallelModel model(config, model_options(o, world, plane));
+  ReloadableModel served(model, {o.model_dir, "", ""}, plane.transport.get());
+  log().info("loading {} ({} layers, tp {}) from {} into {}", config.architecture,
+             config.num_hidden_layers, model.options().tp_size, o.model_dir, plane.describe());
   const ReloadResult initial = served.reload(world, reload_options(o, false));
   if (world.rank() == 0) std::cout << "initial load:\n" << summary_text(initial);
   ReloadResult last = initial;
   for (int i = 0; i < o.repeat; ++i) {
     last = served.reload(world, reload_options(o, o.kernel_format), o.weights);
-    if (world.rank() == 0) std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
+    if (world.rank() == 0)
+      std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
   }
   if (!o.report.empty()) write_report(o, last, model, world);
   return initial.complete() && last.complete() ? 0 : 3;
@@ -156,7 +180,8 @@ std::string shared_temp_dir(Communicator& world) {
   std::string name(512, '\0');
   if (world.rank() == 0) {
     std::string tmpl = (fs::temp_directory_path() / "tpreload-demo-XXXXXX").string();
-    if (!mkdtemp(tmpl.data())) raise<UsageError>("cannot create a temporary directory in ", fs::temp_directory_path());
+    if (!mkdtemp(tmpl.data()))
+      raise<UsageError>("cannot create a temporary directory in ", fs::temp_directory_path());
     name = tmpl;
     name.resize(512, '\0');
   }
@@ -168,12 +193,14 @@ ModelConfig demo_config() {
   return parse_model_config(R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 256,
     "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 8,
     "num_key_value_heads": 2, "vocab_size": 1000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})", "demo config");
+    "tie_word_embeddings": false, "torch_dtype": "bfloat16"})",
+                            "demo config");
 }
 
 void write_demo_checkpoints(const ModelConfig& config, const std::string& dir) {
   std::vector<TensorSpec> specs;
-  for (const auto& s : checkpoint_tensor_specs(config)) specs.push_back({s.name, config.dtype, s.shape});
+  for (const auto& s : checkpoint_tensor_specs(config))
+    specs.push_back({s.name, config.dtype, s.shape});
   for (int version : {1, 2}) {
     const std::string out = dir + "/v" + std::to_string(version);
     GenerateOptions g;
@@ -193,35 +220,38 @@ std::string head(const at::Tensor& logits) {
   return out.str() + " ...";
 }
 
-int run_demo(const RunnerOptions& o, Communicator& world) {
+int run_demo(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
   const std::string dir = shared_temp_dir(world);
   const ModelConfig config = demo_config();
   if (world.rank() == 0) write_demo_checkpoints(config, dir);
   world.barrier();
-  const ModelOptions mo = model_options(o, world);
+  const ModelOptions mo = model_options(o, world, plane);
   auto tp_group = world.split(world.rank() / mo.tp_size, world.rank());
   const std::vector<std::int64_t> tokens = {1, 15, 299, 640, 999, 42, 7, 512};
-  log().info("demo: {} ranks, tp {}, model {} in {}", world.size(), mo.tp_size, config.architecture, dir);
+  log().info("demo: {} ranks, tp {}, model {} in {}", world.size(), mo.tp_size, config.architecture,
+             dir);
 
   TensorParallelModel model(config, mo);
-  ReloadableModel served(model, {dir + "/v1", "", ""});
+  ReloadableModel served(model, {dir + "/v1", "", ""}, plane.transport.get());
   served.reload(world, reload_options(o, false));
   const at::Tensor before = model.forward(tokens, *tp_group);
-  const void* storage = model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
+  const void* storage =
+      model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
 
   const ReloadResult r = served.reload(world, reload_options(o, false), dir + "/v2");
   const at::Tensor after = model.forward(tokens, *tp_group);
   TensorParallelModel fresh(config, mo);
-  ReloadableModel fresh_served(fresh, {dir + "/v2", "", ""});
+  ReloadableModel fresh_served(fresh, {dir + "/v2", "", ""}, plane.transport.get());
   fresh_served.reload(world, reload_options(o, false));
   const at::Tensor expected = fresh.forward(tokens, *tp_group);
 
-  const bool in_place = storage == model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
+  const bool in_place =
+      storage == model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
   const bool changed = !at::equal(before, after);
   const bool exact = at::equal(after, expected);
   if (world.rank() == 0) {
-    std::cout << summary_text(r)
-              << "demo: logits of version 1, first token:   " << head(before) << "\n"
+    std::cout << summary_text(r) << "demo: logits of version 1, first token:   " << head(before)
+              << "\n"
               << "demo: logits after the in-place reload:    " << head(after) << "\n"
               << "demo: logits of a fresh load of version 2: " << head(expected) << "\n"
               << "demo: logits changed: " << (changed ? "yes" : "NO")
@@ -245,7 +275,9 @@ int main(int argc, char** argv) {
       "loaded on every rank, 3 when some did not (they are listed), 1 on errors.\n\nExamples:\n"
       "  mpirun -np 4 reload_runner --demo\n"
       "  mpirun -np 8 reload_runner --model /models/llama --tp 4 --weights /ckpt/step-200\n"
-      "  mpirun -np 4 reload_runner --model /models/llama --weights /ckpt/kernel-tp4 --kernel-format\n"};
+      "  mpirun -np 4 reload_runner --model /models/llama --weights /ckpt/kernel-tp4 "
+      "--kernel-format\n"
+      "  mpirun -np 8 reload_runner --model /models/llama --device cuda --transport nccl\n"};
   RunnerOptions options;
   add_options(app, options);
   try {
@@ -255,8 +287,11 @@ int main(int argc, char** argv) {
   }
   CommOptions comm_options;
   comm_options.timeout = std::chrono::seconds(options.timeout_s);
-  return run_mpi_program(&argc, &argv, options.log_level, comm_options, [&](MpiCommunicator& world) {
-    if (world.rank() == 0) log().info("reload_runner options: {}", options.describe());
-    return options.demo ? run_demo(options, world) : run_reloads(options, world);
-  });
+  return run_mpi_program(
+      &argc, &argv, options.log_level, comm_options, [&](MpiCommunicator& world) {
+        if (world.rank() == 0) log().info("reload_runner options: {}", options.describe());
+        const DataPlane plane =
+            open_data_plane(world, {options.device, options.transport, comm_options});
+        return options.demo ? run_demo(options, world, plane) : run_reloads(options, world, plane);
+      });
 }

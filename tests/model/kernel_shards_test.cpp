@@ -62,7 +62,7 @@ TEST(KernelShards, EqualCheckpointFormatLoadingByteForByte) {
       o.quantization = quantization;
       return o;
     }());
-    EXPECT_EQ(compared, 4 * probe.expected_names(LoadFormat::kKernel).size()) << quantization;
+    EXPECT_EQ(compared, 4 * probe.expected_names(WeightFormat::kKernel).size()) << quantization;
   }
 }
 

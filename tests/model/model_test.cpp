@@ -98,7 +98,7 @@ TEST(ModelLoad, StackedParameterCountsOnlyWhenEveryShardLoaded) {
   EXPECT_EQ(loaded.count("model.layers.0.self_attn.qkv_proj.weight"), 0u);
   EXPECT_EQ(loaded.count("model.layers.1.mlp.gate_up_proj.weight"), 0u);
   EXPECT_EQ(loaded.count("model.layers.1.self_attn.qkv_proj.weight"), 1u);
-  EXPECT_EQ(loaded.size(), model.expected_names(LoadFormat::kCheckpoint).size() - 2);
+  EXPECT_EQ(loaded.size(), model.expected_names(WeightFormat::kCheckpoint).size() - 2);
 }
 
 TEST(ModelLoad, WrongShapeOrDtypeIsRejectedWithNames) {
@@ -124,8 +124,9 @@ TEST(ShardingRules, IndivisibleSplitsAreModelErrors) {
     ShardingRules rules(tiny_config("llama_gqa"), 3);
     FAIL();
   } catch (const ModelError& e) {
-    EXPECT_STREQ(e.what(), "cannot split the model 3 ways: num_attention_heads 8 is not "
-                           "divisible by 3");
+    EXPECT_STREQ(e.what(),
+                 "cannot split the model 3 ways: num_attention_heads 8 is not "
+                 "divisible by 3");
   }
   EXPECT_THROW(ShardingRules(tiny_config("llama_gqa"), 16), ModelError);
   EXPECT_THROW(TensorParallelModel(tiny_config("llama_gqa"), opts(2, 2)), ModelError);
@@ -145,13 +146,13 @@ TEST(Lora, BaseLayerResolvesWithoutChangingTheTree) {
   EXPECT_EQ(params.count("model.layers.0.input_layernorm.weight"), 1u);
   const at::Tensor base = model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight");
   EXPECT_TRUE(base.is_same(params.at("model.layers.0.self_attn.qkv_proj.base_layer.weight")));
-  for (const auto& name : model.expected_names(LoadFormat::kCheckpoint)) {
+  for (const auto& name : model.expected_names(WeightFormat::kCheckpoint)) {
     EXPECT_EQ(name.find("base_layer"), std::string::npos) << name;
     EXPECT_EQ(name.find("lora"), std::string::npos) << name;
   }
   auto source = memory_source(ckpt);
   const auto loaded = model.load_weights(*source);
-  EXPECT_EQ(loaded.size(), model.expected_names(LoadFormat::kCheckpoint).size());
+  EXPECT_EQ(loaded.size(), model.expected_names(WeightFormat::kCheckpoint).size());
   for (const auto& [param, want] : expected_shards(config, ckpt, 2, 1))
     EXPECT_TRUE(same_bytes(model.parameter_for_reload(param), want)) << param;
 }
@@ -164,12 +165,14 @@ void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scal
   const float* src = w.data_ptr<float>();
   for (std::int64_t r = 0; r < w.size(0); ++r) {
     float amax = 0;
-    for (std::int64_t c = 0; c < w.size(1); ++c) amax = std::max(amax, std::fabs(src[r * w.size(1) + c]));
+    for (std::int64_t c = 0; c < w.size(1); ++c)
+      amax = std::max(amax, std::fabs(src[r * w.size(1) + c]));
     const float s = amax == 0 ? 1.0f : amax / 127.0f;
     scale.data_ptr<float>()[r] = s;
     for (std::int64_t c = 0; c < w.size(1); ++c) {
       const float v = std::nearbyint(src[r * w.size(1) + c] / s);  // ties to even
-      q.data_ptr<std::int8_t>()[r * w.size(1) + c] = static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
+      q.data_ptr<std::int8_t>()[r * w.size(1) + c] =
+          static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
     }
   }
 }
@@ -184,7 +187,7 @@ TEST(Int8, CheckpointFormatQuantizesEachRankShardPerRow) {
     void* storage = qkv.data_ptr();
     auto source = memory_source(ckpt);
     const auto loaded = model.load_weights(*source);
-    EXPECT_EQ(loaded.size(), model.expected_names(LoadFormat::kCheckpoint).size());
+    EXPECT_EQ(loaded.size(), model.expected_names(WeightFormat::kCheckpoint).size());
     EXPECT_EQ(qkv.data_ptr(), storage);
     for (const auto& [param, shard] : expected_shards(config, ckpt, 4, rank)) {
       const at::Tensor got = model.parameter_for_reload(param);
@@ -207,14 +210,15 @@ TEST(Int8, KernelFormatCopiesWeightsAndScalesStraight) {
   auto source = memory_source(random_checkpoint(config, 8));
   loaded.load_weights(*source);
   copy.begin_load();
-  for (const auto& name : copy.expected_names(LoadFormat::kKernel))
+  for (const auto& name : copy.expected_names(WeightFormat::kKernel))
     copy.load_kernel_tensor(name, loaded.parameter_for_reload(name));
-  EXPECT_EQ(copy.loaded_names(LoadFormat::kKernel).size(),
-            copy.expected_names(LoadFormat::kKernel).size());
+  EXPECT_EQ(copy.loaded_names(WeightFormat::kKernel).size(),
+            copy.expected_names(WeightFormat::kKernel).size());
   for (const auto& [name, t] : loaded.named_parameters())
     EXPECT_TRUE(same_bytes(copy.named_parameters().at(name), t)) << name;
-  EXPECT_NE(copy.check_kernel_tensor("model.layers.0.mlp.down_proj.weight", {64, 48},
-                                     DType::kBFloat16), "");
+  EXPECT_NE(
+      copy.check_kernel_tensor("model.layers.0.mlp.down_proj.weight", {64, 48}, DType::kBFloat16),
+      "");
 }
 
 TEST(Forward, SingleRankMatchesTheReference) {

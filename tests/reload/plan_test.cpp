@@ -12,7 +12,8 @@ namespace {
 ModelConfig config() {
   return parse_model_config(R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
     "intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":8,
-    "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16"})", "test");
+    "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16"})",
+                            "test");
 }
 
 // Metadata for the config's checkpoint laid out in `order` (indices into the specs).
@@ -89,9 +90,9 @@ TEST(Plan, CoversEveryRowOnceForEveryBucketSize) {
   const ShardingRules rules(c, 4);
   const SourceMetadata md = metadata(c);
   for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter})
-    for (std::uint64_t bucket : {std::uint64_t{1}, std::uint64_t{300}, std::uint64_t{5000},
-                                 std::uint64_t{1} << 30}) {
-      const Plan plan = make_plan(md, rules, {ReloadFormat::kCheckpoint, d, bucket, 8, 4});
+    for (std::uint64_t bucket :
+         {std::uint64_t{1}, std::uint64_t{300}, std::uint64_t{5000}, std::uint64_t{1} << 30}) {
+      const Plan plan = make_plan(md, rules, {WeightFormat::kCheckpoint, d, bucket, 8, 4});
       check_coverage(plan, md, bucket);
       EXPECT_EQ(plan.tensors.size(), md.tensors.size());
     }
@@ -100,7 +101,7 @@ TEST(Plan, CoversEveryRowOnceForEveryBucketSize) {
 TEST(Plan, ReplicatedTensorsAreBroadcastEvenWhenScattering) {
   const ModelConfig c = config();
   const Plan plan = make_plan(metadata(c), ShardingRules(c, 2),
-                              {ReloadFormat::kCheckpoint, Distribution::kScatter, 1 << 20, 2, 2});
+                              {WeightFormat::kCheckpoint, Distribution::kScatter, 1 << 20, 2, 2});
   for (const PlannedTensor& t : plan.tensors) {
     const bool replicated = t.placements[0].source_dim < 0;
     EXPECT_EQ(t.scatter, !replicated) << t.placements[0].checkpoint_name;
@@ -111,8 +112,8 @@ TEST(Plan, FinishesEachLayerOnceAfterItsLastPieceWhateverTheFileOrder) {
   const ModelConfig c = config();
   const SourceMetadata md = metadata(c, /*reverse_layers=*/true);
   for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
-    const Plan plan = make_plan(md, ShardingRules(c, 2, "int8"),
-                                {ReloadFormat::kCheckpoint, d, 2000, 2, 2});
+    const Plan plan =
+        make_plan(md, ShardingRules(c, 2, "int8"), {WeightFormat::kCheckpoint, d, 2000, 2, 2});
     std::map<std::int64_t, std::size_t> last_piece, finished_at;
     for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
       for (const Piece& p : plan.buckets[b].pieces)
@@ -130,8 +131,8 @@ TEST(Plan, FinishesEachLayerOnceAfterItsLastPieceWhateverTheFileOrder) {
 TEST(Plan, BroadcastBucketsFollowTheFileAndKindsDoNotAlternate) {
   const ModelConfig c = config();
   const SourceMetadata md = metadata(c);
-  const Plan plan = make_plan(md, ShardingRules(c, 2), {ReloadFormat::kCheckpoint,
-                                                        Distribution::kScatter, 1 << 20, 2, 2});
+  const Plan plan = make_plan(md, ShardingRules(c, 2),
+                              {WeightFormat::kCheckpoint, Distribution::kScatter, 1 << 20, 2, 2});
   ASSERT_EQ(plan.buckets.size(), 2u);  // all broadcasts, then all scatters
   EXPECT_FALSE(plan.buckets[0].scatter);
   EXPECT_TRUE(plan.buckets[1].scatter);
@@ -148,20 +149,24 @@ TEST(Plan, UnknownNamesAreSkippedAndKernelMismatchesRejected) {
   SourceMetadata md = metadata(c);
   md.tensors.push_back({"rotary.inv_freq", DType::kFloat32, {4}, 16, "f", 0, -1});
   const ShardingRules rules(c, 2);
-  const Plan plan = make_plan(md, rules, {ReloadFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 2, 2});
+  const Plan plan =
+      make_plan(md, rules, {WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 2, 2});
   EXPECT_EQ(plan.skipped, (std::vector<std::string>{"rotary.inv_freq"}));
-  EXPECT_THROW(make_plan(md, rules, {ReloadFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2}),
-               ValidationError);
+  EXPECT_THROW(
+      make_plan(md, rules, {WeightFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2}),
+      ValidationError);
   md.kernel = KernelFormatInfo{4, DType::kBFloat16, "", "{}"};
   try {
-    make_plan(md, rules, {ReloadFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2});
+    make_plan(md, rules, {WeightFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2});
     FAIL();
   } catch (const ValidationError& e) {
-    EXPECT_STREQ(e.what(), "kernel-format source 'test source' was made for tp 4 quantization '', "
-                           "the model is tp 2 quantization ''");
+    EXPECT_STREQ(e.what(),
+                 "kernel-format source 'test source' was made for tp 4 quantization '', "
+                 "the model is tp 2 quantization ''");
   }
-  EXPECT_THROW(make_plan(md, rules, {ReloadFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 3, 2}),
-               UsageError);
+  EXPECT_THROW(
+      make_plan(md, rules, {WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 3, 2}),
+      UsageError);
 }
 
 }  // namespace

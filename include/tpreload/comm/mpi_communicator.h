@@ -1,4 +1,6 @@
-// The MPI backend of Communicator, on host memory.
+// The MPI backend of the control plane (Communicator) and of the host data plane
+// (DataTransport), on host memory. Its own library, tpreload_mpi: the reload
+// engine does not link MPI; programs do.
 //
 // Every collective is posted non-blocking (MPI_Ibcast, MPI_Iscatterv,
 // MPI_Iallreduce, MPI_Ibarrier) and completed by polling against the deadline in
@@ -12,11 +14,12 @@
 
 #include <mpi.h>
 
-#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tpreload/comm/communicator.h"
+#include "tpreload/comm/data_transport.h"
 
 namespace tpreload {
 
@@ -86,15 +89,29 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override;
   [[noreturn]] void abort(int code) noexcept override;
 
+  // The non-blocking forms: post and return the transfer in flight (the blocking
+  // broadcast() and scatterv() are these plus wait()). The caller waits for it
+  // before reusing the buffers or posting a collective it must not overtake.
+  std::unique_ptr<Transfer> post_broadcast(MutableBytes buffer, int root);
+  std::unique_ptr<Transfer> post_scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
+                                          MutableBytes recv, int root);
+
+  // COLLECTIVE. A host-memory data transport over a duplicate of this
+  // communicator, so that data transfers never match control collectives.
+  std::unique_ptr<DataTransport> make_data_transport();
+
+  // COLLECTIVE. The ranks that share this rank's node (MPI_COMM_TYPE_SHARED):
+  // this rank's index among them and their count.
+  std::pair<int, int> node_rank_and_size();
+
  private:
+  friend class MpiTransfer;
   MpiCommunicator(MpiCommHandle comm, CommOptions options, std::string label);
   static void check_options(const CommOptions& options);
   void check_usable(const char* op) const;
   // Mark broken; abort the job (CommOptions::abort_on_failure) or throw.
   [[noreturn]] void fail(const std::string& message, bool timeout);
   void check_root(const char* op, int root) const;
-  // Wait for `requests` until the deadline; `what` names the operation in errors.
-  void wait(std::vector<MPI_Request>& requests, const std::string& what);
   template <typename T>
   void allreduce_words(T* values, std::size_t count, MPI_Datatype type, MPI_Op op,
                        const char* name);
@@ -107,13 +124,5 @@ class MpiCommunicator final : public Communicator {
   int size_ = 1;
   bool broken_ = false;
 };
-
-// The main() of an MPI program: initialise MPI, set up logging with the rank
-// prefix (`log_level`), make the world communicator, and run `body`. An exception
-// from `body` is logged and ends the whole job (MPI_Abort with 1), so no peer is
-// left waiting; otherwise MPI is finalized and body's return value returned.
-int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
-                    const CommOptions& options,
-                    const std::function<int(MpiCommunicator& world)>& body);
 
 }  // namespace tpreload

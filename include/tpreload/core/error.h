@@ -68,6 +68,8 @@ std::string concat(Args&&... args) {
 // layer that owns the C library, which knows how to turn the code into text.
 [[noreturn]] void raise_mpi_error(int code, const char* expr, const char* file, int line);
 [[noreturn]] void raise_h5_error(long long code, const char* expr, const char* file, int line);
+[[noreturn]] void raise_cuda_error(int code, const char* expr, const char* file, int line);
+[[noreturn]] void raise_nccl_error(int code, const char* expr, const char* file, int line);
 
 }  // namespace detail
 
@@ -80,19 +82,36 @@ template <typename Type, typename... Args>
 }  // namespace tpreload
 
 // MPI_SUCCESS is 0 by the MPI standard, so this header needs no mpi.h.
-#define MPI_CHECK(expr)                                                         \
-  do {                                                                          \
-    const int tpreload_mpi_rc_ = (expr);                                        \
-    if (tpreload_mpi_rc_ != 0)                                                  \
+#define MPI_CHECK(expr)                                                                 \
+  do {                                                                                  \
+    const int tpreload_mpi_rc_ = (expr);                                                \
+    if (tpreload_mpi_rc_ != 0)                                                          \
       ::tpreload::detail::raise_mpi_error(tpreload_mpi_rc_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // HDF5 calls return a negative herr_t or hid_t on failure. Evaluates to the value.
-#define H5_CHECK(expr)                                                              \
-  ([&]() {                                                                          \
-    auto tpreload_h5_rc_ = (expr);                                                  \
-    if (tpreload_h5_rc_ < 0)                                                        \
-      ::tpreload::detail::raise_h5_error(static_cast<long long>(tpreload_h5_rc_), #expr, \
-                                         __FILE__, __LINE__);                       \
-    return tpreload_h5_rc_;                                                         \
+#define H5_CHECK(expr)                                                                             \
+  ([&]() {                                                                                         \
+    auto tpreload_h5_rc_ = (expr);                                                                 \
+    if (tpreload_h5_rc_ < 0)                                                                       \
+      ::tpreload::detail::raise_h5_error(static_cast<long long>(tpreload_h5_rc_), #expr, __FILE__, \
+                                         __LINE__);                                                \
+    return tpreload_h5_rc_;                                                                        \
   }())
+
+// CUDA runtime calls return cudaSuccess (0) or an error code.
+#define CUDA_CHECK(expr)                                                                  \
+  do {                                                                                    \
+    const int tpreload_cuda_rc_ = static_cast<int>(expr);                                 \
+    if (tpreload_cuda_rc_ != 0)                                                           \
+      ::tpreload::detail::raise_cuda_error(tpreload_cuda_rc_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// NCCL calls return ncclSuccess (0) or an error code; ncclInProgress (7) is not an
+// error for non-blocking communicators, and callers that expect it check it first.
+#define NCCL_CHECK(expr)                                                                  \
+  do {                                                                                    \
+    const int tpreload_nccl_rc_ = static_cast<int>(expr);                                 \
+    if (tpreload_nccl_rc_ != 0)                                                           \
+      ::tpreload::detail::raise_nccl_error(tpreload_nccl_rc_, #expr, __FILE__, __LINE__); \
+  } while (0)

@@ -8,9 +8,13 @@
 // <leaf>" beside "...<module>.lora_a"/"lora_b"; parameter_for_reload() reaches the
 // base layer without changing the module tree (vLLM's get_parameter_for_reload).
 //
-// Storage. Every parameter tensor is allocated once, in the constructor; loads
-// copy into it, so pointers, shapes, strides and dtypes never change. A tied LM
-// head is the embedding tensor itself.
+// Storage. Every parameter tensor is allocated once, in the constructor, in host
+// memory or on ModelOptions::device; loads write into it through the model's
+// ParameterSink, so pointers, shapes, strides and dtypes never change. A tied LM
+// head is the embedding tensor itself. Parameters in the memory of a CUDA device
+// are CUDA tensors (their bytes are written by the sink, not by ATen, so a
+// LibTorch without CUDA can hold them too; the forward pass then needs a CUDA
+// LibTorch to read them back).
 //
 // int8. With quantization "int8", every decoder linear weight is int8 with a
 // float32 weight_scale [rows], computed per output row of the rank's shard:
@@ -29,16 +33,19 @@
 #include <string>
 #include <vector>
 
-#include "tpreload/model/config.h"
+#include <memory>
+
+#include "tpreload/comm/memory.h"
 #include "tpreload/core/span.h"
+#include "tpreload/model/config.h"
+#include "tpreload/model/parameter_sink.h"
 #include "tpreload/model/sharding.h"
 
 namespace tpreload {
 
 class Communicator;
+class Device;
 class WeightSource;
-
-enum class LoadFormat { kCheckpoint, kKernel };
 
 struct ModelOptions {
   int tp_size = 1;
@@ -46,6 +53,8 @@ struct ModelOptions {
   std::string quantization;  // "" or "int8"
   bool lora = false;         // wrap the decoder linear layers with LoRA adapters
   std::int64_t lora_rank = 8;
+  // Where the parameters live: null for host memory, else this device's memory.
+  std::shared_ptr<Device> device;
 };
 
 class TensorParallelModel {
@@ -68,9 +77,14 @@ class TensorParallelModel {
 
   // The names a reload in `format` must load, sorted: ".base_layer." stripped,
   // LoRA adapters excluded, weight_scale only in kernel format.
-  std::vector<std::string> expected_names(LoadFormat format) const;
+  std::vector<std::string> expected_names(WeightFormat format) const;
 
-  // --- loading (every call is local to this rank) ---
+  // Where every parameter lives, by slot (ShardingRules::params() order); the
+  // reload engine writes through it.
+  ParameterSink& sink() { return *sink_; }
+  const ParameterSink& sink() const { return *sink_; }
+
+  // --- loading (every call is local to this rank; blocks are host tensors) ---
 
   // Start tracking which names load.
   void begin_load();
@@ -79,8 +93,7 @@ class TensorParallelModel {
   // whole checkpoint tensor, or exactly the slice when `presliced`) into the
   // target parameter (quantizing int8 rows), zeroing vocab padding rows. Throws
   // ModelError naming tensor, expected and actual shape/dtype on a mismatch.
-  void load_checkpoint_tensor(const Placement& placement, const at::Tensor& source,
-                              bool presliced);
+  void load_checkpoint_tensor(const Placement& placement, const at::Tensor& source, bool presliced);
 
   // The same for a block of rows: `block` holds rows [row0, row0 + block.size(0))
   // of the whole checkpoint tensor (or of this rank's slice when `presliced`); a
@@ -111,7 +124,7 @@ class TensorParallelModel {
 
   // Expected names loaded since begin_load(): a stacked parameter (qkv_proj,
   // gate_up_proj) counts once all of its shards loaded.
-  std::vector<std::string> loaded_names(LoadFormat format) const;
+  std::vector<std::string> loaded_names(WeightFormat format) const;
 
   // vLLM-style local load of every tensor of `source` (checkpoint or kernel
   // format, by source): loaders, then finish(). Returns the names loaded; fills
@@ -119,21 +132,24 @@ class TensorParallelModel {
   std::set<std::string> load_weights(WeightSource& source,
                                      std::set<std::string>* skipped = nullptr);
 
-  // Logits [tokens, vocab_size] (float32) for one sequence. Collective over
-  // `tp_comm`, whose size and rank must equal tp_size and tp_rank.
+  // Logits [tokens, vocab_size] (float32, on the host) for one sequence.
+  // Collective over `tp_comm`, whose size and rank must equal tp_size and tp_rank.
   at::Tensor forward(const std::vector<std::int64_t>& tokens, Communicator& tp_comm) const;
 
  private:
+  at::Tensor allocate(const std::vector<std::int64_t>& shape, DType dtype);
+  at::Tensor host_param(const std::string& name) const;
   at::Tensor weight_f32(const std::string& module) const;
   at::Tensor linear(const at::Tensor& x, const std::string& module, bool add_bias = true) const;
-  void write_rows(const std::string& param, std::int64_t row, const at::Tensor& part);
+  // Run `writes` whose source is the host block `bytes` (staged on the device first).
+  void apply_block(const std::vector<RowWrite>& writes, ConstBytes bytes);
   std::string storage_name(const std::string& name) const;
-  bool shards_complete(const std::string& param) const;
 
   ShardingRules rules_;
   ModelOptions options_;
+  std::vector<Buffer> device_memory_;  // owns device parameters (empty on the host)
   std::map<std::string, at::Tensor> params_;
-  std::map<std::string, std::set<std::string>> loaded_;  // param -> shard ids loaded
+  std::unique_ptr<ParameterSink> sink_;
 };
 
 // A tensor viewing `bytes` (no copy; the bytes must outlive it). Shape x dtype

@@ -7,7 +7,8 @@
 //   q[r][c]  = clamp(nearbyint(w / scale[r]), -127, 127), ties to even (as
 //              at::round), a NaN becoming -127.
 // The result is exact: the same bytes as that formula evaluated element by element
-// in float, whatever the vector width the processor offers.
+// in float, whatever the vector width the processor offers. The device kernel
+// (DeviceStream::quantize_int8) computes the same bytes.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,9 @@ namespace tpreload {
 // `w` holds bfloat16 bit patterns.
 void quantize_rows_bf16(const std::uint16_t* w, std::int64_t rows, std::int64_t cols,
                         std::int64_t row_stride, std::int8_t* q, float* scale);
+// `w` holds IEEE float16 bit patterns (converted to float exactly).
+void quantize_rows_f16(const std::uint16_t* w, std::int64_t rows, std::int64_t cols,
+                       std::int64_t row_stride, std::int8_t* q, float* scale);
 void quantize_rows_f32(const float* w, std::int64_t rows, std::int64_t cols,
                        std::int64_t row_stride, std::int8_t* q, float* scale);
 

@@ -10,15 +10,14 @@
 #include <vector>
 
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/model/row_writes.h"
 #include "tpreload/model/sharding.h"
 
 namespace tpreload {
 
 enum class Distribution { kBroadcast, kScatter };
-enum class ReloadFormat { kCheckpoint, kKernel };
 
 std::string_view distribution_name(Distribution d);
-std::string_view format_name(ReloadFormat f);
 
 // What the reader rank tells everyone before any weight moves.
 struct SourceMetadata {
@@ -33,7 +32,7 @@ std::vector<std::uint8_t> serialize_metadata(const SourceMetadata& metadata);
 SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes);
 
 struct PlanOptions {
-  ReloadFormat format = ReloadFormat::kCheckpoint;
+  WeightFormat format = WeightFormat::kCheckpoint;
   Distribution distribution = Distribution::kScatter;  // for sharded tensors
   std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
   int world_size = 1;
@@ -42,19 +41,25 @@ struct PlanOptions {
 
 // One checkpoint (or kernel-format) tensor that moves.
 struct PlannedTensor {
-  std::size_t index = 0;                 // into SourceMetadata::tensors
-  bool scatter = false;                  // scattered per rank, else broadcast whole
-  std::int64_t rows = 0;                 // rows of the unit sent: tensor rows, or max slice rows
+  std::size_t index = 0;  // into SourceMetadata::tensors
+  WeightFormat format = WeightFormat::kCheckpoint;
+  bool scatter = false;   // scattered per rank, else broadcast whole
+  std::int64_t rows = 0;  // rows of the unit sent: tensor rows, or max slice rows
   std::int64_t layer = -1;
   // Checkpoint format: the placement on each tensor-parallel rank.
   std::vector<Placement> placements;
-  // Kernel format: the tensor-parallel rank that owns it, and the target name.
-  int kernel_tp_rank = -1;
+  // Kernel format: the tensor-parallel rank that holds it and its parameter.
+  int owner_tp_rank = 0;
+  ParamSlot slot = kNoSlot;
   // Declared shape differs from what the parameter needs: never bucketed (an
   // untrusted shape must not size the plan); preflight reports it.
   bool rejected = false;
 
-  // Rows of the unit world rank `w` receives (scatter) and bytes per such row.
+  bool kernel() const { return format == WeightFormat::kKernel; }
+  // Whether tensor-parallel rank `tp_rank` takes any of it.
+  bool held_by(int tp_rank) const { return !kernel() || owner_tp_rank == tp_rank; }
+  // Rows of the unit tensor-parallel rank `tp_rank` receives (scatter) and bytes
+  // per such row.
   std::int64_t rows_for(int tp_rank) const;
   std::uint64_t row_bytes_for(int tp_rank, const TensorInfo& info) const;
 };
@@ -63,29 +68,47 @@ struct PlannedTensor {
 struct Piece {
   std::size_t planned = 0;
   std::int64_t row_begin = 0, row_end = 0;
-  bool last = false;                      // the tensor's final piece
-  std::uint64_t offset = 0;               // broadcast: offset in the bucket
-  std::vector<std::uint64_t> rank_offset; // scatter: offset inside each world rank's region
+  bool last = false;                       // the tensor's final piece
+  std::uint64_t offset = 0;                // broadcast: offset in the bucket
+  std::vector<std::uint64_t> rank_offset;  // scatter: offset inside each world rank's region
 };
 
 struct Bucket {
   bool scatter = false;
   std::vector<Piece> pieces;
-  std::uint64_t bytes = 0;                // broadcast: bucket size; scatter: root buffer size
-  std::vector<ByteRange> ranges;          // scatter: each world rank's region of the root buffer
+  std::uint64_t bytes = 0;        // broadcast: bucket size; scatter: root buffer size
+  std::vector<ByteRange> ranges;  // scatter: each world rank's region of the root buffer
   std::vector<std::int64_t> finished_layers;  // layers complete after this bucket (in order)
 };
 
 struct Plan {
   std::vector<PlannedTensor> tensors;
   std::vector<Bucket> buckets;
-  std::vector<std::string> skipped;       // checkpoint names with no parameter
-  std::uint64_t largest_bucket = 0;       // staging bytes per buffer, on any rank
+  std::vector<std::string> skipped;  // checkpoint names with no parameter
+  std::uint64_t largest_bucket = 0;  // staging bytes per buffer, on any rank
 };
 
 // Build the plan. Throws ValidationError for a kernel-format source whose tp size
 // or quantization does not match the rules, UsageError for bad options.
 Plan make_plan(const SourceMetadata& metadata, const ShardingRules& rules,
                const PlanOptions& options);
+
+// What one rank does with one bucket once its bytes arrived, resolved when the
+// reload is planned: row writes into its parameter slots (source offsets count
+// from the start of this rank's view of the bucket: the whole bucket when it is
+// broadcast, this rank's region when it is scattered), vocab padding to zero,
+// and the shards it completes.
+struct BucketApply {
+  std::vector<RowWrite> writes;
+  std::vector<RowZero> zeros;
+  std::vector<std::pair<ParamSlot, std::uint8_t>> completed;  // slot, shard bits
+};
+
+// Every bucket of `plan` for world rank `world_rank` (tensor-parallel rank
+// world_rank % tp). Rejected tensors are in no bucket. Pure: the apply makes no
+// name or map look-ups afterwards.
+std::vector<BucketApply> resolve_applies(const Plan& plan, const SourceMetadata& metadata,
+                                         const ShardingRules& rules, const PlanOptions& options,
+                                         int world_rank);
 
 }  // namespace tpreload

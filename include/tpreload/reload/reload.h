@@ -5,11 +5,22 @@
 // COLLECTIVE: every rank of `world` calls reload_weights() with the same options
 // and request (a WeightSource is needed on the reader rank only). The reader rank
 // lists the source and broadcasts the tensor list; every rank derives the same
-// plan; a preflight checks every planned tensor against every rank's parameters
-// before the first byte is written (all ranks raise the same ValidationError if
-// any rank objects); buckets then flow through a pipeline that overlaps reading,
+// plan and resolves, once, which rows of which parameter slot each bucket fills;
+// a preflight checks every planned tensor against every rank's parameters before
+// the first byte is written (all ranks raise the same ValidationError if any rank
+// objects); buckets then flow through a pipeline that overlaps reading,
 // transferring and applying; finally an allreduce of loaded-name bitsets finds
 // names no rank or only some ranks loaded.
+//
+// Two planes. The control plane (a Communicator on host memory: the listing,
+// read status, agreement, preflight verdicts, validation) and the data plane (a
+// DataTransport moving bucket bytes in its memory space: MPI on host buffers,
+// NCCL on device buffers). Parameters live where the model's ParameterSink says
+// (host or device memory); staging follows:
+//   parameters | transport | the reader reads into  | ranks receive into | apply reads
+//   host       | host      | host buffer (pageable) | host               | host
+//   device     | host      | pinned host            | pinned host        | device copy of its view
+//   device     | device    | pinned host -> device  | device             | device
 //
 // World = replicas x tp: world rank w holds tensor-parallel rank w % tp of
 // replica w / tp, and every replica receives the weights.
@@ -24,21 +35,23 @@
 
 #include "tpreload/model/model.h"
 #include "tpreload/reload/plan.h"
+#include "tpreload/reload/workspace.h"
 
 namespace tpreload {
 
 class Communicator;
+class DataTransport;
 class WeightSource;
 
 struct ReloadOptions {
-  ReloadFormat format = ReloadFormat::kCheckpoint;
+  WeightFormat format = WeightFormat::kCheckpoint;
   // Defaults chosen by scripts/sweep.sh (docs/PERFORMANCE.md, "Defaults"): on the
   // 2-core reference machine scatter with 16 MiB buckets and one buffer in flight
   // was fastest; sweep again on a machine with cores to spare for the pipeline.
   Distribution distribution = Distribution::kScatter;
   std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
-  int pipeline_depth = 1;   // buffers per rank in flight (>= 1)
-  int reader_rank = 0;      // world rank that opens and reads the source
+  int pipeline_depth = 1;  // buffers per rank in flight (>= 1)
+  int reader_rank = 0;     // world rank that opens and reads the source
   // Broadcast a bucket straight from a memory-mapped source when it is one run of
   // the file. Off by default: a checkpoint opened for this reload is a fresh
   // mapping, and faulting it in page by page cost more than reading it into the
@@ -47,87 +60,63 @@ struct ReloadOptions {
   // The reader rank aborts the job when filling one bucket takes longer (a hung
   // file system); peers would otherwise wait on it forever.
   std::chrono::seconds read_stall_timeout{300};
-};
-
-namespace detail {
-struct CachedPlan;
-}
-
-// What a reload keeps for the next one:
-//  - staging buffers, so that a reload does not pay for fresh pages (first-touch
-//    faults made a 10 MB bucket 10x slower than the transport); at most
-//    pipeline_depth x (send + receive) buckets;
-//  - the last plan: the tensor list, the buckets and the preflight verdict. The
-//    next reload reuses it when every rank holds a plan for the same listing (a
-//    64-bit hash of the reader's serialized metadata, the model layout and the
-//    options), which spares a checkpoint of 20,000 small tensors its per-reload
-//    metadata exchange, planning and preflight.
-// release() frees both. Not thread-safe: one reload at a time per workspace.
-class ReloadWorkspace {
- public:
-  ReloadWorkspace();
-  ~ReloadWorkspace();
-  ReloadWorkspace(ReloadWorkspace&&) noexcept;
-  ReloadWorkspace& operator=(ReloadWorkspace&&) noexcept;
-
-  std::uint64_t bytes() const;
-  void release();
-
-  // A buffer of at least `size` bytes for slot `index` (0 = send, 1 = receive per
-  // slot); grows, never shrinks, until release().
-  std::byte* buffer(std::size_t index, std::uint64_t size);
-
-  // The plan kept by the last reload (null when none); replaced by keep_plan().
-  // Its key (0 when none) names the listing, model and options it was made for.
-  const detail::CachedPlan* cached_plan() const { return plan_.get(); }
-  std::uint64_t cached_plan_key() const;
-  void keep_plan(std::unique_ptr<detail::CachedPlan> plan);
-
- private:
-  struct Buffer {
-    std::unique_ptr<std::byte[]> data;
-    std::uint64_t size = 0;
-  };
-  std::vector<Buffer> buffers_;
-  std::unique_ptr<detail::CachedPlan> plan_;
+  // Longest wait for device work (a staging copy, a bucket's writes) before the
+  // reload fails with CommTimeoutError naming the device.
+  std::chrono::milliseconds device_timeout{std::chrono::minutes(5)};
 };
 
 struct PhaseSeconds {
   double total = 0, read = 0, transfer = 0, apply = 0, finish = 0, validate = 0;
 };
 
+// Staging bytes per memory space (buffers of the pipeline, not parameters).
+struct StagingBytes {
+  std::uint64_t host = 0, pinned = 0, device = 0;
+  std::uint64_t total() const { return host + pinned + device; }
+};
+
 struct ReloadResult {
-  std::string source;                      // the source's description
-  ReloadFormat format = ReloadFormat::kCheckpoint;
+  std::string source;  // the source's description
+  WeightFormat format = WeightFormat::kCheckpoint;
   Distribution distribution = Distribution::kBroadcast;
-  std::vector<std::string> loaded;         // expected names this rank loaded
+  std::vector<std::string> loaded;  // expected names this rank loaded
   std::vector<std::string> not_loaded_on_all_ranks;
   std::map<std::string, std::vector<int>> not_loaded_on_some_ranks;  // name -> ranks missing it
-  std::vector<std::string> skipped;        // source names with no parameter
-  std::uint64_t bytes_read = 0;            // by the reader rank
-  std::uint64_t bytes_transferred = 0;     // bytes the reader rank sent
+  std::vector<std::string> skipped;          // source names with no parameter
+  std::uint64_t bytes_read = 0;              // by the reader rank
+  std::uint64_t bytes_transferred = 0;       // bytes the reader rank sent
   std::uint64_t bytes_copied_on_reader = 0;  // bytes the reader read or copied into send buffers
-  std::uint64_t peak_staging_bytes = 0;    // max over ranks: bucket buffers (send + receive)
+  std::uint64_t peak_staging_bytes = 0;      // max over ranks of staging.total()
+  StagingBytes staging;                      // per memory space, each the max over ranks
+  std::string transport;                     // the data plane's backend ("mpi", "nccl", ...)
+  std::string parameter_memory;              // "host" or the device's description
   std::size_t buckets = 0;
-  PhaseSeconds seconds;                    // max over ranks
+  PhaseSeconds seconds;  // max over ranks
 
   bool complete() const {
     return not_loaded_on_all_ranks.empty() && not_loaded_on_some_ranks.empty();
   }
 };
 
-// Reload `model` in place. `source` must be non-null on options.reader_rank and
-// is ignored elsewhere. Throws, on every rank alike: UsageError (ranks disagree
-// on the model or options), ValidationError (preflight, wrong source kind; no
-// weight was written), CheckpointError (the source cannot be opened, or a read
-// failed mid-way: earlier buckets were already written), ModelError (applying or
-// post-processing failed). A failed or stalled collective aborts the job (see
-// CommOptions::abort_on_failure). Names that did not load are not an error: they
-// are in the result (complete() is false).
-// `workspace` (optional) keeps staging buffers for the next reload.
-ReloadResult reload_weights(TensorParallelModel& model, Communicator& world,
+// Reload `model` in place. `control` carries the control plane, `data` the
+// bucket bytes; both span the same ranks in the same order. `source` must be
+// non-null on options.reader_rank and is ignored elsewhere. Throws, on every rank
+// alike: UsageError (ranks disagree on the model, options or data plane; a
+// device transport for host parameters), ValidationError (preflight, wrong
+// source kind; no weight was written), CheckpointError (the source cannot be
+// opened, or a read failed mid-way: earlier buckets were already written),
+// ModelError (applying or post-processing failed). A failed or stalled transfer
+// throws CommError / CommTimeoutError (or aborts the job first, by the
+// transport's policy; MPI's default). Names that did not load are not an error:
+// they are in the result (complete() is false).
+// `workspace` (optional) keeps staging buffers and the plan for the next reload.
+ReloadResult reload_weights(TensorParallelModel& model, Communicator& control, DataTransport& data,
                             WeightSource* source, const ReloadOptions& options,
                             ReloadWorkspace* workspace = nullptr);
+
+// The same with the data carried by `world`'s own collectives, in host memory.
+ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, WeightSource* source,
+                            const ReloadOptions& options, ReloadWorkspace* workspace = nullptr);
 
 // Where the model's weights come from, as the serving config records it.
 struct WeightLocation {
@@ -143,7 +132,10 @@ struct WeightLocation {
 // location (revision, remote_uri) are dropped.
 class ReloadableModel {
  public:
-  ReloadableModel(TensorParallelModel& model, WeightLocation location);
+  // `data` (optional, must outlive this object): the data plane for every reload;
+  // without one, data goes over the control communicator in host memory.
+  ReloadableModel(TensorParallelModel& model, WeightLocation location,
+                  DataTransport* data = nullptr);
 
   TensorParallelModel& model() { return model_; }
   // Staging kept between reloads (bounded by pipeline depth x bucket size).
@@ -163,12 +155,14 @@ class ReloadableModel {
   // COLLECTIVE. Reload from tensors handed over in memory (vLLM's
   // weights_iterator): `source` on the reader rank, nullptr on the others. The
   // model's location does not change.
-  ReloadResult reload_from(Communicator& world, const ReloadOptions& options,
-                           WeightSource* source);
+  ReloadResult reload_from(Communicator& world, const ReloadOptions& options, WeightSource* source);
 
  private:
+  ReloadResult run(Communicator& world, const ReloadOptions& options, WeightSource* source);
+
   TensorParallelModel& model_;
   WeightLocation location_;
+  DataTransport* data_;
   ReloadWorkspace workspace_;
   std::vector<std::function<void(const ReloadResult&)>> callbacks_;
 };

@@ -24,8 +24,8 @@ struct ParamFingerprint {
 
 // COLLECTIVE over `world`: every rank learns every rank's fingerprints. Every
 // rank's model must have the same parameter names (true for one model config).
-std::vector<ParamFingerprint> gather_fingerprints(const TensorParallelModel& model,
-                                                  Communicator& world);
+// Parameters in device memory are read back in bounded chunks.
+std::vector<ParamFingerprint> gather_fingerprints(TensorParallelModel& model, Communicator& world);
 
 struct ReportContext {
   int world_size = 1;

@@ -26,7 +26,33 @@ __attribute__((always_inline)) inline float to_float(std::uint16_t bf16) {
   std::memcpy(&f, &u, sizeof f);
   return f;
 }
-inline float to_float(float v) { return v; }
+inline float to_float(float v) {
+  return v;
+}
+
+// IEEE half bits to float, exactly (every half is a float).
+struct Half {
+  std::uint16_t bits;
+};
+__attribute__((always_inline)) inline float to_float(Half h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h.bits & 0x8000u) << 16;
+  const std::uint32_t exp = (h.bits >> 10) & 0x1fu, man = h.bits & 0x3ffu;
+  std::uint32_t u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);  // infinity, NaN
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;  // zero
+  } else {     // subnormal: man x 2^-24, exact in float
+    float f = static_cast<float>(man) * 5.9604644775390625e-8f;
+    std::memcpy(&u, &f, sizeof u);
+    u |= sign;
+  }
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 // max|w| as the formula states it, NaNs ignored; the slow path for rows with a NaN.
 template <typename T>
@@ -45,6 +71,16 @@ __attribute__((always_inline)) inline float row_amax(const std::uint16_t* row, s
     m = a > m ? a : m;
   }
   return m > 0x7f80u ? plain_amax(row, cols) : to_float(m);
+}
+
+// Half: |x| orders as the 15 low bits too (NaN above 0x7c00).
+__attribute__((always_inline)) inline float row_amax(const Half* row, std::int64_t cols) {
+  std::uint16_t m = 0;
+  for (std::int64_t c = 0; c < cols; ++c) {
+    const std::uint16_t a = row[c].bits & 0x7fffu;
+    m = a > m ? a : m;
+  }
+  return m > 0x7c00u ? plain_amax(row, cols) : to_float(Half{m});
 }
 
 __attribute__((always_inline)) inline float row_amax(const float* row, std::int64_t cols) {
@@ -89,6 +125,13 @@ TPRELOAD_QUANTIZE_KERNEL void quantize_rows_bf16(const std::uint16_t* w, std::in
                                                  std::int64_t cols, std::int64_t row_stride,
                                                  std::int8_t* q, float* scale) {
   quantize(w, rows, cols, row_stride, q, scale);
+}
+
+TPRELOAD_QUANTIZE_KERNEL void quantize_rows_f16(const std::uint16_t* w, std::int64_t rows,
+                                                std::int64_t cols, std::int64_t row_stride,
+                                                std::int8_t* q, float* scale) {
+  static_assert(sizeof(Half) == sizeof(std::uint16_t));
+  quantize(reinterpret_cast<const Half*>(w), rows, cols, row_stride, q, scale);
 }
 
 TPRELOAD_QUANTIZE_KERNEL void quantize_rows_f32(const float* w, std::int64_t rows,

@@ -41,6 +41,44 @@ std::int64_t layer_of(const std::string& name) {
   return value;
 }
 
+std::string_view format_name(WeightFormat format) {
+  return format == WeightFormat::kCheckpoint ? "checkpoint" : "kernel";
+}
+
+std::string_view shard_id_name(ShardId id) {
+  switch (id) {
+    case ShardId::kWhole:
+      return "whole";
+    case ShardId::kQ:
+      return "q";
+    case ShardId::kK:
+      return "k";
+    case ShardId::kV:
+      return "v";
+    case ShardId::kGate:
+      return "gate";
+    case ShardId::kUp:
+      return "up";
+  }
+  return "?";
+}
+
+namespace {
+const std::string kBaseLayer = ".base_layer.";
+}
+
+std::string strip_base_layer(std::string name) {
+  const auto at = name.find(kBaseLayer);
+  if (at != std::string::npos) name.replace(at, kBaseLayer.size(), ".");
+  return name;
+}
+
+std::string with_base_layer(const std::string& name) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string::npos) return name;
+  return name.substr(0, dot) + kBaseLayer + name.substr(dot + 1);
+}
+
 std::vector<std::int64_t> Placement::slice_shape() const {
   std::vector<std::int64_t> shape = source_shape;
   if (source_dim >= 0) shape[source_dim] = source_length;
@@ -79,15 +117,18 @@ std::int64_t ShardingRules::kv_head_start(int tp_rank) const {
 void ShardingRules::build_rules() {
   for (const auto& spec : checkpoint_tensor_specs(config_)) {
     const NameParts p = split_name(spec.name);
-    Rule rule{spec.name, "", ShardKind::kReplicated, spec.shape};
+    Rule rule{spec.name, ShardId::kWhole, ShardKind::kReplicated, spec.shape};
     if (p.module == "embed_tokens" || spec.name == "lm_head.weight") {
       rule.kind = ShardKind::kVocab;
     } else if (p.module == "q_proj" || p.module == "k_proj" || p.module == "v_proj") {
-      rule = {p.prefix + "qkv_proj." + p.leaf, p.module.substr(0, 1), ShardKind::kColumn,
-              spec.shape};
+      const ShardId id = p.module == "q_proj"   ? ShardId::kQ
+                         : p.module == "k_proj" ? ShardId::kK
+                                                : ShardId::kV;
+      rule = {p.prefix + "qkv_proj." + p.leaf, id, ShardKind::kColumn, spec.shape};
     } else if (p.module == "gate_proj" || p.module == "up_proj") {
-      rule = {p.prefix + "gate_up_proj." + p.leaf, p.module == "gate_proj" ? "0" : "1",
-              ShardKind::kColumn, spec.shape};
+      rule = {p.prefix + "gate_up_proj." + p.leaf,
+              p.module == "gate_proj" ? ShardId::kGate : ShardId::kUp, ShardKind::kColumn,
+              spec.shape};
     } else if ((p.module == "o_proj" || p.module == "down_proj") && p.leaf == "weight") {
       rule.kind = ShardKind::kRow;
     }
@@ -105,35 +146,53 @@ void ShardingRules::build_params() {
   std::set<std::string> seen;  // params_ is sorted only at the end
   for (const auto& [name, rule] : rules_) {
     if (!seen.insert(rule.param).second) continue;
-    ParamSpec spec{rule.param, rule.source_shape, c.dtype, rule.kind, layer_of(rule.param),
-                   true, {""}};
+    ParamSpec spec{rule.param, rule.source_shape, c.dtype, rule.kind, layer_of(rule.param)};
     const NameParts p = split_name(rule.param);
     if (rule.kind == ShardKind::kVocab) spec.shape[0] = padded_vocab_ / tp_size_;
     if (p.module == "qkv_proj") {
       spec.shape[0] = qkv_rows;
-      spec.shard_ids = {"q", "k", "v"};
+      spec.shards = shard_bit(ShardId::kQ) | shard_bit(ShardId::kK) | shard_bit(ShardId::kV);
     }
     if (p.module == "gate_up_proj") {
       spec.shape[0] = gate_up_rows;
-      spec.shard_ids = {"0", "1"};
+      spec.shards = shard_bit(ShardId::kGate) | shard_bit(ShardId::kUp);
     }
     if (rule.kind == ShardKind::kRow) spec.shape[1] /= tp_size_;
     const bool quantized = quantization_ == "int8" && spec.layer >= 0 && spec.shape.size() == 2 &&
                            (rule.kind == ShardKind::kColumn || rule.kind == ShardKind::kRow);
     if (quantized) {
       spec.dtype = DType::kInt8;
-      params_.push_back({p.prefix + p.module + ".weight_scale", {spec.shape[0]}, DType::kFloat32,
-                         rule.kind, spec.layer, false, {""}});
+      ParamSpec scale{p.prefix + p.module + ".weight_scale",
+                      {spec.shape[0]},
+                      DType::kFloat32,
+                      rule.kind,
+                      spec.layer};
+      scale.from_checkpoint = false;
+      params_.push_back(scale);
     }
     params_.push_back(spec);
   }
   std::sort(params_.begin(), params_.end(),
             [](const ParamSpec& a, const ParamSpec& b) { return a.name < b.name; });
+  // Slots are positions in the sorted list: resolve the int8 scales and the rules.
+  for (ParamSpec& spec : params_)
+    if (spec.dtype == DType::kInt8)
+      spec.scale_slot =
+          find_slot(split_name(spec.name).prefix + split_name(spec.name).module + ".weight_scale");
+  for (auto& [name, rule] : rules_) rule.slot = find_slot(rule.param);
+}
+
+ParamSlot ShardingRules::find_slot(const std::string& name) const {
+  const ParamSpec* spec = find_param(name);
+  if (!spec && name.find(".base_layer.") != std::string::npos)
+    spec = find_param(strip_base_layer(name));
+  return spec ? static_cast<ParamSlot>(spec - params_.data()) : kNoSlot;
 }
 
 const ParamSpec* ShardingRules::find_param(const std::string& name) const {
-  const auto it = std::lower_bound(params_.begin(), params_.end(), name,
-                                   [](const ParamSpec& p, const std::string& n) { return p.name < n; });
+  const auto it =
+      std::lower_bound(params_.begin(), params_.end(), name,
+                       [](const ParamSpec& p, const std::string& n) { return p.name < n; });
   return it != params_.end() && it->name == name ? &*it : nullptr;
 }
 
@@ -155,7 +214,7 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
                  : SkipReason::kNoParameter;
     return std::nullopt;
   }
-  Placement pl{checkpoint_name, rule->param, rule->shard_id, rule->source_shape};
+  Placement pl{checkpoint_name, rule->param, rule->slot, rule->shard, rule->source_shape};
   const auto& c = config_;
   const std::int64_t rows = rule->source_shape[0];
   if (rule->kind == ShardKind::kVocab) {
@@ -174,15 +233,15 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
     const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
     const std::int64_t kv_local = kv_heads_per_rank() * c.head_dim;
     pl.source_dim = 0;
-    if (rule->shard_id == "q" || rule->shard_id == "0" || rule->shard_id == "1") {
+    if (rule->shard == ShardId::kK || rule->shard == ShardId::kV) {
+      pl.source_start = kv_head_start(tp_rank) * c.head_dim;
+      pl.source_length = kv_local;
+      pl.dest_row = q_local + (rule->shard == ShardId::kV ? kv_local : 0);
+    } else {  // q, gate, up
       const std::int64_t per = rows / tp_size_;
       pl.source_start = tp_rank * per;
       pl.source_length = per;
-      pl.dest_row = rule->shard_id == "1" ? per : 0;
-    } else {  // "k" or "v"
-      pl.source_start = kv_head_start(tp_rank) * c.head_dim;
-      pl.source_length = kv_local;
-      pl.dest_row = q_local + (rule->shard_id == "v" ? kv_local : 0);
+      pl.dest_row = rule->shard == ShardId::kUp ? per : 0;
     }
   }
   return pl;

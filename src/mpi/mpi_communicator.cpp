@@ -1,6 +1,7 @@
 #include "tpreload/comm/mpi_communicator.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <climits>
 #include <thread>
@@ -135,11 +136,20 @@ void MpiCommunicator::fail(const std::string& message, bool timeout) {
   throw CommError(message);
 }
 
-void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::string& what) {
-  const auto start = std::chrono::steady_clock::now();
-  const auto deadline = start + options_.timeout;
-  std::vector<MPI_Status> statuses(requests.size());
-  for (int polls = 0;; ++polls) {
+// Requests of one non-blocking collective, with the count and displacement
+// arrays MPI reads until it completes. Failure and expiry go through the
+// communicator's fail(), which aborts the job by default.
+class MpiTransfer final : public Transfer {
+ public:
+  MpiTransfer(MpiCommunicator& comm, std::string what)
+      : Transfer(std::move(what), Clock::now() + comm.options_.timeout), comm_(comm) {}
+
+  std::vector<MPI_Request> requests;
+  std::vector<std::vector<int>> counts, displs;
+
+ private:
+  bool poll() override {
+    std::vector<MPI_Status> statuses(requests.size());
     int done = 0;
     const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
                                statuses.data());
@@ -147,43 +157,60 @@ void MpiCommunicator::wait(std::vector<MPI_Request>& requests, const std::string
       int code = rc;  // MPI_ERR_IN_STATUS: the first failed request says what went wrong
       for (const MPI_Status& st : statuses)
         if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) code = st.MPI_ERROR;
-      char text[MPI_MAX_ERROR_STRING] = {0};
-      int length = 0;
-      MPI_Error_string(code, text, &length);
-      fail(detail::concat("rank ", rank_, "/", size_, ": ", what, " on communicator '", label_,
-                          "' failed with MPI error ", code, " (", text, ")"),
-           false);
+      comm_.fail(detail::concat(prefix(), " failed with MPI error ", code, " (", error_text(code), ")"),
+                 false);
     }
-    if (done) return;
-    if (std::chrono::steady_clock::now() > deadline)
-      fail(detail::concat("rank ", rank_, "/", size_, ": ", what, " on communicator '", label_,
-                          "' did not complete within ", options_.timeout.count(),
-                          " ms; a peer is dead, stuck, or not making the same call"),
-           true);
-    // Non-blocking collectives advance only inside MPI_Test, so poll tightly
-    // (yielding, for oversubscribed ranks) while data may be flowing; a sleep here
-    // cost 15x on a 10 MB broadcast. Only a wait past one second, a stalled peer,
-    // backs off to sleeping.
-    if (std::chrono::steady_clock::now() - start < std::chrono::seconds(1) || polls % 64 != 0)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    return done != 0;
   }
-}
+  void expire() override {
+    comm_.fail(detail::concat(prefix(), " did not complete within ", comm_.options_.timeout.count(),
+                              " ms; a peer is dead, stuck, or not making the same call"),
+               true);
+  }
+  std::string prefix() const {
+    return detail::concat("rank ", comm_.rank_, "/", comm_.size_, ": ", what(), " on communicator '",
+                          comm_.label_, "'");
+  }
+  static std::string error_text(int code) {
+    char text[MPI_MAX_ERROR_STRING] = {0};
+    int length = 0;
+    MPI_Error_string(code, text, &length);
+    return text;
+  }
 
-void MpiCommunicator::broadcast(MutableBytes buffer, int root) {
+  MpiCommunicator& comm_;
+};
+
+// A failure while posting leaves earlier posts of the same transfer in flight:
+// it goes through fail() like a failure while waiting.
+#define TPRELOAD_MPI_POST(comm, expr, what)                                                  \
+  do {                                                                                       \
+    const int tpreload_rc_ = (expr);                                                         \
+    if (tpreload_rc_ != MPI_SUCCESS)                                                         \
+      (comm).fail(detail::concat("rank ", (comm).rank_, "/", (comm).size_, ": posting ", what, \
+                                 " failed: ", #expr, " returned MPI error ", tpreload_rc_),  \
+                  false);                                                                    \
+  } while (0)
+
+std::unique_ptr<Transfer> MpiCommunicator::post_broadcast(MutableBytes buffer, int root) {
   check_root("broadcast", root);
-  std::vector<MPI_Request> requests;
+  auto t = std::make_unique<MpiTransfer>(
+      *this, detail::concat("broadcast of ", buffer.size, " bytes from root ", root));
   for (const ByteRange& piece : split_range(buffer.size, options_.max_message_bytes)) {
-    requests.emplace_back(MPI_REQUEST_NULL);
-    MPI_CHECK(MPI_Ibcast(buffer.data + piece.offset, static_cast<int>(piece.length), MPI_BYTE,
-                         root, comm_, &requests.back()));
+    t->requests.emplace_back(MPI_REQUEST_NULL);
+    TPRELOAD_MPI_POST(*this,
+                      MPI_Ibcast(buffer.data + piece.offset, static_cast<int>(piece.length),
+                                 MPI_BYTE, root, comm_, &t->requests.back()),
+                      t->what());
   }
-  wait(requests, detail::concat("broadcast of ", buffer.size, " bytes from root ", root));
+  return t;
 }
 
-void MpiCommunicator::scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
-                               MutableBytes recv, int root) {
+void MpiCommunicator::broadcast(MutableBytes buffer, int root) { post_broadcast(buffer, root)->wait(); }
+
+std::unique_ptr<Transfer> MpiCommunicator::post_scatterv(ConstBytes send,
+                                                         const std::vector<ByteRange>& ranges,
+                                                         MutableBytes recv, int root) {
   check_root("scatterv", root);
   if (ranges.size() != static_cast<std::size_t>(size_))
     raise<UsageError>("rank ", rank_, "/", size_, ": scatterv got ", ranges.size(),
@@ -201,39 +228,49 @@ void MpiCommunicator::scatterv(ConstBytes send, const std::vector<ByteRange>& ra
   // The root may receive in place: its range of the send buffer is its result.
   const bool in_place = rank_ == root && recv.size > 0 && recv.data == send.data + ranges[root].offset;
   const auto rounds = plan_scatter_rounds(ranges, options_.max_message_bytes, INT_MAX);
-  // Each posted round keeps its own counts and displacements until wait() returns:
+  auto t = std::make_unique<MpiTransfer>(
+      *this, detail::concat("scatterv of ", recv.size, " bytes to this rank from root ", root, " (",
+                            rounds.size(), " rounds)"));
+  // Each posted round keeps its own counts and displacements until it completes:
   // MPI forbids changing them while a non-blocking collective is in flight.
-  std::vector<std::vector<int>> counts(rounds.size(), std::vector<int>(size_));
-  std::vector<std::vector<int>> displs(rounds.size(), std::vector<int>(size_));
-  std::vector<MPI_Request> requests;
+  t->counts.assign(rounds.size(), std::vector<int>(size_));
+  t->displs.assign(rounds.size(), std::vector<int>(size_));
   for (std::size_t k = 0; k < rounds.size(); ++k) {
     const ScatterRound& round = rounds[k];
     for (int r = 0; r < size_; ++r) {
-      counts[k][r] = static_cast<int>(round.send[r].length);
-      displs[k][r] = counts[k][r] ? static_cast<int>(round.send[r].offset - round.base) : 0;
+      t->counts[k][r] = static_cast<int>(round.send[r].length);
+      t->displs[k][r] = t->counts[k][r] ? static_cast<int>(round.send[r].offset - round.base) : 0;
     }
     const std::byte* base = rank_ == root ? send.data + round.base : nullptr;
-    requests.emplace_back(MPI_REQUEST_NULL);
+    t->requests.emplace_back(MPI_REQUEST_NULL);
     void* into = in_place ? MPI_IN_PLACE : static_cast<void*>(recv.data + round.recv_offset[rank_]);
-    MPI_CHECK(MPI_Iscatterv(base, counts[k].data(), displs[k].data(), MPI_BYTE, into,
-                            counts[k][rank_], MPI_BYTE, root, comm_, &requests.back()));
+    TPRELOAD_MPI_POST(*this,
+                      MPI_Iscatterv(base, t->counts[k].data(), t->displs[k].data(), MPI_BYTE, into,
+                                    t->counts[k][rank_], MPI_BYTE, root, comm_, &t->requests.back()),
+                      t->what());
   }
-  wait(requests, detail::concat("scatterv of ", recv.size, " bytes to this rank from root ",
-                                root, " (", rounds.size(), " rounds)"));
+  return t;
+}
+
+void MpiCommunicator::scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
+                               MutableBytes recv, int root) {
+  post_scatterv(send, ranges, recv, root)->wait();
 }
 
 template <typename T>
 void MpiCommunicator::allreduce_words(T* values, std::size_t count, MPI_Datatype type, MPI_Op op,
                                       const char* name) {
   check_usable(name);
-  std::vector<MPI_Request> requests;
+  MpiTransfer t(*this, detail::concat(name, " of ", count, " words"));
   for (const ByteRange& piece : split_range(count * sizeof(T), options_.max_message_bytes / 8 * 8)) {
-    requests.emplace_back(MPI_REQUEST_NULL);
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, values + piece.offset / sizeof(T),
-                             static_cast<int>(piece.length / sizeof(T)), type, op, comm_,
-                             &requests.back()));
+    t.requests.emplace_back(MPI_REQUEST_NULL);
+    TPRELOAD_MPI_POST(*this,
+                      MPI_Iallreduce(MPI_IN_PLACE, values + piece.offset / sizeof(T),
+                                     static_cast<int>(piece.length / sizeof(T)), type, op, comm_,
+                                     &t.requests.back()),
+                      t.what());
   }
-  wait(requests, detail::concat(name, " of ", count, " words"));
+  t.wait();
 }
 
 void MpiCommunicator::allreduce_bits(std::uint64_t* words, std::size_t count, BitOp op) {
@@ -255,9 +292,10 @@ void MpiCommunicator::allreduce_floats(float* values, std::size_t count) {
 
 void MpiCommunicator::barrier() {
   check_usable("barrier");
-  std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
-  MPI_CHECK(MPI_Ibarrier(comm_, &requests[0]));
-  wait(requests, "barrier");
+  MpiTransfer t(*this, "barrier");
+  t.requests.emplace_back(MPI_REQUEST_NULL);
+  TPRELOAD_MPI_POST(*this, MPI_Ibarrier(comm_, &t.requests.back()), t.what());
+  t.wait();
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
@@ -271,32 +309,56 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
       MpiCommHandle(sub), options_, detail::concat(label_, "/split(color=", color, ")")));
 }
 
-int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
-                    const CommOptions& options,
-                    const std::function<int(MpiCommunicator& world)>& body) {
-  MpiRuntime mpi(argc, argv);
-  std::unique_ptr<MpiCommunicator> world;
-  try {
-    init_logging(mpi.world_rank(), mpi.world_size(), log_level);
-    world = MpiCommunicator::world(options);
-    const int rc = body(*world);
-    world.reset();
-    mpi.finalize();
-    return rc;
-  } catch (const std::exception& e) {
-    log().error("{}", e.what());
-    if (world) world->abort(1);
-    log().flush();
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    return 1;
-  }
-}
-
 void MpiCommunicator::abort(int code) noexcept {
   log().error("aborting the MPI job with code {} (communicator '{}')", code, label_);
   log().flush();
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);  // MPI_Abort does not return; this only satisfies [[noreturn]].
+}
+
+namespace {
+
+// Host bytes over a communicator of their own (a duplicate of the control one).
+class MpiDataTransport final : public DataTransport {
+ public:
+  explicit MpiDataTransport(std::unique_ptr<MpiCommunicator> comm) : comm_(std::move(comm)) {}
+  int rank() const override { return comm_->rank(); }
+  int size() const override { return comm_->size(); }
+  std::string backend() const override { return "mpi"; }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+  std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override {
+    return comm_->post_broadcast(buffer, root);
+  }
+  std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
+                                    MutableBytes recv, int root) override {
+    return comm_->post_scatterv(send, ranges, recv, root);
+  }
+
+ private:
+  std::unique_ptr<MpiCommunicator> comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<DataTransport> MpiCommunicator::make_data_transport() {
+  check_usable("make_data_transport");
+  barrier();  // MPI_Comm_dup blocks without a deadline: make sure every rank is here
+  MPI_Comm dup = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_dup(comm_, &dup));
+  return std::make_unique<MpiDataTransport>(std::unique_ptr<MpiCommunicator>(
+      new MpiCommunicator(MpiCommHandle(dup), options_, label_ + "/data")));
+}
+
+std::pair<int, int> MpiCommunicator::node_rank_and_size() {
+  check_usable("node_rank_and_size");
+  barrier();  // MPI_Comm_split_type blocks without a deadline
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MpiCommHandle owner(node);
+  int rank = 0, size = 1;
+  MPI_CHECK(MPI_Comm_rank(node, &rank));
+  MPI_CHECK(MPI_Comm_size(node, &size));
+  return {rank, size};
 }
 
 }  // namespace tpreload

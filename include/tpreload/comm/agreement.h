@@ -1,0 +1,38 @@
+// Turning one rank's problem into the same error on every rank, over the control
+// plane. Used wherever ranks may fail locally before a collective step (opening a
+// source, preflight, opening a device or NCCL): every rank then stops alike
+// instead of leaving peers waiting.
+#pragma once
+
+#include <climits>
+#include <optional>
+#include <string>
+
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+
+// COLLECTIVE. If any rank has a problem, every rank throws the same `E` whose
+// message names the lowest such rank, its problem, and how many ranks had one:
+// "<what> failed on rank R/N: <problem> (and on K other ranks)".
+template <typename E>
+void agree_on_problem(Communicator& comm, const std::optional<std::string>& problem,
+                      const std::string& what) {
+  std::int64_t first = problem ? comm.rank() : INT64_MAX;
+  comm.allreduce_ints(&first, 1, IntOp::kMin);
+  if (first == INT64_MAX) return;
+  std::int64_t ranks_with_problem = problem ? 1 : 0;
+  comm.allreduce_ints(&ranks_with_problem, 1, IntOp::kSum);
+  std::int64_t length = comm.rank() == first ? static_cast<std::int64_t>(problem->size()) : 0;
+  comm.allreduce_ints(&length, 1, IntOp::kMax);
+  std::string message(static_cast<std::size_t>(length), '\0');
+  if (comm.rank() == first) message = *problem;
+  comm.broadcast(MutableBytes(message.data(), message.size()), static_cast<int>(first));
+  std::string others;
+  if (ranks_with_problem > 1)
+    others = detail::concat(" (and on ", ranks_with_problem - 1, " other ranks)");
+  raise<E>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others);
+}
+
+}  // namespace tpreload

@@ -1,0 +1,92 @@
+// An accelerator as the data plane and the parameter sink see it: two memory
+// spaces (device memory and page-locked host memory), and in-order streams of
+// asynchronous work (copies, fills, the int8 processing kernel) whose completion
+// is observed through events. No torch, no CUDA types here: the CUDA backend
+// (tpreload/comm/cuda_device.h) implements it over the CUDA runtime, and the
+// tests implement it over host memory to run every path around the device on a
+// machine without one.
+//
+// Ownership and lifetime: memory comes from memory() and pinned_memory() as
+// Buffers; a pointer handed to a stream operation must stay valid until an event
+// recorded after that operation is done(). Streams and events are owned by their
+// callers (unique_ptr). A stream is used by one thread at a time.
+//
+// Errors: CommError naming the operation and the device's own error text.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tpreload/comm/memory.h"
+#include "tpreload/core/dtype.h"
+
+namespace tpreload {
+
+enum class CopyKind : std::uint8_t { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+// Marks a point in a stream.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  // True once every operation enqueued on the stream before the event completed.
+  // Never blocks. Throws CommError when the device reports an error.
+  virtual bool done() = 0;
+};
+
+class DeviceStream {
+ public:
+  virtual ~DeviceStream() = default;
+
+  // Asynchronous, in order on this stream.
+  virtual void copy(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) = 0;
+  // `rows` rows of `width` bytes: row i from src + i * src_pitch to dst + i * dst_pitch.
+  virtual void copy_rows(void* dst, std::uint64_t dst_pitch, const void* src,
+                         std::uint64_t src_pitch, std::uint64_t width, std::uint64_t rows,
+                         CopyKind kind) = 0;
+  virtual void zero(void* dst, std::uint64_t bytes) = 0;
+  // The int8 processing of tpreload/model/quantize.h on device memory: `rows` rows
+  // of `cols` elements of `dtype` (bfloat16, float16 or float32), row r at
+  // src + r * row_stride elements, into q [rows x cols] and scale [rows]. The
+  // bytes equal the CPU kernel's.
+  virtual void quantize_int8(const void* src, DType dtype, std::int64_t rows, std::int64_t cols,
+                             std::int64_t row_stride, std::int8_t* q, float* scale) = 0;
+
+  // An event marking everything enqueued so far.
+  virtual std::unique_ptr<DeviceEvent> record() = 0;
+  // Later work on this stream waits for `event` (recorded on any stream of the
+  // same device) without blocking the host.
+  virtual void wait_for(DeviceEvent& event) = 0;
+  // The backend's handle (a cudaStream_t for CUDA), for transports that enqueue on it.
+  virtual void* native_handle() = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  // "cuda:0 (NVIDIA H200, 139.8 GiB)"; "emulated device" in the tests.
+  virtual std::string describe() const = 0;
+  // "cuda", "emulated".
+  virtual std::string backend() const = 0;
+  virtual int ordinal() const = 0;
+  // Whether the host can read and write device memory directly (true only for
+  // the tests' emulated device): tensors over its memory are then CPU tensors.
+  virtual bool host_addressable() const = 0;
+  // Make this the calling thread's current device (for libraries, such as NCCL,
+  // that work on the current device); every method here does it for itself.
+  virtual void make_current() = 0;
+  virtual Allocator& memory() = 0;         // MemoryKind::kDevice
+  virtual Allocator& pinned_memory() = 0;  // MemoryKind::kPinnedHost
+  virtual std::unique_ptr<DeviceStream> make_stream() = 0;
+};
+
+// Block until `event` is done. Throws CommTimeoutError naming `what` and the
+// device when it is not done within `timeout` (the work is stuck: the caller
+// must not reuse the buffers it touches), CommError for a device error.
+void wait_for_event(DeviceEvent& event, std::chrono::milliseconds timeout, const std::string& what);
+
+// Record an event on `stream` and wait for it (wait_for_event).
+void synchronize(DeviceStream& stream, std::chrono::milliseconds timeout, const std::string& what);
+
+}  // namespace tpreload

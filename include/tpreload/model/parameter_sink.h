@@ -1,0 +1,91 @@
+// The parameter sink: where every parameter of one rank lives (host or device
+// memory, owned by a model or borrowed from a caller), and the one way bytes are
+// written into it. Parameters are addressed by slot (their index in
+// ShardingRules::params()), never by name, once a reload is planned. Writes never
+// reallocate: storage pointers, shapes and dtypes stay as they were. No torch here.
+//
+// Host memory is written with memcpy and the CPU int8 kernel, done when the call
+// returns. Device memory is written through a stream of the sink's device
+// (strided device copies, the device int8 kernel, fills), asynchronously: flush()
+// waits for everything written so far. The source bytes of a write are in the
+// sink's memory space.
+//
+// The sink also tracks which parameters a load filled (begin_load, mark_loaded):
+// a stacked parameter counts as loaded once every one of its shards did.
+//
+// Not thread-safe: one thread writes at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tpreload/comm/device.h"
+#include "tpreload/model/row_writes.h"
+
+namespace tpreload {
+
+// One parameter's contiguous, row-major bytes.
+struct ParamStorage {
+  std::byte* data = nullptr;
+  std::uint64_t bytes = 0;
+};
+
+class ParameterSink {
+ public:
+  // `storage[i]` holds rules.params()[i] (its exact byte size); `device` null for
+  // host memory, else the device whose memory holds every parameter. Throws
+  // ModelError for a storage whose size differs from its spec, naming it.
+  ParameterSink(const ShardingRules& rules, std::vector<ParamStorage> storage,
+                std::shared_ptr<Device> device = nullptr);
+  ~ParameterSink();
+  ParameterSink(const ParameterSink&) = delete;
+  ParameterSink& operator=(const ParameterSink&) = delete;
+
+  const ShardingRules& rules() const { return rules_; }
+  MemoryKind memory() const { return device_ ? MemoryKind::kDevice : MemoryKind::kHost; }
+  Device* device() const { return device_.get(); }
+  std::size_t size() const { return storage_.size(); }
+  const ParamStorage& storage(ParamSlot slot) const { return storage_.at(slot); }
+
+  // --- writes (source bytes in memory()) ---
+  // Throws ModelError when the rows fall outside the parameter (never for a write
+  // resolved from a placement that passed preflight).
+  void write(const RowWrite& w, const std::byte* src);
+  void zero(const RowZero& z);
+  // Wait until every write so far landed (device); no-op on the host. Throws
+  // CommTimeoutError naming the device after `timeout`.
+  void flush(std::chrono::milliseconds timeout = std::chrono::minutes(5));
+
+  // --- load tracking ---
+  void begin_load();
+  void mark_loaded(ParamSlot slot, std::uint8_t shards);
+  bool loaded(ParamSlot slot) const;
+  // Names a load in `format` must fill (sorted): weight_scale only in kernel format.
+  std::vector<std::string> expected_names(WeightFormat format) const;
+  // Expected names filled since begin_load() (sorted).
+  std::vector<std::string> loaded_names(WeightFormat format) const;
+
+  // zlib CRC-32 of a parameter's bytes; device memory is copied back through a
+  // pinned buffer of at most `chunk_bytes` at a time.
+  std::uint32_t crc32(ParamSlot slot, std::uint64_t chunk_bytes = std::uint64_t{16} << 20);
+  // The same for any bytes in the sink's memory space (e.g. LoRA adapters beside
+  // the parameters); `what` names them in errors.
+  std::uint32_t crc32(const std::byte* data, std::uint64_t bytes, const std::string& what,
+                      std::uint64_t chunk_bytes = std::uint64_t{16} << 20);
+
+ private:
+  void write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src);
+  void write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src);
+  DeviceStream& stream();
+
+  const ShardingRules& rules_;
+  std::vector<ParamStorage> storage_;
+  std::shared_ptr<Device> device_;
+  std::unique_ptr<DeviceStream> stream_;
+  std::vector<std::uint8_t> loaded_;  // shard bits per slot since begin_load()
+};
+
+}  // namespace tpreload

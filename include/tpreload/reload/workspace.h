@@ -1,0 +1,58 @@
+// What a reload keeps for the next one (ReloadWorkspace). No torch here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "tpreload/comm/memory.h"
+
+namespace tpreload {
+
+namespace detail {
+struct CachedPlan;
+}
+
+// What a reload keeps for the next one:
+//  - staging buffers, in the memory space each role needs (pageable or pinned
+//    host, device), so that a reload does not pay for fresh pages (first-touch
+//    faults made a 10 MB bucket 10x slower than the transport): at most
+//    pipeline depth x (send + receive, plus a pinned read buffer when the
+//    transport moves device memory, plus a device apply buffer when the
+//    parameters are on a device and the transport is not) buckets;
+//  - the last plan: the tensor list, the buckets, the preflight verdict and every
+//    bucket's resolved writes. The next reload reuses it when every rank holds a
+//    plan for the same listing (a 64-bit hash of the reader's serialized metadata,
+//    the model layout and the options), which spares a checkpoint of 20,000 small
+//    tensors its per-reload metadata exchange, planning and preflight.
+// release() frees both. Not thread-safe: one reload at a time per workspace.
+class ReloadWorkspace {
+ public:
+  ReloadWorkspace();
+  ~ReloadWorkspace();
+  ReloadWorkspace(ReloadWorkspace&&) noexcept;
+  ReloadWorkspace& operator=(ReloadWorkspace&&) noexcept;
+
+  // Staging bytes held, in one memory space or in all.
+  std::uint64_t bytes(MemoryKind kind) const;
+  std::uint64_t bytes() const;
+  void release();
+
+  // A buffer of at least `size` bytes for staging role `index`, from `allocator`.
+  // Kept while it is large enough and of the allocator's memory space; otherwise
+  // freed first, then allocated again (never both at once). Throws as the
+  // allocator does.
+  std::byte* buffer(std::size_t index, std::uint64_t size, Allocator& allocator);
+
+  // The plan kept by the last reload (null when none); replaced by keep_plan().
+  // Its key (0 when none) names the listing, model and options it was made for.
+  const detail::CachedPlan* cached_plan() const { return plan_.get(); }
+  std::uint64_t cached_plan_key() const;
+  void keep_plan(std::unique_ptr<detail::CachedPlan> plan);
+
+ private:
+  std::vector<Buffer> buffers_;
+  std::unique_ptr<detail::CachedPlan> plan_;
+};
+
+}  // namespace tpreload

@@ -1,0 +1,74 @@
+#include "tpreload/comm/data_transport.h"
+
+#include <thread>
+
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+
+bool Transfer::test() {
+  if (!done_) done_ = poll();
+  return done_;
+}
+
+void Transfer::wait() {
+  const auto start = Clock::now();
+  for (int polls = 0; !test(); ++polls) {
+    const auto now = Clock::now();
+    if (now > deadline_) expire();
+    // Progress is made inside poll() for some backends (MPI): poll tightly while
+    // data may be flowing, and back off only once a peer seems stalled.
+    if (now - start < std::chrono::seconds(1) || polls % 64 != 0)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
+
+namespace {
+
+class CompletedTransfer final : public Transfer {
+ public:
+  explicit CompletedTransfer(std::string what) : Transfer(std::move(what), Clock::now()) {}
+
+ private:
+  bool poll() override { return true; }
+  void expire() override { raise<CommTimeoutError>(what(), ": expired after completing"); }
+};
+
+// Host data over a communicator's blocking collectives.
+class CommunicatorTransport final : public DataTransport {
+ public:
+  explicit CommunicatorTransport(Communicator& comm) : comm_(comm) {}
+  int rank() const override { return comm_.rank(); }
+  int size() const override { return comm_.size(); }
+  std::string backend() const override { return "control:" + comm_.backend(); }
+  MemoryKind memory() const override { return MemoryKind::kHost; }
+
+  std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override {
+    comm_.broadcast(buffer, root);
+    return completed_transfer(
+        detail::concat("broadcast of ", buffer.size, " bytes from root ", root));
+  }
+  std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
+                                    MutableBytes recv, int root) override {
+    comm_.scatterv(send, ranges, recv, root);
+    return completed_transfer(detail::concat("scatter of ", recv.size, " bytes to rank ", rank()));
+  }
+
+ private:
+  Communicator& comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transfer> completed_transfer(std::string what) {
+  return std::make_unique<CompletedTransfer>(std::move(what));
+}
+
+std::unique_ptr<DataTransport> make_communicator_transport(Communicator& comm) {
+  return std::make_unique<CommunicatorTransport>(comm);
+}
+
+}  // namespace tpreload

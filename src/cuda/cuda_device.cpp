@@ -1,0 +1,260 @@
+#include "tpreload/comm/cuda_device.h"
+
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+
+#include "quantize_int8.h"
+#include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
+
+namespace tpreload {
+
+namespace detail {
+
+[[noreturn]] void raise_cuda_error(int code, const char* expr, const char* file, int line) {
+  const auto e = static_cast<cudaError_t>(code);
+  raise<CommError>(expr, " failed with CUDA error ", code, " (", cudaGetErrorName(e), ": ",
+                   cudaGetErrorString(e), ") at ", file, ":", line);
+}
+
+}  // namespace detail
+
+namespace {
+
+// CUDA's current device is per thread: every entry point makes ours current.
+void use_device(int ordinal) {
+  thread_local int current = -1;
+  if (current == ordinal) return;
+  CUDA_CHECK(cudaSetDevice(ordinal));
+  current = ordinal;
+}
+
+cudaMemcpyKind kind_of(CopyKind kind) {
+  switch (kind) {
+    case CopyKind::kHostToDevice:
+      return cudaMemcpyHostToDevice;
+    case CopyKind::kDeviceToHost:
+      return cudaMemcpyDeviceToHost;
+    case CopyKind::kDeviceToDevice:
+      return cudaMemcpyDeviceToDevice;
+  }
+  return cudaMemcpyDefault;
+}
+
+class CudaEvent final : public DeviceEvent {
+ public:
+  CudaEvent(int ordinal, cudaStream_t stream) : ordinal_(ordinal) {
+    use_device(ordinal_);
+    CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    const cudaError_t rc = cudaEventRecord(event_, stream);
+    if (rc != cudaSuccess) {
+      cudaEventDestroy(event_);
+      CUDA_CHECK(rc);
+    }
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  bool done() override {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    CUDA_CHECK(rc);
+    return true;
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  int ordinal_;
+  cudaEvent_t event_ = nullptr;
+};
+
+class CudaStream final : public DeviceStream {
+ public:
+  explicit CudaStream(int ordinal) : ordinal_(ordinal) {
+    use_device(ordinal_);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  // Local: destroying a stream with work queued lets that work finish first.
+  ~CudaStream() override { cudaStreamDestroy(stream_); }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  void copy(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) override {
+    if (bytes == 0) return;
+    use_device(ordinal_);
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind_of(kind), stream_));
+  }
+  void copy_rows(void* dst, std::uint64_t dst_pitch, const void* src, std::uint64_t src_pitch,
+                 std::uint64_t width, std::uint64_t rows, CopyKind kind) override {
+    if (rows == 0 || width == 0) return;
+    use_device(ordinal_);
+    CUDA_CHECK(
+        cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, kind_of(kind), stream_));
+  }
+  void zero(void* dst, std::uint64_t bytes) override {
+    if (bytes == 0) return;
+    use_device(ordinal_);
+    CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+  }
+  void quantize_int8(const void* src, DType dtype, std::int64_t rows, std::int64_t cols,
+                     std::int64_t row_stride, std::int8_t* q, float* scale) override {
+    cuda::QuantizeSource source;
+    switch (dtype) {
+      case DType::kBFloat16:
+        source = cuda::QuantizeSource::kBFloat16;
+        break;
+      case DType::kFloat16:
+        source = cuda::QuantizeSource::kFloat16;
+        break;
+      case DType::kFloat32:
+        source = cuda::QuantizeSource::kFloat32;
+        break;
+      default:
+        raise<ModelError>("int8 quantization on the device: unsupported source dtype ",
+                          dtype_name(dtype));
+    }
+    use_device(ordinal_);
+    CUDA_CHECK(cuda::launch_quantize_int8(src, source, rows, cols, row_stride, q, scale, stream_));
+  }
+  std::unique_ptr<DeviceEvent> record() override {
+    return std::make_unique<CudaEvent>(ordinal_, stream_);
+  }
+  void wait_for(DeviceEvent& event) override {
+    use_device(ordinal_);
+    CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).get(), 0));
+  }
+  void* native_handle() override { return stream_; }
+
+ private:
+  int ordinal_;
+  cudaStream_t stream_ = nullptr;
+};
+
+std::string gib(std::uint64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1ull << 30));
+  return text;
+}
+
+class DeviceMemoryAllocator final : public Allocator {
+ public:
+  DeviceMemoryAllocator(int ordinal, std::string name)
+      : ordinal_(ordinal), name_(std::move(name)) {}
+  MemoryKind kind() const override { return MemoryKind::kDevice; }
+  Buffer allocate(std::uint64_t bytes) override {
+    if (bytes == 0) return {};
+    use_device(ordinal_);
+    void* p = nullptr;
+    const cudaError_t rc = cudaMalloc(&p, bytes);
+    if (rc != cudaSuccess) {
+      std::size_t free = 0, total = 0;
+      cudaGetLastError();  // clear the sticky error of the failed allocation
+      cudaMemGetInfo(&free, &total);
+      raise<CommError>("cannot allocate ", bytes, " bytes of device memory on ", name_, ": ",
+                       cudaGetErrorString(rc), " (", gib(free), " free of ", gib(total), ")");
+    }
+    const int ordinal = ordinal_;
+    return Buffer(static_cast<std::byte*>(p), bytes, MemoryKind::kDevice, [ordinal](std::byte* d) {
+      use_device(ordinal);
+      cudaFree(d);
+    });
+  }
+
+ private:
+  int ordinal_;
+  std::string name_;
+};
+
+class PinnedAllocator final : public Allocator {
+ public:
+  PinnedAllocator(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {}
+  MemoryKind kind() const override { return MemoryKind::kPinnedHost; }
+  Buffer allocate(std::uint64_t bytes) override {
+    if (bytes == 0) return {};
+    use_device(ordinal_);
+    void* p = nullptr;
+    const cudaError_t rc = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (rc != cudaSuccess) {
+      cudaGetLastError();
+      raise<CommError>("cannot allocate ", bytes, " bytes of pinned host memory for ", name_, ": ",
+                       cudaGetErrorString(rc));
+    }
+    return Buffer(static_cast<std::byte*>(p), bytes, MemoryKind::kPinnedHost,
+                  [](std::byte* h) { cudaFreeHost(h); });
+  }
+
+ private:
+  int ordinal_;
+  std::string name_;
+};
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(int ordinal, std::string name)
+      : ordinal_(ordinal),
+        name_(std::move(name)),
+        memory_(ordinal, name_),
+        pinned_(ordinal, name_) {}
+  std::string describe() const override { return name_; }
+  std::string backend() const override { return "cuda"; }
+  int ordinal() const override { return ordinal_; }
+  bool host_addressable() const override { return false; }
+  void make_current() override { use_device(ordinal_); }
+  Allocator& memory() override { return memory_; }
+  Allocator& pinned_memory() override { return pinned_; }
+  std::unique_ptr<DeviceStream> make_stream() override {
+    return std::make_unique<CudaStream>(ordinal_);
+  }
+
+ private:
+  int ordinal_;
+  std::string name_;
+  DeviceMemoryAllocator memory_;
+  PinnedAllocator pinned_;
+};
+
+}  // namespace
+
+CudaProbe probe_cuda() {
+  CudaProbe p;
+  // The runtime is linked statically; the driver is the one thing it loads.
+  if (void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
+    p.driver = true;
+    dlclose(driver);
+  } else {
+    const char* why = dlerror();
+    p.problem =
+        std::string("no NVIDIA driver: libcuda.so.1 cannot be loaded (") + (why ? why : "?") + ")";
+    return p;
+  }
+  cudaDriverGetVersion(&p.driver_version);
+  const cudaError_t rc = cudaGetDeviceCount(&p.devices);
+  if (rc != cudaSuccess) {
+    p.devices = 0;
+    p.problem = std::string("no CUDA device: ") + cudaGetErrorName(rc) + " (" +
+                cudaGetErrorString(rc) + "), driver version " + std::to_string(p.driver_version);
+  } else if (p.devices == 0) {
+    p.problem = "no CUDA device: the driver sees none";
+  }
+  return p;
+}
+
+std::shared_ptr<Device> open_cuda_device(int ordinal) {
+  const CudaProbe probe = probe_cuda();
+  if (!probe.problem.empty()) raise<CommError>(probe.problem);
+  if (ordinal < 0 || ordinal >= probe.devices)
+    raise<CommError>("CUDA device ", ordinal, " does not exist (this process sees ", probe.devices,
+                     ")");
+  use_device(ordinal);
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  const std::string name =
+      "cuda:" + std::to_string(ordinal) + " (" + prop.name + ", " + gib(prop.totalGlobalMem) + ")";
+  log().debug("opened {}", name);
+  return std::make_shared<CudaDevice>(ordinal, name);
+}
+
+}  // namespace tpreload

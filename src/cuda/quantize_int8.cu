@@ -1,0 +1,70 @@
+#include <cuda_fp16.h>
+
+#include "quantize_int8.h"
+
+namespace tpreload::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float load(const std::uint16_t* row, std::int64_t c,
+                                      QuantizeSource dtype) {
+  const std::uint16_t bits = row[c];
+  if (dtype == QuantizeSource::kBFloat16) return __uint_as_float(static_cast<unsigned>(bits) << 16);
+  return __half2float(__ushort_as_half(bits));  // exact
+}
+
+__device__ __forceinline__ float load(const float* row, std::int64_t c, QuantizeSource) {
+  return row[c];
+}
+
+// One block per row (grid-stride over rows). The CPU kernel's formula:
+//   amax = max |w| ignoring NaN (fmaxf ignores a NaN operand, as the CPU max does);
+//   s = amax == 0 ? 1 : amax / 127 (IEEE division, round to nearest);
+//   q = clamp(rint(w / s), -127, 127), ties to even; NaN -> -127 (fmaxf(-127, NaN)).
+template <typename T>
+__global__ void quantize_rows(const T* w, QuantizeSource dtype, std::int64_t rows,
+                              std::int64_t cols, std::int64_t row_stride, std::int8_t* q,
+                              float* scale) {
+  __shared__ float partial[kThreads];
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = w + r * row_stride;
+    float m = 0.0f;
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      m = fmaxf(m, fabsf(load(row, c, dtype)));
+    partial[threadIdx.x] = m;
+    __syncthreads();
+    for (int half = kThreads / 2; half > 0; half /= 2) {
+      if (threadIdx.x < half)
+        partial[threadIdx.x] = fmaxf(partial[threadIdx.x], partial[threadIdx.x + half]);
+      __syncthreads();
+    }
+    const float amax = partial[0];
+    const float s = amax == 0.0f ? 1.0f : __fdiv_rn(amax, 127.0f);
+    if (threadIdx.x == 0) scale[r] = s;
+    std::int8_t* out = q + r * cols;
+    for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+      const float v = fminf(127.0f, fmaxf(-127.0f, rintf(__fdiv_rn(load(row, c, dtype), s))));
+      out[c] = static_cast<std::int8_t>(static_cast<int>(v));
+    }
+    __syncthreads();  // partial[] is reused by the next row
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int64_t rows,
+                                 std::int64_t cols, std::int64_t row_stride, std::int8_t* q,
+                                 float* scale, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(rows < 65535 * 32 ? rows : 65535 * 32);
+  if (dtype == QuantizeSource::kFloat32)
+    quantize_rows<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(src), dtype, rows,
+                                                   cols, row_stride, q, scale);
+  else
+    quantize_rows<<<blocks, kThreads, 0, stream>>>(static_cast<const std::uint16_t*>(src), dtype,
+                                                   rows, cols, row_stride, q, scale);
+  return cudaGetLastError();
+}
+
+}  // namespace tpreload::cuda

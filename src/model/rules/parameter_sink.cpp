@@ -1,0 +1,191 @@
+#include "tpreload/model/parameter_sink.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "tpreload/core/error.h"
+#include "tpreload/model/quantize.h"
+
+namespace tpreload {
+namespace {
+
+std::uint64_t spec_bytes(const ParamSpec& spec) {
+  return static_cast<std::uint64_t>(shape_rows(spec.shape)) *
+         shape_row_bytes(spec.shape, spec.dtype);
+}
+
+std::uint32_t crc_update(std::uint32_t crc, const std::byte* data, std::uint64_t n) {
+  for (std::uint64_t at = 0; at < n;) {  // zlib takes 32-bit lengths
+    const auto len = static_cast<uInt>(std::min<std::uint64_t>(n - at, 1u << 30));
+    crc = static_cast<std::uint32_t>(crc32(crc, reinterpret_cast<const Bytef*>(data + at), len));
+    at += len;
+  }
+  return crc;
+}
+
+}  // namespace
+
+ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorage> storage,
+                             std::shared_ptr<Device> device)
+    : rules_(rules),
+      storage_(std::move(storage)),
+      device_(std::move(device)),
+      loaded_(storage_.size(), 0) {
+  if (storage_.size() != rules_.params().size())
+    raise<ModelError>("parameter sink: ", storage_.size(), " storages for ", rules_.params().size(),
+                      " parameters");
+  for (std::size_t i = 0; i < storage_.size(); ++i) {
+    const ParamSpec& spec = rules_.params()[i];
+    if (storage_[i].bytes != spec_bytes(spec) || (!storage_[i].data && storage_[i].bytes))
+      raise<ModelError>("parameter '", spec.name, "' has ", storage_[i].bytes,
+                        " bytes of storage, its shape and dtype need ", spec_bytes(spec));
+  }
+}
+
+ParameterSink::~ParameterSink() = default;
+
+DeviceStream& ParameterSink::stream() {
+  if (!stream_) stream_ = device_->make_stream();
+  return *stream_;
+}
+
+void ParameterSink::write(const RowWrite& w, const std::byte* src) {
+  const ParamSpec& param = rules_.params().at(w.slot);
+  if (w.rows <= 0) return;
+  if (w.dest_row < 0 || w.dest_row + w.rows > shape_rows(param.shape))
+    raise<ModelError>("write of rows [", w.dest_row, ", ", w.dest_row + w.rows,
+                      ") into parameter '", param.name, "' of ", shape_rows(param.shape), " rows");
+  if (w.kind == WriteKind::kQuantizeInt8 && param.scale_slot == kNoSlot)
+    raise<ModelError>("int8 write into parameter '", param.name, "', which has no weight_scale");
+  if (device_)
+    write_device(w, param, src);
+  else
+    write_host(w, param, src);
+}
+
+void ParameterSink::write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
+  const std::uint64_t width = shape_row_bytes(param.shape, param.dtype);
+  std::byte* dst = storage_[w.slot].data + static_cast<std::uint64_t>(w.dest_row) * width;
+  const std::byte* in = src + w.src_offset;
+  if (w.kind == WriteKind::kCopy) {
+    if (w.src_pitch == width) {
+      std::memcpy(dst, in, static_cast<std::uint64_t>(w.rows) * width);
+    } else {
+      for (std::int64_t r = 0; r < w.rows; ++r)
+        std::memcpy(dst + r * width, in + r * w.src_pitch, width);
+    }
+    return;
+  }
+  const std::int64_t cols = static_cast<std::int64_t>(width);  // int8: one byte per element
+  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
+  auto* q = reinterpret_cast<std::int8_t*>(dst);
+  auto* scale = reinterpret_cast<float*>(storage_[param.scale_slot].data) + w.dest_row;
+  switch (w.src_dtype) {
+    case DType::kBFloat16:
+      quantize_rows_bf16(reinterpret_cast<const std::uint16_t*>(in), w.rows, cols, stride, q,
+                         scale);
+      break;
+    case DType::kFloat16:
+      quantize_rows_f16(reinterpret_cast<const std::uint16_t*>(in), w.rows, cols, stride, q, scale);
+      break;
+    case DType::kFloat32:
+      quantize_rows_f32(reinterpret_cast<const float*>(in), w.rows, cols, stride, q, scale);
+      break;
+    default:
+      raise<ModelError>("int8 quantization of '", param.name, "': unsupported source dtype ",
+                        dtype_name(w.src_dtype), " (bfloat16, float16 or float32)");
+  }
+}
+
+void ParameterSink::write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
+  const std::uint64_t width = shape_row_bytes(param.shape, param.dtype);
+  std::byte* dst = storage_[w.slot].data + static_cast<std::uint64_t>(w.dest_row) * width;
+  const std::byte* in = src + w.src_offset;
+  if (w.kind == WriteKind::kCopy) {
+    if (w.src_pitch == width)
+      stream().copy(dst, in, static_cast<std::uint64_t>(w.rows) * width, CopyKind::kDeviceToDevice);
+    else
+      stream().copy_rows(dst, width, in, w.src_pitch, width, static_cast<std::uint64_t>(w.rows),
+                         CopyKind::kDeviceToDevice);
+    return;
+  }
+  auto* scale = reinterpret_cast<float*>(storage_[param.scale_slot].data) + w.dest_row;
+  stream().quantize_int8(in, w.src_dtype, w.rows, static_cast<std::int64_t>(width),
+                         static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype)),
+                         reinterpret_cast<std::int8_t*>(dst), scale);
+}
+
+void ParameterSink::zero(const RowZero& z) {
+  const ParamSpec& param = rules_.params().at(z.slot);
+  const std::uint64_t width = shape_row_bytes(param.shape, param.dtype);
+  if (z.row_begin < 0 || z.row_end > shape_rows(param.shape) || z.row_end < z.row_begin)
+    raise<ModelError>("zeroing rows [", z.row_begin, ", ", z.row_end, ") of parameter '",
+                      param.name, "' of ", shape_rows(param.shape), " rows");
+  std::byte* dst = storage_[z.slot].data + static_cast<std::uint64_t>(z.row_begin) * width;
+  const std::uint64_t n = static_cast<std::uint64_t>(z.row_end - z.row_begin) * width;
+  if (device_)
+    stream().zero(dst, n);
+  else
+    std::memset(dst, 0, n);
+}
+
+void ParameterSink::flush(std::chrono::milliseconds timeout) {
+  if (device_ && stream_)
+    synchronize(*stream_, timeout, "writing parameters on " + device_->describe());
+}
+
+void ParameterSink::begin_load() {
+  std::fill(loaded_.begin(), loaded_.end(), 0);
+}
+
+void ParameterSink::mark_loaded(ParamSlot slot, std::uint8_t shards) {
+  loaded_.at(slot) |= shards;
+}
+
+bool ParameterSink::loaded(ParamSlot slot) const {
+  const std::uint8_t need = rules_.params().at(slot).shards;
+  return (loaded_[slot] & need) == need;
+}
+
+std::vector<std::string> ParameterSink::expected_names(WeightFormat format) const {
+  std::vector<std::string> names;
+  for (const ParamSpec& spec : rules_.params())
+    if (format == WeightFormat::kKernel || spec.from_checkpoint) names.push_back(spec.name);
+  return names;
+}
+
+std::vector<std::string> ParameterSink::loaded_names(WeightFormat format) const {
+  std::vector<std::string> names;
+  for (ParamSlot s = 0; s < storage_.size(); ++s) {
+    const ParamSpec& spec = rules_.params()[s];
+    if ((format == WeightFormat::kKernel || spec.from_checkpoint) && loaded(s))
+      names.push_back(spec.name);
+  }
+  return names;
+}
+
+std::uint32_t ParameterSink::crc32(ParamSlot slot, std::uint64_t chunk_bytes) {
+  const ParamStorage& s = storage_.at(slot);
+  return crc32(s.data, s.bytes, "'" + rules_.params()[slot].name + "'", chunk_bytes);
+}
+
+std::uint32_t ParameterSink::crc32(const std::byte* data, std::uint64_t bytes,
+                                   const std::string& what, std::uint64_t chunk_bytes) {
+  std::uint32_t crc = static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0));
+  if (!device_) return crc_update(crc, data, bytes);
+  flush();
+  Buffer pinned =
+      device_->pinned_memory().allocate(std::min(std::max<std::uint64_t>(chunk_bytes, 1), bytes));
+  for (std::uint64_t at = 0; at < bytes; at += pinned.size()) {
+    const std::uint64_t n = std::min(pinned.size(), bytes - at);
+    stream().copy(pinned.data(), data + at, n, CopyKind::kDeviceToHost);
+    synchronize(stream(), std::chrono::minutes(5),
+                detail::concat("reading back ", what, " from ", device_->describe()));
+    crc = crc_update(crc, pinned.data(), n);
+  }
+  return crc;
+}
+
+}  // namespace tpreload

@@ -1,0 +1,277 @@
+#include "tpreload/comm/nccl_transport.h"
+
+#include <cstring>
+#include <thread>
+
+#include "nccl_library.h"
+#include "tpreload/comm/agreement.h"
+#include "tpreload/comm/communicator.h"
+#include "tpreload/comm/device.h"
+#include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
+
+namespace tpreload {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The one owner of an ncclComm_t. close() is the graceful, collective teardown;
+// the destructor never waits on peers: a communicator not closed is aborted
+// (local: it frees the resources and cancels what is in flight).
+class NcclComm {
+ public:
+  NcclComm() = default;
+  explicit NcclComm(ncclComm_t comm) : comm_(comm) {}
+  ~NcclComm() { abort(); }
+  NcclComm(NcclComm&& o) noexcept : comm_(o.comm_) { o.comm_ = nullptr; }
+  NcclComm& operator=(NcclComm&&) = delete;
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  ncclComm_t get() const { return comm_; }
+  void abort() noexcept {
+    if (!comm_) return;
+    nccl::library().CommAbort(comm_);
+    comm_ = nullptr;
+  }
+
+ private:
+  ncclComm_t comm_ = nullptr;
+};
+
+// ncclGroupStart() now; ncclGroupEnd() by end(), or by the destructor when an
+// error unwinds out of the group, so that no group is ever left open.
+class GroupGuard {
+ public:
+  GroupGuard() { NCCL_CHECK(nccl::library().GroupStart()); }
+  ~GroupGuard() {
+    if (open_) {
+      const ncclResult_t r = nccl::library().GroupEnd();
+      if (r != ncclSuccess && r != ncclInProgress)
+        log().error("closing an NCCL group while unwinding: {}", nccl::result_text(r));
+    }
+  }
+  GroupGuard(const GroupGuard&) = delete;
+  GroupGuard& operator=(const GroupGuard&) = delete;
+  ncclResult_t end() {
+    open_ = false;
+    return nccl::library().GroupEnd();
+  }
+
+ private:
+  bool open_ = true;
+};
+
+bool ok_or_pending(ncclResult_t r) {
+  return r == ncclSuccess || r == ncclInProgress;
+}
+
+class NcclTransport;
+
+class NcclTransfer final : public Transfer {
+ public:
+  NcclTransfer(NcclTransport& transport, std::unique_ptr<DeviceEvent> event, std::string what,
+               Clock::time_point deadline)
+      : Transfer(std::move(what), deadline), transport_(transport), event_(std::move(event)) {}
+
+ private:
+  bool poll() override;
+  void expire() override;
+  NcclTransport& transport_;
+  std::unique_ptr<DeviceEvent> event_;
+};
+
+class NcclTransport final : public DataTransport {
+ public:
+  NcclTransport(std::shared_ptr<Device> device, NcclComm comm, int rank, int size,
+                std::chrono::milliseconds timeout)
+      : device_(std::move(device)),
+        comm_(std::move(comm)),
+        rank_(rank),
+        size_(size),
+        timeout_(timeout),
+        stream_(device_->make_stream()) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "nccl"; }
+  MemoryKind memory() const override { return MemoryKind::kDevice; }
+  Device* device() const override { return device_.get(); }
+
+  std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override {
+    const std::string what =
+        detail::concat("NCCL broadcast of ", buffer.size, " bytes from root ", root);
+    check(root, what);
+    const auto deadline = Clock::now() + timeout_;
+    // In place: the root's buffer is its send buffer; the others receive into theirs.
+    call(nccl::library().Broadcast(buffer.data, buffer.data, buffer.size, ncclUint8, root,
+                                   comm_.get(), stream()),
+         what, deadline);
+    return std::make_unique<NcclTransfer>(*this, stream_->record(), what, deadline);
+  }
+
+  std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
+                                    MutableBytes recv, int root) override {
+    const std::string what = detail::concat("NCCL scatter of ", recv.size, " bytes to rank ", rank_,
+                                            " from root ", root);
+    check(root, what);
+    if (ranges.size() != static_cast<std::size_t>(size_) || recv.size != ranges[rank_].length)
+      raise<UsageError>(what, ": ", ranges.size(), " ranges for ", size_, " ranks, receive buffer ",
+                        recv.size, " bytes for a range of ",
+                        ranges.size() > static_cast<std::size_t>(rank_) ? ranges[rank_].length : 0);
+    const auto deadline = Clock::now() + timeout_;
+    if (rank_ == root && recv.size && recv.data != send.data + ranges[root].offset)
+      stream_->copy(recv.data, send.data + ranges[root].offset, recv.size,
+                    CopyKind::kDeviceToDevice);
+    {
+      GroupGuard group;
+      if (rank_ == root) {
+        for (int r = 0; r < size_; ++r)
+          if (r != root && ranges[r].length)
+            call(nccl::library().Send(send.data + ranges[r].offset, ranges[r].length, ncclUint8, r,
+                                      comm_.get(), stream()),
+                 what, deadline);
+      } else if (recv.size) {
+        call(nccl::library().Recv(recv.data, recv.size, ncclUint8, root, comm_.get(), stream()),
+             what, deadline);
+      }
+      call(group.end(), what, deadline);
+    }
+    return std::make_unique<NcclTransfer>(*this, stream_->record(), what, deadline);
+  }
+
+  // The communicator's asynchronous state: throws (after aborting) on an error.
+  bool pending(const std::string& what) {
+    ncclResult_t state = ncclSuccess;
+    const ncclResult_t rc = nccl::library().CommGetAsyncError(comm_.get(), &state);
+    if (rc != ncclSuccess)
+      fail(what, detail::concat("ncclCommGetAsyncError: ", nccl::result_text(rc)), false);
+    if (!ok_or_pending(state)) fail(what, nccl::result_text(state), false);
+    return state == ncclInProgress;
+  }
+
+  // Abort the communicator (transfers in flight are cancelled, buffers become
+  // free) and throw. The transport is broken from then on.
+  [[noreturn]] void fail(const std::string& what, const std::string& why, bool timeout) {
+    const char* last = comm_.get() ? nccl::library().GetLastError(comm_.get()) : nullptr;
+    comm_.abort();
+    broken_ = true;
+    const std::string message =
+        detail::concat("rank ", rank_, "/", size_, ": ", what, " on ", device_->describe(), " ",
+                       why, last && *last ? detail::concat(" (NCCL: ", last, ")") : std::string(),
+                       "; the NCCL communicator was aborted");
+    log().error("{}", message);
+    if (timeout) throw CommTimeoutError(message);
+    throw CommError(message);
+  }
+
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+ private:
+  cudaStream_t stream() const { return static_cast<cudaStream_t>(stream_->native_handle()); }
+
+  void check(int root, const std::string& what) const {
+    if (broken_)
+      raise<CommError>("rank ", rank_, "/", size_, ": ", what,
+                       " on a broken NCCL transport (an earlier transfer failed)");
+    if (root < 0 || root >= size_)
+      raise<UsageError>(what, ": root ", root, " is not a rank of ", size_);
+  }
+
+  // A call on a non-blocking communicator: an error aborts; ncclInProgress is
+  // waited out (the operation is enqueued once the state settles).
+  void call(ncclResult_t rc, const std::string& what, Clock::time_point deadline) {
+    if (!ok_or_pending(rc)) fail(what, nccl::result_text(rc), false);
+    while (pending(what)) {
+      if (Clock::now() > deadline) fail(what, "was not enqueued before its deadline", true);
+      std::this_thread::yield();
+    }
+  }
+
+  std::shared_ptr<Device> device_;
+  NcclComm comm_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<DeviceStream> stream_;
+  bool broken_ = false;
+};
+
+bool NcclTransfer::poll() {
+  transport_.pending(what());  // throws on an asynchronous error
+  return event_->done();
+}
+
+void NcclTransfer::expire() {
+  transport_.fail(what(),
+                  detail::concat("did not complete within ", transport_.timeout().count(),
+                                 " ms; a peer is dead, stuck, or not making the same call"),
+                  true);
+}
+
+// This rank's NCCL communicator, or the reason it has none.
+NcclComm join(const ncclUniqueId& id, int rank, int size, std::chrono::milliseconds timeout,
+              std::optional<std::string>& problem) {
+  const nccl::Library& lib = nccl::library();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // so that joining can be given up at a deadline
+  ncclComm_t raw = nullptr;
+  const ncclResult_t rc = lib.CommInitRankConfig(&raw, size, id, rank, &config);
+  NcclComm comm(raw);
+  if (!ok_or_pending(rc)) {
+    problem = "ncclCommInitRankConfig: " + nccl::result_text(rc);
+    return comm;
+  }
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    ncclResult_t state = ncclSuccess;
+    if (lib.CommGetAsyncError(comm.get(), &state) != ncclSuccess || !ok_or_pending(state)) {
+      problem = "joining the NCCL communicator: " + nccl::result_text(state);
+      return comm;
+    }
+    if (state == ncclSuccess) return comm;
+    if (Clock::now() > deadline) {
+      problem = detail::concat("joining the NCCL communicator did not finish within ",
+                               timeout.count(), " ms (a peer did not join)");
+      return comm;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<DataTransport> make_nccl_transport(Communicator& control,
+                                                   std::shared_ptr<Device> device,
+                                                   const NcclOptions& options) {
+  std::optional<std::string> problem;
+  if (!device || device->backend() != "cuda")
+    problem = detail::concat("the NCCL transport needs a CUDA device, got ",
+                             device ? device->describe() : std::string("none"));
+  if (!problem) {
+    try {
+      const NcclLibraryInfo info = load_nccl(options.library);
+      log().debug("NCCL {} from {}", info.version, info.path);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  agree_on_problem<CommError>(control, problem, "setting up NCCL");
+
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (control.rank() == 0) {
+    const ncclResult_t rc = nccl::library().GetUniqueId(&id);
+    if (rc != ncclSuccess) problem = "ncclGetUniqueId: " + nccl::result_text(rc);
+  }
+  agree_on_problem<CommError>(control, problem, "creating the NCCL unique id");
+  control.broadcast(MutableBytes(&id, sizeof id), 0);
+
+  device->make_current();  // NCCL binds the communicator to the current device
+  NcclComm comm = join(id, control.rank(), control.size(), options.timeout, problem);
+  agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
+  log().debug("NCCL communicator of {} ranks on {}", control.size(), device->describe());
+  return std::make_unique<NcclTransport>(std::move(device), std::move(comm), control.rank(),
+                                         control.size(), options.timeout);
+}
+
+}  // namespace tpreload

@@ -1,0 +1,170 @@
+#include "bucket_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "tpreload/core/log.h"
+
+namespace tpreload::detail {
+namespace {
+
+// Bytes of one column of a row (a row-parallel tensor's rows are split by column).
+std::uint64_t column_bytes(const TensorInfo& info) {
+  return shape_row_bytes(info.shape, info.dtype) / static_cast<std::uint64_t>(info.shape[1]);
+}
+
+// Bytes of tp rank r's column window in one row of a row-parallel tensor.
+std::uint64_t window_bytes(const PlannedTensor& t, const TensorInfo& info, int r) {
+  return static_cast<std::uint64_t>(t.placements[r].source_length) * column_bytes(info);
+}
+
+}  // namespace
+
+ByteRange BucketReader::rows_range(std::size_t tensor, std::int64_t a, std::int64_t b) const {
+  const TensorInfo& info = md_.tensors[tensor];
+  const std::uint64_t rb = shape_row_bytes(info.shape, info.dtype);
+  return {static_cast<std::uint64_t>(a) * rb, static_cast<std::uint64_t>(b - a) * rb};
+}
+
+ConstBytes BucketReader::full_rows(std::size_t tensor, std::int64_t a, std::int64_t b,
+                                   std::vector<std::byte>& scratch) {
+  const ByteRange range = rows_range(tensor, a, b);
+  if (auto view = source_.view(tensor, range)) return *view;
+  scratch.resize(range.length);
+  source_.read(tensor, range, MutableBytes(scratch.data(), scratch.size()));
+  return ConstBytes(scratch.data(), scratch.size());
+}
+
+// zero_copy: a bucket whose pieces follow each other in one file is sent straight
+// from the source's mapping. False when it is not one run or the source has no views.
+bool BucketReader::send_mapped(std::size_t index, const Bucket& bucket, ConstBytes& payload) {
+  if (bucket.pieces.empty()) return false;
+  auto range_of = [&](const Piece& p) {
+    return rows_range(plan_.tensors[p.planned].index, p.row_begin, p.row_end);
+  };
+  // The listing's file offsets say whether a run is possible at all (cheap); the
+  // view pointers then confirm it (sources without file offsets).
+  for (std::size_t i = 1; i < bucket.pieces.size(); ++i) {
+    const TensorInfo& a = md_.tensors[plan_.tensors[bucket.pieces[i - 1].planned].index];
+    const TensorInfo& b = md_.tensors[plan_.tensors[bucket.pieces[i].planned].index];
+    if (a.file != b.file || a.file_offset + range_of(bucket.pieces[i - 1]).end() !=
+                                b.file_offset + range_of(bucket.pieces[i]).offset) {
+      log().debug(
+          "bucket {}: piece {} ('{}') does not follow the previous one in the file; reading", index,
+          i, b.name);
+      return false;
+    }
+  }
+  std::optional<ConstBytes> first, last;
+  for (const Piece& p : bucket.pieces) {
+    const auto v = source_.view(plan_.tensors[p.planned].index, range_of(p));
+    if (!v) return false;  // sources without views have none for any tensor
+    if (last && last->data + last->size != v->data) return false;  // not one run after all
+    if (!first) first = v;
+    last = v;
+  }
+  payload = ConstBytes(first->data, bucket.bytes);
+  return true;
+}
+
+ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send) {
+  ConstBytes payload;
+  if (zero_copy_ && send_mapped(index, bucket, payload)) return payload;
+  std::vector<ReadRequest> reads;
+  reads.reserve(bucket.pieces.size());
+  for (const Piece& p : bucket.pieces) {
+    const std::size_t tensor = plan_.tensors[p.planned].index;
+    const ByteRange range = rows_range(tensor, p.row_begin, p.row_end);
+    reads.push_back({tensor, range, MutableBytes(send + p.offset, range.length)});
+    copied_ += range.length;
+  }
+  source_.read_many(reads);
+  return ConstBytes(send, bucket.bytes);
+}
+
+// Row-parallel: each full row is [one rank's window | the next rank's | ...]. When
+// the windows tile the row, one split read cuts every rank's slice out of the file
+// straight into the send buffer. False (nothing read) when they do not.
+bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
+                                    std::byte* send) {
+  const TensorInfo& info = md_.tensors[t.index];
+  std::vector<int> order(tp_size_);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return t.placements[a].source_start < t.placements[b].source_start;
+  });
+  std::int64_t col = 0;
+  for (int r : order) {
+    if (t.rows_for(r) < p.row_end || t.placements[r].source_start != col) return false;
+    col += t.placements[r].source_length;
+  }
+  if (col != info.shape[1]) return false;
+  const std::int64_t rows = p.row_end - p.row_begin;
+  std::vector<MutableBytes> parts;
+  parts.reserve(static_cast<std::size_t>(rows) * tp_size_);
+  for (std::int64_t i = 0; i < rows; ++i)
+    for (int r : order) {
+      const std::uint64_t width = window_bytes(t, info, r);
+      parts.emplace_back(send + bucket.ranges[r].offset + p.rank_offset[r] + i * width, width);
+    }
+  source_.read_split(t.index, rows_range(t.index, p.row_begin, p.row_end), parts);
+  return true;
+}
+
+void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send) {
+  std::vector<std::byte> scratch;
+  std::vector<ReadRequest> reads;  // contiguous rows, merged by the source where adjacent
+  struct Replica {
+    std::byte* dst;
+    const std::byte* src;
+    std::uint64_t n;
+  };
+  std::vector<Replica> replicas;  // copied once the rows they repeat are read
+  for (const Piece& p : bucket.pieces) {
+    const PlannedTensor& t = plan_.tensors[p.planned];
+    const TensorInfo& info = md_.tensors[t.index];
+    // (A row of zero columns has no bytes to cut: treated as contiguous rows.)
+    const bool row_parallel = !t.kernel() && t.placements[0].source_dim == 1 &&
+                              info.shape.size() >= 2 && info.shape[1] > 0;
+    const bool split = row_parallel && read_row_windows(bucket, p, t, send);
+    // Otherwise row-parallel slices all come from the same full rows: read them once.
+    ConstBytes shared_rows;
+    if (row_parallel && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);
+    for (int w = 0; w < world_size_; ++w) {
+      const int r = w % tp_size_;
+      const std::int64_t end = std::min(p.row_end, t.rows_for(r));
+      if (end <= p.row_begin) continue;
+      std::byte* dst = send + bucket.ranges[w].offset + p.rank_offset[w];
+      const std::uint64_t n =
+          static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
+      if (w >= tp_size_) {  // a replica: same bytes as world rank r
+        replicas.push_back({dst, send + bucket.ranges[r].offset + p.rank_offset[r], n});
+      } else if (split) {         // read above
+      } else if (row_parallel) {  // each full row contributes its column window
+        const std::uint64_t full = shape_row_bytes(info.shape, info.dtype);
+        const std::uint64_t width = window_bytes(t, info, r);
+        const std::uint64_t skip =
+            static_cast<std::uint64_t>(t.placements[r].source_start) * column_bytes(info);
+        for (std::int64_t i = 0; i < end - p.row_begin; ++i)
+          std::memcpy(dst + i * width, shared_rows.data + i * full + skip, width);
+      } else {  // column-parallel or kernel format: contiguous full rows
+        const std::int64_t shift = t.kernel() ? 0 : t.placements[r].source_start;
+        reads.push_back(
+            {t.index, rows_range(t.index, shift + p.row_begin, shift + end), MutableBytes(dst, n)});
+      }
+      copied_ += n;
+    }
+  }
+  source_.read_many(reads);
+  for (const Replica& c : replicas) std::memcpy(c.dst, c.src, c.n);
+}
+
+ConstBytes BucketReader::fill(std::size_t index, std::byte* send) {
+  const Bucket& bucket = plan_.buckets.at(index);
+  if (!bucket.scatter) return fill_broadcast(index, bucket, send);
+  fill_scatter(bucket, send);
+  return ConstBytes(send, bucket.bytes);
+}
+
+}  // namespace tpreload::detail

@@ -1,0 +1,55 @@
+// The reader rank's half of the pipeline (internal): fills the bytes of one bucket
+// into a host send buffer, exactly as the plan lays them out. Broadcast buckets
+// are runs of tensor rows (read with merged reads, or sent from the source's
+// mapping with zero_copy); scatter buckets are one region per world rank, cut out
+// of the file with one split read per row-parallel piece (the read is the
+// slicing) and merged reads for contiguous rows; replicas copy what their tp rank
+// got. No torch, no transport here.
+#pragma once
+
+#include <cstdint>
+
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/reload/plan.h"
+
+namespace tpreload::detail {
+
+class BucketReader {
+ public:
+  BucketReader(const Plan& plan, const SourceMetadata& metadata, WeightSource& source,
+               int world_size, int tp_size, bool zero_copy)
+      : plan_(plan),
+        md_(metadata),
+        source_(source),
+        world_size_(world_size),
+        tp_size_(tp_size),
+        zero_copy_(zero_copy) {}
+
+  // Fill bucket `index` into `send` (host memory of at least its bytes). Returns
+  // the bytes to send: `send`, or a view of the source's mapping (zero copy, for
+  // a broadcast bucket that is one run of one file). Throws CheckpointError as
+  // the source does.
+  ConstBytes fill(std::size_t index, std::byte* send);
+
+  // Bytes read or copied into send buffers so far.
+  std::uint64_t bytes_copied() const { return copied_; }
+
+ private:
+  ConstBytes fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send);
+  bool send_mapped(std::size_t index, const Bucket& bucket, ConstBytes& payload);
+  void fill_scatter(const Bucket& bucket, std::byte* send);
+  bool read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
+                        std::byte* send);
+  ConstBytes full_rows(std::size_t tensor, std::int64_t a, std::int64_t b,
+                       std::vector<std::byte>& scratch);
+  ByteRange rows_range(std::size_t tensor, std::int64_t a, std::int64_t b) const;
+
+  const Plan& plan_;
+  const SourceMetadata& md_;
+  WeightSource& source_;
+  const int world_size_, tp_size_;
+  const bool zero_copy_;
+  std::uint64_t copied_ = 0;
+};
+
+}  // namespace tpreload::detail

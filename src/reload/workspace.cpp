@@ -1,0 +1,48 @@
+#include "tpreload/reload/workspace.h"
+
+#include "pipeline.h"
+
+namespace tpreload {
+
+ReloadWorkspace::ReloadWorkspace() = default;
+ReloadWorkspace::~ReloadWorkspace() = default;
+ReloadWorkspace::ReloadWorkspace(ReloadWorkspace&&) noexcept = default;
+ReloadWorkspace& ReloadWorkspace::operator=(ReloadWorkspace&&) noexcept = default;
+
+void ReloadWorkspace::release() {
+  buffers_.clear();
+  plan_.reset();
+}
+
+std::uint64_t ReloadWorkspace::cached_plan_key() const {
+  return plan_ ? plan_->key : 0;
+}
+
+void ReloadWorkspace::keep_plan(std::unique_ptr<detail::CachedPlan> plan) {
+  plan_ = std::move(plan);
+}
+
+std::uint64_t ReloadWorkspace::bytes(MemoryKind kind) const {
+  std::uint64_t total = 0;
+  for (const Buffer& b : buffers_)
+    if (b.kind() == kind) total += b.size();
+  return total;
+}
+
+std::uint64_t ReloadWorkspace::bytes() const {
+  std::uint64_t total = 0;
+  for (const Buffer& b : buffers_) total += b.size();
+  return total;
+}
+
+std::byte* ReloadWorkspace::buffer(std::size_t index, std::uint64_t size, Allocator& allocator) {
+  if (buffers_.size() <= index) buffers_.resize(index + 1);
+  Buffer& b = buffers_[index];
+  if (b.size() < size || (b && b.kind() != allocator.kind())) {
+    b.reset();  // free before allocating: never hold both
+    b = allocator.allocate(size);
+  }
+  return b.data();
+}
+
+}  // namespace tpreload

@@ -1,0 +1,30 @@
+#include "tpreload/runtime/program.h"
+
+#include <memory>
+
+#include "tpreload/core/log.h"
+
+namespace tpreload {
+
+int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
+                    const CommOptions& options,
+                    const std::function<int(MpiCommunicator& world)>& body) {
+  MpiRuntime mpi(argc, argv);
+  std::unique_ptr<MpiCommunicator> world;
+  try {
+    init_logging(mpi.world_rank(), mpi.world_size(), log_level);
+    world = MpiCommunicator::world(options);
+    const int rc = body(*world);
+    world.reset();
+    mpi.finalize();
+    return rc;
+  } catch (const std::exception& e) {
+    log().error("{}", e.what());
+    if (world) world->abort(1);
+    log().flush();
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+}
+
+}  // namespace tpreload

@@ -1,0 +1,269 @@
+#include "emulated_device.h"
+
+#include <cstring>
+#include <deque>
+#include <functional>
+
+#include "tpreload/core/error.h"
+#include "tpreload/model/quantize.h"
+
+namespace tpreload::testing {
+namespace {
+
+std::size_t index_of(MemoryKind kind) {
+  return static_cast<std::size_t>(kind);
+}
+
+class EmulatedAllocator final : public Allocator {
+ public:
+  EmulatedAllocator(EmulatedDevice& device, MemoryKind kind) : device_(device), kind_(kind) {}
+  MemoryKind kind() const override { return kind_; }
+  Buffer allocate(std::uint64_t bytes) override {
+    if (bytes == 0) return {};
+    EmulatedDevice* device = &device_;
+    const MemoryKind kind = kind_;
+    return Buffer(device_.take(kind_, bytes), bytes, kind_,
+                  [device, kind](std::byte* p) { device->give(kind, p); });
+  }
+
+ private:
+  EmulatedDevice& device_;
+  MemoryKind kind_;
+};
+
+class EmulatedStream;
+
+class EmulatedEvent final : public DeviceEvent {
+ public:
+  EmulatedEvent(EmulatedStream& stream, std::uint64_t seq, int polls)
+      : stream_(stream), seq_(seq), polls_left_(polls) {}
+  bool done() override;
+  EmulatedStream& stream() const { return stream_; }
+  std::uint64_t seq() const { return seq_; }
+
+ private:
+  EmulatedStream& stream_;
+  std::uint64_t seq_;
+  int polls_left_;
+};
+
+// Work is queued and runs in order when an event after it is waited for.
+class EmulatedStream final : public DeviceStream {
+ public:
+  explicit EmulatedStream(EmulatedDevice& device) : device_(device) {}
+
+  void copy(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) override {
+    check(dst, bytes, src, bytes, kind, "copy");
+    enqueue([=] { std::memmove(dst, src, bytes); });
+  }
+  void copy_rows(void* dst, std::uint64_t dst_pitch, const void* src, std::uint64_t src_pitch,
+                 std::uint64_t width, std::uint64_t rows, CopyKind kind) override {
+    if (rows == 0) return;
+    if (width > dst_pitch || width > src_pitch)
+      raise<CommError>("emulated device: copy_rows width ", width, " exceeds a pitch (", dst_pitch,
+                       ", ", src_pitch, ")");
+    check(dst, (rows - 1) * dst_pitch + width, src, (rows - 1) * src_pitch + width, kind,
+          "copy_rows");
+    enqueue([=] {
+      for (std::uint64_t r = 0; r < rows; ++r)
+        std::memcpy(static_cast<std::byte*>(dst) + r * dst_pitch,
+                    static_cast<const std::byte*>(src) + r * src_pitch, width);
+    });
+  }
+  void zero(void* dst, std::uint64_t bytes) override {
+    require_device(dst, bytes, "zero");
+    enqueue([=] { std::memset(dst, 0, bytes); });
+  }
+  void quantize_int8(const void* src, DType dtype, std::int64_t rows, std::int64_t cols,
+                     std::int64_t row_stride, std::int8_t* q, float* scale) override {
+    if (rows <= 0) return;
+    const std::uint64_t in = ((rows - 1) * row_stride + cols) * dtype_size(dtype);
+    require_device(src, in, "quantize_int8 source");
+    require_device(q, rows * cols, "quantize_int8 output");
+    require_device(scale, rows * sizeof(float), "quantize_int8 scales");
+    enqueue([=] {
+      if (dtype == DType::kBFloat16)
+        quantize_rows_bf16(static_cast<const std::uint16_t*>(src), rows, cols, row_stride, q,
+                           scale);
+      else if (dtype == DType::kFloat16)
+        quantize_rows_f16(static_cast<const std::uint16_t*>(src), rows, cols, row_stride, q, scale);
+      else
+        quantize_rows_f32(static_cast<const float*>(src), rows, cols, row_stride, q, scale);
+    });
+  }
+  std::unique_ptr<DeviceEvent> record() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::make_unique<EmulatedEvent>(*this, queued_, device_.polls_before_done());
+  }
+  void wait_for(DeviceEvent& event) override {
+    auto& e = static_cast<EmulatedEvent&>(event);
+    EmulatedStream* other = &e.stream();
+    const std::uint64_t seq = e.seq();
+    enqueue([other, seq] { other->run_until(seq); }, /*count=*/false);
+  }
+  void* native_handle() override { return this; }
+
+  // Run queued work up to (not including) operation number `seq`.
+  void run_until(std::uint64_t seq) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    while (done_ < seq && !work_.empty()) {
+      auto op = std::move(work_.front());
+      work_.pop_front();
+      ++done_;
+      op();
+    }
+  }
+  EmulatedDevice& device() { return device_; }
+
+ private:
+  void enqueue(std::function<void()> op, bool count = true) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (count) device_.count_operation();
+    work_.push_back(std::move(op));
+    ++queued_;
+  }
+  void require_device(const void* p, std::uint64_t n, const char* what) const {
+    if (n && !device_.is_device_memory(p, n))
+      raise<CommError>("emulated device: ", what, " of ", n, " bytes at ", p,
+                       " is not device memory of this device");
+  }
+  void require_host(const void* p, std::uint64_t n, const char* what) const {
+    if (n && device_.is_device_memory(p, 1))
+      raise<CommError>("emulated device: ", what, " of ", n, " bytes at ", p,
+                       " is device memory where host memory was declared");
+  }
+  void check(const void* dst, std::uint64_t dn, const void* src, std::uint64_t sn, CopyKind kind,
+             const char* what) const {
+    const std::string op = std::string(what);
+    if (kind == CopyKind::kHostToDevice) {
+      require_device(dst, dn, (op + " destination").c_str());
+      require_host(src, sn, (op + " source").c_str());
+    } else if (kind == CopyKind::kDeviceToHost) {
+      require_host(dst, dn, (op + " destination").c_str());
+      require_device(src, sn, (op + " source").c_str());
+    } else {
+      require_device(dst, dn, (op + " destination").c_str());
+      require_device(src, sn, (op + " source").c_str());
+    }
+  }
+
+  EmulatedDevice& device_;
+  std::mutex mutex_;
+  std::deque<std::function<void()>> work_;
+  std::uint64_t queued_ = 0, done_ = 0;
+};
+
+bool EmulatedEvent::done() {
+  if (stream_.device().stalled()) return false;
+  if (polls_left_ > 0) {
+    --polls_left_;
+    return false;
+  }
+  stream_.run_until(seq_);
+  return true;
+}
+
+// Buffers a device transport sends and receives must be device memory.
+class EmulatedDeviceTransport final : public DataTransport {
+ public:
+  EmulatedDeviceTransport(std::unique_ptr<DataTransport> host, EmulatedDevice& device)
+      : host_(std::move(host)), device_(device) {}
+  int rank() const override { return host_->rank(); }
+  int size() const override { return host_->size(); }
+  std::string backend() const override { return "emulated-device"; }
+  MemoryKind memory() const override { return MemoryKind::kDevice; }
+  Device* device() const override { return &device_; }
+  std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override {
+    require(buffer.data, buffer.size, "broadcast buffer");
+    return host_->broadcast(buffer, root);
+  }
+  std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
+                                    MutableBytes recv, int root) override {
+    if (rank() == root)
+      for (const ByteRange& r : ranges)
+        require(send.data + r.offset, r.length, "scatter send range");
+    require(recv.data, recv.size, "scatter receive buffer");
+    return host_->scatter(send, ranges, recv, root);
+  }
+
+ private:
+  void require(const void* p, std::uint64_t n, const char* what) const {
+    if (n && !device_.is_device_memory(p, n))
+      raise<CommError>("emulated device transport: ", what, " of ", n,
+                       " bytes is not device memory");
+  }
+  std::unique_ptr<DataTransport> host_;
+  EmulatedDevice& device_;
+};
+
+}  // namespace
+
+EmulatedDevice::EmulatedDevice(int polls_before_done)
+    : polls_(polls_before_done),
+      memory_(std::make_unique<EmulatedAllocator>(*this, MemoryKind::kDevice)),
+      pinned_(std::make_unique<EmulatedAllocator>(*this, MemoryKind::kPinnedHost)) {}
+
+EmulatedDevice::~EmulatedDevice() = default;
+
+Allocator& EmulatedDevice::memory() {
+  return *memory_;
+}
+Allocator& EmulatedDevice::pinned_memory() {
+  return *pinned_;
+}
+std::unique_ptr<DeviceStream> EmulatedDevice::make_stream() {
+  return std::make_unique<EmulatedStream>(*this);
+}
+
+std::byte* EmulatedDevice::take(MemoryKind kind, std::uint64_t bytes) {
+  auto* p = new std::byte[bytes];
+  std::memset(p, kind == MemoryKind::kDevice ? 0xCD : 0xAB, bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (kind == MemoryKind::kDevice) device_blocks_[p] = bytes;
+  const std::size_t i = index_of(kind);
+  live_[i] += bytes;
+  peak_[i] = std::max(peak_[i], live_[i]);
+  sizes_[p] = bytes;
+  return p;
+}
+
+void EmulatedDevice::give(MemoryKind kind, std::byte* p) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_blocks_.erase(p);
+    live_[index_of(kind)] -= sizes_.at(p);
+    sizes_.erase(p);
+  }
+  delete[] p;
+}
+
+bool EmulatedDevice::is_device_memory(const void* p, std::uint64_t n) const {
+  const auto* b = static_cast<const std::byte*>(p);
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = device_blocks_.upper_bound(b);
+  if (it == device_blocks_.begin()) return false;
+  --it;
+  return b >= it->first && b + n <= it->first + it->second;
+}
+
+std::uint64_t EmulatedDevice::live_bytes(MemoryKind kind) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return live_[index_of(kind)];
+}
+
+std::uint64_t EmulatedDevice::peak_bytes(MemoryKind kind) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peak_[index_of(kind)];
+}
+
+void EmulatedDevice::reset_peaks() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int i = 0; i < 3; ++i) peak_[i] = live_[i];
+}
+
+std::unique_ptr<DataTransport> make_emulated_device_transport(std::unique_ptr<DataTransport> host,
+                                                              EmulatedDevice& device) {
+  return std::make_unique<EmulatedDeviceTransport>(std::move(host), device);
+}
+
+}  // namespace tpreload::testing

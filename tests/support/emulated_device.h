@@ -1,0 +1,76 @@
+// A Device that runs on the host, so that every path around a device (staging
+// through pinned memory, device transports, the sink's device writes, CRCs read
+// back in chunks, slot reuse after events) runs and is checked on a machine
+// without a GPU. Tests only.
+//
+// It is strict where a real device would fail silently or crash:
+//  - work on a stream runs only when an event recorded after it is waited for
+//    (done() returns false `polls_before_done` times first), so code that reads
+//    device results without waiting reads stale bytes and fails its test;
+//  - every operation checks that its pointers lie in the memory space its copy
+//    kind says (device memory of this device, or host memory), so a host pointer
+//    passed as device memory is an error here as it would be a fault there;
+//  - new device memory is filled with 0xCD, not zeros;
+//  - allocations are counted per memory space (live and peak bytes).
+// With stall() every event stays pending forever (a stuck device).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "tpreload/comm/data_transport.h"
+#include "tpreload/comm/device.h"
+
+namespace tpreload::testing {
+
+class EmulatedDevice final : public Device {
+ public:
+  explicit EmulatedDevice(int polls_before_done = 2);
+  ~EmulatedDevice() override;
+
+  std::string describe() const override { return "emulated device"; }
+  std::string backend() const override { return "emulated"; }
+  int ordinal() const override { return 0; }
+  bool host_addressable() const override { return true; }
+  void make_current() override {}
+  Allocator& memory() override;
+  Allocator& pinned_memory() override;
+  std::unique_ptr<DeviceStream> make_stream() override;
+
+  // Whether [p, p + n) lies inside one live device allocation.
+  bool is_device_memory(const void* p, std::uint64_t n) const;
+  std::uint64_t live_bytes(MemoryKind kind) const;
+  std::uint64_t peak_bytes(MemoryKind kind) const;
+  void reset_peaks();
+  // Operations run so far (copies, fills, kernels).
+  std::uint64_t operations() const { return operations_; }
+  void stall(bool on) { stalled_ = on; }
+  bool stalled() const { return stalled_; }
+  int polls_before_done() const { return polls_; }
+
+  // Internal (the allocators and streams): bookkeeping.
+  std::byte* take(MemoryKind kind, std::uint64_t bytes);
+  void give(MemoryKind kind, std::byte* p);
+  void count_operation() { ++operations_; }
+
+ private:
+  struct Space;
+  const int polls_;
+  std::atomic<bool> stalled_{false};
+  std::atomic<std::uint64_t> operations_{0};
+  mutable std::mutex mutex_;
+  std::map<const std::byte*, std::uint64_t> device_blocks_;  // device memory: start -> size
+  std::map<const std::byte*, std::uint64_t> sizes_;          // every block: start -> size
+  std::uint64_t live_[3] = {0, 0, 0}, peak_[3] = {0, 0, 0};
+  std::unique_ptr<Allocator> memory_, pinned_;
+};
+
+// A data transport over host collectives that declares device memory: the data
+// plane of an NCCL run, emulated. Every buffer it is given must be memory of
+// `device`; it synchronizes nothing (as NCCL, it sees only device memory).
+std::unique_ptr<DataTransport> make_emulated_device_transport(std::unique_ptr<DataTransport> host,
+                                                              EmulatedDevice& device);
+
+}  // namespace tpreload::testing
