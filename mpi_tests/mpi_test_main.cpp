@@ -41,6 +41,7 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 Communicator& world() { return *g_world; }
+MpiCommunicator& mpi_world() { return *g_world; }
 
 }  // namespace tpreload::mpitest
 

@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include "tpreload/comm/communicator.h"
+#include "tpreload/comm/mpi_communicator.h"
 
 namespace tpreload::mpitest {
 
 // The world communicator of the running test binary (valid inside tests).
 Communicator& world();
+
+// The same world as MPI's, for what only MPI offers (its data transport).
+MpiCommunicator& mpi_world();
 
 }  // namespace tpreload::mpitest
 

@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "tpreload/comm/agreement.h"
 #include "tpreload/core/log.h"
 
 namespace tpreload {
@@ -20,6 +21,11 @@ int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
     return rc;
   } catch (const std::exception& e) {
     log().error("{}", e.what());
+    if (dynamic_cast<const AgreedError*>(&e)) {  // every rank is here with no transfer in flight
+      world.reset();
+      mpi.finalize();
+      return 1;
+    }
     if (world) world->abort(1);
     log().flush();
     MPI_Abort(MPI_COMM_WORLD, 1);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <c10/util/Half.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -148,6 +150,35 @@ TEST(Quantize, StridedRowsQuantizeAsTheirContiguousCopy) {
   EXPECT_EQ(q_f, want_q);
   EXPECT_EQ(scale, want_scale);
   EXPECT_EQ(scale_f, want_scale);
+}
+
+}  // namespace
+}  // namespace tpreload
+
+namespace tpreload {
+namespace {
+
+// float16 sources: every one of the 65,536 bit patterns (zeros, subnormals, the
+// largest normals, infinities, NaNs), converted here by c10::Half, not by the
+// kernel's own conversion.
+TEST(Quantize, EveryFloat16PatternMatchesTheFormula) {
+  for (std::int64_t cols : {1, 3, 16, 257, 4096}) {
+    std::vector<std::uint16_t> bits(65536);
+    for (std::uint32_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<std::uint16_t>(i * 40503u);
+    bits.resize(bits.size() / cols * cols);
+    std::vector<float> values(bits.size());
+    for (std::size_t i = 0; i < bits.size(); ++i)
+      values[i] = static_cast<float>(c10::Half(bits[i], c10::Half::from_bits()));
+    std::vector<std::int8_t> want_q;
+    std::vector<float> want_scale;
+    reference(values, cols, want_q, want_scale);
+    const std::int64_t rows = static_cast<std::int64_t>(bits.size()) / cols;
+    std::vector<std::int8_t> q(bits.size(), 99);
+    std::vector<float> scale(rows, -1);
+    quantize_rows_f16(bits.data(), rows, cols, cols, q.data(), scale.data());
+    EXPECT_EQ(q, want_q) << "cols " << cols;
+    EXPECT_EQ(std::memcmp(scale.data(), want_scale.data(), rows * sizeof(float)), 0) << "cols " << cols;
+  }
 }
 
 }  // namespace

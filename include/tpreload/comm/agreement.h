@@ -13,9 +13,24 @@
 
 namespace tpreload {
 
-// COLLECTIVE. If any rank has a problem, every rank throws the same `E` whose
-// message names the lowest such rank, its problem, and how many ranks had one:
-// "<what> failed on rank R/N: <problem> (and on K other ranks)".
+// Marks an error every rank raised alike at the same point of its collectives
+// (agree_on_problem): no transfer is in flight, so a program may end cleanly
+// (finalize and exit 1) instead of aborting the job.
+class AgreedError {
+ public:
+  virtual ~AgreedError() = default;
+};
+
+// An `E` that is also an AgreedError (catch it as E).
+template <typename E>
+class Agreed final : public E, public AgreedError {
+ public:
+  using E::E;
+};
+
+// COLLECTIVE. If any rank has a problem, every rank throws the same `E` (an
+// Agreed<E>) whose message names the lowest such rank, its problem, and how many
+// ranks had one: "<what> failed on rank R/N: <problem> (and on K other ranks)".
 template <typename E>
 void agree_on_problem(Communicator& comm, const std::optional<std::string>& problem,
                       const std::string& what) {
@@ -32,7 +47,7 @@ void agree_on_problem(Communicator& comm, const std::optional<std::string>& prob
   std::string others;
   if (ranks_with_problem > 1)
     others = detail::concat(" (and on ", ranks_with_problem - 1, " other ranks)");
-  raise<E>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others);
+  raise<Agreed<E>>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others);
 }
 
 }  // namespace tpreload

@@ -1,0 +1,198 @@
+// The data plane across ranks: the MPI data transport (its own communicator,
+// non-blocking transfers) under the control plane, and parameters in device
+// memory (the emulated device of tests/support) staged through pinned host
+// memory over MPI (what `--device cuda --transport mpi` does) or moved as device
+// memory by a device transport (what NCCL does). Every rank's parameters must
+// equal the independent slicing of tests/support, byte for byte, in place.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "../tests/support/emulated_device.h"
+#include "../tests/support/tiny_models.h"
+#include "mpi_test_main.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/model/kernel_shards.h"
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+namespace {
+
+using mpitest::mpi_world;
+using mpitest::world;
+using testing::EmulatedDevice;
+
+enum class Plane { kMpiHost, kMpiPinnedToDevice, kDeviceTransport };
+
+const char* name_of(Plane p) {
+  return p == Plane::kMpiHost ? "mpi, host parameters"
+         : p == Plane::kMpiPinnedToDevice ? "mpi, device parameters"
+                                          : "device transport, device parameters";
+}
+
+struct PlaneSetup {
+  std::shared_ptr<EmulatedDevice> device;
+  std::unique_ptr<DataTransport> data;
+};
+
+PlaneSetup make_plane(Plane p) {
+  PlaneSetup s;
+  s.data = mpi_world().make_data_transport();
+  if (p != Plane::kMpiHost) s.device = std::make_shared<EmulatedDevice>();
+  if (p == Plane::kDeviceTransport) s.data = testing::make_emulated_device_transport(std::move(s.data), *s.device);
+  return s;
+}
+
+ModelOptions model_options(int tp, const PlaneSetup& s, const std::string& quantization = "") {
+  ModelOptions o;
+  o.tp_size = tp;
+  o.tp_rank = world().rank() % tp;
+  o.quantization = quantization;
+  o.device = s.device;
+  return o;
+}
+
+std::map<std::string, void*> pointers(const TensorParallelModel& m) {
+  std::map<std::string, void*> out;
+  for (const auto& [n, t] : m.named_parameters()) out[n] = t.data_ptr();
+  return out;
+}
+
+ReloadResult reload(TensorParallelModel& m, DataTransport& data, const std::map<std::string, at::Tensor>& ckpt,
+                    const ReloadOptions& o, ReloadWorkspace& ws) {
+  auto source = world().rank() == o.reader_rank ? testdata::memory_source(ckpt) : nullptr;
+  return reload_weights(m, world(), data, source.get(), o, &ws);
+}
+
+TEST(DataPlane, CheckpointFormatOverEveryPlane) {
+  for (const char* config_name : {"llama_gqa", "qwen2_tied"}) {
+    const ModelConfig config = testdata::tiny_config(config_name);
+    const auto v1 = testdata::random_checkpoint(config, 1100), v2 = testdata::random_checkpoint(config, 1101);
+    for (int tp : {world().size(), std::max(1, world().size() / 2)}) {
+      if (world().size() % tp) continue;
+      const auto want = testdata::expected_shards(config, v2, tp, world().rank() % tp);
+      for (Plane p : {Plane::kMpiHost, Plane::kMpiPinnedToDevice, Plane::kDeviceTransport}) {
+        for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+          PlaneSetup s = make_plane(p);
+          TensorParallelModel model(config, model_options(tp, s));
+          ReloadOptions o;
+          o.distribution = d;
+          o.bucket_bytes = 1500;
+          o.pipeline_depth = 2;
+          o.reader_rank = world().size() - 1;
+          ReloadWorkspace ws;
+          reload(model, *s.data, v1, o, ws);
+          const auto before = pointers(model);
+          const ReloadResult r = reload(model, *s.data, v2, o, ws);
+          const std::string what = std::string(config_name) + " tp " + std::to_string(tp) + ", " + name_of(p) +
+                                   ", " + std::string(distribution_name(d));
+          EXPECT_TRUE(r.complete()) << what;
+          for (const auto& [name, t] : want)
+            EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << what << ": " << name;
+          EXPECT_EQ(pointers(model), before) << what;
+          EXPECT_EQ(r.transport, p == Plane::kDeviceTransport ? "emulated-device" : "mpi") << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
+  const ModelConfig config = testdata::tiny_config("mistral_mqa");
+  const auto ckpt = testdata::random_checkpoint(config, 1200);
+  const int tp = world().size();
+  // The expected int8 bytes: a host model loaded locally (the host tests check
+  // those against the formula).
+  ModelOptions local_options;
+  local_options.tp_size = tp;
+  local_options.tp_rank = world().rank();
+  local_options.quantization = "int8";
+  TensorParallelModel local(config, local_options);
+  auto local_source = testdata::memory_source(ckpt);
+  local.load_weights(*local_source);
+  for (Plane p : {Plane::kMpiPinnedToDevice, Plane::kDeviceTransport}) {
+    for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+      PlaneSetup s = make_plane(p);
+      TensorParallelModel model(config, model_options(tp, s, "int8"));
+      ReloadOptions o;
+      o.distribution = d;
+      o.bucket_bytes = 700;
+      ReloadWorkspace ws;
+      const ReloadResult r = reload(model, *s.data, ckpt, o, ws);
+      EXPECT_TRUE(r.complete());
+      for (const auto& [name, t] : local.named_parameters())
+        EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
+            << name_of(p) << " " << distribution_name(d) << ": " << name;
+    }
+  }
+  // Kernel format: the same bytes, written as per-rank shards and copied by name.
+  std::string dir(256, '\0');
+  if (world().rank() == 0) {
+    char tmpl[] = "/tmp/tpreload-data-plane-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+    auto source = testdata::memory_source(ckpt);
+    write_kernel_shards(config, *source, dir + "/kernel", {tp, "int8"});
+    dir.resize(256, '\0');
+  }
+  world().broadcast(MutableBytes(dir.data(), dir.size()), 0);
+  dir = dir.c_str();
+  for (Plane p : {Plane::kMpiPinnedToDevice, Plane::kDeviceTransport}) {
+    PlaneSetup s = make_plane(p);
+    TensorParallelModel model(config, model_options(tp, s, "int8"));
+    ReloadOptions o;
+    o.format = WeightFormat::kKernel;
+    o.bucket_bytes = 900;
+    ReloadWorkspace ws;
+    auto source = world().rank() == 0 ? open_weight_source(dir + "/kernel") : nullptr;
+    EXPECT_TRUE(reload_weights(model, world(), *s.data, source.get(), o, &ws).complete());
+    for (const auto& [name, t] : local.named_parameters())
+      EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << "kernel " << name_of(p) << ": " << name;
+  }
+  world().barrier();
+  if (world().rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Staging per memory space stays bucket-sized (pipeline depth x send + receive),
+// counted both by the report and by the device's own allocation counters.
+TEST(DataPlane, StagingPerMemorySpaceIsBoundedByTheBucket) {
+  const ModelConfig config = parse_model_config(R"({"architectures":["LlamaForCausalLM"],
+    "hidden_size":128,"intermediate_size":512,"num_hidden_layers":8,"num_attention_heads":8,
+    "num_key_value_heads":8,"vocab_size":1000,"torch_dtype":"bfloat16"})", "staging test");
+  const auto ckpt = testdata::random_checkpoint(config, 1300);
+  std::uint64_t model_bytes = 0;
+  for (const auto& [name, t] : ckpt) model_bytes += t.numel() * t.element_size();
+  const std::uint64_t bucket = 16 << 10, row = 512 * 2;  // largest row: down_proj, 512 bf16
+  for (Plane p : {Plane::kMpiPinnedToDevice, Plane::kDeviceTransport}) {
+    for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+      PlaneSetup s = make_plane(p);
+      TensorParallelModel model(config, model_options(world().size(), s));
+      std::uint64_t param_bytes = 0;
+      for (const auto& [n, t] : model.named_parameters()) param_bytes += t.numel() * t.element_size();
+      s.device->reset_peaks();
+      ReloadOptions o;
+      o.distribution = d;
+      o.bucket_bytes = bucket;
+      o.pipeline_depth = 2;
+      ReloadWorkspace ws;
+      const ReloadResult r = reload(model, *s.data, ckpt, o, ws);
+      ASSERT_TRUE(r.complete());
+      const std::uint64_t bound = o.pipeline_depth * 2 * (bucket + row);
+      const std::string what = std::string(name_of(p)) + " " + std::string(distribution_name(d));
+      EXPECT_LE(r.staging.device, bound) << what;
+      EXPECT_LE(r.staging.pinned, bound) << what;
+      EXPECT_EQ(r.staging.host, 0u) << what;
+      EXPECT_LT(r.peak_staging_bytes * 4, model_bytes) << what;
+      // The device's own count: parameters, staging, and the bounded pieces the
+      // sink and model read back through (nothing of the model's size).
+      EXPECT_LE(s.device->peak_bytes(MemoryKind::kDevice), param_bytes + bound) << what;
+      EXPECT_LE(s.device->peak_bytes(MemoryKind::kPinnedHost), bound) << what;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tpreload

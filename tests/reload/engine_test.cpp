@@ -1,0 +1,254 @@
+// The reload engine in one process: the control plane is a one-rank
+// communicator, the data plane a transport given by the test. Parameters in host
+// memory and in (emulated) device memory, over a host and a device transport;
+// transports that fail or stall; a device that stalls; planes that do not fit.
+// Every byte is checked against the independent slicing of tests/support.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+#include "../support/emulated_device.h"
+#include "../support/tiny_models.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/communicator.h"
+#include "tpreload/comm/data_transport.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/model.h"
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::EmulatedDevice;
+using Clock = std::chrono::steady_clock;
+
+// A transport that passes transfers through until the Nth (1-based), which fails
+// or never completes (its wait then expires after `timeout`).
+class FaultyTransport final : public DataTransport {
+ public:
+  enum class Fault { kFail, kStall };
+  FaultyTransport(std::unique_ptr<DataTransport> inner, int nth, Fault fault, std::chrono::milliseconds timeout)
+      : inner_(std::move(inner)), nth_(nth), fault_(fault), timeout_(timeout) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return "faulty"; }
+  MemoryKind memory() const override { return inner_->memory(); }
+  Device* device() const override { return inner_->device(); }
+  std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override {
+    if (++count_ == nth_) return faulty("broadcast");
+    return inner_->broadcast(buffer, root);
+  }
+  std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges, MutableBytes recv,
+                                    int root) override {
+    if (++count_ == nth_) return faulty("scatter");
+    return inner_->scatter(send, ranges, recv, root);
+  }
+  int transfers() const { return count_; }
+
+ private:
+  class Broken final : public Transfer {
+   public:
+    Broken(std::string what, Clock::time_point deadline, bool fail) : Transfer(std::move(what), deadline), fail_(fail) {}
+
+   private:
+    bool poll() override {
+      if (fail_) raise<CommError>(what(), " failed: injected fault");
+      return false;
+    }
+    void expire() override { raise<CommTimeoutError>(what(), " did not complete: injected stall"); }
+    bool fail_;
+  };
+  std::unique_ptr<Transfer> faulty(const char* op) {
+    return std::make_unique<Broken>(detail::concat("transfer ", count_, " (", op, ")"), Clock::now() + timeout_,
+                                    fault_ == Fault::kFail);
+  }
+  std::unique_ptr<DataTransport> inner_;
+  int nth_, count_ = 0;
+  Fault fault_;
+  std::chrono::milliseconds timeout_;
+};
+
+struct Fixture {
+  ModelConfig config = testdata::tiny_config("llama_gqa");
+  std::map<std::string, at::Tensor> v1 = testdata::random_checkpoint(config, 41);
+  std::map<std::string, at::Tensor> v2 = testdata::random_checkpoint(config, 42);
+  std::unique_ptr<Communicator> control = make_local_communicator();
+};
+
+ModelOptions options(std::shared_ptr<Device> device, const std::string& quantization = "") {
+  ModelOptions o;
+  o.device = std::move(device);
+  o.quantization = quantization;
+  return o;
+}
+
+std::map<std::string, void*> pointers(const TensorParallelModel& m) {
+  std::map<std::string, void*> out;
+  for (const auto& [n, t] : m.named_parameters()) out[n] = t.data_ptr();
+  return out;
+}
+
+void expect_v(const TensorParallelModel& m, const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+              const std::string& what) {
+  for (const auto& [name, t] : testdata::expected_shards(c, ckpt, 1, 0))
+    EXPECT_TRUE(testdata::same_bytes(m.parameter_for_reload(name), t)) << what << ": " << name;
+}
+
+TEST(Engine, DeviceParametersOverHostAndDeviceTransports) {
+  Fixture f;
+  for (bool device_transport : {false, true}) {
+    for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+      for (int depth : {1, 3}) {
+        auto device = std::make_shared<EmulatedDevice>();
+        TensorParallelModel model(f.config, options(device));
+        auto data = make_communicator_transport(*f.control);
+        if (device_transport) data = testing::make_emulated_device_transport(std::move(data), *device);
+        ReloadOptions o;
+        o.distribution = d;
+        o.bucket_bytes = 900;
+        o.pipeline_depth = depth;
+        const std::string what = std::string(device_transport ? "device" : "host") + " transport, " +
+                                 std::string(distribution_name(d)) + ", depth " + std::to_string(depth);
+        ReloadWorkspace workspace;
+        auto s1 = testdata::memory_source(f.v1);
+        reload_weights(model, *f.control, *data, s1.get(), o, &workspace);
+        const auto before = pointers(model);
+        auto s2 = testdata::memory_source(f.v2);
+        const ReloadResult r = reload_weights(model, *f.control, *data, s2.get(), o, &workspace);
+        EXPECT_TRUE(r.complete()) << what;
+        expect_v(model, f.config, f.v2, what);
+        EXPECT_EQ(pointers(model), before) << what;
+        // Staging per space: bucket-sized buffers per slot, in the spaces the table in reload.h says.
+        const std::uint64_t bound = static_cast<std::uint64_t>(depth) * 2 * o.bucket_bytes;
+        EXPECT_EQ(r.staging.host, 0u) << what << ": with device parameters host staging is pinned";
+        EXPECT_GT(r.staging.pinned, 0u) << what;
+        EXPECT_LE(r.staging.pinned, bound) << what;
+        EXPECT_GT(r.staging.device, 0u) << what;
+        EXPECT_LE(r.staging.device, bound) << what;
+        EXPECT_EQ(workspace.bytes(MemoryKind::kDevice), device->live_bytes(MemoryKind::kDevice) -
+                                                            [&] {
+                                                              std::uint64_t p = 0;
+                                                              for (const auto& [n, t] : model.named_parameters())
+                                                                p += t.numel() * t.element_size();
+                                                              return p;
+                                                            }())
+            << what << ": device memory is the parameters plus the workspace, nothing left over";
+        EXPECT_EQ(r.transport, device_transport ? "emulated-device" : "control:local") << what;
+      }
+    }
+  }
+}
+
+TEST(Engine, HostParametersStageInPageableMemoryOnly) {
+  Fixture f;
+  TensorParallelModel model(f.config, options(nullptr));
+  auto source = testdata::memory_source(f.v2);
+  ReloadOptions o;
+  o.bucket_bytes = 1000;
+  const ReloadResult r = reload_weights(model, *f.control, source.get(), o);
+  expect_v(model, f.config, f.v2, "host");
+  EXPECT_GT(r.staging.host, 0u);
+  EXPECT_LE(r.staging.host, 2 * o.bucket_bytes);
+  EXPECT_EQ(r.staging.pinned + r.staging.device, 0u);
+  EXPECT_EQ(r.parameter_memory, "host");
+}
+
+TEST(Engine, Int8OnTheDeviceEqualsInt8OnTheHost) {
+  Fixture f;
+  const ModelConfig config = testdata::tiny_config("mistral_mqa");
+  const auto ckpt = testdata::random_checkpoint(config, 43);
+  TensorParallelModel host(config, options(nullptr, "int8"));
+  auto device = std::make_shared<EmulatedDevice>();
+  TensorParallelModel dev(config, options(device, "int8"));
+  auto dev_data = testing::make_emulated_device_transport(make_communicator_transport(*f.control), *device);
+  for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+    ReloadOptions o;
+    o.distribution = d;
+    o.bucket_bytes = 500;
+    auto a = testdata::memory_source(ckpt), b = testdata::memory_source(ckpt);
+    reload_weights(host, *f.control, a.get(), o);
+    reload_weights(dev, *f.control, *dev_data, b.get(), o);
+    for (const auto& [name, t] : host.named_parameters())
+      EXPECT_TRUE(testdata::same_bytes(dev.parameter_for_reload(name), t)) << distribution_name(d) << " " << name;
+  }
+}
+
+TEST(Engine, ADeviceTransportForHostParametersIsRefused) {
+  Fixture f;
+  EmulatedDevice device;
+  TensorParallelModel model(f.config, options(nullptr));
+  auto data = testing::make_emulated_device_transport(make_communicator_transport(*f.control), device);
+  auto source = testdata::memory_source(f.v1);
+  try {
+    reload_weights(model, *f.control, *data, source.get(), ReloadOptions{});
+    FAIL() << "accepted a device transport for host parameters";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("the emulated-device transport moves device memory, but the parameters "
+                                         "are in host memory"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Engine, AFailedTransferEndsTheReloadWithItsErrorAndNoHang) {
+  Fixture f;
+  for (bool device : {false, true}) {
+    auto dev = std::make_shared<EmulatedDevice>();
+    TensorParallelModel model(f.config, options(device ? dev : nullptr));
+    auto inner = make_communicator_transport(*f.control);
+    if (device) inner = testing::make_emulated_device_transport(std::move(inner), *dev);
+    FaultyTransport data(std::move(inner), 3, FaultyTransport::Fault::kFail, 5s);
+    ReloadOptions o;
+    o.bucket_bytes = 600;
+    o.pipeline_depth = 2;
+    auto source = testdata::memory_source(f.v1);
+    const auto start = Clock::now();
+    try {
+      reload_weights(model, *f.control, data, source.get(), o);
+      FAIL() << "a failed transfer went unnoticed";
+    } catch (const CommError& e) {
+      EXPECT_STREQ(e.what(), "transfer 3 (scatter) failed: injected fault");
+    }
+    EXPECT_EQ(data.transfers(), 3) << "nothing was posted after the failure";
+    EXPECT_LT(Clock::now() - start, 5s);
+  }
+}
+
+TEST(Engine, AStalledTransferTimesOut) {
+  Fixture f;
+  TensorParallelModel model(f.config, options(nullptr));
+  FaultyTransport data(make_communicator_transport(*f.control), 2, FaultyTransport::Fault::kStall, 200ms);
+  ReloadOptions o;
+  o.bucket_bytes = 600;
+  auto source = testdata::memory_source(f.v1);
+  const auto start = Clock::now();
+  EXPECT_THROW(reload_weights(model, *f.control, data, source.get(), o), CommTimeoutError);
+  EXPECT_LT(Clock::now() - start, 10s);
+}
+
+TEST(Engine, AStalledDeviceTimesOutNamingIt) {
+  Fixture f;
+  auto device = std::make_shared<EmulatedDevice>();
+  TensorParallelModel model(f.config, options(device));
+  device->stall(true);
+  ReloadOptions o;
+  o.device_timeout = 200ms;
+  auto source = testdata::memory_source(f.v1);
+  const auto start = Clock::now();
+  try {
+    reload_weights(model, *f.control, source.get(), o);
+    FAIL() << "a stalled device went unnoticed";
+  } catch (const ModelError& e) {  // the apply failure every rank agrees on
+    EXPECT_NE(std::string(e.what()).find("did not complete on the device within 200 ms"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("emulated device"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(Clock::now() - start, 10s);
+  device->stall(false);
+}
+
+}  // namespace
+}  // namespace tpreload
