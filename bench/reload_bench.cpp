@@ -27,6 +27,7 @@
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/scenarios.h"
+#include "tpreload/model/synthetic_model.h"
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/runtime/program.h"
@@ -63,14 +64,10 @@ std::string prepare_checkpoint(const BenchOptions& o, const ModelConfig& config,
                                Communicator& world) {
   const std::string dir = o.dir + "/" + o.scenario;
   if (world.rank() == 0 && !fs::exists(dir + "/config.json")) {
-    std::vector<TensorSpec> specs;
-    for (const auto& s : checkpoint_tensor_specs(config))
-      specs.push_back({s.name, config.dtype, s.shape});
     GenerateOptions g;
     g.values.seed = 1;
     log().info("generating {} checkpoint in {}", o.scenario, dir);
-    generate_checkpoint(dir, specs, g);
-    std::ofstream(dir + "/config.json") << config.json;
+    generate_model_checkpoint(config, dir, g);
   }
   world.barrier();
   return dir;

@@ -29,6 +29,7 @@
 #include "tpreload/core/log.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/scenarios.h"
+#include "tpreload/model/synthetic_model.h"
 #include "tpreload/reload/reload.h"
 
 namespace {
@@ -78,14 +79,10 @@ Options parse(int argc, char** argv) {
 std::string prepare_checkpoint(const Options& o, const ModelConfig& config) {
   const std::string dir = o.dir + "/" + o.scenario;
   if (!fs::exists(dir + "/config.json")) {
-    std::vector<TensorSpec> specs;
-    for (const auto& s : checkpoint_tensor_specs(config))
-      specs.push_back({s.name, config.dtype, s.shape});
     GenerateOptions g;
     g.values.seed = 7;
     const auto start = Clock::now();
-    generate_checkpoint(dir, specs, g);
-    std::ofstream(dir + "/config.json") << config.json;
+    generate_model_checkpoint(config, dir, g);
     std::cout << "generated " << dir << " in "
               << std::chrono::duration<double>(Clock::now() - start).count() << " s\n";
   }

@@ -21,6 +21,7 @@
 #include "tpreload/core/log.h"
 #include "tpreload/model/config.h"
 #include "tpreload/model/kernel_shards.h"
+#include "tpreload/model/synthetic_model.h"
 
 namespace {
 
@@ -94,9 +95,7 @@ TensorSpec parse_extra(const std::string& text, DType dtype, std::int64_t hidden
 }
 
 std::vector<TensorSpec> generate_specs(const ModelConfig& config, const GenerateArgs& a) {
-  std::vector<TensorSpec> specs;
-  for (const auto& s : checkpoint_tensor_specs(config))
-    specs.push_back({s.name, config.dtype, s.shape});
+  std::vector<TensorSpec> specs = checkpoint_specs(config);
   if (a.with_inv_freq)
     for (std::int64_t l = 0; l < config.num_hidden_layers; ++l)
       specs.push_back({"model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq",
@@ -274,7 +273,9 @@ CLI::App* add_shard(CLI::App& app, ShardArgs& a) {
   cmd->add_option("IN", a.in, "Checkpoint (file or directory)")->required();
   cmd->add_option("OUT", a.out, "Output directory (created if missing)")->required();
   cmd->add_option("--config", a.config, "config.json (default: IN's directory)");
-  cmd->add_option("--tp", a.tp, "Tensor-parallel size")->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", a.tp, "Tensor-parallel size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--quantization", a.quantization, "int8: weight-only int8 with per-row scales")
       ->check(CLI::IsMember({"", "int8"}));
   return cmd;
@@ -290,7 +291,8 @@ int run_shard(const ShardArgs& a) {
   const auto source = open_weight_source(a.in);
   write_kernel_shards(config, *source, a.out, {a.tp, a.quantization});
   std::cout << "wrote kernel-format shards for tp " << a.tp
-            << (a.quantization.empty() ? "" : " (" + a.quantization + ")") << " to " << a.out << "\n";
+            << (a.quantization.empty() ? "" : " (" + a.quantization + ")") << " to " << a.out
+            << "\n";
   return 0;
 }
 

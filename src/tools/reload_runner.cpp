@@ -17,6 +17,7 @@
 #include "tpreload/core/log.h"
 #include "tpreload/model/config.h"
 #include "tpreload/model/model.h"
+#include "tpreload/model/synthetic_model.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
 #include "tpreload/runtime/data_plane.h"
@@ -198,16 +199,11 @@ ModelConfig demo_config() {
 }
 
 void write_demo_checkpoints(const ModelConfig& config, const std::string& dir) {
-  std::vector<TensorSpec> specs;
-  for (const auto& s : checkpoint_tensor_specs(config))
-    specs.push_back({s.name, config.dtype, s.shape});
   for (int version : {1, 2}) {
-    const std::string out = dir + "/v" + std::to_string(version);
     GenerateOptions g;
     g.shards = version == 1 ? 2 : 1;
     g.values.seed = static_cast<std::uint64_t>(version);
-    generate_checkpoint(out, specs, g);
-    std::ofstream(out + "/config.json") << model_config_to_json(config);
+    generate_model_checkpoint(config, dir + "/v" + std::to_string(version), g);
   }
 }
 
