@@ -28,7 +28,7 @@ using testing::EmulatedDevice;
 enum class Plane { kMpiHost, kMpiPinnedToDevice, kDeviceTransport };
 
 const char* name_of(Plane p) {
-  return p == Plane::kMpiHost ? "mpi, host parameters"
+  return p == Plane::kMpiHost             ? "mpi, host parameters"
          : p == Plane::kMpiPinnedToDevice ? "mpi, device parameters"
                                           : "device transport, device parameters";
 }
@@ -42,7 +42,8 @@ PlaneSetup make_plane(Plane p) {
   PlaneSetup s;
   s.data = mpi_world().make_data_transport();
   if (p != Plane::kMpiHost) s.device = std::make_shared<EmulatedDevice>();
-  if (p == Plane::kDeviceTransport) s.data = testing::make_emulated_device_transport(std::move(s.data), *s.device);
+  if (p == Plane::kDeviceTransport)
+    s.data = testing::make_emulated_device_transport(std::move(s.data), *s.device);
   return s;
 }
 
@@ -61,8 +62,9 @@ std::map<std::string, void*> pointers(const TensorParallelModel& m) {
   return out;
 }
 
-ReloadResult reload(TensorParallelModel& m, DataTransport& data, const std::map<std::string, at::Tensor>& ckpt,
-                    const ReloadOptions& o, ReloadWorkspace& ws) {
+ReloadResult reload(TensorParallelModel& m, DataTransport& data,
+                    const std::map<std::string, at::Tensor>& ckpt, const ReloadOptions& o,
+                    ReloadWorkspace& ws) {
   auto source = world().rank() == o.reader_rank ? testdata::memory_source(ckpt) : nullptr;
   return reload_weights(m, world(), data, source.get(), o, &ws);
 }
@@ -70,7 +72,8 @@ ReloadResult reload(TensorParallelModel& m, DataTransport& data, const std::map<
 TEST(DataPlane, CheckpointFormatOverEveryPlane) {
   for (const char* config_name : {"llama_gqa", "qwen2_tied"}) {
     const ModelConfig config = testdata::tiny_config(config_name);
-    const auto v1 = testdata::random_checkpoint(config, 1100), v2 = testdata::random_checkpoint(config, 1101);
+    const auto v1 = testdata::random_checkpoint(config, 1100),
+               v2 = testdata::random_checkpoint(config, 1101);
     for (int tp : {world().size(), std::max(1, world().size() / 2)}) {
       if (world().size() % tp) continue;
       const auto want = testdata::expected_shards(config, v2, tp, world().rank() % tp);
@@ -87,11 +90,12 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
           reload(model, *s.data, v1, o, ws);
           const auto before = pointers(model);
           const ReloadResult r = reload(model, *s.data, v2, o, ws);
-          const std::string what = std::string(config_name) + " tp " + std::to_string(tp) + ", " + name_of(p) +
-                                   ", " + std::string(distribution_name(d));
+          const std::string what = std::string(config_name) + " tp " + std::to_string(tp) + ", " +
+                                   name_of(p) + ", " + std::string(distribution_name(d));
           EXPECT_TRUE(r.complete()) << what;
           for (const auto& [name, t] : want)
-            EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << what << ": " << name;
+            EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
+                << what << ": " << name;
           EXPECT_EQ(pointers(model), before) << what;
           EXPECT_EQ(r.transport, p == Plane::kDeviceTransport ? "emulated-device" : "mpi") << what;
         }
@@ -132,7 +136,10 @@ TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
   std::string dir(256, '\0');
   if (world().rank() == 0) {
     char tmpl[] = "/tmp/tpreload-data-plane-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    if (!mkdtemp(tmpl)) {  // leaving here would leave the other ranks in the broadcast
+      ADD_FAILURE() << "mkdtemp failed";
+      world().abort(3);
+    }
     dir = tmpl;
     auto source = testdata::memory_source(ckpt);
     write_kernel_shards(config, *source, dir + "/kernel", {tp, "int8"});
@@ -150,7 +157,8 @@ TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
     auto source = world().rank() == 0 ? open_weight_source(dir + "/kernel") : nullptr;
     EXPECT_TRUE(reload_weights(model, world(), *s.data, source.get(), o, &ws).complete());
     for (const auto& [name, t] : local.named_parameters())
-      EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << "kernel " << name_of(p) << ": " << name;
+      EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
+          << "kernel " << name_of(p) << ": " << name;
   }
   world().barrier();
   if (world().rank() == 0) std::filesystem::remove_all(dir);
@@ -161,7 +169,8 @@ TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
 TEST(DataPlane, StagingPerMemorySpaceIsBoundedByTheBucket) {
   const ModelConfig config = parse_model_config(R"({"architectures":["LlamaForCausalLM"],
     "hidden_size":128,"intermediate_size":512,"num_hidden_layers":8,"num_attention_heads":8,
-    "num_key_value_heads":8,"vocab_size":1000,"torch_dtype":"bfloat16"})", "staging test");
+    "num_key_value_heads":8,"vocab_size":1000,"torch_dtype":"bfloat16"})",
+                                                "staging test");
   const auto ckpt = testdata::random_checkpoint(config, 1300);
   std::uint64_t model_bytes = 0;
   for (const auto& [name, t] : ckpt) model_bytes += t.numel() * t.element_size();
@@ -171,7 +180,8 @@ TEST(DataPlane, StagingPerMemorySpaceIsBoundedByTheBucket) {
       PlaneSetup s = make_plane(p);
       TensorParallelModel model(config, model_options(world().size(), s));
       std::uint64_t param_bytes = 0;
-      for (const auto& [n, t] : model.named_parameters()) param_bytes += t.numel() * t.element_size();
+      for (const auto& [n, t] : model.named_parameters())
+        param_bytes += t.numel() * t.element_size();
       s.device->reset_peaks();
       ReloadOptions o;
       o.distribution = d;

@@ -32,6 +32,14 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   return *this;
 }
 
+std::byte* Buffer::release() noexcept {
+  std::byte* data = data_;
+  data_ = nullptr;
+  size_ = 0;
+  deleter_ = nullptr;
+  return data;
+}
+
 void Buffer::reset() noexcept {
   if (data_ && deleter_) deleter_(data_);
   data_ = nullptr;

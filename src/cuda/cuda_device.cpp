@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <cstdio>
+#include <new>
 
 #include "quantize_int8.h"
 #include "tpreload/core/error.h"
@@ -23,13 +24,32 @@ namespace detail {
 
 namespace {
 
-// CUDA's current device is per thread: every entry point makes ours current.
-void use_device(int ordinal) {
-  thread_local int current = -1;
-  if (current == ordinal) return;
-  CUDA_CHECK(cudaSetDevice(ordinal));
-  current = ordinal;
-}
+// CUDA's current device is per thread, and other code on the thread (LibTorch,
+// the host program) sets its own: every entry point makes ours current for its
+// scope and restores the previous one after. `nothrow` for destructors.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int ordinal) {
+    CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != ordinal) {
+      CUDA_CHECK(cudaSetDevice(ordinal));
+      changed_ = true;
+    }
+  }
+  DeviceGuard(int ordinal, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != ordinal)
+      changed_ = cudaSetDevice(ordinal) == cudaSuccess;
+  }
+  ~DeviceGuard() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
 
 cudaMemcpyKind kind_of(CopyKind kind) {
   switch (kind) {
@@ -46,7 +66,7 @@ cudaMemcpyKind kind_of(CopyKind kind) {
 class CudaEvent final : public DeviceEvent {
  public:
   CudaEvent(int ordinal, cudaStream_t stream) : ordinal_(ordinal) {
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     const cudaError_t rc = cudaEventRecord(event_, stream);
     if (rc != cudaSuccess) {
@@ -54,11 +74,15 @@ class CudaEvent final : public DeviceEvent {
       CUDA_CHECK(rc);
     }
   }
-  ~CudaEvent() override { cudaEventDestroy(event_); }
+  ~CudaEvent() override {
+    DeviceGuard guard(ordinal_, std::nothrow);
+    cudaEventDestroy(event_);
+  }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
 
   bool done() override {
+    DeviceGuard guard(ordinal_);
     const cudaError_t rc = cudaEventQuery(event_);
     if (rc == cudaErrorNotReady) return false;
     CUDA_CHECK(rc);
@@ -74,29 +98,32 @@ class CudaEvent final : public DeviceEvent {
 class CudaStream final : public DeviceStream {
  public:
   explicit CudaStream(int ordinal) : ordinal_(ordinal) {
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   // Local: destroying a stream with work queued lets that work finish first.
-  ~CudaStream() override { cudaStreamDestroy(stream_); }
+  ~CudaStream() override {
+    DeviceGuard guard(ordinal_, std::nothrow);
+    cudaStreamDestroy(stream_);
+  }
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;
 
   void copy(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) override {
     if (bytes == 0) return;
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind_of(kind), stream_));
   }
   void copy_rows(void* dst, std::uint64_t dst_pitch, const void* src, std::uint64_t src_pitch,
                  std::uint64_t width, std::uint64_t rows, CopyKind kind) override {
     if (rows == 0 || width == 0) return;
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     CUDA_CHECK(
         cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width, rows, kind_of(kind), stream_));
   }
   void zero(void* dst, std::uint64_t bytes) override {
     if (bytes == 0) return;
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
   }
   void quantize_int8(const void* src, DType dtype, std::int64_t rows, std::int64_t cols,
@@ -116,14 +143,14 @@ class CudaStream final : public DeviceStream {
         raise<ModelError>("int8 quantization on the device: unsupported source dtype ",
                           dtype_name(dtype));
     }
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     CUDA_CHECK(cuda::launch_quantize_int8(src, source, rows, cols, row_stride, q, scale, stream_));
   }
   std::unique_ptr<DeviceEvent> record() override {
     return std::make_unique<CudaEvent>(ordinal_, stream_);
   }
   void wait_for(DeviceEvent& event) override {
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).get(), 0));
   }
   void* native_handle() override { return stream_; }
@@ -146,7 +173,7 @@ class DeviceMemoryAllocator final : public Allocator {
   MemoryKind kind() const override { return MemoryKind::kDevice; }
   Buffer allocate(std::uint64_t bytes) override {
     if (bytes == 0) return {};
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     void* p = nullptr;
     const cudaError_t rc = cudaMalloc(&p, bytes);
     if (rc != cudaSuccess) {
@@ -158,7 +185,7 @@ class DeviceMemoryAllocator final : public Allocator {
     }
     const int ordinal = ordinal_;
     return Buffer(static_cast<std::byte*>(p), bytes, MemoryKind::kDevice, [ordinal](std::byte* d) {
-      use_device(ordinal);
+      DeviceGuard guard(ordinal, std::nothrow);
       cudaFree(d);
     });
   }
@@ -174,7 +201,7 @@ class PinnedAllocator final : public Allocator {
   MemoryKind kind() const override { return MemoryKind::kPinnedHost; }
   Buffer allocate(std::uint64_t bytes) override {
     if (bytes == 0) return {};
-    use_device(ordinal_);
+    DeviceGuard guard(ordinal_);
     void* p = nullptr;
     const cudaError_t rc = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
     if (rc != cudaSuccess) {
@@ -182,8 +209,12 @@ class PinnedAllocator final : public Allocator {
       raise<CommError>("cannot allocate ", bytes, " bytes of pinned host memory for ", name_, ": ",
                        cudaGetErrorString(rc));
     }
+    const int ordinal = ordinal_;
     return Buffer(static_cast<std::byte*>(p), bytes, MemoryKind::kPinnedHost,
-                  [](std::byte* h) { cudaFreeHost(h); });
+                  [ordinal](std::byte* h) {
+                    DeviceGuard guard(ordinal, std::nothrow);
+                    cudaFreeHost(h);
+                  });
   }
 
  private:
@@ -202,7 +233,7 @@ class CudaDevice final : public Device {
   std::string backend() const override { return "cuda"; }
   int ordinal() const override { return ordinal_; }
   bool host_addressable() const override { return false; }
-  void make_current() override { use_device(ordinal_); }
+  void make_current() override { CUDA_CHECK(cudaSetDevice(ordinal_)); }
   Allocator& memory() override { return memory_; }
   Allocator& pinned_memory() override { return pinned_; }
   std::unique_ptr<DeviceStream> make_stream() override {
@@ -248,7 +279,7 @@ std::shared_ptr<Device> open_cuda_device(int ordinal) {
   if (ordinal < 0 || ordinal >= probe.devices)
     raise<CommError>("CUDA device ", ordinal, " does not exist (this process sees ", probe.devices,
                      ")");
-  use_device(ordinal);
+  DeviceGuard guard(ordinal);
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
   const std::string name =

@@ -64,9 +64,8 @@ at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& m
   at::Tensor y = at::matmul(x, weight_f32(module).t());
   const at::Tensor bias = host_param(module + ".bias");
   if (bias.defined() && add_bias) y = y + bias.to(at::kFloat);
-  const auto a = params_.find(module + ".lora_a");
-  if (a != params_.end())
-    y = y + at::matmul(at::matmul(x, a->second.t()), params_.at(module + ".lora_b").t());
+  const at::Tensor a = host_param(module + ".lora_a");
+  if (a.defined()) y = y + at::matmul(at::matmul(x, a.t()), host_param(module + ".lora_b").t());
   return y;
 }
 

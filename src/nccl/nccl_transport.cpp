@@ -123,20 +123,25 @@ class NcclTransport final : public DataTransport {
     if (rank_ == root && recv.size && recv.data != send.data + ranges[root].offset)
       stream_->copy(recv.data, send.data + ranges[root].offset, recv.size,
                     CopyKind::kDeviceToDevice);
-    {
-      GroupGuard group;
-      if (rank_ == root) {
-        for (int r = 0; r < size_; ++r)
-          if (r != root && ranges[r].length)
-            call(nccl::library().Send(send.data + ranges[r].offset, ranges[r].length, ncclUint8, r,
-                                      comm_.get(), stream()),
-                 what, deadline);
-      } else if (recv.size) {
-        call(nccl::library().Recv(recv.data, recv.size, ncclUint8, root, comm_.get(), stream()),
-             what, deadline);
-      }
-      call(group.end(), what, deadline);
+    // Inside the group only the first failure is kept: the communicator may be
+    // aborted only once the group is closed (ncclCommAbort frees what an open
+    // group still points to).
+    ncclResult_t first = ncclSuccess;
+    auto keep = [&first](ncclResult_t rc) {
+      if (first == ncclSuccess && !ok_or_pending(rc)) first = rc;
+    };
+    GroupGuard group;
+    if (rank_ == root) {
+      for (int r = 0; r < size_; ++r)
+        if (r != root && ranges[r].length)
+          keep(nccl::library().Send(send.data + ranges[r].offset, ranges[r].length, ncclUint8, r,
+                                    comm_.get(), stream()));
+    } else if (recv.size) {
+      keep(nccl::library().Recv(recv.data, recv.size, ncclUint8, root, comm_.get(), stream()));
     }
+    const ncclResult_t ended = group.end();
+    if (first != ncclSuccess) fail(what, nccl::result_text(first), false);
+    call(ended, what, deadline);
     return std::make_unique<NcclTransfer>(*this, stream_->record(), what, deadline);
   }
 
@@ -208,30 +213,38 @@ void NcclTransfer::expire() {
                   true);
 }
 
-// This rank's NCCL communicator, or the reason it has none.
-NcclComm join(const ncclUniqueId& id, int rank, int size, std::chrono::milliseconds timeout,
+// COLLECTIVE. This rank's NCCL communicator, or the reason it has none.
+NcclComm join(Communicator& control, const ncclUniqueId& id, std::chrono::milliseconds timeout,
               std::optional<std::string>& problem) {
   const nccl::Library& lib = nccl::library();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so that joining can be given up at a deadline
   ncclComm_t raw = nullptr;
-  const ncclResult_t rc = lib.CommInitRankConfig(&raw, size, id, rank, &config);
+  const ncclResult_t rc = lib.CommInitRankConfig(&raw, control.size(), id, control.rank(), &config);
   NcclComm comm(raw);
-  if (!ok_or_pending(rc)) {
-    problem = "ncclCommInitRankConfig: " + nccl::result_text(rc);
-    return comm;
-  }
-  const auto deadline = Clock::now() + timeout;
+  if (!ok_or_pending(rc)) problem = "ncclCommInitRankConfig: " + nccl::result_text(rc);
+  // Ranks whose call failed outright say so before any rank polls.
+  agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
+  // Half the control plane's deadline: a rank that fails while polling waits in
+  // the agreement that follows, and its peers must get there before that expires.
+  const auto limit = timeout / 2;
+  const auto deadline = Clock::now() + limit;
   for (;;) {
     ncclResult_t state = ncclSuccess;
-    if (lib.CommGetAsyncError(comm.get(), &state) != ncclSuccess || !ok_or_pending(state)) {
+    const ncclResult_t status = lib.CommGetAsyncError(comm.get(), &state);
+    if (status != ncclSuccess) {
+      problem =
+          "joining the NCCL communicator: ncclCommGetAsyncError: " + nccl::result_text(status);
+      return comm;
+    }
+    if (!ok_or_pending(state)) {
       problem = "joining the NCCL communicator: " + nccl::result_text(state);
       return comm;
     }
     if (state == ncclSuccess) return comm;
     if (Clock::now() > deadline) {
       problem = detail::concat("joining the NCCL communicator did not finish within ",
-                               timeout.count(), " ms (a peer did not join)");
+                               limit.count(), " ms (a peer did not join)");
       return comm;
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
@@ -267,7 +280,7 @@ std::unique_ptr<DataTransport> make_nccl_transport(Communicator& control,
   control.broadcast(MutableBytes(&id, sizeof id), 0);
 
   device->make_current();  // NCCL binds the communicator to the current device
-  NcclComm comm = join(id, control.rank(), control.size(), options.timeout, problem);
+  NcclComm comm = join(control, id, options.timeout, problem);
   agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
   log().debug("NCCL communicator of {} ranks on {}", control.size(), device->describe());
   return std::make_unique<NcclTransport>(std::move(device), std::move(comm), control.rank(),

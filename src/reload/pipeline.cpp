@@ -85,6 +85,7 @@ class Pipeline {
   const std::byte* apply_source(Slot& slot);
   void apply(Slot& slot);
   void announce_read_status(const Slot& slot);
+  std::optional<std::unique_ptr<Slot>> next_filled(std::size_t k);
   void stop();
 
   const Plan& plan_;
@@ -104,7 +105,16 @@ class Pipeline {
   BlockingQueue<std::unique_ptr<Slot>> free_, filled_, to_apply_;
   std::thread reader_thread_, apply_thread_;
   std::atomic<bool> stopping_{false};
+  // When the reader thread started filling the current bucket (steady-clock
+  // nanoseconds), 0 while it is not filling: only time spent reading counts as
+  // a stalled read, not time spent waiting for a slot the apply still holds.
+  std::atomic<std::int64_t> fill_started_{0};
 };
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
 
 void Pipeline::allocate_slots() {
   std::uint64_t send = 0, recv = 0, view = 0;
@@ -159,11 +169,13 @@ void Pipeline::reader_loop() {
     auto slot = free_.pop();
     if (!slot || stopping_) return;
     (*slot)->bucket = k;
+    fill_started_ = now_ns();
     try {
       fill(**slot);
     } catch (const std::exception& e) {
       (*slot)->read_error = e.what();
     }
+    fill_started_ = 0;
     const bool failed = (*slot)->read_error.has_value();
     filled_.push(std::move(*slot));
     if (failed) return;
@@ -181,9 +193,10 @@ void Pipeline::announce_read_status(const Slot& slot) {
   std::string message(static_cast<std::size_t>(length), '\0');
   if (reader_) message = *problem;
   control_.broadcast(MutableBytes(message.data(), message.size()), options_.reader_rank);
-  raise<CheckpointError>("reading bucket ", slot.bucket + 1, " of ", plan_.buckets.size(),
-                         " failed on reader rank ", options_.reader_rank, ": ", message,
-                         "; weights of earlier buckets were already replaced");
+  // Every rank raises this after the same broadcasts, with no transfer in flight.
+  raise<Agreed<CheckpointError>>("reading bucket ", slot.bucket + 1, " of ", plan_.buckets.size(),
+                                 " failed on reader rank ", options_.reader_rank, ": ", message,
+                                 "; weights of earlier buckets were already replaced");
 }
 
 void Pipeline::transfer(Slot& slot) {
@@ -242,11 +255,38 @@ void Pipeline::apply_loop() {
     if (!stats_.apply_error) {
       try {
         apply(**slot);
+      } catch (const CommTimeoutError& e) {
+        // Device work that never finished may still touch the staging buffers:
+        // they are abandoned after the run (never freed), and nothing more is
+        // applied. The slot goes back so that the collectives stay in step.
+        stats_.apply_error = e.what();
+        stats_.device_stuck = true;
       } catch (const std::exception& e) {
         stats_.apply_error = e.what();
       }
     }
     free_.push(std::move(*slot));
+  }
+}
+
+// The reader's next filled slot. A read that makes no progress for
+// read_stall_timeout cannot be cancelled, so the job ends (peers would wait on
+// it forever); waiting for a slot that the apply holds is not a stalled read.
+std::optional<std::unique_ptr<Slot>> Pipeline::next_filled(std::size_t k) {
+  const auto poll =
+      std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.read_stall_timeout);
+  for (;;) {
+    bool timed_out = false;
+    auto slot = filled_.pop_for(poll, &timed_out);
+    if (!timed_out) return slot;
+    const std::int64_t started = fill_started_;
+    if (started && now_ns() - started > std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                            options_.read_stall_timeout)
+                                            .count()) {
+      log().critical("reading bucket {} of {} made no progress for {} s; aborting the job", k + 1,
+                     plan_.buckets.size(), options_.read_stall_timeout.count());
+      control_.abort(125);
+    }
   }
 }
 
@@ -260,22 +300,18 @@ void Pipeline::stop() {
 }
 
 PipelineStats Pipeline::run() {
-  allocate_slots();
+  // Staging may not fit on one rank (device or pinned memory): every rank stops alike.
+  std::optional<std::string> problem;
+  try {
+    allocate_slots();
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  agree_on_problem<CommError>(control_, problem, "allocating staging buffers");
   if (reader_) reader_thread_ = std::thread([this] { reader_loop(); });
   apply_thread_ = std::thread([this] { apply_loop(); });
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
-    std::optional<std::unique_ptr<Slot>> slot;
-    if (reader_) {
-      bool stalled = false;
-      slot = filled_.pop_for(options_.read_stall_timeout, &stalled);
-      if (stalled) {  // a read that never returns cannot be cancelled: end the job
-        log().critical("reading bucket {} of {} made no progress for {} s; aborting the job", k + 1,
-                       plan_.buckets.size(), options_.read_stall_timeout.count());
-        control_.abort(125);
-      }
-    } else {
-      slot = free_.pop();
-    }
+    std::optional<std::unique_ptr<Slot>> slot = reader_ ? next_filled(k) : free_.pop();
     if (!slot)
       raise<Error>("rank ", rank_, "/", control_.size(), ": reload pipeline stopped before bucket ",
                    k + 1, " of ", plan_.buckets.size());
@@ -296,8 +332,19 @@ PipelineStats Pipeline::run() {
 PipelineStats run_pipeline(const CachedPlan& planned, TensorParallelModel& model,
                            Communicator& control, DataTransport& data, WeightSource* source,
                            const ReloadOptions& options, ReloadWorkspace& workspace) {
-  Pipeline pipeline(planned, model, control, data, source, options, workspace);
-  return pipeline.run();
+  PipelineStats stats;
+  {
+    Pipeline pipeline(planned, model, control, data, source, options, workspace);
+    stats = pipeline.run();
+  }
+  if (stats.device_stuck) {
+    log().error(
+        "the device did not finish a bucket's work in time; abandoning {} bytes of staging "
+        "buffers it may still access (not freed)",
+        workspace.bytes());
+    workspace.abandon_buffers();
+  }
+  return stats;
 }
 
 }  // namespace tpreload::detail

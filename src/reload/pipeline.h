@@ -24,6 +24,7 @@ struct PipelineStats {
   std::uint64_t bytes_copied = 0;          // reader rank: bytes read or copied into send buffers
   StagingBytes staging;                    // staging buffers this rank used, per memory space
   std::optional<std::string> apply_error;  // first apply failure on this rank
+  bool device_stuck = false;  // device work timed out: its staging buffers are abandoned
 };
 
 // A plan a ReloadWorkspace keeps for the next reload (see ReloadWorkspace).

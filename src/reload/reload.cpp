@@ -162,7 +162,13 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
   if (world.rank() == reader) fresh->listing = std::move(payload);
   const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
                                  world.size(), model.options().tp_size};
-  fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
+  try {  // the same listing and rules on every rank: the same verdict everywhere
+    fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
+  } catch (const ValidationError& e) {
+    throw Agreed<ValidationError>(e.what());
+  } catch (const UsageError& e) {
+    throw Agreed<UsageError>(e.what());
+  }
   agree_on_problem<ValidationError>(
       world, preflight_problem(fresh->plan, fresh->metadata, model, world.rank()),
       "preflight (nothing was reloaded)");
@@ -232,29 +238,33 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
                static_cast<std::uint64_t>(v[12])};
 }
 
-void check_options(const ReloadOptions& o, const Communicator& world) {
-  if (o.reader_rank < 0 || o.reader_rank >= world.size())
-    raise<UsageError>("reader rank ", o.reader_rank, " is not a rank of the ", world.size(),
-                      "-rank world");
-  if (o.bucket_bytes == 0) raise<UsageError>("bucket size must be positive");
-  if (o.pipeline_depth < 1) raise<UsageError>("pipeline depth must be at least 1");
-}
-
-// This rank's planes fit together: same ranks, and a device transport only for
-// parameters on its device. Local checks: a rank that fails here throws before
-// its first collective, and its peers time out (every rank sets up its planes
-// alike, so in practice all fail here together).
-void check_planes(const Communicator& control, const DataTransport& data,
-                  const TensorParallelModel& model) {
+// This rank's objection to its options and planes, if any: a reader rank in the
+// world, a positive bucket and depth, a data transport over the same ranks, and
+// a device transport only for parameters on that device. Agreed on before
+// anything else, so that a rank that objects never leaves its peers waiting.
+std::optional<std::string> local_problem(const ReloadOptions& o, const Communicator& control,
+                                         const DataTransport& data,
+                                         const TensorParallelModel& model) {
+  const std::string who = detail::concat("rank ", control.rank(), "/", control.size(), ": ");
+  if (o.reader_rank < 0 || o.reader_rank >= control.size())
+    return detail::concat(who, "reader rank ", o.reader_rank, " is not a rank of the ",
+                          control.size(), "-rank world");
+  if (o.bucket_bytes == 0) return who + "bucket size must be positive";
+  if (o.pipeline_depth < 1) return who + "pipeline depth must be at least 1";
   if (data.size() != control.size() || data.rank() != control.rank())
-    raise<UsageError>("rank ", control.rank(), "/", control.size(), ": the data transport is rank ",
-                      data.rank(), "/", data.size(), " (it must span the control ranks in order)");
-  if (data.memory() == MemoryKind::kDevice &&
-      (model.sink().memory() != MemoryKind::kDevice || data.device() != model.sink().device()))
-    raise<UsageError>("rank ", control.rank(), "/", control.size(), ": the ", data.backend(),
-                      " transport moves device memory, but the parameters are ",
-                      model.sink().device() ? "on another device" : "in host memory",
-                      " (give the model the transport's device)");
+    return detail::concat(who, "the data transport is rank ", data.rank(), "/", data.size(),
+                          " (it must span the control ranks in order)");
+  const Device* params = model.sink().device();
+  const Device* moved = data.device();
+  const bool same_device = params && moved && params->backend() == moved->backend() &&
+                           params->ordinal() == moved->ordinal();
+  if (data.memory() == MemoryKind::kDevice && !same_device)
+    return detail::concat(who, "the ", data.backend(),
+                          " transport moves device memory, but the "
+                          "parameters are ",
+                          params ? "on another device" : "in host memory",
+                          " (give the model the transport's device)");
+  return std::nullopt;
 }
 
 }  // namespace
@@ -271,9 +281,9 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Dat
   ReloadWorkspace local;  // freed on return when the caller keeps none
   ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
-  check_planes(world, data, model);
+  agree_on_problem<UsageError>(world, local_problem(options, world, data, model),
+                               "checking the reload options and planes (nothing was reloaded)");
   const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
-  check_options(options, world);  // same options everywhere, so the same verdict
   const bool reader = world.rank() == options.reader_rank;
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
   const CachedPlan& planned = plan_reload(world, source, model, options, fingerprint, kept);

@@ -14,6 +14,11 @@ void ReloadWorkspace::release() {
   plan_.reset();
 }
 
+void ReloadWorkspace::abandon_buffers() {
+  for (Buffer& b : buffers_) b.release();
+  buffers_.clear();
+}
+
 std::uint64_t ReloadWorkspace::cached_plan_key() const {
   return plan_ ? plan_->key : 0;
 }

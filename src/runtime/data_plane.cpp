@@ -1,5 +1,7 @@
 #include "tpreload/runtime/data_plane.h"
 
+#include <functional>
+
 #include "device_plane.h"
 #include "tpreload/comm/agreement.h"
 #include "tpreload/core/error.h"
@@ -30,6 +32,16 @@ std::string DataPlane::describe() const {
 }
 
 DataPlane open_data_plane(MpiCommunicator& world, const DataPlaneOptions& options) {
+  // Ranks given different choices would make different collectives below.
+  std::int64_t choice = static_cast<std::int64_t>(
+      std::hash<std::string>{}(options.device + "/" + options.transport) >> 1);
+  std::int64_t lo = choice, hi = choice;
+  world.allreduce_ints(&lo, 1, IntOp::kMin);
+  world.allreduce_ints(&hi, 1, IntOp::kMax);
+  if (lo != hi)
+    raise<Agreed<UsageError>>(
+        "ranks were given different --device/--transport choices (this rank: --device ",
+        options.device, " --transport ", options.transport, ")");
   std::optional<std::string> problem = check_choice(options);
   agree_on_problem<UsageError>(world, problem, "opening the data plane");
   DataPlane plane;

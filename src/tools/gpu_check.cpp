@@ -185,11 +185,12 @@ int run_checks(const Options& o) {
 
     ModelOptions cuda_options = host_options;
     cuda_options.device = device;
-    TensorParallelModel gpu(config, cuda_options);
-    const auto before = pointers(gpu);
     std::cout << "\n[" << (quant.empty() ? "bf16" : "int8") << "] host reload " << cpu.seconds
               << " s\n";
     for (DataTransport* data : {nccl_data.get(), host_data.get()}) {
+      TensorParallelModel gpu(
+          config, cuda_options);  // a fresh model per path: zeros, not the last run's bytes
+      const auto before = pointers(gpu);
       const Run run = reload(gpu, *control, *data, dir, ro, o.iters);
       const auto got = crcs(gpu);
       std::cout << "cuda parameters over " << data->backend() << ": " << run.seconds << " s, "

@@ -55,6 +55,9 @@ std::vector<float> nasty_rows(std::int64_t rows, std::int64_t cols, std::uint32_
         w[r * cols + c] = c == 0 ? 127.0f : (c % 9) + 0.5f - 4.0f;
     if (r % 7 == 5)
       for (std::int64_t c = 0; c < cols; ++c) w[r * cols + c] = 0.0f;
+    if (r % 7 == 6)  // subnormals only: the scale is subnormal too (no flush to zero)
+      for (std::int64_t c = 0; c < cols; ++c)
+        w[r * cols + c] = static_cast<float>((c % 13) - 6) * 1.1e-41f;
   }
   return w;
 }

@@ -30,7 +30,8 @@ using Clock = std::chrono::steady_clock;
 class FaultyTransport final : public DataTransport {
  public:
   enum class Fault { kFail, kStall };
-  FaultyTransport(std::unique_ptr<DataTransport> inner, int nth, Fault fault, std::chrono::milliseconds timeout)
+  FaultyTransport(std::unique_ptr<DataTransport> inner, int nth, Fault fault,
+                  std::chrono::milliseconds timeout)
       : inner_(std::move(inner)), nth_(nth), fault_(fault), timeout_(timeout) {}
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -41,8 +42,8 @@ class FaultyTransport final : public DataTransport {
     if (++count_ == nth_) return faulty("broadcast");
     return inner_->broadcast(buffer, root);
   }
-  std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges, MutableBytes recv,
-                                    int root) override {
+  std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
+                                    MutableBytes recv, int root) override {
     if (++count_ == nth_) return faulty("scatter");
     return inner_->scatter(send, ranges, recv, root);
   }
@@ -51,7 +52,8 @@ class FaultyTransport final : public DataTransport {
  private:
   class Broken final : public Transfer {
    public:
-    Broken(std::string what, Clock::time_point deadline, bool fail) : Transfer(std::move(what), deadline), fail_(fail) {}
+    Broken(std::string what, Clock::time_point deadline, bool fail)
+        : Transfer(std::move(what), deadline), fail_(fail) {}
 
    private:
     bool poll() override {
@@ -62,8 +64,8 @@ class FaultyTransport final : public DataTransport {
     bool fail_;
   };
   std::unique_ptr<Transfer> faulty(const char* op) {
-    return std::make_unique<Broken>(detail::concat("transfer ", count_, " (", op, ")"), Clock::now() + timeout_,
-                                    fault_ == Fault::kFail);
+    return std::make_unique<Broken>(detail::concat("transfer ", count_, " (", op, ")"),
+                                    Clock::now() + timeout_, fault_ == Fault::kFail);
   }
   std::unique_ptr<DataTransport> inner_;
   int nth_, count_ = 0;
@@ -91,8 +93,8 @@ std::map<std::string, void*> pointers(const TensorParallelModel& m) {
   return out;
 }
 
-void expect_v(const TensorParallelModel& m, const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
-              const std::string& what) {
+void expect_v(const TensorParallelModel& m, const ModelConfig& c,
+              const std::map<std::string, at::Tensor>& ckpt, const std::string& what) {
   for (const auto& [name, t] : testdata::expected_shards(c, ckpt, 1, 0))
     EXPECT_TRUE(testdata::same_bytes(m.parameter_for_reload(name), t)) << what << ": " << name;
 }
@@ -105,13 +107,15 @@ TEST(Engine, DeviceParametersOverHostAndDeviceTransports) {
         auto device = std::make_shared<EmulatedDevice>();
         TensorParallelModel model(f.config, options(device));
         auto data = make_communicator_transport(*f.control);
-        if (device_transport) data = testing::make_emulated_device_transport(std::move(data), *device);
+        if (device_transport)
+          data = testing::make_emulated_device_transport(std::move(data), *device);
         ReloadOptions o;
         o.distribution = d;
         o.bucket_bytes = 900;
         o.pipeline_depth = depth;
-        const std::string what = std::string(device_transport ? "device" : "host") + " transport, " +
-                                 std::string(distribution_name(d)) + ", depth " + std::to_string(depth);
+        const std::string what = std::string(device_transport ? "device" : "host") +
+                                 " transport, " + std::string(distribution_name(d)) + ", depth " +
+                                 std::to_string(depth);
         ReloadWorkspace workspace;
         auto s1 = testdata::memory_source(f.v1);
         reload_weights(model, *f.control, *data, s1.get(), o, &workspace);
@@ -121,20 +125,23 @@ TEST(Engine, DeviceParametersOverHostAndDeviceTransports) {
         EXPECT_TRUE(r.complete()) << what;
         expect_v(model, f.config, f.v2, what);
         EXPECT_EQ(pointers(model), before) << what;
-        // Staging per space: bucket-sized buffers per slot, in the spaces the table in reload.h says.
+        // Staging per space: bucket-sized buffers per slot, in the spaces the table in reload.h
+        // says.
         const std::uint64_t bound = static_cast<std::uint64_t>(depth) * 2 * o.bucket_bytes;
         EXPECT_EQ(r.staging.host, 0u) << what << ": with device parameters host staging is pinned";
         EXPECT_GT(r.staging.pinned, 0u) << what;
         EXPECT_LE(r.staging.pinned, bound) << what;
         EXPECT_GT(r.staging.device, 0u) << what;
         EXPECT_LE(r.staging.device, bound) << what;
-        EXPECT_EQ(workspace.bytes(MemoryKind::kDevice), device->live_bytes(MemoryKind::kDevice) -
-                                                            [&] {
-                                                              std::uint64_t p = 0;
-                                                              for (const auto& [n, t] : model.named_parameters())
-                                                                p += t.numel() * t.element_size();
-                                                              return p;
-                                                            }())
+        EXPECT_EQ(
+            workspace.bytes(MemoryKind::kDevice),
+            device->live_bytes(MemoryKind::kDevice) -
+                [&] {
+                  std::uint64_t p = 0;
+                  for (const auto& [n, t] : model.named_parameters())
+                    p += t.numel() * t.element_size();
+                  return p;
+                }())
             << what << ": device memory is the parameters plus the workspace, nothing left over";
         EXPECT_EQ(r.transport, device_transport ? "emulated-device" : "control:local") << what;
       }
@@ -160,11 +167,12 @@ TEST(Engine, Int8OnTheDeviceEqualsInt8OnTheHost) {
   Fixture f;
   const ModelConfig config = testdata::tiny_config("mistral_mqa");
   const auto ckpt = testdata::random_checkpoint(config, 43);
-  TensorParallelModel host(config, options(nullptr, "int8"));
-  auto device = std::make_shared<EmulatedDevice>();
-  TensorParallelModel dev(config, options(device, "int8"));
-  auto dev_data = testing::make_emulated_device_transport(make_communicator_transport(*f.control), *device);
   for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+    TensorParallelModel host(config, options(nullptr, "int8"));
+    auto device = std::make_shared<EmulatedDevice>();
+    TensorParallelModel dev(config, options(device, "int8"));
+    auto dev_data =
+        testing::make_emulated_device_transport(make_communicator_transport(*f.control), *device);
     ReloadOptions o;
     o.distribution = d;
     o.bucket_bytes = 500;
@@ -172,7 +180,8 @@ TEST(Engine, Int8OnTheDeviceEqualsInt8OnTheHost) {
     reload_weights(host, *f.control, a.get(), o);
     reload_weights(dev, *f.control, *dev_data, b.get(), o);
     for (const auto& [name, t] : host.named_parameters())
-      EXPECT_TRUE(testdata::same_bytes(dev.parameter_for_reload(name), t)) << distribution_name(d) << " " << name;
+      EXPECT_TRUE(testdata::same_bytes(dev.parameter_for_reload(name), t))
+          << distribution_name(d) << " " << name;
   }
 }
 
@@ -180,14 +189,16 @@ TEST(Engine, ADeviceTransportForHostParametersIsRefused) {
   Fixture f;
   EmulatedDevice device;
   TensorParallelModel model(f.config, options(nullptr));
-  auto data = testing::make_emulated_device_transport(make_communicator_transport(*f.control), device);
+  auto data =
+      testing::make_emulated_device_transport(make_communicator_transport(*f.control), device);
   auto source = testdata::memory_source(f.v1);
   try {
     reload_weights(model, *f.control, *data, source.get(), ReloadOptions{});
     FAIL() << "accepted a device transport for host parameters";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("the emulated-device transport moves device memory, but the parameters "
-                                         "are in host memory"),
+    EXPECT_NE(std::string(e.what()).find(
+                  "the emulated-device transport moves device memory, but the parameters "
+                  "are in host memory"),
               std::string::npos)
         << e.what();
   }
@@ -220,7 +231,8 @@ TEST(Engine, AFailedTransferEndsTheReloadWithItsErrorAndNoHang) {
 TEST(Engine, AStalledTransferTimesOut) {
   Fixture f;
   TensorParallelModel model(f.config, options(nullptr));
-  FaultyTransport data(make_communicator_transport(*f.control), 2, FaultyTransport::Fault::kStall, 200ms);
+  FaultyTransport data(make_communicator_transport(*f.control), 2, FaultyTransport::Fault::kStall,
+                       200ms);
   ReloadOptions o;
   o.bucket_bytes = 600;
   auto source = testdata::memory_source(f.v1);
@@ -229,25 +241,49 @@ TEST(Engine, AStalledTransferTimesOut) {
   EXPECT_LT(Clock::now() - start, 10s);
 }
 
-TEST(Engine, AStalledDeviceTimesOutNamingIt) {
+TEST(Engine, AStalledDeviceTimesOutNamingItAndItsBuffersAreAbandoned) {
   Fixture f;
   auto device = std::make_shared<EmulatedDevice>();
   TensorParallelModel model(f.config, options(device));
   device->stall(true);
   ReloadOptions o;
   o.device_timeout = 200ms;
+  ReloadWorkspace workspace;
   auto source = testdata::memory_source(f.v1);
   const auto start = Clock::now();
   try {
-    reload_weights(model, *f.control, source.get(), o);
+    reload_weights(model, *f.control, source.get(), o, &workspace);
     FAIL() << "a stalled device went unnoticed";
   } catch (const ModelError& e) {  // the apply failure every rank agrees on
-    EXPECT_NE(std::string(e.what()).find("did not complete on the device within 200 ms"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("did not complete on the device within 200 ms"),
+              std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("emulated device"), std::string::npos) << e.what();
   }
   EXPECT_LT(Clock::now() - start, 10s);
+  // The stuck work may still read the staging buffers: the workspace let go of
+  // them without freeing them (the device still counts them as live).
+  EXPECT_EQ(workspace.bytes(), 0u);
+  EXPECT_GT(device->live_bytes(MemoryKind::kPinnedHost), 0u);
   device->stall(false);
+}
+
+// Waiting for a slot that a slow apply holds is not a stalled read: with a device
+// slower per bucket than read_stall_timeout, the reload completes (the reader
+// rank used to abort the job here).
+TEST(Engine, ASlowApplyIsNotAStalledRead) {
+  Fixture f;
+  auto device = std::make_shared<EmulatedDevice>();
+  TensorParallelModel model(f.config, options(device));
+  device->set_delay(700ms);  // two waits per bucket: 1.4 s > the 1 s stall limit
+  ReloadOptions o;
+  o.read_stall_timeout = std::chrono::seconds(1);
+  o.bucket_bytes = 1 << 20;  // broadcasts, then scatters: two buckets
+  auto source = testdata::memory_source(f.v2);
+  const ReloadResult r = reload_weights(model, *f.control, source.get(), o);
+  EXPECT_GE(r.buckets, 2u);
+  EXPECT_TRUE(r.complete());
+  expect_v(model, f.config, f.v2, "slow device");
 }
 
 }  // namespace

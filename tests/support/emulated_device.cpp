@@ -3,6 +3,8 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <mutex>
+#include <vector>
 
 #include "tpreload/core/error.h"
 #include "tpreload/model/quantize.h"
@@ -36,7 +38,10 @@ class EmulatedStream;
 class EmulatedEvent final : public DeviceEvent {
  public:
   EmulatedEvent(EmulatedStream& stream, std::uint64_t seq, int polls)
-      : stream_(stream), seq_(seq), polls_left_(polls) {}
+      : stream_(stream),
+        seq_(seq),
+        polls_left_(polls),
+        recorded_(std::chrono::steady_clock::now()) {}
   bool done() override;
   EmulatedStream& stream() const { return stream_; }
   std::uint64_t seq() const { return seq_; }
@@ -45,6 +50,7 @@ class EmulatedEvent final : public DeviceEvent {
   EmulatedStream& stream_;
   std::uint64_t seq_;
   int polls_left_;
+  std::chrono::steady_clock::time_point recorded_;
 };
 
 // Work is queued and runs in order when an event after it is waited for.
@@ -54,7 +60,11 @@ class EmulatedStream final : public DeviceStream {
 
   void copy(void* dst, const void* src, std::uint64_t bytes, CopyKind kind) override {
     check(dst, bytes, src, bytes, kind, "copy");
-    enqueue([=] { std::memmove(dst, src, bytes); });
+    const auto* d = static_cast<const std::byte*>(dst);
+    const auto* s = static_cast<const std::byte*>(src);
+    if (bytes && d < s + bytes && s < d + bytes)
+      raise<CommError>("emulated device: copy of ", bytes, " bytes between overlapping ranges");
+    enqueue([=] { std::memcpy(dst, src, bytes); });
   }
   void copy_rows(void* dst, std::uint64_t dst_pitch, const void* src, std::uint64_t src_pitch,
                  std::uint64_t width, std::uint64_t rows, CopyKind kind) override {
@@ -103,13 +113,20 @@ class EmulatedStream final : public DeviceStream {
   }
   void* native_handle() override { return this; }
 
-  // Run queued work up to (not including) operation number `seq`.
+  // Run queued work up to (not including) operation number `seq`, in order. The
+  // queue lock is not held while work runs (work may wait on other streams); a
+  // recursive execution lock keeps the order when several threads wait.
   void run_until(std::uint64_t seq) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    while (done_ < seq && !work_.empty()) {
-      auto op = std::move(work_.front());
-      work_.pop_front();
-      ++done_;
+    std::lock_guard<std::recursive_mutex> running(exec_mutex_);
+    for (;;) {
+      std::function<void()> op;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (done_ >= seq || work_.empty()) return;
+        op = std::move(work_.front());
+        work_.pop_front();
+        ++done_;
+      }
       op();
     }
   }
@@ -149,12 +166,14 @@ class EmulatedStream final : public DeviceStream {
 
   EmulatedDevice& device_;
   std::mutex mutex_;
+  std::recursive_mutex exec_mutex_;
   std::deque<std::function<void()>> work_;
   std::uint64_t queued_ = 0, done_ = 0;
 };
 
 bool EmulatedEvent::done() {
   if (stream_.device().stalled()) return false;
+  if (std::chrono::steady_clock::now() - recorded_ < stream_.device().delay()) return false;
   if (polls_left_ > 0) {
     --polls_left_;
     return false;
@@ -162,6 +181,27 @@ bool EmulatedEvent::done() {
   stream_.run_until(seq_);
   return true;
 }
+
+// Received bytes land in the caller's buffer only when the transfer is waited
+// for (after a few polls), as a device transfer's do.
+class Delivery final : public Transfer {
+ public:
+  Delivery(MutableBytes into, std::string what)
+      : Transfer(std::move(what), Clock::now() + std::chrono::minutes(1)),
+        staged(into.size),
+        into_(into) {}
+  std::vector<std::byte> staged;
+
+ private:
+  bool poll() override {
+    if (polls_++ < 2) return false;
+    if (!staged.empty()) std::memcpy(into_.data, staged.data(), staged.size());
+    return true;
+  }
+  void expire() override { raise<CommTimeoutError>(what(), ": expired"); }
+  MutableBytes into_;
+  int polls_ = 0;
+};
 
 // Buffers a device transport sends and receives must be device memory.
 class EmulatedDeviceTransport final : public DataTransport {
@@ -175,15 +215,22 @@ class EmulatedDeviceTransport final : public DataTransport {
   Device* device() const override { return &device_; }
   std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override {
     require(buffer.data, buffer.size, "broadcast buffer");
-    return host_->broadcast(buffer, root);
+    if (rank() == root) return host_->broadcast(buffer, root);
+    auto t = std::make_unique<Delivery>(buffer, "emulated device broadcast");
+    host_->broadcast(MutableBytes(t->staged.data(), t->staged.size()), root)->wait();
+    return t;
   }
   std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
                                     MutableBytes recv, int root) override {
-    if (rank() == root)
+    require(recv.data, recv.size, "scatter receive buffer");
+    if (rank() == root) {
       for (const ByteRange& r : ranges)
         require(send.data + r.offset, r.length, "scatter send range");
-    require(recv.data, recv.size, "scatter receive buffer");
-    return host_->scatter(send, ranges, recv, root);
+      return host_->scatter(send, ranges, recv, root);
+    }
+    auto t = std::make_unique<Delivery>(recv, "emulated device scatter");
+    host_->scatter(send, ranges, MutableBytes(t->staged.data(), t->staged.size()), root)->wait();
+    return t;
   }
 
  private:

@@ -12,10 +12,16 @@
 //    passed as device memory is an error here as it would be a fault there;
 //  - new device memory is filled with 0xCD, not zeros;
 //  - allocations are counted per memory space (live and peak bytes).
-// With stall() every event stays pending forever (a stuck device).
+// With stall() every event stays pending forever (a stuck device); set_delay()
+// makes every event take at least that long (a slow one).
+//
+// The device transport it pairs with (make_emulated_device_transport) delivers
+// received bytes only when the transfer is waited for, so a reader of a receive
+// buffer that did not wait reads stale bytes here too.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -48,6 +54,9 @@ class EmulatedDevice final : public Device {
   std::uint64_t operations() const { return operations_; }
   void stall(bool on) { stalled_ = on; }
   bool stalled() const { return stalled_; }
+  // Events complete no sooner than `delay` after they were recorded (a slow device).
+  void set_delay(std::chrono::milliseconds delay) { delay_ms_ = delay.count(); }
+  std::chrono::milliseconds delay() const { return std::chrono::milliseconds(delay_ms_.load()); }
   int polls_before_done() const { return polls_; }
 
   // Internal (the allocators and streams): bookkeeping.
@@ -59,6 +68,7 @@ class EmulatedDevice final : public Device {
   struct Space;
   const int polls_;
   std::atomic<bool> stalled_{false};
+  std::atomic<std::int64_t> delay_ms_{0};
   std::atomic<std::uint64_t> operations_{0};
   mutable std::mutex mutex_;
   std::map<const std::byte*, std::uint64_t> device_blocks_;  // device memory: start -> size

@@ -12,6 +12,11 @@
 // sure of it). Each returns a Transfer that the caller waits for before touching
 // the buffers again and before posting the next transfer's wait.
 //
+// Ordering: a transport does not wait for work pending on other streams or
+// threads. The bytes to send must be in place when a transfer is posted (for
+// device memory: the copy that filled them waited for on the host), and the
+// bytes received may be read only after the transfer's wait() returned.
+//
 // Errors: a failed transfer throws CommError naming the operation and bytes; one
 // that does not complete by its deadline throws CommTimeoutError (and, by the
 // backend's policy, aborts the job or the communicator first: buffers still in

@@ -39,7 +39,10 @@ class Buffer {
   std::uint64_t size() const { return size_; }
   MemoryKind kind() const { return kind_; }
   explicit operator bool() const { return data_ != nullptr; }
+  // Free now (through the deleter).
   void reset() noexcept;
+  // Give up ownership without freeing (the memory leaks); returns the pointer.
+  std::byte* release() noexcept;
 
  private:
   std::byte* data_ = nullptr;

@@ -62,6 +62,10 @@ class TensorParallelModel {
   // Allocates every parameter (zeros). Throws ModelError if the config cannot be
   // split options.tp_size ways or tp_rank is out of range.
   TensorParallelModel(ModelConfig config, ModelOptions options);
+  // Not copyable or movable: the sink refers to the rules, and callers keep
+  // pointers to the parameters.
+  TensorParallelModel(const TensorParallelModel&) = delete;
+  TensorParallelModel& operator=(const TensorParallelModel&) = delete;
 
   const ModelConfig& config() const { return rules_.config(); }
   const ModelOptions& options() const { return options_; }

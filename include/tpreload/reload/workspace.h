@@ -37,6 +37,9 @@ class ReloadWorkspace {
   std::uint64_t bytes(MemoryKind kind) const;
   std::uint64_t bytes() const;
   void release();
+  // Forget the staging buffers without freeing them (they leak): for buffers
+  // that device work which never finished may still read or write.
+  void abandon_buffers();
 
   // A buffer of at least `size` bytes for staging role `index`, from `allocator`.
   // Kept while it is large enough and of the allocator's memory space; otherwise

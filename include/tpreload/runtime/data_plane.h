@@ -33,9 +33,10 @@ bool built_with_cuda();
 
 // COLLECTIVE over `world`. Every rank opens what the options ask for (the CUDA
 // device of its node-local rank, modulo the devices it sees). If any rank cannot
-// (a build without CUDA, no driver, no device, no NCCL, a bad combination), every
-// rank throws the same UsageError naming the first such rank and what it lacks,
-// in one line, before any transfer.
+// (ranks given different choices, a build without CUDA, no driver, no device, a
+// bad combination), every rank throws the same UsageError naming the first such
+// rank and what it lacks, in one line, before any transfer; NCCL that cannot be
+// loaded or joined is the same CommError on every rank. All are AgreedErrors.
 DataPlane open_data_plane(MpiCommunicator& world, const DataPlaneOptions& options);
 
 }  // namespace tpreload
