@@ -15,13 +15,15 @@ using mpitest::world;
 
 const std::vector<std::int64_t> kTokens = {5, 63, 64, 99, 0, 17, 42, 8, 77};
 
-void check_logits_at_tp(Communicator& tp_comm) {
+void check_logits_at_tp(Communicator& tp_comm, bool expert_parallel = false) {
   for (const char* name : testdata::kTinyConfigs) {
     const ModelConfig config = testdata::tiny_config(name);
+    if (expert_parallel && config.num_experts == 0) continue;
     const auto ckpt = testdata::random_checkpoint(config, 11);
     ModelOptions options;
     options.tp_size = tp_comm.size();
     options.tp_rank = tp_comm.rank();
+    options.expert_parallel = expert_parallel;
     TensorParallelModel model(config, options);
     auto source = testdata::memory_source(ckpt);
     model.load_weights(*source);
@@ -29,12 +31,20 @@ void check_logits_at_tp(Communicator& tp_comm) {
     const at::Tensor want = testdata::reference_logits(config, ckpt, kTokens);
     ASSERT_EQ(got.sizes(), want.sizes()) << name;
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
-        << name << " at tp " << tp_comm.size() << ": max diff "
+        << name << " at tp " << tp_comm.size()
+        << (expert_parallel ? " with expert parallelism" : "") << ": max diff "
         << (got - want).abs().max().item<float>();
   }
 }
 
-TEST(ForwardAcrossTp, WholeWorldIsOneTpGroup) { check_logits_at_tp(world()); }
+TEST(ForwardAcrossTp, WholeWorldIsOneTpGroup) {
+  check_logits_at_tp(world());
+}
+
+// Qwen3-MoE with whole experts per rank: the same logits.
+TEST(ForwardAcrossTp, ExpertParallelExperts) {
+  check_logits_at_tp(world(), true);
+}
 
 TEST(ForwardAcrossTp, TwoReplicasOfHalfTheWorld) {
   TPRELOAD_REQUIRE_RANKS(2);

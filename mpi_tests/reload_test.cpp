@@ -53,6 +53,7 @@ struct Variant {
   int tp;
   std::string quantization;
   bool lora;
+  bool expert_parallel = false;
 };
 
 ModelOptions options_for(const Variant& s) {
@@ -61,6 +62,7 @@ ModelOptions options_for(const Variant& s) {
   o.tp_rank = world().rank() % s.tp;
   o.quantization = s.quantization;
   o.lora = s.lora;
+  o.expert_parallel = s.expert_parallel;
   return o;
 }
 
@@ -69,7 +71,7 @@ ModelOptions options_for(const Variant& s) {
 std::map<std::string, at::Tensor> expected_params(const ModelConfig& config, const Variant& s,
                                                   const std::map<std::string, at::Tensor>& ckpt) {
   if (s.quantization.empty())
-    return testdata::expected_shards(config, ckpt, s.tp, world().rank() % s.tp);
+    return testdata::expected_shards(config, ckpt, s.tp, world().rank() % s.tp, s.expert_parallel);
   TensorParallelModel local(config, options_for(s));
   auto source = testdata::memory_source(ckpt);
   local.load_weights(*source);
@@ -149,8 +151,9 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
   for (const std::string kind : {"memory", "single", "sharded", "hdf5"}) {
     for (Distribution dist : {Distribution::kBroadcast, Distribution::kScatter}) {
       for (std::uint64_t bucket : {std::uint64_t{700}, std::uint64_t{1} << 30}) {
-        const std::string what = config_name + " tp " + std::to_string(setup.tp) + " " +
-                                 setup.quantization + (setup.lora ? " lora " : " ") + kind + " " +
+        const std::string what = config_name + " tp " + std::to_string(setup.tp) +
+                                 (setup.expert_parallel ? " ep " : " ") + setup.quantization +
+                                 (setup.lora ? " lora " : " ") + kind + " " +
                                  std::string(distribution_name(dist)) + " bucket " +
                                  std::to_string(bucket);
         TensorParallelModel model(config, options_for(setup));
@@ -187,16 +190,34 @@ TEST(Reload, Int8AndLoraModels) {
   run_checkpoint_matrix("mistral_mqa", {world().size(), "int8", true});
 }
 
+// Qwen3 (q/k norms, head_dim from the config) and Qwen3-MoE with tensor-parallel
+// experts and with expert parallelism, over every source kind.
+TEST(Reload, Qwen3DenseAndMoe) {
+  run_checkpoint_matrix("qwen3_dense", {world().size(), "", false});
+  run_checkpoint_matrix("qwen3_moe", {world().size(), "", false});
+  run_checkpoint_matrix("qwen3_moe", {world().size(), "", false, true});
+}
+
+TEST(Reload, Qwen3MoeExpertParallelInTwoReplicas) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  run_checkpoint_matrix("qwen3_moe", {world().size() / 2, "", false, true});
+}
+
 TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
   SharedDir dir;
-  const ModelConfig config = testdata::tiny_config("llama_gqa");
-  for (const Variant& setup :
-       {Variant{world().size(), "", false}, Variant{world().size(), "int8", false}}) {
+  for (const auto& [name, setup] : std::vector<std::pair<std::string, Variant>>{
+           {"llama_gqa", {world().size(), "", false}},
+           {"llama_gqa", {world().size(), "int8", false}},
+           {"qwen3_moe", {world().size(), "", false}},
+           {"qwen3_moe", {world().size(), "", false, true}}}) {
+    const ModelConfig config = testdata::tiny_config(name);
     const auto ckpt = testdata::random_checkpoint(config, 300);
-    const std::string kdir = dir.path() + "/kernel-" + setup.quantization;
+    const std::string kdir =
+        dir.path() + "/kernel-" + name + setup.quantization + (setup.expert_parallel ? "-ep" : "");
     if (world().rank() == 0) {  // exactly what `reload_ckpt shard` writes
       auto source = testdata::memory_source(ckpt);
-      write_kernel_shards(config, *source, kdir, {setup.tp, setup.quantization});
+      write_kernel_shards(config, *source, kdir,
+                          {setup.tp, setup.quantization, setup.expert_parallel});
     }
     world().barrier();
     const auto want = expected_params(config, setup, ckpt);
@@ -210,7 +231,9 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
       const ReloadResult r = reload_from(model, kdir, nullptr, o);
       EXPECT_TRUE(r.complete());
       expect_params(model, want,
-                    "kernel " + setup.quantization + " " + std::string(distribution_name(dist)));
+                    "kernel " + name + " " + setup.quantization +
+                        (setup.expert_parallel ? " ep " : " ") +
+                        std::string(distribution_name(dist)));
       expect_same_layout(model, before);
     }
   }
@@ -425,6 +448,89 @@ TEST(Reload, DISABLED_RankOneNeverJoins) {
   const auto ckpt = testdata::random_checkpoint(config, 800);
   auto source = world().rank() == 0 ? testdata::memory_source(ckpt) : nullptr;
   reload_weights(model, world(), source.get(), ReloadOptions{});
+}
+
+}  // namespace
+}  // namespace tpreload
+
+namespace tpreload {
+namespace {
+
+// vLLM's RL call: reload_weights(weights_iterator=..., is_checkpoint_format=False).
+// The reader rank holds every rank's tensors in the serving layout (some spelled
+// with ".base_layer.", as a LoRA-wrapped trainer names them), in float32 where
+// the model is bfloat16; every rank gets its own, converted, by name.
+TEST(Reload, KernelFormatTensorsFromMemory) {
+  for (bool expert_parallel : {false, true}) {
+    const ModelConfig config = testdata::tiny_config("qwen3_moe");
+    const int tp = world().size();
+    const auto ckpt = testdata::random_checkpoint(config, 1400);
+    std::vector<InMemoryTensor> tensors;
+    std::vector<at::Tensor> keep;
+    if (world().rank() == 0) {
+      for (int r = 0; r < tp; ++r) {
+        for (const auto& [name, t] :
+             testdata::expected_shards(config, ckpt, tp, r, expert_parallel)) {
+          keep.push_back(t.to(at::kFloat).contiguous());
+          const bool wrapped = name.find("qkv_proj") != std::string::npos;
+          InMemoryTensor m{wrapped ? with_base_layer(name) : name, DType::kFloat32, t.sizes().vec(),
+                           tensor_bytes(keep.back()), nullptr};
+          m.tp_rank = r;
+          tensors.push_back(m);
+        }
+      }
+    }
+    KernelFormatInfo info{tp, config.dtype, "", config.json, expert_parallel};
+    auto source = world().rank() == 0 ? make_in_memory_source(std::move(tensors), info) : nullptr;
+    TensorParallelModel model(config, options_for({tp, "", false, expert_parallel}));
+    ReloadOptions o;
+    o.format = WeightFormat::kKernel;
+    o.bucket_bytes = 2000;
+    const ReloadResult r = reload_weights(model, world(), source.get(), o);
+    EXPECT_TRUE(r.complete());
+    EXPECT_TRUE(r.skipped.empty());
+    // float32 -> bfloat16 by torch, then the rank's independent slices.
+    std::map<std::string, at::Tensor> converted;
+    for (const auto& [name, t] : ckpt) converted[name] = t.to(at::kFloat).to(at::kBFloat16);
+    expect_params(model,
+                  testdata::expected_shards(config, converted, tp, world().rank(), expert_parallel),
+                  expert_parallel ? "kernel tensors from memory, expert parallel"
+                                  : "kernel tensors from memory");
+  }
+}
+
+// A float32 checkpoint into a bfloat16 model lands with the bytes of
+// Tensor.to(bfloat16); an integer tensor is refused in preflight, on every rank.
+TEST(Reload, FloatingCheckpointsAreConvertedAndIntegersRefused) {
+  const ModelConfig config = testdata::tiny_config("qwen3_dense");
+  std::map<std::string, at::Tensor> f32, want;
+  for (const auto& [name, t] : testdata::random_checkpoint(config, 1500)) {
+    f32[name] = (t.to(at::kFloat) * 1.3f).contiguous();
+    want[name] = f32[name].to(at::kBFloat16);
+  }
+  for (Distribution dist : {Distribution::kBroadcast, Distribution::kScatter}) {
+    TensorParallelModel model(config, options_for({world().size(), "", false}));
+    ReloadOptions o;
+    o.distribution = dist;
+    o.bucket_bytes = 3000;
+    EXPECT_TRUE(reload_from(model, "", &f32, o).complete());
+    expect_params(model, testdata::expected_shards(config, want, world().size(), world().rank()),
+                  std::string("float32 into bfloat16, ") + std::string(distribution_name(dist)));
+  }
+  auto bad = f32;
+  bad["model.layers.1.self_attn.k_norm.weight"] = at::ones({config.head_dim}, at::kInt);
+  TensorParallelModel model(config, options_for({world().size(), "", false}));
+  try {
+    reload_from(model, "", &bad, ReloadOptions{});
+    FAIL() << "an int32 tensor was accepted";
+  } catch (const ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.layers.1.self_attn.k_norm.weight'"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("int32 values are not converted to bfloat16"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -61,6 +61,9 @@ KernelFormatInfo info_from_json(const json& j, const std::string& file) {
   if (!q.is_null() && !(q.is_string() && q.get<std::string>() == "int8"))
     info_fail(file, "'quantization' ", q.dump(), " is not null or \"int8\"");
   info.quantization = q.is_null() ? "" : q.get<std::string>();
+  const json ep = j.value("expert_parallel", json(false));
+  if (!ep.is_boolean()) info_fail(file, "'expert_parallel' ", ep.dump(), " is not true or false");
+  info.expert_parallel = ep.get<bool>();
   if (!j.contains("config") || !j["config"].is_object())
     info_fail(file, "'config' is missing or not an object");
   info.config_json = j["config"].dump(2);
@@ -104,6 +107,7 @@ std::string kernel_format_json(const KernelFormatInfo& info) {
       {"tp_size", info.tp_size},     {"dtype", std::string(dtype_name(info.dtype))},
       {"quantization", nullptr},     {"config", config}};
   if (!info.quantization.empty()) j["quantization"] = info.quantization;
+  if (info.expert_parallel) j["expert_parallel"] = true;
   return j.dump(2) + "\n";
 }
 
@@ -122,7 +126,8 @@ std::unique_ptr<WeightSource> open_kernel_format(const std::string& dir) {
   return detail::make_safetensors_source(
       shards, {detail::concat("kernel format '", dir, "' (tp_size ", info.tp_size, ", ",
                               dtype_name(info.dtype),
-                              info.quantization.empty() ? "" : ", " + info.quantization, ")"),
+                              info.quantization.empty() ? "" : ", " + info.quantization,
+                              info.expert_parallel ? ", expert parallel" : "", ")"),
                {},
                info});
 }

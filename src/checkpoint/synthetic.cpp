@@ -6,21 +6,10 @@
 
 #include "file_util.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/float_bits.h"
 
 namespace tpreload {
 namespace {
-
-std::uint32_t float_bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-float bits_float(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 std::uint64_t splitmix64(std::uint64_t& state) {
   std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
@@ -94,43 +83,19 @@ void fill_integral(const TensorSpec& spec, std::uint64_t state, MutableBytes dst
 }  // namespace
 
 std::uint16_t float_to_half_bits(float value) {
-  constexpr std::uint32_t kInf32 = 255u << 23, kHalfMax = (127u + 16u) << 23;
-  constexpr std::uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-  std::uint32_t u = float_bits(value);
-  const std::uint32_t sign = u & 0x80000000u;
-  u ^= sign;
-  std::uint32_t out;
-  if (u >= kHalfMax) {
-    out = u > kInf32 ? 0x7E00u : 0x7C00u;
-  } else if (u < (113u << 23)) {  // half subnormal or zero: let the FPU round
-    out = float_bits(bits_float(u) + bits_float(kDenormMagic)) - kDenormMagic;
-  } else {
-    const std::uint32_t odd = (u >> 13) & 1u;
-    u += (static_cast<std::uint32_t>(15 - 127) << 23) + 0xFFFu + odd;
-    out = u >> 13;
-  }
-  return static_cast<std::uint16_t>(out | (sign >> 16));
+  return fbits::to_half(value);
 }
 
 float half_bits_to_float(std::uint16_t h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
-  if (exp == 0) {
-    const float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) return bits_float(sign | 0x7F800000u | (mant << 13));
-  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  return fbits::from_half(h);
 }
 
 std::uint16_t float_to_bfloat16_bits(float value) {
-  const std::uint32_t u = float_bits(value);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return fbits::to_bfloat16(value);
 }
 
 float bfloat16_bits_to_float(std::uint16_t bits) {
-  return bits_float(static_cast<std::uint32_t>(bits) << 16);
+  return fbits::from_bfloat16(bits);
 }
 
 SyntheticInit synthetic_init_for(const std::string& name) {

@@ -51,6 +51,21 @@ class DeviceGuard {
   bool changed_ = false;
 };
 
+cuda::Float float_of(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return cuda::Float::kFloat32;
+    case DType::kFloat16:
+      return cuda::Float::kFloat16;
+    case DType::kBFloat16:
+      return cuda::Float::kBFloat16;
+    case DType::kFloat64:
+      return cuda::Float::kFloat64;
+    default:
+      raise<ModelError>("device conversion of ", dtype_name(dtype), " (floating dtypes only)");
+  }
+}
+
 cudaMemcpyKind kind_of(CopyKind kind) {
   switch (kind) {
     case CopyKind::kHostToDevice:
@@ -145,6 +160,12 @@ class CudaStream final : public DeviceStream {
     }
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cuda::launch_quantize_int8(src, source, rows, cols, row_stride, q, scale, stream_));
+  }
+  void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
+               std::int64_t rows, std::int64_t cols) override {
+    DeviceGuard guard(ordinal_);
+    CUDA_CHECK(cuda::launch_convert(src, float_of(from), src_stride, dst, float_of(to), rows, cols,
+                                    stream_));
   }
   std::unique_ptr<DeviceEvent> record() override {
     return std::make_unique<CudaEvent>(ordinal_, stream_);

@@ -10,6 +10,14 @@ namespace tpreload::cuda {
 
 enum class QuantizeSource : int { kBFloat16 = 0, kFloat16 = 1, kFloat32 = 2 };
 
+// Floating dtypes the device kernels read and write (tpreload::DType's subset).
+enum class Float : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
+
+// tpreload/model/convert.h on the device: `rows` x `cols`, source rows
+// `src_stride` elements apart, into contiguous rows. Enqueues on `stream`.
+cudaError_t launch_convert(const void* src, Float from, std::int64_t src_stride, void* dst,
+                           Float to, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
+
 // Enqueues on `stream`; returns the launch status.
 cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int64_t rows,
                                  std::int64_t cols, std::int64_t row_stride, std::int8_t* q,

@@ -69,6 +69,45 @@ at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& m
   return y;
 }
 
+// The rank's share of a SwiGLU MLP (the sum over ranks is the layer's output).
+at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string& p) const {
+  const at::Tensor gate_up = linear(y, p + "mlp.gate_up_proj");
+  const std::int64_t inter = gate_up.size(1) / 2;
+  return linear(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter),
+                p + "mlp.down_proj");
+}
+
+// The rank's share of a sparse MoE block (Qwen3-MoE): the replicated router picks
+// the top-k experts per token from a softmax (renormalised with norm_topk_prob);
+// every local expert runs on the tokens routed to it, its SiLU-gated output
+// weighted by the routing weight. With tensor-parallel experts the rank holds a
+// slice of every expert's intermediate size; with expert parallelism whole
+// experts. Either way the sum over ranks is the block's output.
+at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& p) const {
+  const ModelConfig& c = config();
+  const at::Tensor probs = at::softmax(at::matmul(y, weight_f32(p + "mlp.gate").t()), -1);
+  auto [weights, chosen] = at::topk(probs, c.num_experts_per_tok, -1);
+  if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  const at::Tensor w13 = host_param(p + "mlp.experts.w13_weight").to(at::kFloat);
+  const at::Tensor w2 = host_param(p + "mlp.experts.w2_weight").to(at::kFloat);
+  const std::int64_t local = w13.size(0), inter = w13.size(1) / 2;
+  const std::int64_t first = options_.expert_parallel ? options_.tp_rank * local : 0;
+  at::Tensor out = at::zeros({y.size(0), c.hidden_size}, at::kFloat);
+  for (std::int64_t e = 0; e < local; ++e) {
+    // Weight of expert first + e for each token (0 where it was not chosen).
+    const at::Tensor token_weight = (weights * (chosen == first + e).to(at::kFloat)).sum(-1);
+    const at::Tensor rows = token_weight.nonzero().squeeze(1);
+    if (rows.numel() == 0) continue;
+    const at::Tensor x = y.index_select(0, rows);
+    const at::Tensor gate_up = at::matmul(x, w13[e].t());
+    const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+    const at::Tensor expert_out =
+        at::matmul(act, w2[e].t()) * token_weight.index_select(0, rows).unsqueeze(1);
+    out.index_add_(0, rows, expert_out);
+  }
+  return out;
+}
+
 at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
                                         Communicator& comm) const {
   if (comm.size() != options_.tp_size || comm.rank() != options_.tp_rank)
@@ -106,6 +145,10 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     at::Tensor k = qkv.narrow(1, q_heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
     at::Tensor v =
         qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+    if (c.qk_norm) {  // Qwen3: RMSNorm over each head's dimensions, before rotary
+      q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c.rms_norm_eps);
+      k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c.rms_norm_eps);
+    }
     q = apply_rope(q, c.rope_theta);
     k = apply_rope(k, c.rope_theta).index_select(1, kv_index);
     v = v.index_select(1, kv_index);
@@ -119,10 +162,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     h = h + attn;
     const at::Tensor y =
         rms_norm(h, host_param(p + "post_attention_layernorm.weight"), c.rms_norm_eps);
-    const at::Tensor gate_up = linear(y, p + "mlp.gate_up_proj");
-    const std::int64_t inter = gate_up.size(1) / 2;
-    at::Tensor mlp = linear(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter),
-                            p + "mlp.down_proj");
+    at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p);
     allreduce_sum(mlp, comm);
     h = h + mlp;
   }

@@ -25,6 +25,7 @@ class RankModels {
     o.tp_size = options_.tp_size;
     o.tp_rank = rank;
     o.quantization = options_.quantization;
+    o.expert_parallel = options_.expert_parallel;
     model_.reset();  // one rank in memory at a time
     model_ = std::make_unique<TensorParallelModel>(config_, o);
     std::set<std::string> skipped;
@@ -49,12 +50,13 @@ class RankModels {
 
 void write_kernel_shards(const ModelConfig& config, WeightSource& source,
                          const std::string& out_dir, const ShardOptions& options) {
-  const ShardingRules rules(config, options.tp_size, options.quantization);
+  const ShardingRules rules(config, options.tp_size, options.quantization, options.expert_parallel);
   std::vector<TensorSpec> specs;
   for (const ParamSpec& p : rules.params()) specs.push_back({p.name, p.dtype, p.shape});
   const std::vector<std::vector<TensorSpec>> per_rank(options.tp_size, specs);
   RankModels models(config, source, options);
-  const KernelFormatInfo info{options.tp_size, config.dtype, options.quantization, config.json};
+  const KernelFormatInfo info{options.tp_size, config.dtype, options.quantization, config.json,
+                              options.expert_parallel};
   write_kernel_format(out_dir, info, per_rank, [&](int rank, std::size_t index, MutableBytes dst) {
     const at::Tensor t = models.at_rank(rank).parameter_for_reload(specs[index].name).contiguous();
     const ConstBytes bytes = tensor_bytes(t);

@@ -52,7 +52,8 @@ ConstBytes tensor_bytes(const at::Tensor& tensor) {
 }
 
 TensorParallelModel::TensorParallelModel(ModelConfig config, ModelOptions options)
-    : rules_(std::move(config), options.tp_size, options.quantization), options_(options) {
+    : rules_(std::move(config), options.tp_size, options.quantization, options.expert_parallel),
+      options_(options) {
   if (options_.tp_rank < 0 || options_.tp_rank >= options_.tp_size)
     raise<ModelError>("tensor-parallel rank ", options_.tp_rank, " is outside [0, ",
                       options_.tp_size, ")");
@@ -124,11 +125,28 @@ std::string TensorParallelModel::check_checkpoint_tensor(const Placement& pl,
                                                          const std::vector<std::int64_t>& shape,
                                                          DType dtype, bool presliced) const {
   const std::vector<std::int64_t> want = presliced ? pl.slice_shape() : pl.source_shape;
-  if (shape == want && dtype == config().dtype) return "";
-  return detail::concat("tensor '", pl.checkpoint_name, "' for parameter '", pl.param,
-                        "' on tp rank ", options_.tp_rank, "/", options_.tp_size, ": expected ",
-                        presliced ? "slice " : "", shape_str(want), " ", dtype_name(config().dtype),
-                        ", got ", shape_str(shape), " ", dtype_name(dtype));
+  const std::string who =
+      detail::concat("tensor '", pl.checkpoint_name, "' for parameter '", pl.param, "' on tp rank ",
+                     options_.tp_rank, "/", options_.tp_size);
+  if (shape != want)
+    return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_str(want), " ",
+                          dtype_name(config().dtype), ", got ", shape_str(shape), " ",
+                          dtype_name(dtype));
+  return dtype_problem(who, dtype, rules_.params().at(pl.slot).dtype);
+}
+
+// "" when `from` may land in a parameter of `to` (the same, or floating into
+// floating; into int8: bfloat16, float16, float32), else why not.
+std::string TensorParallelModel::dtype_problem(const std::string& who, DType from, DType to) const {
+  const bool quantized = to == DType::kInt8 && from != DType::kInt8;
+  if (convertible(from, to, quantized)) return "";
+  if (quantized)
+    return detail::concat(who,
+                          ": int8 quantization takes bfloat16, float16 or float32 weights, got ",
+                          dtype_name(from));
+  return detail::concat(
+      who, ": ", dtype_name(from), " values are not converted to ", dtype_name(to),
+      " (only floating dtypes are converted; integer and other dtypes must match)");
 }
 
 void TensorParallelModel::load_checkpoint_tensor(const Placement& pl, const at::Tensor& source,
@@ -158,12 +176,14 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
   const std::vector<std::int64_t> whole = presliced ? pl.slice_shape() : pl.source_shape;
   std::vector<std::int64_t> got = block.sizes().vec();
   const std::int64_t n = got.empty() ? 1 : got[0];
-  const bool fits = got.size() == whole.size() && row0 >= 0 &&
-                    (whole.empty() || n == 0 || row0 + n <= whole[0]) &&
-                    std::equal(got.begin() + (got.empty() ? 0 : 1), got.end(),
-                               whole.begin() + (whole.empty() ? 0 : 1)) &&
-                    dtype_from_torch(block.scalar_type()) == config().dtype &&
-                    block.device().is_cpu();
+  const bool fits =
+      got.size() == whole.size() && row0 >= 0 &&
+      (whole.empty() || n == 0 || row0 + n <= whole[0]) &&
+      std::equal(got.begin() + (got.empty() ? 0 : 1), got.end(),
+                 whole.begin() + (whole.empty() ? 0 : 1)) &&
+      dtype_problem("", dtype_from_torch(block.scalar_type()), rules_.params().at(pl.slot).dtype)
+          .empty() &&
+      block.device().is_cpu();
   if (!fits)
     raise<ModelError>("tensor '", pl.checkpoint_name, "' on tp rank ", options_.tp_rank, "/",
                       options_.tp_size, ": block of ", shape_str(got), " ",
@@ -171,7 +191,8 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
                       presliced ? "slice " : "", shape_str(whole), " ", dtype_name(config().dtype));
   const at::Tensor rows = block.contiguous();
   std::vector<RowWrite> writes;
-  if (auto w = checkpoint_row_write(rules_, pl, config().dtype, row0, n, presliced, 0))
+  if (auto w = checkpoint_row_write(rules_, pl, dtype_from_torch(block.scalar_type()), row0, n,
+                                    presliced, 0))
     writes.push_back(*w);
   apply_block(writes, tensor_bytes(rows));
   if (!last) return;
@@ -179,7 +200,7 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
     sink_->zero(*z);
     sink_->flush();
   }
-  sink_->mark_loaded(pl.slot, shard_bit(pl.shard));
+  sink_->mark_loaded(pl.slot, pl.shard);
 }
 
 std::string TensorParallelModel::check_kernel_tensor(const std::string& name,
@@ -190,10 +211,17 @@ std::string TensorParallelModel::check_kernel_tensor(const std::string& name,
     return detail::concat("kernel-format tensor '", name, "' has no parameter on tp rank ",
                           options_.tp_rank, "/", options_.tp_size);
   const ParamSpec& spec = rules_.params()[slot];
-  if (spec.shape == shape && spec.dtype == dtype) return "";
-  return detail::concat("kernel-format tensor '", name, "' on tp rank ", options_.tp_rank, "/",
-                        options_.tp_size, ": expected ", shape_str(spec.shape), " ",
-                        dtype_name(spec.dtype), ", got ", shape_str(shape), " ", dtype_name(dtype));
+  const std::string who = detail::concat("kernel-format tensor '", name, "' on tp rank ",
+                                         options_.tp_rank, "/", options_.tp_size);
+  if (spec.shape != shape)
+    return detail::concat(who, ": expected ", shape_str(spec.shape), " ", dtype_name(spec.dtype),
+                          ", got ", shape_str(shape), " ", dtype_name(dtype));
+  // Kernel format is processed already: an int8 weight stays int8.
+  if (spec.dtype == DType::kInt8 || dtype == DType::kInt8)
+    return dtype == spec.dtype
+               ? ""
+               : detail::concat(who, ": expected int8 weights, got ", dtype_name(dtype));
+  return dtype_problem(who, dtype, spec.dtype);
 }
 
 void TensorParallelModel::load_kernel_tensor(const std::string& name, const at::Tensor& source) {
@@ -207,15 +235,17 @@ void TensorParallelModel::load_kernel_rows(const std::string& name, const at::Te
                                            std::int64_t row0, bool last) {
   const ParamSlot slot = rules_.find_slot(name);
   const ParamSpec* spec = slot == kNoSlot ? nullptr : &rules_.params()[slot];
-  if (!spec || spec->dtype != dtype_from_torch(block.scalar_type()) ||
+  const DType from = dtype_from_torch(block.scalar_type());
+  if (!spec || !convertible(from, spec->dtype, false) ||
+      (from == DType::kInt8) != (spec->dtype == DType::kInt8) ||
       spec->shape.size() != static_cast<std::size_t>(block.dim()) || !block.device().is_cpu())
     raise<ModelError>("kernel-format tensor '", name, "' on tp rank ", options_.tp_rank, "/",
                       options_.tp_size, ": block ", shape_str(block.sizes().vec()),
                       " does not fit the parameter");
   const at::Tensor rows = block.contiguous();
   const std::int64_t n = block.dim() == 0 ? 1 : block.size(0);
-  apply_block({kernel_row_write(rules_, slot, spec->dtype, row0, n, 0)}, tensor_bytes(rows));
-  if (last) sink_->mark_loaded(slot, spec->shards);
+  apply_block({kernel_row_write(rules_, slot, from, row0, n, 0)}, tensor_bytes(rows));
+  if (last) sink_->mark_loaded(slot, ParameterSink::kAllShards);
 }
 
 void TensorParallelModel::finish_layer(std::int64_t /*layer*/) {
@@ -239,6 +269,7 @@ std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
       if (skipped) skipped->insert(info.name);
       continue;
     }
+    if (pl && !pl->held) continue;  // another rank's expert
     at::Tensor tensor;
     if (auto view = source.view(i, {0, info.nbytes})) {
       tensor = tensor_view(*view, info.dtype, info.shape);

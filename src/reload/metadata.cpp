@@ -47,8 +47,8 @@ class Reader {
  private:
   void need(std::uint64_t n) const {
     if (n > in_.size() - at_)
-      raise<CommError>("reload metadata is truncated: need ", n, " bytes at offset ", at_,
-                       " of ", in_.size());
+      raise<CommError>("reload metadata is truncated: need ", n, " bytes at offset ", at_, " of ",
+                       in_.size());
   }
   const std::vector<std::uint8_t>& in_;
   std::uint64_t at_ = 0;
@@ -75,6 +75,7 @@ std::vector<std::uint8_t> serialize_metadata(const SourceMetadata& m) {
     w.put<std::int32_t>(m.kernel->tp_size);
     w.put<std::uint8_t>(static_cast<std::uint8_t>(m.kernel->dtype));
     w.put(m.kernel->quantization);
+    w.put<std::uint8_t>(m.kernel->expert_parallel);
     w.put(m.kernel->config_json);
   }
   return w.take();
@@ -102,6 +103,7 @@ SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes) {
     k.tp_size = r.get<std::int32_t>();
     k.dtype = static_cast<DType>(r.get<std::uint8_t>());
     k.quantization = r.get_string();
+    k.expert_parallel = r.get<std::uint8_t>() != 0;
     k.config_json = r.get_string();
     m.kernel = k;
   }

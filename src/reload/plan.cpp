@@ -32,11 +32,12 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
       t.layer = layer_of(info.name);
       t.rejected = info.shape != rules.params()[slot].shape;
     } else {
-      bool sliced = false;
+      bool sliced = false, everywhere = true;
       for (int r = 0; r < o.tp_size; ++r) {
         auto pl = rules.place(info.name, r);
         if (!pl) break;
         sliced = sliced || pl->source_dim >= 0;
+        everywhere = everywhere && pl->held;
         t.placements.push_back(std::move(*pl));
       }
       if (t.placements.empty()) {
@@ -44,7 +45,10 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
         continue;
       }
       t.layer = layer_of(t.placements[0].param);
-      t.scatter = scatter && sliced;  // replicated tensors are always broadcast
+      // Replicated tensors are always broadcast; a tensor that some ranks do not
+      // hold (an expert under expert parallelism) is always scattered, so that it
+      // never reaches them.
+      t.scatter = (scatter && sliced) || !everywhere;
       t.rejected = info.shape != t.placements[0].source_shape;
       if (t.scatter && !t.rejected) {
         t.rows = 0;
@@ -152,7 +156,8 @@ std::string_view distribution_name(Distribution d) {
 }
 
 std::int64_t PlannedTensor::rows_for(int tp_rank) const {
-  if (kernel()) return tp_rank == owner_tp_rank ? rows : 0;
+  if (!held_by(tp_rank)) return 0;
+  if (kernel()) return rows;
   return shape_rows(placements.at(tp_rank).slice_shape());
 }
 
@@ -171,11 +176,14 @@ Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanO
     if (!md.kernel)
       raise<ValidationError>("kernel-format reload from '", md.description,
                              "', which is a checkpoint-format source (no kernel_format.json)");
-    if (md.kernel->tp_size != rules.tp_size() || md.kernel->quantization != rules.quantization())
+    if (md.kernel->tp_size != rules.tp_size() || md.kernel->quantization != rules.quantization() ||
+        md.kernel->expert_parallel != rules.expert_parallel())
       raise<ValidationError>("kernel-format source '", md.description, "' was made for tp ",
-                             md.kernel->tp_size, " quantization '", md.kernel->quantization,
-                             "', the model is tp ", rules.tp_size(), " quantization '",
-                             rules.quantization(), "'");
+                             md.kernel->tp_size, " quantization '", md.kernel->quantization, "'",
+                             md.kernel->expert_parallel ? " expert parallel" : "",
+                             ", the model is tp ", rules.tp_size(), " quantization '",
+                             rules.quantization(), "'",
+                             rules.expert_parallel() ? " expert parallel" : "");
   } else if (md.kernel) {
     raise<ValidationError>("checkpoint-format reload from '", md.description,
                            "', which holds kernel-format shards (use kernel format)");
@@ -205,7 +213,7 @@ void resolve_piece(const Plan& plan, const SourceMetadata& md, const ShardingRul
   if (t.kernel()) {
     if (rows > 0)
       out.writes.push_back(kernel_row_write(rules, t.slot, info.dtype, p.row_begin, rows, offset));
-    if (p.last) out.completed.emplace_back(t.slot, rules.params()[t.slot].shards);
+    if (p.last) out.completed.emplace_back(t.slot, ParameterSink::kAllShards);
     return;
   }
   const Placement& pl = t.placements[tp_rank];
@@ -214,7 +222,7 @@ void resolve_piece(const Plan& plan, const SourceMetadata& md, const ShardingRul
     out.writes.push_back(*w);
   if (!p.last) return;
   if (auto z = padding_rows(rules, pl)) out.zeros.push_back(*z);
-  out.completed.emplace_back(pl.slot, shard_bit(pl.shard));
+  out.completed.emplace_back(pl.slot, pl.shard);
 }
 
 }  // namespace

@@ -46,7 +46,10 @@ std::int64_t agreement_fingerprint(const TensorParallelModel& model, const Reloa
   for (std::int64_t v :
        {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
         c.num_key_value_heads, c.head_dim, c.vocab_size, std::int64_t(c.tie_word_embeddings),
-        std::int64_t(c.attention_bias), std::int64_t(c.dtype), std::int64_t(model.options().lora)})
+        std::int64_t(c.attention_bias), std::int64_t(c.dtype), std::int64_t(model.options().lora),
+        std::int64_t(c.qk_norm), c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size,
+        c.decoder_sparse_step, std::int64_t(c.norm_topk_prob),
+        std::int64_t(model.options().expert_parallel)})
     h = fnv(h, static_cast<std::uint64_t>(v));
   h = fnv(h, model.options().quantization);
   for (const ParamSpec& p : model.rules().params()) {
@@ -94,7 +97,7 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
     if (t.kernel()) {
       if (t.held_by(model.options().tp_rank))
         problem = model.check_kernel_tensor(info.name, info.shape, info.dtype);
-    } else {
+    } else if (t.held_by(model.options().tp_rank)) {
       problem = model.check_checkpoint_tensor(t.placements[model.options().tp_rank], info.shape,
                                               info.dtype, false);
     }

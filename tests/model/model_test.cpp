@@ -115,7 +115,13 @@ TEST(ModelLoad, WrongShapeOrDtypeIsRejectedWithNames) {
                  "'model.layers.1.mlp.down_proj.weight' on tp rank 3/4: expected [64, 96] "
                  "bfloat16, got [64, 95] bfloat16");
   }
-  EXPECT_NE(model.check_checkpoint_tensor(*pl, {64, 96}, DType::kFloat32, false), "");
+  // Floating dtypes are converted on load; integer ones are refused, naming both.
+  EXPECT_EQ(model.check_checkpoint_tensor(*pl, {64, 96}, DType::kFloat32, false), "");
+  EXPECT_EQ(
+      model.check_checkpoint_tensor(*pl, {64, 96}, DType::kInt32, false),
+      "tensor 'model.layers.1.mlp.down_proj.weight' for parameter "
+      "'model.layers.1.mlp.down_proj.weight' on tp rank 3/4: int32 values are not converted "
+      "to bfloat16 (only floating dtypes are converted; integer and other dtypes must match)");
   EXPECT_EQ(model.check_checkpoint_tensor(*pl, {64, 24}, DType::kBFloat16, true), "");
 }
 

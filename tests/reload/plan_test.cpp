@@ -35,7 +35,7 @@ SourceMetadata metadata(const ModelConfig& c, bool reverse_layers = false) {
 TEST(Metadata, RoundTripsEveryField) {
   SourceMetadata md = metadata(config());
   md.tensors[3].tp_rank = 2;
-  md.kernel = KernelFormatInfo{4, DType::kFloat16, "int8", "{\"a\": 1}"};
+  md.kernel = KernelFormatInfo{4, DType::kFloat16, "int8", "{\"a\": 1}", true};
   const SourceMetadata back = parse_metadata(serialize_metadata(md));
   EXPECT_EQ(back.description, md.description);
   ASSERT_EQ(back.tensors.size(), md.tensors.size());
@@ -53,6 +53,7 @@ TEST(Metadata, RoundTripsEveryField) {
   EXPECT_EQ(back.kernel->tp_size, 4);
   EXPECT_EQ(back.kernel->quantization, "int8");
   EXPECT_EQ(back.kernel->config_json, "{\"a\": 1}");
+  EXPECT_TRUE(back.kernel->expert_parallel);
   auto bytes = serialize_metadata(md);
   bytes.pop_back();
   EXPECT_THROW(parse_metadata(bytes), CommError);
@@ -167,6 +168,46 @@ TEST(Plan, UnknownNamesAreSkippedAndKernelMismatchesRejected) {
   EXPECT_THROW(
       make_plan(md, rules, {WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 3, 2}),
       UsageError);
+}
+
+}  // namespace
+}  // namespace tpreload
+
+namespace tpreload {
+namespace {
+
+// Under expert parallelism an expert tensor reaches only the rank that holds it,
+// even when the rest is broadcast; with tensor-parallel experts every rank gets
+// its column window. Rows per world rank are read off the plan's buckets.
+TEST(Plan, ExpertTensorsReachOnlyTheRanksThatHoldThem) {
+  const ModelConfig c = parse_model_config(R"({"architectures":["Qwen3MoeForCausalLM"],
+    "hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":8,
+    "num_key_value_heads":4,"head_dim":8,"vocab_size":130,"num_experts":8,"num_experts_per_tok":2,
+    "moe_intermediate_size":32,"torch_dtype":"bfloat16"})",
+                                           "moe");
+  const SourceMetadata md = metadata(c);
+  for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+    const ShardingRules rules(c, 4, "", true);
+    const Plan plan =
+        make_plan(md, rules, {WeightFormat::kCheckpoint, d, 4096, 8, 4});  // 2 replicas
+    std::map<std::string, std::set<int>> reached;  // expert tensor -> world ranks with bytes of it
+    for (const Bucket& b : plan.buckets)
+      for (const Piece& p : b.pieces) {
+        const std::string& name = md.tensors[plan.tensors[p.planned].index].name;
+        if (name.find(".experts.") == std::string::npos) continue;
+        ASSERT_TRUE(b.scatter) << name << " is broadcast";
+        const PlannedTensor& t = plan.tensors[p.planned];
+        for (int w = 0; w < 8; ++w)
+          if (std::min(p.row_end, t.rows_for(w % 4)) > p.row_begin && b.ranges[w].length > 0)
+            reached[name].insert(w);
+      }
+    ASSERT_EQ(reached.size(), 2u * 8 * 3);
+    for (const auto& [name, ranks] : reached) {
+      // "model.layers.L.mlp.experts.E.*": expert E lives on tp rank E / 2 of each replica.
+      const int e = std::stoi(name.substr(name.find(".experts.") + 9));
+      EXPECT_EQ(ranks, (std::set<int>{e / 2, 4 + e / 2})) << name;
+    }
+  }
 }
 
 }  // namespace

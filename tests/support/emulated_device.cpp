@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "tpreload/core/error.h"
+#include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
 
 namespace tpreload::testing {
@@ -100,6 +101,13 @@ class EmulatedStream final : public DeviceStream {
       else
         quantize_rows_f32(static_cast<const float*>(src), rows, cols, row_stride, q, scale);
     });
+  }
+  void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
+               std::int64_t rows, std::int64_t cols) override {
+    if (rows <= 0 || cols <= 0) return;
+    require_device(src, ((rows - 1) * src_stride + cols) * dtype_size(from), "convert source");
+    require_device(dst, rows * cols * dtype_size(to), "convert destination");
+    enqueue([=] { convert_rows(src, from, src_stride, dst, to, rows, cols); });
   }
   std::unique_ptr<DeviceEvent> record() override {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -1,5 +1,7 @@
 #include "tiny_models.h"
 
+#include <stdexcept>
+
 #include "tpreload/model/torch_dtype.h"
 
 namespace tpreload::testdata {
@@ -20,11 +22,23 @@ ModelConfig tiny_config(const std::string& name) {
     json = R"({"architectures":["MistralForCausalLM"],"hidden_size":32,"intermediate_size":64,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":1,"head_dim":8,
       "vocab_size":200,"rms_norm_eps":1e-5,"tie_word_embeddings":false,"torch_dtype":"float16"})";
+  else if (name == "qwen3_dense")  // head_dim 16 with hidden 64 / 8 heads: read from the config
+    json = R"({"architectures":["Qwen3ForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":16,
+      "vocab_size":150,"rms_norm_eps":1e-6,"rope_theta":1000000.0,"tie_word_embeddings":false,
+      "attention_bias":true,"torch_dtype":"bfloat16"})";
+  else if (name == "qwen3_moe")  // layers 0 and 2 sparse, layer 1 dense (mlp_only_layers)
+    json = R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":3,"num_attention_heads":8,"num_key_value_heads":4,"head_dim":8,
+      "vocab_size":130,"rms_norm_eps":1e-6,"rope_theta":1000000.0,"tie_word_embeddings":true,
+      "num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":32,"decoder_sparse_step":1,
+      "mlp_only_layers":[1],"norm_topk_prob":true,"dtype":"bfloat16"})";
+  else
+    throw std::invalid_argument("unknown tiny config '" + name + "'");
   return parse_model_config(json, name);
 }
 
-std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config,
-                                                    std::uint64_t seed) {
+std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config, std::uint64_t seed) {
   at::manual_seed(seed);
   std::map<std::string, at::Tensor> tensors;
   for (const auto& spec : checkpoint_tensor_specs(config)) {
@@ -77,16 +91,42 @@ at::Tensor vocab_shard(const at::Tensor& t, std::int64_t vocab, int tp, int r) {
 
 }  // namespace
 
+namespace {
+
+// w13 [E_local, 2 x I_local, hidden] and w2 [E_local, hidden, I_local] of rank r:
+// every expert's rows/columns r of tp (tensor-parallel experts), or experts
+// [r x E/tp, (r + 1) x E/tp) whole (expert parallelism).
+void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                      const std::string& p, int tp, int r, bool ep,
+                      std::map<std::string, at::Tensor>& out) {
+  const std::int64_t per = ep ? c.num_experts / tp : c.num_experts, first = ep ? r * per : 0;
+  const std::int64_t il = ep ? c.moe_intermediate_size : c.moe_intermediate_size / tp,
+                     from = ep ? 0 : r * il;
+  std::vector<at::Tensor> w13, w2;
+  for (std::int64_t e = first; e < first + per; ++e) {
+    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+    w13.push_back(at::cat({ckpt.at(x + "gate_proj.weight").slice(0, from, from + il),
+                           ckpt.at(x + "up_proj.weight").slice(0, from, from + il)}));
+    w2.push_back(ckpt.at(x + "down_proj.weight").slice(1, from, from + il));
+  }
+  out[p + "mlp.experts.w13_weight"] = at::stack(w13);
+  out[p + "mlp.experts.w2_weight"] = at::stack(w2);
+  out[p + "mlp.gate.weight"] = ckpt.at(p + "mlp.gate.weight");
+}
+
+}  // namespace
+
 std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
                                                   const std::map<std::string, at::Tensor>& ckpt,
-                                                  int tp, int r) {
+                                                  int tp, int r, bool expert_parallel) {
   std::map<std::string, at::Tensor> out;
   const std::int64_t hd = c.head_dim, ql = c.num_attention_heads / tp * hd,
                      il = c.intermediate_size / tp, nkv = c.num_key_value_heads;
   // KV heads of rank r: one replicated head when tp >= nkv, else nkv/tp of them.
   const std::int64_t kv_first = tp >= nkv ? r * nkv / tp : r * (nkv / tp);
   const std::int64_t kv_count = tp >= nkv ? 1 : nkv / tp;
-  out["model.embed_tokens.weight"] = vocab_shard(ckpt.at("model.embed_tokens.weight"), c.vocab_size, tp, r);
+  out["model.embed_tokens.weight"] =
+      vocab_shard(ckpt.at("model.embed_tokens.weight"), c.vocab_size, tp, r);
   if (!c.tie_word_embeddings)
     out["lm_head.weight"] = vocab_shard(ckpt.at("lm_head.weight"), c.vocab_size, tp, r);
   out["model.norm.weight"] = ckpt.at("model.norm.weight");
@@ -97,25 +137,35 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
     for (std::string leaf : {"weight", "bias"}) {
       const std::string q = p + "self_attn.q_proj." + leaf;
       if (!ckpt.count(q)) continue;
-      out[p + "self_attn.qkv_proj." + leaf] = at::cat(
-          {rows(ckpt.at(q), r * ql, ql),
-           rows(ckpt.at(p + "self_attn.k_proj." + leaf), kv_first * hd, kv_count * hd),
-           rows(ckpt.at(p + "self_attn.v_proj." + leaf), kv_first * hd, kv_count * hd)});
+      out[p + "self_attn.qkv_proj." + leaf] =
+          at::cat({rows(ckpt.at(q), r * ql, ql),
+                   rows(ckpt.at(p + "self_attn.k_proj." + leaf), kv_first * hd, kv_count * hd),
+                   rows(ckpt.at(p + "self_attn.v_proj." + leaf), kv_first * hd, kv_count * hd)});
     }
     if (ckpt.count(p + "self_attn.o_proj.bias"))  // row-parallel bias: replicated
       out[p + "self_attn.o_proj.bias"] = ckpt.at(p + "self_attn.o_proj.bias");
-    out[p + "self_attn.o_proj.weight"] = ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
-    out[p + "mlp.gate_up_proj.weight"] = at::cat({rows(ckpt.at(p + "mlp.gate_proj.weight"), r * il, il),
-                                                  rows(ckpt.at(p + "mlp.up_proj.weight"), r * il, il)});
-    out[p + "mlp.down_proj.weight"] = ckpt.at(p + "mlp.down_proj.weight").slice(1, r * il, r * il + il);
+    out[p + "self_attn.o_proj.weight"] =
+        ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
+    for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+      if (ckpt.count(p + norm)) out[p + norm] = ckpt.at(p + norm);
+    if (ckpt.count(p + "mlp.gate.weight")) {
+      expected_experts(c, ckpt, p, tp, r, expert_parallel, out);
+      continue;
+    }
+    out[p + "mlp.gate_up_proj.weight"] =
+        at::cat({rows(ckpt.at(p + "mlp.gate_proj.weight"), r * il, il),
+                 rows(ckpt.at(p + "mlp.up_proj.weight"), r * il, il)});
+    out[p + "mlp.down_proj.weight"] =
+        ckpt.at(p + "mlp.down_proj.weight").slice(1, r * il, r * il + il);
   }
   return out;
 }
 
 namespace {
 
+// The reference computes in float64.
 at::Tensor f32(const std::map<std::string, at::Tensor>& ckpt, const std::string& name) {
-  return ckpt.at(name).to(at::kFloat);
+  return ckpt.at(name).to(at::kDouble);
 }
 
 at::Tensor norm(const at::Tensor& x, const at::Tensor& w, double eps) {
@@ -124,16 +174,36 @@ at::Tensor norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 
 at::Tensor rope(const at::Tensor& x, double theta) {  // x: [heads, tokens, dim]
   const std::int64_t t = x.size(1), d = x.size(2);
-  std::vector<float> cos_v(t * d), sin_v(t * d);
+  std::vector<double> cos_v(t * d), sin_v(t * d);
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
       const double freq = std::pow(theta, -2.0 * (i % (d / 2)) / d);
-      cos_v[pos * d + i] = static_cast<float>(std::cos(pos * freq));
-      sin_v[pos * d + i] = static_cast<float>(std::sin(pos * freq));
+      cos_v[pos * d + i] = std::cos(pos * freq);
+      sin_v[pos * d + i] = std::sin(pos * freq);
     }
   const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
   const at::Tensor rotated = at::cat({-x.slice(2, d / 2, d), x.slice(2, 0, d / 2)}, 2);
   return x * cos + rotated * sin;
+}
+
+// Hugging Face's Qwen3MoeSparseMoeBlock, token by token: softmax router, top-k,
+// optional renormalisation, SiLU-gated experts weighted by their routing weight.
+at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+               const std::string& p, const at::Tensor& y) {
+  const at::Tensor probs = at::matmul(y, f32(ckpt, p + "mlp.gate.weight").t()).softmax(-1);
+  at::Tensor out = at::zeros_like(y);
+  for (std::int64_t t = 0; t < y.size(0); ++t) {
+    auto [w, idx] = probs[t].topk(c.num_experts_per_tok);
+    if (c.norm_topk_prob) w = w / w.sum();
+    for (std::int64_t k = 0; k < c.num_experts_per_tok; ++k) {
+      const std::string x = p + "mlp.experts." + std::to_string(idx[k].item<std::int64_t>()) + ".";
+      const at::Tensor row = y[t].unsqueeze(0);
+      const at::Tensor a = at::silu(at::matmul(row, f32(ckpt, x + "gate_proj.weight").t())) *
+                           at::matmul(row, f32(ckpt, x + "up_proj.weight").t());
+      out[t] += (at::matmul(a, f32(ckpt, x + "down_proj.weight").t()) * w[k]).squeeze(0);
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -150,20 +220,33 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c.rms_norm_eps);
-    const at::Tensor q = rope(proj(x, p + "self_attn.q_proj").reshape({n, nh, hd}).transpose(0, 1), c.rope_theta);
-    at::Tensor k = rope(proj(x, p + "self_attn.k_proj").reshape({n, nkv, hd}).transpose(0, 1), c.rope_theta);
+    at::Tensor q = proj(x, p + "self_attn.q_proj").reshape({n, nh, hd});
+    at::Tensor k = proj(x, p + "self_attn.k_proj").reshape({n, nkv, hd});
+    if (ckpt.count(p + "self_attn.q_norm.weight")) {  // Qwen3: per-head RMSNorm before rotary
+      q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c.rms_norm_eps);
+      k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c.rms_norm_eps);
+    }
+    q = rope(q.transpose(0, 1), c.rope_theta);
+    k = rope(k.transpose(0, 1), c.rope_theta);
     at::Tensor v = proj(x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);
     v = v.repeat_interleave(nh / nkv, 0);
     at::Tensor s = at::matmul(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(hd));
-    s = s + at::full({n, n}, -INFINITY).triu(1);
+    s = s + at::full({n, n}, -INFINITY, at::kDouble).triu(1);
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
     h = h + proj(a, p + "self_attn.o_proj");
     const at::Tensor y = norm(h, f32(ckpt, p + "post_attention_layernorm.weight"), c.rms_norm_eps);
-    h = h + proj(at::silu(proj(y, p + "mlp.gate_proj")) * proj(y, p + "mlp.up_proj"), p + "mlp.down_proj");
+    if (ckpt.count(p + "mlp.gate.weight"))
+      h = h + moe(c, ckpt, p, y);
+    else
+      h = h + proj(at::silu(proj(y, p + "mlp.gate_proj")) * proj(y, p + "mlp.up_proj"),
+                   p + "mlp.down_proj");
   }
   h = norm(h, f32(ckpt, "model.norm.weight"), c.rms_norm_eps);
-  return at::matmul(h, f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight").t());
+  return at::matmul(
+             h,
+             f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight").t())
+      .to(at::kFloat);
 }
 
 bool same_bytes(const at::Tensor& a, const at::Tensor& b) {

@@ -15,9 +15,12 @@ namespace tpreload::testdata {
 
 // "llama_gqa" (untied, bfloat16, q/k/v/o biases, 8 heads / 2 KV heads, vocab 100),
 // "qwen2_tied" (tied, float32, biases, 8 heads / 4 KV heads, vocab 130),
-// "mistral_mqa" (untied, float16, 8 heads / 1 KV head, vocab 200).
+// "mistral_mqa" (untied, float16, 8 heads / 1 KV head, vocab 200),
+// "qwen3_dense" (Qwen3: head_dim 16 != hidden / heads, q/k norms, q/k/v/o biases),
+// "qwen3_moe" (Qwen3-MoE: 8 experts, top 2, renormalised; layer 1 dense; tied).
 ModelConfig tiny_config(const std::string& name);
-inline const char* const kTinyConfigs[] = {"llama_gqa", "qwen2_tied", "mistral_mqa"};
+inline const char* const kTinyConfigs[] = {"llama_gqa", "qwen2_tied", "mistral_mqa", "qwen3_dense",
+                                           "qwen3_moe"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs), with
 // values drawn from a generator seeded by `seed`, in the config's dtype.
@@ -38,13 +41,16 @@ std::vector<InMemoryTensor> in_memory(const std::map<std::string, at::Tensor>& t
 std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tensor>& tensors);
 
 // What rank `tp_rank` of `tp_size` must hold for every in-model parameter, sliced
-// from the checkpoint by rules written here, independently of ShardingRules.
+// from the checkpoint by rules written here, independently of ShardingRules
+// (experts: every expert's slice, or whole experts with `expert_parallel`).
 std::map<std::string, at::Tensor> expected_shards(const ModelConfig& config,
                                                   const std::map<std::string, at::Tensor>& ckpt,
-                                                  int tp_size, int tp_rank);
+                                                  int tp_size, int tp_rank,
+                                                  bool expert_parallel = false);
 
 // Logits of a plain single-process Hugging Face-style forward pass over the
-// checkpoint tensors (float32 compute), independent of TensorParallelModel.
+// checkpoint tensors (float64 compute; Qwen3 q/k norms and MoE blocks token by
+// token), independent of TensorParallelModel.
 at::Tensor reference_logits(const ModelConfig& config,
                             const std::map<std::string, at::Tensor>& ckpt,
                             const std::vector<std::int64_t>& tokens);

@@ -5,6 +5,7 @@
 //   kernel_format.json                 {"format": "tpreload-kernel", "version": 1,
 //                                        "tp_size": N, "dtype": "bfloat16",
 //                                        "quantization": null | "int8",
+//                                        "expert_parallel": false | true (optional),
 //                                        "config": {...model config.json...}}
 //   rank-00000-of-0000N.safetensors    rank 0's parameters under their in-model names
 //   ...                                 (e.g. model.layers.0.self_attn.qkv_proj.weight)

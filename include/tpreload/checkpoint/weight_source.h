@@ -24,12 +24,12 @@
 namespace tpreload {
 
 struct TensorInfo {
-  std::string name;                // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
   DType dtype = DType::kFloat32;
   std::vector<std::int64_t> shape;
-  std::uint64_t nbytes = 0;        // product(shape) * dtype_size(dtype)
-  std::string file;                // the file holding the bytes (for messages)
-  std::uint64_t file_offset = 0;   // absolute offset of the first byte in `file` (0 if n/a)
+  std::uint64_t nbytes = 0;       // product(shape) * dtype_size(dtype)
+  std::string file;               // the file holding the bytes (for messages)
+  std::uint64_t file_offset = 0;  // absolute offset of the first byte in `file` (0 if n/a)
   // For kernel-format shards: the tensor-parallel rank this tensor belongs to.
   // -1 for an ordinary (unsharded, checkpoint-format) tensor.
   int tp_rank = -1;
@@ -38,9 +38,10 @@ struct TensorInfo {
 // Description of a kernel-format directory (`kernel_format.json`).
 struct KernelFormatInfo {
   int tp_size = 1;
-  DType dtype = DType::kFloat32;    // dtype of the unquantized parameters
-  std::string quantization;         // "" or "int8"
-  std::string config_json;          // the model config.json it was made for, verbatim
+  DType dtype = DType::kFloat32;  // dtype of the unquantized parameters
+  std::string quantization;       // "" or "int8"
+  std::string config_json;        // the model config.json it was made for, verbatim
+  bool expert_parallel = false;   // experts split whole over the ranks (MoE models)
 };
 
 // One read of WeightSource::read_many: bytes `range` of tensors()[index] into `dst`.
@@ -75,7 +76,8 @@ class WeightSource {
   // so on (the sizes must add up to range.length). How a reader cuts row-parallel
   // slices out of full rows with one copy. The default copies out of view() or a
   // read() into a scratch buffer; file sources read straight into the parts.
-  virtual void read_split(std::size_t index, ByteRange range, const std::vector<MutableBytes>& parts);
+  virtual void read_split(std::size_t index, ByteRange range,
+                          const std::vector<MutableBytes>& parts);
 
   // read() of each request, in order. File sources merge requests whose bytes
   // follow each other in one file into one preadv, so that a bucket of 2,000
@@ -106,10 +108,19 @@ struct InMemoryTensor {
   std::vector<std::int64_t> shape;
   ConstBytes bytes;
   std::shared_ptr<const void> keep_alive;
+  // Kernel format: the tensor-parallel rank whose parameter this is (-1 for
+  // checkpoint-format tensors).
+  int tp_rank = -1;
 };
 
-// The in-memory source (vLLM's `weights_iterator`). Throws CheckpointError for a
-// duplicate name or bytes that do not match shape x dtype.
-std::unique_ptr<WeightSource> make_in_memory_source(std::vector<InMemoryTensor> tensors);
+// The in-memory source (vLLM's `weights_iterator`). Checkpoint format by default:
+// Hugging Face names, full tensors. With `kernel`, the tensors are in the serving
+// layout (vLLM's is_checkpoint_format=False): each named as the model names its
+// parameter (".base_layer." spellings accepted) and tagged with its tp rank, and
+// a reload copies them by name. Throws CheckpointError for a duplicate name (per
+// tp rank), bytes that do not match shape x dtype, or a tp rank outside the
+// kernel format's (or given without one).
+std::unique_ptr<WeightSource> make_in_memory_source(
+    std::vector<InMemoryTensor> tensors, std::optional<KernelFormatInfo> kernel = std::nullopt);
 
 }  // namespace tpreload

@@ -53,6 +53,12 @@ class DeviceStream {
   virtual void quantize_int8(const void* src, DType dtype, std::int64_t rows, std::int64_t cols,
                              std::int64_t row_stride, std::int8_t* q, float* scale) = 0;
 
+  // Floating values of `from` into `to` (tpreload/model/convert.h): `rows` rows of
+  // `cols` elements, source row r at src + r * src_stride elements, into
+  // contiguous rows at dst. The bytes equal the CPU conversion's.
+  virtual void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
+                       std::int64_t rows, std::int64_t cols) = 0;
+
   // An event marking everything enqueued so far.
   virtual std::unique_ptr<DeviceEvent> record() = 0;
   // Later work on this stream waits for `event` (recorded on any stream of the

@@ -1,6 +1,7 @@
-// A Hugging Face config.json for the Llama family (LlamaForCausalLM,
-// MistralForCausalLM, Qwen2ForCausalLM), and the tensors a checkpoint for it holds.
-// No torch here: the checkpoint tool and the checkpoint layer's tests use it too.
+// A Hugging Face config.json for the model families tpreload knows
+// (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+// Qwen3MoeForCausalLM), and the tensors a checkpoint for it holds. No torch here:
+// the checkpoint tool and the checkpoint layer's tests use it too.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +13,9 @@
 namespace tpreload {
 
 struct ModelConfig {
-  std::string architecture;  // "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"
+  std::string architecture;  // one of supported_architectures()
   std::int64_t hidden_size = 0;
-  std::int64_t intermediate_size = 0;
+  std::int64_t intermediate_size = 0;  // dense MLP layers
   std::int64_t num_hidden_layers = 0;
   std::int64_t num_attention_heads = 0;
   std::int64_t num_key_value_heads = 0;  // defaults to num_attention_heads
@@ -23,10 +24,25 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;           // q/k/v biases (always on for Qwen2)
-  DType dtype = DType::kFloat32;         // `torch_dtype`
-  std::string json;                      // the original text, for kernel_format.json
+  bool attention_bias = false;  // q/k/v (and o, except Qwen2) biases; always on for Qwen2
+  bool qk_norm = false;         // per-head RMSNorm of q and k before rotary (Qwen3)
+  // Mixture of experts (Qwen3MoeForCausalLM); num_experts 0 for dense models.
+  std::int64_t num_experts = 0;
+  std::int64_t num_experts_per_tok = 0;
+  std::int64_t moe_intermediate_size = 0;
+  std::int64_t decoder_sparse_step = 1;
+  std::vector<std::int64_t> mlp_only_layers;
+  bool norm_topk_prob = false;    // renormalise the top-k routing weights
+  DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
+  std::string json;               // the original text, for kernel_format.json
+
+  // Whether decoder layer `layer` has experts: num_experts > 0, the layer is not
+  // in mlp_only_layers, and (layer + 1) % decoder_sparse_step == 0.
+  bool sparse_layer(std::int64_t layer) const;
 };
+
+// "LlamaForCausalLM", ..., "Qwen3MoeForCausalLM".
+const std::vector<std::string>& supported_architectures();
 
 // Parse config.json text; `origin` names it in errors. Throws ModelError for an
 // unknown architecture, a missing or non-positive field, or heads that do not
@@ -48,8 +64,10 @@ struct CheckpointTensorSpec {
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:
 // model.embed_tokens.weight, then per layer input_layernorm, self_attn.{q,k,v,o}_proj
 // (q/k/v biases when attention_bias, and o_proj's too except for Qwen2),
-// post_attention_layernorm,
-// mlp.{gate,up,down}_proj, then model.norm.weight and lm_head.weight (untied only).
+// self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
+// mlp.{gate,up,down}_proj (dense layers) or mlp.gate (the router) and
+// mlp.experts.<e>.{gate,up,down}_proj for every expert (sparse layers); then
+// model.norm.weight and lm_head.weight (untied only).
 std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);
 
 }  // namespace tpreload

@@ -15,7 +15,8 @@ class WeightSource;
 
 struct ShardOptions {
   int tp_size = 1;
-  std::string quantization;  // "" or "int8"
+  std::string quantization;      // "" or "int8"
+  bool expert_parallel = false;  // MoE models: whole experts per rank
 };
 
 // Write `out_dir` (kernel_format.json plus rank-0000r-of-0000N.safetensors). One

@@ -53,6 +53,9 @@ struct ModelOptions {
   std::string quantization;  // "" or "int8"
   bool lora = false;         // wrap the decoder linear layers with LoRA adapters
   std::int64_t lora_rank = 8;
+  // Mixture-of-experts models: whole experts split over the tensor-parallel ranks
+  // (vLLM's --enable-expert-parallel) instead of every expert split by tp.
+  bool expert_parallel = false;
   // Where the parameters live: null for host memory, else this device's memory.
   std::shared_ptr<Device> device;
 };
@@ -145,9 +148,12 @@ class TensorParallelModel {
   at::Tensor host_param(const std::string& name) const;
   at::Tensor weight_f32(const std::string& module) const;
   at::Tensor linear(const at::Tensor& x, const std::string& module, bool add_bias = true) const;
+  at::Tensor dense_mlp(const at::Tensor& y, const std::string& prefix) const;
+  at::Tensor experts(const at::Tensor& y, const std::string& prefix) const;
   // Run `writes` whose source is the host block `bytes` (staged on the device first).
   void apply_block(const std::vector<RowWrite>& writes, ConstBytes bytes);
   std::string storage_name(const std::string& name) const;
+  std::string dtype_problem(const std::string& who, DType from, DType to) const;
 
   ShardingRules rules_;
   ModelOptions options_;

@@ -10,8 +10,10 @@
 // waits for everything written so far. The source bytes of a write are in the
 // sink's memory space.
 //
-// The sink also tracks which parameters a load filled (begin_load, mark_loaded):
-// a stacked parameter counts as loaded once every one of its shards did.
+// Parameters are written as rows of their last dimension (param_rows in
+// row_writes.h). The sink also tracks which parameters a load filled
+// (begin_load, mark_loaded): a stacked parameter counts as loaded once every
+// one of its shards (ParamSpec::shards) did.
 //
 // Not thread-safe: one thread writes at a time.
 #pragma once
@@ -60,8 +62,10 @@ class ParameterSink {
   void flush(std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
   // --- load tracking ---
+  static constexpr std::uint32_t kAllShards = ~std::uint32_t{0};
   void begin_load();
-  void mark_loaded(ParamSlot slot, std::uint8_t shards);
+  // Shard `shard` of the parameter arrived (kAllShards: the whole of it).
+  void mark_loaded(ParamSlot slot, std::uint32_t shard);
   bool loaded(ParamSlot slot) const;
   // Names a load in `format` must fill (sorted): weight_scale only in kernel format.
   std::vector<std::string> expected_names(WeightFormat format) const;
@@ -85,7 +89,9 @@ class ParameterSink {
   std::vector<ParamStorage> storage_;
   std::shared_ptr<Device> device_;
   std::unique_ptr<DeviceStream> stream_;
-  std::vector<std::uint8_t> loaded_;  // shard bits per slot since begin_load()
+  // Shard bits since begin_load(): slot s owns bits [first_bit_[s], first_bit_[s + 1]).
+  std::vector<std::uint64_t> first_bit_;
+  std::vector<std::uint64_t> loaded_;
 };
 
 }  // namespace tpreload

@@ -16,6 +16,7 @@ namespace tpreload {
 
 enum class WriteKind : std::uint8_t {
   kCopy,          // bytes as they are (same dtype)
+  kConvert,       // floating values into another floating dtype (round to nearest even)
   kQuantizeInt8,  // bfloat16/float16/float32 rows into an int8 weight and its weight_scale rows
 };
 
@@ -47,6 +48,19 @@ struct RowZero {
 // Rows of a shape (its first dimension; 1 for a scalar) and bytes per row.
 std::int64_t shape_rows(const std::vector<std::int64_t>& shape);
 std::uint64_t shape_row_bytes(const std::vector<std::int64_t>& shape, DType dtype);
+
+// A parameter as the rows that writes fill: rows of its last dimension (every
+// dimension but the last multiplied; a 1-D parameter's elements; 1 for a
+// scalar), each param_row_bytes long. For 2-D parameters the same as shape_rows
+// and shape_row_bytes; a 3-D expert tensor [E, R, C] is E x R rows of C.
+std::int64_t param_rows(const std::vector<std::int64_t>& shape);
+std::uint64_t param_row_bytes(const std::vector<std::int64_t>& shape, DType dtype);
+
+// Whether values of `from` may be written into a parameter of `to`: the same
+// dtype, or both floating (converted, round to nearest even, as torch's .to()
+// does). Integer and other dtypes are never converted. Into an int8 (quantized)
+// parameter: bfloat16, float16 or float32 sources.
+bool convertible(DType from, DType to, bool quantized);
 
 // The write that lands rows [row0, row0 + rows) of a checkpoint tensor's unit in
 // its parameter on the placement's rank, or nullopt when none of those rows is

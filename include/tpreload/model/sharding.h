@@ -4,7 +4,8 @@
 // (which bytes each rank needs, for scatter), and `reload_ckpt shard`, so the
 // three cannot disagree. No torch here.
 //
-// Rules (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py):
+// Rules (vllm/model_executor/layers/linear.py, vocab_parallel_embedding.py,
+// fused_moe/layer.py):
 //  - column-parallel (q/k/v, gate/up): split output dim 0;
 //  - row-parallel (o_proj, down_proj): split input dim 1; a bias is not split;
 //  - QKV: qkv_proj = [q shard; k shard; v shard]; when tp > num_key_value_heads a
@@ -12,7 +13,15 @@
 //  - merged column: gate_up_proj = [gate shard; up shard];
 //  - vocab-parallel (embed_tokens, lm_head): vocab padded up to a multiple of 64,
 //    split evenly; rows past the real vocab are zero;
-//  - RMSNorm weights replicated.
+//  - RMSNorm weights (and Qwen3's per-head q_norm/k_norm) and the MoE router
+//    (mlp.gate) replicated;
+//  - FusedMoE experts: experts.w13_weight [E_local, 2 x I_local, hidden] holds, per
+//    local expert, its gate_proj rows then its up_proj rows; experts.w2_weight
+//    [E_local, hidden, I_local] its down_proj. Tensor-parallel experts (the
+//    default): every rank holds all E experts, I_local = I / tp, gate/up split by
+//    rows and down by columns as a dense MLP. Expert parallelism: rank r holds the
+//    E / tp experts [r x E_local, (r + 1) x E_local) whole (I_local = I); an expert
+//    tensor is held by one rank of each replica.
 #pragma once
 
 #include <cstdint>
@@ -28,21 +37,13 @@ namespace tpreload {
 
 inline constexpr std::int64_t kVocabPadding = 64;
 
-enum class ShardKind { kReplicated, kColumn, kRow, kVocab };
+enum class ShardKind { kReplicated, kColumn, kRow, kVocab, kExpertGateUp, kExpertDown };
 
 // The two forms weights arrive in: checkpoint format (Hugging Face tensors, through
 // the weight loaders and post-load processing) or kernel format (already processed
 // and sharded per tensor-parallel rank, copied straight into the parameters).
 enum class WeightFormat : std::uint8_t { kCheckpoint, kKernel };
 std::string_view format_name(WeightFormat format);
-
-// Which part of a stacked parameter a checkpoint tensor fills (vLLM's shard_id):
-// q/k/v of qkv_proj, gate/up of gate_up_proj, or the whole parameter.
-enum class ShardId : std::uint8_t { kWhole, kQ, kK, kV, kGate, kUp };
-std::string_view shard_id_name(ShardId id);  // "whole", "q", "k", "v", "gate", "up"
-constexpr std::uint8_t shard_bit(ShardId id) {
-  return std::uint8_t(1u << static_cast<unsigned>(id));
-}
 
 // A parameter's index in ShardingRules::params(): names are resolved to slots
 // once, when a reload is planned, and never looked up per piece.
@@ -57,9 +58,11 @@ struct ParamSpec {
   ShardKind kind = ShardKind::kReplicated;
   std::int64_t layer = -1;      // decoder layer index, -1 outside the layers
   bool from_checkpoint = true;  // false for derived params (int8 weight_scale)
-  // The shard bits that must all load for the parameter to count as loaded:
-  // q|k|v for qkv_proj, gate|up for gate_up_proj, whole otherwise.
-  std::uint8_t shards = shard_bit(ShardId::kWhole);
+  // How many checkpoint tensors fill it (vLLM's shard ids): 3 for qkv_proj (q, k,
+  // v), 2 for gate_up_proj (gate, up), 2 x E_local for experts.w13_weight (gate,
+  // up of each local expert), E_local for experts.w2_weight, 1 otherwise. It
+  // counts as loaded once every one of them arrived.
+  std::uint32_t shards = 1;
   // int8: the slot of this weight's float32 weight_scale; kNoSlot otherwise.
   ParamSlot scale_slot = kNoSlot;
 };
@@ -69,12 +72,17 @@ struct Placement {
   std::string checkpoint_name;
   std::string param;         // in-model target name (no ".base_layer.")
   ParamSlot slot = kNoSlot;  // `param`'s index in ShardingRules::params()
-  ShardId shard = ShardId::kWhole;
+  std::uint32_t shard = 0;   // which of the parameter's shards it fills
+  // False when this rank holds none of it (an expert another rank holds under
+  // expert parallelism): nothing below applies then.
+  bool held = true;
   std::vector<std::int64_t> source_shape;  // full checkpoint shape the rules expect
   int source_dim = -1;                     // -1: the whole tensor; 0 or 1: a slice along it
   std::int64_t source_start = 0;           // slice [start, start + length) along source_dim
   std::int64_t source_length = 0;
-  std::int64_t dest_row = 0;         // the slice lands at rows [dest_row, ...) of the param
+  // The slice lands at rows [dest_row, ...) of the parameter, counted as rows of
+  // its last dimension (param_rows() in row_writes.h; for 2-D parameters, its rows).
+  std::int64_t dest_row = 0;
   std::int64_t zero_rows_from = -1;  // vocab padding: rows from here to the end are zeroed
 
   // Shape of the slice this rank needs (== source_shape when source_dim is -1).
@@ -87,11 +95,18 @@ enum class SkipReason { kNone, kNoParameter, kTiedHead };
 class ShardingRules {
  public:
   // Throws ModelError when the config cannot be split tp_size ways (heads, KV
-  // heads or intermediate size not divisible). `quantization` is "" or "int8".
-  ShardingRules(ModelConfig config, int tp_size, std::string quantization = "");
+  // heads, intermediate size, experts or their intermediate size not divisible),
+  // or expert parallelism is asked of a dense model. `quantization` is "" or
+  // "int8" (decoder linear weights; experts stay in the model's dtype).
+  ShardingRules(ModelConfig config, int tp_size, std::string quantization = "",
+                bool expert_parallel = false);
 
   const ModelConfig& config() const { return config_; }
   int tp_size() const { return tp_size_; }
+  bool expert_parallel() const { return expert_parallel_; }
+  // Experts each rank holds and their intermediate size (0 for dense models).
+  std::int64_t local_experts() const;
+  std::int64_t local_moe_intermediate() const;
   const std::string& quantization() const { return quantization_; }
   std::int64_t padded_vocab() const { return padded_vocab_; }
 
@@ -111,20 +126,26 @@ class ShardingRules {
   std::int64_t kv_head_start(int tp_rank) const;
 
  private:
+  // What a checkpoint tensor is to its parameter.
+  enum class Role : std::uint8_t { kWhole, kQ, kK, kV, kGate, kUp, kDown };
   struct Rule {
     std::string param;
-    ShardId shard;
-    ShardKind kind;
+    Role role = Role::kWhole;
+    ShardKind kind = ShardKind::kReplicated;
     std::vector<std::int64_t> source_shape;
     ParamSlot slot = kNoSlot;
+    std::int64_t expert = -1;  // experts only
   };
   const Rule* find_rule(const std::string& checkpoint_name) const;
   void build_rules();
   void build_params();
+  void place_column(const Rule& rule, int tp_rank, Placement& pl) const;
+  void place_expert(const Rule& rule, int tp_rank, Placement& pl) const;
 
   ModelConfig config_;
   int tp_size_;
   std::string quantization_;
+  bool expert_parallel_ = false;
   std::int64_t padded_vocab_;
   std::vector<std::pair<std::string, Rule>> rules_;  // sorted by checkpoint name
   std::vector<ParamSpec> params_;

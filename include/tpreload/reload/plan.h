@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/model/parameter_sink.h"
 #include "tpreload/model/row_writes.h"
 #include "tpreload/model/sharding.h"
 
@@ -57,7 +58,9 @@ struct PlannedTensor {
 
   bool kernel() const { return format == WeightFormat::kKernel; }
   // Whether tensor-parallel rank `tp_rank` takes any of it.
-  bool held_by(int tp_rank) const { return !kernel() || owner_tp_rank == tp_rank; }
+  bool held_by(int tp_rank) const {
+    return kernel() ? owner_tp_rank == tp_rank : placements.at(tp_rank).held;
+  }
   // Rows of the unit tensor-parallel rank `tp_rank` receives (scatter) and bytes
   // per such row.
   std::int64_t rows_for(int tp_rank) const;
@@ -101,7 +104,8 @@ Plan make_plan(const SourceMetadata& metadata, const ShardingRules& rules,
 struct BucketApply {
   std::vector<RowWrite> writes;
   std::vector<RowZero> zeros;
-  std::vector<std::pair<ParamSlot, std::uint8_t>> completed;  // slot, shard bits
+  // Shards completed: (slot, shard index), or ParameterSink::kAllShards (kernel format).
+  std::vector<std::pair<ParamSlot, std::uint32_t>> completed;
 };
 
 // Every bucket of `plan` for world rank `world_rank` (tensor-parallel rank

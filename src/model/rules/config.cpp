@@ -1,9 +1,9 @@
 #include "tpreload/model/config.h"
 
+#include <sys/stat.h>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <sys/stat.h>
 
 #include "tpreload/core/error.h"
 
@@ -11,9 +11,6 @@ namespace tpreload {
 namespace {
 
 using nlohmann::json;
-
-const char* const kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                      "Qwen2ForCausalLM"};
 
 std::int64_t positive_int(const json& j, const char* key, const std::string& origin) {
   if (!j.contains(key) || !j[key].is_number_integer())
@@ -28,11 +25,58 @@ std::string architecture_of(const json& j, const std::string& origin) {
       j["architectures"].empty() || !j["architectures"][0].is_string())
     raise<ModelError>(origin, ": field 'architectures' is missing or not a list of names");
   const auto name = j["architectures"][0].get<std::string>();
-  for (const char* known : kArchitectures)
-    if (name == known) return name;
-  raise<ModelError>(origin, ": architecture '", name,
-                    "' is not supported (supported: LlamaForCausalLM, MistralForCausalLM, "
-                    "Qwen2ForCausalLM)");
+  std::string known;
+  for (const std::string& a : supported_architectures()) {
+    if (name == a) return name;
+    known += (known.empty() ? "" : ", ") + a;
+  }
+  raise<ModelError>(origin, ": architecture '", name, "' is not supported (supported: ", known,
+                    ")");
+}
+
+std::int64_t non_negative_int(const json& j, const char* key, std::int64_t fallback,
+                              const std::string& origin) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
+    raise<ModelError>(origin, ": field '", key, "' must be a non-negative integer");
+  return j[key].get<std::int64_t>();
+}
+
+void parse_experts(const json& j, const std::string& origin, ModelConfig& c) {
+  c.num_experts = positive_int(j, "num_experts", origin);
+  c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", origin);
+  c.moe_intermediate_size = positive_int(j, "moe_intermediate_size", origin);
+  c.decoder_sparse_step =
+      j.contains("decoder_sparse_step") ? positive_int(j, "decoder_sparse_step", origin) : 1;
+  c.norm_topk_prob = j.value("norm_topk_prob", false);
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    if (!j["mlp_only_layers"].is_array())
+      raise<ModelError>(origin, ": field 'mlp_only_layers' must be a list of layer indices");
+    for (const auto& v : j["mlp_only_layers"]) {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
+          v.get<std::int64_t>() >= c.num_hidden_layers)
+        raise<ModelError>(origin, ": 'mlp_only_layers' holds ", v.dump(),
+                          ", not a layer index in [0, ", c.num_hidden_layers, ")");
+      c.mlp_only_layers.push_back(v.get<std::int64_t>());
+    }
+  }
+  if (c.num_experts_per_tok > c.num_experts)
+    raise<ModelError>(origin, ": num_experts_per_tok ", c.num_experts_per_tok,
+                      " exceeds num_experts ", c.num_experts);
+}
+
+// "torch_dtype", or "dtype" as newer transformers write it.
+DType parse_dtype(const json& j, const std::string& origin) {
+  const char* key =
+      j.contains("torch_dtype") && !j["torch_dtype"].is_null() ? "torch_dtype" : "dtype";
+  if (j.contains(key) && !j[key].is_null() && !j[key].is_string())
+    raise<ModelError>(origin, ": field '", key, "' is not a string");
+  const std::string dtype = j.value(key, std::string("float32"));
+  const auto parsed = dtype_from_name(dtype);
+  if (!parsed || !dtype_is_floating(*parsed))
+    raise<ModelError>(origin, ": ", key, " '", dtype,
+                      "' is not a floating type (float32, float16, bfloat16)");
+  return *parsed;
 }
 
 void check_heads(const ModelConfig& c, const std::string& origin) {
@@ -42,6 +86,20 @@ void check_heads(const ModelConfig& c, const std::string& origin) {
 }
 
 }  // namespace
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM",
+                                                 "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                                 "Qwen3MoeForCausalLM"};
+  return names;
+}
+
+bool ModelConfig::sparse_layer(std::int64_t layer) const {
+  if (num_experts <= 0) return false;
+  for (std::int64_t l : mlp_only_layers)
+    if (l == layer) return false;
+  return (layer + 1) % decoder_sparse_step == 0;
+}
 
 ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
   json j;
@@ -72,12 +130,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.rope_theta = j.value("rope_theta", 10000.0);
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
   c.attention_bias = c.architecture == "Qwen2ForCausalLM" || j.value("attention_bias", false);
-  const std::string dtype = j.value("torch_dtype", std::string("float32"));
-  const auto parsed = dtype_from_name(dtype);
-  if (!parsed || !dtype_is_floating(*parsed))
-    raise<ModelError>(origin, ": torch_dtype '", dtype,
-                      "' is not a floating type (float32, float16, bfloat16)");
-  c.dtype = *parsed;
+  c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
+  if (c.architecture == "Qwen3MoeForCausalLM") parse_experts(j, origin, c);
+  c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
   c.json = text;
   return c;
@@ -108,6 +163,14 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"attention_bias", c.attention_bias},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
+  if (c.num_experts > 0) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+  }
   return j.dump(2);
 }
 
@@ -127,10 +190,25 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
       specs.push_back({p + "self_attn.v_proj.bias", {kv}});
     }
     specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
-    // Llama's attention_bias covers o_proj too; Qwen2 biases only q/k/v.
+    // Llama's and Qwen3's attention_bias covers o_proj too; Qwen2 biases only q/k/v.
     if (c.attention_bias && c.architecture != "Qwen2ForCausalLM")
       specs.push_back({p + "self_attn.o_proj.bias", {h}});
+    if (c.qk_norm) {
+      specs.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+      specs.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    }
     specs.push_back({p + "post_attention_layernorm.weight", {h}});
+    if (c.sparse_layer(l)) {
+      const std::int64_t mi = c.moe_intermediate_size;
+      specs.push_back({p + "mlp.gate.weight", {c.num_experts, h}});
+      for (std::int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+        specs.push_back({x + "gate_proj.weight", {mi, h}});
+        specs.push_back({x + "up_proj.weight", {mi, h}});
+        specs.push_back({x + "down_proj.weight", {h, mi}});
+      }
+      continue;
+    }
     specs.push_back({p + "mlp.gate_proj.weight", {inter, h}});
     specs.push_back({p + "mlp.up_proj.weight", {inter, h}});
     specs.push_back({p + "mlp.down_proj.weight", {h, inter}});

@@ -6,14 +6,15 @@
 #include <cstring>
 
 #include "tpreload/core/error.h"
+#include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
 
 namespace tpreload {
 namespace {
 
 std::uint64_t spec_bytes(const ParamSpec& spec) {
-  return static_cast<std::uint64_t>(shape_rows(spec.shape)) *
-         shape_row_bytes(spec.shape, spec.dtype);
+  return static_cast<std::uint64_t>(param_rows(spec.shape)) *
+         param_row_bytes(spec.shape, spec.dtype);
 }
 
 std::uint32_t crc_update(std::uint32_t crc, const std::byte* data, std::uint64_t n) {
@@ -29,10 +30,7 @@ std::uint32_t crc_update(std::uint32_t crc, const std::byte* data, std::uint64_t
 
 ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorage> storage,
                              std::shared_ptr<Device> device)
-    : rules_(rules),
-      storage_(std::move(storage)),
-      device_(std::move(device)),
-      loaded_(storage_.size(), 0) {
+    : rules_(rules), storage_(std::move(storage)), device_(std::move(device)) {
   if (storage_.size() != rules_.params().size())
     raise<ModelError>("parameter sink: ", storage_.size(), " storages for ", rules_.params().size(),
                       " parameters");
@@ -42,6 +40,10 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
       raise<ModelError>("parameter '", spec.name, "' has ", storage_[i].bytes,
                         " bytes of storage, its shape and dtype need ", spec_bytes(spec));
   }
+  first_bit_.push_back(0);
+  for (const ParamSpec& spec : rules_.params())
+    first_bit_.push_back(first_bit_.back() + spec.shards);
+  loaded_.assign((first_bit_.back() + 63) / 64, 0);
 }
 
 ParameterSink::~ParameterSink() = default;
@@ -54,9 +56,9 @@ DeviceStream& ParameterSink::stream() {
 void ParameterSink::write(const RowWrite& w, const std::byte* src) {
   const ParamSpec& param = rules_.params().at(w.slot);
   if (w.rows <= 0) return;
-  if (w.dest_row < 0 || w.dest_row + w.rows > shape_rows(param.shape))
+  if (w.dest_row < 0 || w.dest_row + w.rows > param_rows(param.shape))
     raise<ModelError>("write of rows [", w.dest_row, ", ", w.dest_row + w.rows,
-                      ") into parameter '", param.name, "' of ", shape_rows(param.shape), " rows");
+                      ") into parameter '", param.name, "' of ", param_rows(param.shape), " rows");
   if (w.kind == WriteKind::kQuantizeInt8 && param.scale_slot == kNoSlot)
     raise<ModelError>("int8 write into parameter '", param.name, "', which has no weight_scale");
   if (device_)
@@ -66,9 +68,11 @@ void ParameterSink::write(const RowWrite& w, const std::byte* src) {
 }
 
 void ParameterSink::write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
-  const std::uint64_t width = shape_row_bytes(param.shape, param.dtype);
+  const std::uint64_t width = param_row_bytes(param.shape, param.dtype);
   std::byte* dst = storage_[w.slot].data + static_cast<std::uint64_t>(w.dest_row) * width;
   const std::byte* in = src + w.src_offset;
+  const std::int64_t cols = static_cast<std::int64_t>(width / dtype_size(param.dtype));
+  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
   if (w.kind == WriteKind::kCopy) {
     if (w.src_pitch == width) {
       std::memcpy(dst, in, static_cast<std::uint64_t>(w.rows) * width);
@@ -78,8 +82,10 @@ void ParameterSink::write_host(const RowWrite& w, const ParamSpec& param, const 
     }
     return;
   }
-  const std::int64_t cols = static_cast<std::int64_t>(width);  // int8: one byte per element
-  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
+  if (w.kind == WriteKind::kConvert) {
+    convert_rows(in, w.src_dtype, stride, dst, param.dtype, w.rows, cols);
+    return;
+  }
   auto* q = reinterpret_cast<std::int8_t*>(dst);
   auto* scale = reinterpret_cast<float*>(storage_[param.scale_slot].data) + w.dest_row;
   switch (w.src_dtype) {
@@ -100,9 +106,11 @@ void ParameterSink::write_host(const RowWrite& w, const ParamSpec& param, const 
 }
 
 void ParameterSink::write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
-  const std::uint64_t width = shape_row_bytes(param.shape, param.dtype);
+  const std::uint64_t width = param_row_bytes(param.shape, param.dtype);
   std::byte* dst = storage_[w.slot].data + static_cast<std::uint64_t>(w.dest_row) * width;
   const std::byte* in = src + w.src_offset;
+  const std::int64_t cols = static_cast<std::int64_t>(width / dtype_size(param.dtype));
+  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
   if (w.kind == WriteKind::kCopy) {
     if (w.src_pitch == width)
       stream().copy(dst, in, static_cast<std::uint64_t>(w.rows) * width, CopyKind::kDeviceToDevice);
@@ -111,18 +119,21 @@ void ParameterSink::write_device(const RowWrite& w, const ParamSpec& param, cons
                          CopyKind::kDeviceToDevice);
     return;
   }
+  if (w.kind == WriteKind::kConvert) {
+    stream().convert(in, w.src_dtype, stride, dst, param.dtype, w.rows, cols);
+    return;
+  }
   auto* scale = reinterpret_cast<float*>(storage_[param.scale_slot].data) + w.dest_row;
-  stream().quantize_int8(in, w.src_dtype, w.rows, static_cast<std::int64_t>(width),
-                         static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype)),
-                         reinterpret_cast<std::int8_t*>(dst), scale);
+  stream().quantize_int8(in, w.src_dtype, w.rows, cols, stride, reinterpret_cast<std::int8_t*>(dst),
+                         scale);
 }
 
 void ParameterSink::zero(const RowZero& z) {
   const ParamSpec& param = rules_.params().at(z.slot);
-  const std::uint64_t width = shape_row_bytes(param.shape, param.dtype);
-  if (z.row_begin < 0 || z.row_end > shape_rows(param.shape) || z.row_end < z.row_begin)
+  const std::uint64_t width = param_row_bytes(param.shape, param.dtype);
+  if (z.row_begin < 0 || z.row_end > param_rows(param.shape) || z.row_end < z.row_begin)
     raise<ModelError>("zeroing rows [", z.row_begin, ", ", z.row_end, ") of parameter '",
-                      param.name, "' of ", shape_rows(param.shape), " rows");
+                      param.name, "' of ", param_rows(param.shape), " rows");
   std::byte* dst = storage_[z.slot].data + static_cast<std::uint64_t>(z.row_begin) * width;
   const std::uint64_t n = static_cast<std::uint64_t>(z.row_end - z.row_begin) * width;
   if (device_)
@@ -140,13 +151,20 @@ void ParameterSink::begin_load() {
   std::fill(loaded_.begin(), loaded_.end(), 0);
 }
 
-void ParameterSink::mark_loaded(ParamSlot slot, std::uint8_t shards) {
-  loaded_.at(slot) |= shards;
+void ParameterSink::mark_loaded(ParamSlot slot, std::uint32_t shard) {
+  const std::uint64_t begin = first_bit_.at(slot), end = first_bit_.at(slot + 1);
+  if (shard != kAllShards && begin + shard >= end)
+    raise<ModelError>("shard ", shard, " of parameter '", rules_.params()[slot].name,
+                      "', which has ", end - begin);
+  for (std::uint64_t b = shard == kAllShards ? begin : begin + shard;
+       b < (shard == kAllShards ? end : begin + shard + 1); ++b)
+    loaded_[b / 64] |= std::uint64_t{1} << (b % 64);
 }
 
 bool ParameterSink::loaded(ParamSlot slot) const {
-  const std::uint8_t need = rules_.params().at(slot).shards;
-  return (loaded_[slot] & need) == need;
+  for (std::uint64_t b = first_bit_.at(slot); b < first_bit_.at(slot + 1); ++b)
+    if (!(loaded_[b / 64] >> (b % 64) & 1)) return false;
+  return true;
 }
 
 std::vector<std::string> ParameterSink::expected_names(WeightFormat format) const {

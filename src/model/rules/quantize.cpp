@@ -1,5 +1,7 @@
 #include "tpreload/model/quantize.h"
 
+#include "tpreload/core/float_bits.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,28 +32,12 @@ inline float to_float(float v) {
   return v;
 }
 
-// IEEE half bits to float, exactly (every half is a float).
+// IEEE half bits, converted to float exactly.
 struct Half {
   std::uint16_t bits;
 };
 __attribute__((always_inline)) inline float to_float(Half h) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h.bits & 0x8000u) << 16;
-  const std::uint32_t exp = (h.bits >> 10) & 0x1fu, man = h.bits & 0x3ffu;
-  std::uint32_t u;
-  if (exp == 0x1f) {
-    u = sign | 0x7f800000u | (man << 13);  // infinity, NaN
-  } else if (exp != 0) {
-    u = sign | ((exp + 112u) << 23) | (man << 13);
-  } else if (man == 0) {
-    u = sign;  // zero
-  } else {     // subnormal: man x 2^-24, exact in float
-    float f = static_cast<float>(man) * 5.9604644775390625e-8f;
-    std::memcpy(&u, &f, sizeof u);
-    u |= sign;
-  }
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return fbits::from_half(h.bits);
 }
 
 // max|w| as the formula states it, NaNs ignored; the slow path for rows with a NaN.

@@ -8,8 +8,8 @@ namespace tpreload {
 namespace {
 
 WriteKind kind_for(const ParamSpec& param, DType src) {
-  return param.dtype == DType::kInt8 && src != DType::kInt8 ? WriteKind::kQuantizeInt8
-                                                            : WriteKind::kCopy;
+  if (param.dtype == DType::kInt8 && src != DType::kInt8) return WriteKind::kQuantizeInt8;
+  return src == param.dtype ? WriteKind::kCopy : WriteKind::kConvert;
 }
 
 }  // namespace
@@ -24,9 +24,28 @@ std::uint64_t shape_row_bytes(const std::vector<std::int64_t>& shape, DType dtyp
   return n;
 }
 
+std::int64_t param_rows(const std::vector<std::int64_t>& shape) {
+  if (shape.size() <= 1) return shape_rows(shape);
+  std::int64_t rows = 1;
+  for (std::size_t d = 0; d + 1 < shape.size(); ++d) rows *= shape[d];
+  return rows;
+}
+
+std::uint64_t param_row_bytes(const std::vector<std::int64_t>& shape, DType dtype) {
+  if (shape.size() <= 1) return dtype_size(dtype);
+  return static_cast<std::uint64_t>(shape.back()) * dtype_size(dtype);
+}
+
+bool convertible(DType from, DType to, bool quantized) {
+  if (quantized)
+    return from == DType::kBFloat16 || from == DType::kFloat16 || from == DType::kFloat32;
+  return from == to || (dtype_is_floating(from) && dtype_is_floating(to));
+}
+
 std::optional<RowWrite> checkpoint_row_write(const ShardingRules& rules, const Placement& pl,
                                              DType src, std::int64_t row0, std::int64_t rows,
                                              bool presliced, std::uint64_t offset) {
+  if (!pl.held) return std::nullopt;
   if (pl.slot >= rules.params().size())
     raise<ModelError>("tensor '", pl.checkpoint_name, "': placement has no parameter slot");
   const ParamSpec& param = rules.params()[pl.slot];
@@ -54,12 +73,22 @@ std::optional<RowWrite> checkpoint_row_write(const ShardingRules& rules, const P
 RowWrite kernel_row_write(const ShardingRules& rules, ParamSlot slot, DType src, std::int64_t row0,
                           std::int64_t rows, std::uint64_t offset) {
   const ParamSpec& param = rules.params().at(slot);
-  return {slot, WriteKind::kCopy, src, offset, shape_row_bytes(param.shape, src), row0, rows};
+  // Kernel tensors move in rows of their first dimension; the parameter is
+  // written in rows of its last: each of the former is `per` of the latter.
+  const std::int64_t first = shape_rows(param.shape);
+  const std::int64_t per = first > 0 ? param_rows(param.shape) / first : 1;
+  return {slot,
+          src == param.dtype ? WriteKind::kCopy : WriteKind::kConvert,
+          src,
+          offset,
+          param_row_bytes(param.shape, src),
+          row0 * per,
+          rows * per};
 }
 
 std::optional<RowZero> padding_rows(const ShardingRules& rules, const Placement& pl) {
-  if (pl.zero_rows_from < 0) return std::nullopt;
-  const std::int64_t end = shape_rows(rules.params().at(pl.slot).shape);
+  if (pl.zero_rows_from < 0 || !pl.held) return std::nullopt;
+  const std::int64_t end = param_rows(rules.params().at(pl.slot).shape);
   if (pl.zero_rows_from >= end) return std::nullopt;
   return RowZero{pl.slot, pl.zero_rows_from, end};
 }

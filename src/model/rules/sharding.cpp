@@ -1,6 +1,7 @@
 #include "tpreload/model/sharding.h"
 
 #include <algorithm>
+#include <cctype>
 #include <set>
 
 #include "tpreload/core/error.h"
@@ -45,24 +46,6 @@ std::string_view format_name(WeightFormat format) {
   return format == WeightFormat::kCheckpoint ? "checkpoint" : "kernel";
 }
 
-std::string_view shard_id_name(ShardId id) {
-  switch (id) {
-    case ShardId::kWhole:
-      return "whole";
-    case ShardId::kQ:
-      return "q";
-    case ShardId::kK:
-      return "k";
-    case ShardId::kV:
-      return "v";
-    case ShardId::kGate:
-      return "gate";
-    case ShardId::kUp:
-      return "up";
-  }
-  return "?";
-}
-
 namespace {
 const std::string kBaseLayer = ".base_layer.";
 }
@@ -85,8 +68,12 @@ std::vector<std::int64_t> Placement::slice_shape() const {
   return shape;
 }
 
-ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quantization)
-    : config_(std::move(config)), tp_size_(tp_size), quantization_(std::move(quantization)) {
+ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quantization,
+                             bool expert_parallel)
+    : config_(std::move(config)),
+      tp_size_(tp_size),
+      quantization_(std::move(quantization)),
+      expert_parallel_(expert_parallel) {
   if (tp_size_ < 1) raise<ModelError>("tensor-parallel size must be at least 1, got ", tp_size_);
   if (!quantization_.empty() && quantization_ != "int8")
     raise<ModelError>("unknown quantization '", quantization_, "' (supported: int8)");
@@ -98,6 +85,14 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
   else
     require_divisible(c.num_key_value_heads, tp_size_, "num_key_value_heads", tp_size_);
   require_divisible(c.intermediate_size, tp_size_, "intermediate_size", tp_size_);
+  if (expert_parallel_ && c.num_experts == 0)
+    raise<ModelError>("expert parallelism needs a mixture-of-experts model; ", c.architecture,
+                      " has no experts");
+  if (c.num_experts > 0 && expert_parallel_)
+    require_divisible(c.num_experts, tp_size_,
+                      "num_experts (expert parallelism places whole experts)", tp_size_);
+  else if (c.num_experts > 0)
+    require_divisible(c.moe_intermediate_size, tp_size_, "moe_intermediate_size", tp_size_);
   padded_vocab_ = (c.vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   require_divisible(padded_vocab_, tp_size_, "padded vocab size", tp_size_);
   build_rules();
@@ -114,21 +109,63 @@ std::int64_t ShardingRules::kv_head_start(int tp_rank) const {
   return tp_rank * (nkv / tp_size_);
 }
 
+std::int64_t ShardingRules::local_experts() const {
+  return expert_parallel_ ? config_.num_experts / tp_size_ : config_.num_experts;
+}
+
+std::int64_t ShardingRules::local_moe_intermediate() const {
+  return expert_parallel_ ? config_.moe_intermediate_size
+                          : config_.moe_intermediate_size / tp_size_;
+}
+
+namespace {
+
+// "model.layers.3.mlp.experts.17.up_proj.weight" -> {"model.layers.3.mlp.experts.", 17, "up_proj"}.
+struct ExpertName {
+  std::string prefix, proj;
+  std::int64_t expert = -1;
+};
+
+std::optional<ExpertName> parse_expert(const std::string& name) {
+  static const std::string kExperts = ".mlp.experts.";
+  const auto at = name.find(kExperts);
+  if (at == std::string::npos) return std::nullopt;
+  std::size_t i = at + kExperts.size();
+  if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return std::nullopt;
+  ExpertName out{name.substr(0, i), "", 0};
+  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
+    out.expert = out.expert * 10 + (name[i] - '0');
+  const auto rest = name.substr(i);
+  if (rest != ".gate_proj.weight" && rest != ".up_proj.weight" && rest != ".down_proj.weight")
+    return std::nullopt;
+  out.proj = rest.substr(1, rest.find('.', 1) - 1);
+  return out;
+}
+
+}  // namespace
+
 void ShardingRules::build_rules() {
   for (const auto& spec : checkpoint_tensor_specs(config_)) {
     const NameParts p = split_name(spec.name);
-    Rule rule{spec.name, ShardId::kWhole, ShardKind::kReplicated, spec.shape};
-    if (p.module == "embed_tokens" || spec.name == "lm_head.weight") {
+    Rule rule{spec.name, Role::kWhole, ShardKind::kReplicated, spec.shape};
+    if (const auto e = parse_expert(spec.name)) {
+      const bool down = e->proj == "down_proj";
+      rule = {e->prefix + (down ? "w2_weight" : "w13_weight"),
+              down                     ? Role::kDown
+              : e->proj == "gate_proj" ? Role::kGate
+                                       : Role::kUp,
+              down ? ShardKind::kExpertDown : ShardKind::kExpertGateUp, spec.shape};
+      rule.expert = e->expert;
+    } else if (p.module == "embed_tokens" || spec.name == "lm_head.weight") {
       rule.kind = ShardKind::kVocab;
     } else if (p.module == "q_proj" || p.module == "k_proj" || p.module == "v_proj") {
-      const ShardId id = p.module == "q_proj"   ? ShardId::kQ
-                         : p.module == "k_proj" ? ShardId::kK
-                                                : ShardId::kV;
-      rule = {p.prefix + "qkv_proj." + p.leaf, id, ShardKind::kColumn, spec.shape};
+      const Role role = p.module == "q_proj"   ? Role::kQ
+                        : p.module == "k_proj" ? Role::kK
+                                               : Role::kV;
+      rule = {p.prefix + "qkv_proj." + p.leaf, role, ShardKind::kColumn, spec.shape};
     } else if (p.module == "gate_proj" || p.module == "up_proj") {
       rule = {p.prefix + "gate_up_proj." + p.leaf,
-              p.module == "gate_proj" ? ShardId::kGate : ShardId::kUp, ShardKind::kColumn,
-              spec.shape};
+              p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, spec.shape};
     } else if ((p.module == "o_proj" || p.module == "down_proj") && p.leaf == "weight") {
       rule.kind = ShardKind::kRow;
     }
@@ -148,14 +185,23 @@ void ShardingRules::build_params() {
     if (!seen.insert(rule.param).second) continue;
     ParamSpec spec{rule.param, rule.source_shape, c.dtype, rule.kind, layer_of(rule.param)};
     const NameParts p = split_name(rule.param);
+    const std::int64_t experts = local_experts(), expert_inter = local_moe_intermediate();
     if (rule.kind == ShardKind::kVocab) spec.shape[0] = padded_vocab_ / tp_size_;
     if (p.module == "qkv_proj") {
       spec.shape[0] = qkv_rows;
-      spec.shards = shard_bit(ShardId::kQ) | shard_bit(ShardId::kK) | shard_bit(ShardId::kV);
+      spec.shards = 3;
     }
     if (p.module == "gate_up_proj") {
       spec.shape[0] = gate_up_rows;
-      spec.shards = shard_bit(ShardId::kGate) | shard_bit(ShardId::kUp);
+      spec.shards = 2;
+    }
+    if (rule.kind == ShardKind::kExpertGateUp) {
+      spec.shape = {experts, 2 * expert_inter, c.hidden_size};
+      spec.shards = static_cast<std::uint32_t>(2 * experts);
+    }
+    if (rule.kind == ShardKind::kExpertDown) {
+      spec.shape = {experts, c.hidden_size, expert_inter};
+      spec.shards = static_cast<std::uint32_t>(experts);
     }
     if (rule.kind == ShardKind::kRow) spec.shape[1] /= tp_size_;
     const bool quantized = quantization_ == "int8" && spec.layer >= 0 && spec.shape.size() == 2 &&
@@ -214,14 +260,13 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
                  : SkipReason::kNoParameter;
     return std::nullopt;
   }
-  Placement pl{checkpoint_name, rule->param, rule->slot, rule->shard, rule->source_shape};
-  const auto& c = config_;
-  const std::int64_t rows = rule->source_shape[0];
+  Placement pl{checkpoint_name, rule->param, rule->slot};
+  pl.source_shape = rule->source_shape;
   if (rule->kind == ShardKind::kVocab) {
     const std::int64_t per = padded_vocab_ / tp_size_, start = tp_rank * per;
-    const std::int64_t length = std::clamp<std::int64_t>(c.vocab_size - start, 0, per);
+    const std::int64_t length = std::clamp<std::int64_t>(config_.vocab_size - start, 0, per);
     pl.source_dim = 0;
-    pl.source_start = std::min(start, c.vocab_size);
+    pl.source_start = std::min(start, config_.vocab_size);
     pl.source_length = length;
     if (length < per) pl.zero_rows_from = length;
   } else if (rule->kind == ShardKind::kRow) {
@@ -230,21 +275,66 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
     pl.source_start = tp_rank * per;
     pl.source_length = per;
   } else if (rule->kind == ShardKind::kColumn) {
-    const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
-    const std::int64_t kv_local = kv_heads_per_rank() * c.head_dim;
-    pl.source_dim = 0;
-    if (rule->shard == ShardId::kK || rule->shard == ShardId::kV) {
-      pl.source_start = kv_head_start(tp_rank) * c.head_dim;
-      pl.source_length = kv_local;
-      pl.dest_row = q_local + (rule->shard == ShardId::kV ? kv_local : 0);
-    } else {  // q, gate, up
-      const std::int64_t per = rows / tp_size_;
-      pl.source_start = tp_rank * per;
-      pl.source_length = per;
-      pl.dest_row = rule->shard == ShardId::kUp ? per : 0;
-    }
+    place_column(*rule, tp_rank, pl);
+  } else if (rule->kind == ShardKind::kExpertGateUp || rule->kind == ShardKind::kExpertDown) {
+    place_expert(*rule, tp_rank, pl);
   }
   return pl;
+}
+
+void ShardingRules::place_column(const Rule& rule, int tp_rank, Placement& pl) const {
+  const auto& c = config_;
+  const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
+  const std::int64_t kv_local = kv_heads_per_rank() * c.head_dim;
+  pl.source_dim = 0;
+  if (rule.role == Role::kK || rule.role == Role::kV) {
+    pl.shard = rule.role == Role::kK ? 1 : 2;
+    pl.source_start = kv_head_start(tp_rank) * c.head_dim;
+    pl.source_length = kv_local;
+    pl.dest_row = q_local + (rule.role == Role::kV ? kv_local : 0);
+  } else {  // q, gate, up
+    const std::int64_t per = rule.source_shape[0] / tp_size_;
+    pl.shard = rule.role == Role::kUp ? 1 : 0;
+    pl.source_start = tp_rank * per;
+    pl.source_length = per;
+    pl.dest_row = rule.role == Role::kUp ? per : 0;
+  }
+}
+
+// An expert's gate/up rows land at rows [2 x e x I_local (+ I_local for up), ...)
+// of w13 viewed as rows of hidden; its down_proj at rows [e x hidden, ...) of w2
+// viewed as rows of I_local. Tensor-parallel experts take the rank's rows
+// (gate/up) or columns (down) of every expert; expert parallelism takes whole
+// experts, each on one rank.
+void ShardingRules::place_expert(const Rule& rule, int tp_rank, Placement& pl) const {
+  const std::int64_t inter = local_moe_intermediate(), hidden = config_.hidden_size;
+  std::int64_t local = rule.expert;
+  if (expert_parallel_) {
+    const std::int64_t per = local_experts();
+    if (rule.expert / per != tp_rank) {
+      pl.held = false;
+      return;
+    }
+    local = rule.expert - tp_rank * per;
+  }
+  if (rule.kind == ShardKind::kExpertGateUp) {
+    const bool up = rule.role == Role::kUp;
+    pl.shard = static_cast<std::uint32_t>(2 * local + (up ? 1 : 0));
+    pl.dest_row = 2 * local * inter + (up ? inter : 0);
+    if (!expert_parallel_) {
+      pl.source_dim = 0;
+      pl.source_start = tp_rank * inter;
+      pl.source_length = inter;
+    }
+  } else {
+    pl.shard = static_cast<std::uint32_t>(local);
+    pl.dest_row = local * hidden;
+    if (!expert_parallel_) {
+      pl.source_dim = 1;
+      pl.source_start = tp_rank * inter;
+      pl.source_length = inter;
+    }
+  }
 }
 
 }  // namespace tpreload

@@ -1,0 +1,74 @@
+// Conversions between float32 and the 16-bit floating types by their bit
+// patterns, as plain inline functions that compile for the host and, in .cu
+// files, for the device: the CPU and the GPU convert with the same code, so they
+// give the same bytes.
+//
+//   float -> bfloat16: round to nearest, ties to even (torch's rounding); a NaN
+//                      stays a quiet NaN with its sign (0x40 set).
+//   float -> float16:  IEEE round to nearest, ties to even; overflow gives
+//                      infinity, a NaN gives 0x7E00 with its sign.
+//   bfloat16, float16 -> float: exact.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define TPRELOAD_HOST_DEVICE __host__ __device__
+#else
+#define TPRELOAD_HOST_DEVICE
+#endif
+
+namespace tpreload::fbits {
+
+TPRELOAD_HOST_DEVICE inline std::uint32_t bits_of(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+TPRELOAD_HOST_DEVICE inline float float_of(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+TPRELOAD_HOST_DEVICE inline float from_bfloat16(std::uint16_t b) {
+  return float_of(static_cast<std::uint32_t>(b) << 16);
+}
+
+TPRELOAD_HOST_DEVICE inline std::uint16_t to_bfloat16(float value) {
+  const std::uint32_t u = bits_of(value);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((u >> 16) | 0x40u);
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+TPRELOAD_HOST_DEVICE inline float from_half(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  if (exp == 0x1F) return float_of(sign | 0x7F800000u | (man << 13));  // infinity, NaN
+  if (exp != 0) return float_of(sign | ((exp + 112u) << 23) | (man << 13));
+  // zero or subnormal: man x 2^-24, exact in float
+  return float_of(bits_of(static_cast<float>(man) * 5.9604644775390625e-8f) | sign);
+}
+
+TPRELOAD_HOST_DEVICE inline std::uint16_t to_half(float value) {
+  constexpr std::uint32_t kInf32 = 255u << 23, kHalfMax = (127u + 16u) << 23;
+  constexpr std::uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
+  std::uint32_t u = bits_of(value);
+  const std::uint32_t sign = u & 0x80000000u;
+  u ^= sign;
+  std::uint32_t out;
+  if (u >= kHalfMax) {
+    out = u > kInf32 ? 0x7E00u : 0x7C00u;
+  } else if (u < (113u << 23)) {  // a half subnormal or zero: the FPU rounds the sum
+    out = bits_of(float_of(u) + float_of(kDenormMagic)) - kDenormMagic;
+  } else {
+    const std::uint32_t odd = (u >> 13) & 1u;
+    u += (static_cast<std::uint32_t>(15 - 127) << 23) + 0xFFFu + odd;
+    out = u >> 13;
+  }
+  return static_cast<std::uint16_t>(out | (sign >> 16));
+}
+
+}  // namespace tpreload::fbits
