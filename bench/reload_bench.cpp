@@ -51,6 +51,7 @@ struct BenchOptions {
   int iters = 3;
   bool keep_open = false;
   bool zero_copy = false;
+  bool expert_parallel = false;
 };
 
 double max_over_ranks(Communicator& world, double seconds) {
@@ -74,13 +75,15 @@ std::string prepare_checkpoint(const BenchOptions& o, const ModelConfig& config,
 }
 
 std::string prepare_kernel_shards(const std::string& dir, const ModelConfig& config, int tp,
-                                  const std::string& quantization, Communicator& world) {
-  const std::string out =
-      dir + "/kernel-tp" + std::to_string(tp) + (quantization.empty() ? "" : "-" + quantization);
+                                  const std::string& quantization, bool expert_parallel,
+                                  Communicator& world) {
+  const std::string out = dir + "/kernel-tp" + std::to_string(tp) +
+                          (quantization.empty() ? "" : "-" + quantization) +
+                          (expert_parallel ? "-ep" : "");
   if (world.rank() == 0 && !fs::exists(out + "/kernel_format.json")) {
     auto source = open_weight_source(dir);
     log().info("writing kernel-format shards {}", out);
-    write_kernel_shards(config, *source, out, {tp, quantization});
+    write_kernel_shards(config, *source, out, {tp, quantization, expert_parallel});
   }
   world.barrier();
   return out;
@@ -154,11 +157,13 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   const std::string quant = row.quantization == "none" ? "" : row.quantization;
   const bool kernel = row.format == "kernel";
   const std::string path =
-      kernel ? prepare_kernel_shards(ckpt_dir, config, tp, quant, world) : ckpt_dir;
+      kernel ? prepare_kernel_shards(ckpt_dir, config, tp, quant, o.expert_parallel, world)
+             : ckpt_dir;
   ModelOptions mo;
   mo.tp_size = tp;
   mo.tp_rank = world.rank() % tp;
   mo.quantization = quant;
+  mo.expert_parallel = o.expert_parallel;
   TensorParallelModel model(config, mo);
   // Reference: this rank's parameters loaded locally from the same files, no transport.
   std::map<std::string, at::Tensor> reference;
@@ -214,7 +219,8 @@ void print_header(const BenchOptions& o, const ModelConfig& c, Communicator& wor
   if (world.rank() != 0) return;
   std::cout << "# reload_bench scenario=" << o.scenario << " layers=" << c.num_hidden_layers
             << " hidden=" << c.hidden_size << " world=" << world.size()
-            << " tp=" << (o.tp > 0 ? o.tp : world.size()) << " warmup=" << o.warmup
+            << " tp=" << (o.tp > 0 ? o.tp : world.size())
+            << (o.expert_parallel ? " experts=expert-parallel" : "") << " warmup=" << o.warmup
             << " iters=" << o.iters
             << "\n# busbw: broadcast factor 1, scatter (n-1)/n; bound = same bytes, same "
                "collectives, no model\n"
@@ -284,7 +290,8 @@ int main(int argc, char** argv) {
       "reload_bench: in-place reload time against the raw read + transport bound, per "
       "format, quantization, distribution and bucket size (run under mpirun)."};
   BenchOptions o;
-  app.add_option("--scenario", o.scenario, "tiny, tinyllama, llama3-8b-4l or small-tensors")
+  app.add_option("--scenario", o.scenario,
+                 "tiny, tinyllama, llama3-8b-4l, qwen3-moe-2l or small-tensors")
       ->capture_default_str();
   app.add_option("--dir", o.dir, "Where checkpoints are generated (reused when present)")
       ->capture_default_str();
@@ -301,6 +308,8 @@ int main(int argc, char** argv) {
                "as a reload of a new checkpoint does");
   app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")
       ->capture_default_str();
+  app.add_flag("--expert-parallel", o.expert_parallel,
+               "MoE scenarios: whole experts per rank instead of every expert split by tp");
   app.add_option("--warmup", o.warmup, "Untimed reloads per row")->capture_default_str();
   app.add_option("--iters", o.iters, "Timed reloads per row")->capture_default_str();
   try {

@@ -1,34 +1,56 @@
 #!/usr/bin/env bash
-# End to end through the programs: generate a checkpoint, shard it into int8
-# kernel format with reload_ckpt, reload it with reload_runner both ways, and
-# require every parameter CRC-32 of every rank to agree between the two reports.
-#   mpi_tests/kernel_vs_checkpoint.sh BUILD_DIR NP TP
+# End to end through the programs: generate a checkpoint, shard it into kernel
+# format with reload_ckpt, reload it with reload_runner from safetensors, from an
+# HDF5 copy and from the kernel-format shards, and require every parameter CRC-32
+# of every rank to agree between the reports.
+#   mpi_tests/kernel_vs_checkpoint.sh BUILD_DIR NP TP [MODEL]
+# MODEL: qwen2 (default; int8), qwen3-moe (tensor-parallel experts), qwen3-moe-ep
+# (expert parallelism).
 set -euo pipefail
-build=$1 np=$2 tp=$3
+build=$1 np=$2 tp=$3 model=${4:-qwen2}
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/../scripts/mpi_env.sh"
 work=$(mktemp -d /tmp/tpreload-e2e-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-cat > "$work/config.json" <<JSON
+layout=()
+case "$model" in
+  qwen2)
+    cat > "$work/config.json" <<JSON
 {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
  "vocab_size": 300, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}
 JSON
+    ;;
+  qwen3-moe|qwen3-moe-ep)
+    cat > "$work/config.json" <<JSON
+{"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+ "num_hidden_layers": 3, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
+ "vocab_size": 300, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+ "mlp_only_layers": [1], "norm_topk_prob": true, "tie_word_embeddings": false, "dtype": "bfloat16"}
+JSON
+    [ "$model" = qwen3-moe-ep ] && layout=(--expert-parallel)
+    ;;
+  *) echo "unknown model $model" >&2; exit 2 ;;
+esac
 "$build/reload_ckpt" generate --config "$work/config.json" --out "$work/model" --shards 2 --seed 7 --with-inv-freq
-"$build/reload_ckpt" shard "$work/model" "$work/kernel" --tp "$tp" --quantization int8
+"$build/reload_ckpt" shard "$work/model" "$work/kernel" --tp "$tp" --quantization int8 "${layout[@]}"
+mkdir -p "$work/h5" && cp "$work/config.json" "$work/h5/"
+"$build/reload_ckpt" convert "$work/model" "$work/h5/model.h5" --format hdf5
 run() { mpirun -np "$np" --oversubscribe --bind-to none "$build/reload_runner" --model "$work/model" \
-          --tp "$tp" --quantization int8 --log-level warn "$@"; }
+          --tp "$tp" --quantization int8 "${layout[@]}" --log-level warn "$@"; }
 run --report "$work/checkpoint.json" --distribution broadcast
+run --report "$work/hdf5.json" --weights "$work/h5/model.h5" --distribution scatter
 run --report "$work/kernel.json" --weights "$work/kernel" --kernel-format --distribution scatter
-python3 - "$work/checkpoint.json" "$work/kernel.json" <<'PY'
+python3 - "$work/checkpoint.json" "$work/hdf5.json" "$work/kernel.json" <<'PY'
 import json, sys
-a, b = (json.load(open(p)) for p in sys.argv[1:3])
+a, h, b = (json.load(open(p)) for p in sys.argv[1:4])
 assert a["format"] == "checkpoint" and b["format"] == "kernel", (a["format"], b["format"])
 assert not a["not_loaded"]["on_all_ranks"] and not b["not_loaded"]["on_all_ranks"]
 assert a["skipped"] and not b["skipped"], "inv_freq must be skipped in checkpoint format only"
-differ = [(ra["rank"], n) for ra, rb in zip(a["ranks"], b["ranks"])
-          for n, p in ra["params"].items() if p != rb["params"][n]]
 count = sum(len(r["params"]) for r in a["ranks"])
-assert not differ, f"{len(differ)} parameters differ, e.g. {differ[:3]}"
-print(f"kernel-format and checkpoint-format reloads agree on all {count} parameter CRCs")
+for other, what in ((h, "HDF5"), (b, "kernel-format")):
+    differ = [(ra["rank"], n) for ra, rb in zip(a["ranks"], other["ranks"])
+              for n, p in ra["params"].items() if p != rb["params"][n]]
+    assert not differ, f"{what}: {len(differ)} parameters differ, e.g. {differ[:3]}"
+print(f"kernel-format, HDF5 and checkpoint-format reloads agree on all {count} parameter CRCs")
 PY

@@ -9,13 +9,17 @@ cd "$(dirname "$0")/.."
 . scripts/mpi_env.sh
 dir=${BENCH_DIR:-/tmp/tpreload-bench}
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(tinyllama llama3-8b-4l small-tensors)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(tinyllama llama3-8b-4l qwen3-moe-2l small-tensors)
 for s in "${scenarios[@]}"; do
   for np in ${BENCH_SIZES:-1 2 4 8}; do
     tp=()
     # small-tensors has 4 attention heads: 8 ranks are 2 replicas of tp 4.
     if [ "$s" = small-tensors ] && [ "$np" -gt 4 ]; then tp=(--tp 4); fi
-    mpirun -np "$np" --oversubscribe --bind-to none build/bench/reload_bench --scenario "$s" \
-      --dir "$dir" --iters "${BENCH_ITERS:-3}" --quantizations none int8 "${tp[@]}"
+    layouts=("")
+    [ "$s" = qwen3-moe-2l ] && layouts=("" --expert-parallel)  # both expert layouts
+    for layout in "${layouts[@]}"; do
+      mpirun -np "$np" --oversubscribe --bind-to none build/bench/reload_bench --scenario "$s" \
+        --dir "$dir" --iters "${BENCH_ITERS:-3}" --quantizations none int8 "${tp[@]}" ${layout}
+    done
   done
 done

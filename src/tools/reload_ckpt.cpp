@@ -155,7 +155,7 @@ int run_inspect(const std::string& path) {
   if (const auto kf = source->kernel_format())
     std::cout << "kernel format: tp_size " << kf->tp_size << ", dtype " << dtype_name(kf->dtype)
               << ", quantization " << (kf->quantization.empty() ? "none" : kf->quantization)
-              << "\n";
+              << (kf->expert_parallel ? ", expert parallel" : "") << "\n";
   std::cout << "total: " << tensors.size() << " tensors, " << total_bytes(tensors) << " bytes\n";
   return 0;
 }
@@ -261,6 +261,7 @@ struct ShardArgs {
   std::string in, out, config;
   int tp = 1;
   std::string quantization;
+  bool expert_parallel = false;
 };
 
 CLI::App* add_shard(CLI::App& app, ShardArgs& a) {
@@ -278,6 +279,9 @@ CLI::App* add_shard(CLI::App& app, ShardArgs& a) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--quantization", a.quantization, "int8: weight-only int8 with per-row scales")
       ->check(CLI::IsMember({"", "int8"}));
+  cmd->add_flag("--expert-parallel", a.expert_parallel,
+                "Mixture-of-experts models: whole experts per rank (vLLM's expert parallelism) "
+                "instead of every expert split by tp");
   return cmd;
 }
 
@@ -289,10 +293,10 @@ int run_shard(const ShardArgs& a) {
                       : std::filesystem::path(a.in).parent_path().string();
   const ModelConfig config = load_model_config(config_path);
   const auto source = open_weight_source(a.in);
-  write_kernel_shards(config, *source, a.out, {a.tp, a.quantization});
+  write_kernel_shards(config, *source, a.out, {a.tp, a.quantization, a.expert_parallel});
   std::cout << "wrote kernel-format shards for tp " << a.tp
-            << (a.quantization.empty() ? "" : " (" + a.quantization + ")") << " to " << a.out
-            << "\n";
+            << (a.quantization.empty() ? "" : " (" + a.quantization + ")")
+            << (a.expert_parallel ? " with expert parallelism" : "") << " to " << a.out << "\n";
   return 0;
 }
 

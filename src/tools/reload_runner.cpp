@@ -35,6 +35,7 @@ struct RunnerOptions {
   int tp = 0;  // 0: the world size
   std::string quantization;
   bool lora = false;
+  bool expert_parallel = false;
   std::string distribution{distribution_name(ReloadOptions{}.distribution)};
   double bucket_mb = ReloadOptions{}.bucket_bytes / 1048576.0;
   int pipeline_depth = ReloadOptions{}.pipeline_depth;
@@ -53,10 +54,10 @@ struct RunnerOptions {
         "model=", model_dir, " weights=", weights.empty() ? "(model)" : weights,
         " kernel_format=", kernel_format, " tp=", tp,
         " quantization=", quantization.empty() ? "none" : quantization, " lora=", lora,
-        " distribution=", distribution, " bucket_mb=", bucket_mb,
-        " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank, " zero_copy=", zero_copy,
-        " repeat=", repeat, " report=", report, " demo=", demo, " timeout_s=", timeout_s,
-        " device=", device, " transport=", transport);
+        " expert_parallel=", expert_parallel, " distribution=", distribution,
+        " bucket_mb=", bucket_mb, " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
+        " zero_copy=", zero_copy, " repeat=", repeat, " report=", report, " demo=", demo,
+        " timeout_s=", timeout_s, " device=", device, " transport=", transport);
   }
 };
 
@@ -76,6 +77,9 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option("--quantization", o.quantization, "int8: weight-only int8 kernel format")
       ->check(CLI::IsMember({"", "int8"}));
   app.add_flag("--lora", o.lora, "Wrap the linear layers with LoRA adapters (base_layer names)");
+  app.add_flag("--expert-parallel", o.expert_parallel,
+               "Mixture-of-experts models (Qwen3-MoE): each tensor-parallel rank holds whole "
+               "experts (vLLM's --enable-expert-parallel) instead of a slice of every expert");
   app.add_option("--distribution", o.distribution,
                  "broadcast: every rank gets whole tensors and takes its slice; scatter: the "
                  "reader cuts each rank's slice and sends only that")
@@ -142,6 +146,7 @@ ModelOptions model_options(const RunnerOptions& o, const Communicator& world,
   m.tp_rank = world.rank() % m.tp_size;
   m.quantization = o.quantization;
   m.lora = o.lora;
+  m.expert_parallel = o.expert_parallel;
   return m;
 }
 

@@ -1,5 +1,5 @@
-// The device int8 kernel against the CPU kernel, byte for byte, and the CUDA
-// device's copies. Needs a CUDA device: built in every CUDA build, run by
+// The device int8 and conversion kernels against the CPU code, byte for byte,
+// and the CUDA device's copies. Needs a CUDA device: built in every CUDA build, run by
 // scripts/gpu_check.sh (registered with ctest only with TPRELOAD_GPU_TESTS).
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tpreload/comm/cuda_device.h"
+#include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
 
 namespace tpreload {
@@ -134,6 +135,42 @@ TEST(CudaDevice, StridedCopiesAndFillsLandWhereTheySay) {
     for (std::uint64_t c = 0; c < width; ++c)
       ASSERT_EQ(out[r * dst_pitch + c], src[r * src_pitch + 40 + c]);
   for (std::uint64_t i = rows * dst_pitch; i < out.size(); ++i) ASSERT_EQ(out[i], 0);
+}
+
+}  // namespace
+}  // namespace tpreload
+
+namespace tpreload {
+namespace {
+
+// The device conversion kernel against the CPU conversion, every pair of
+// floating dtypes, strided rows, with values at every scale and the specials.
+TEST(CudaConvert, EqualsTheCpuConversionByteForByte) {
+  const DType floats[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64};
+  const std::int64_t rows = 37, cols = 1001, stride = 1013;
+  const auto values = nasty_rows(rows, stride, 99);
+  std::vector<double> wide(values.begin(), values.end());
+  for (std::size_t i = 0; i < wide.size(); i += 17)
+    wide[i] *= 1.0000001;  // float64 bits float32 lacks
+  Device& d = *device();
+  auto stream = d.make_stream();
+  for (DType from : floats) {
+    // The source in `from`, made by the CPU conversion from float64.
+    std::vector<std::byte> src(rows * stride * dtype_size(from));
+    convert_rows(wide.data(), DType::kFloat64, stride, src.data(), from, rows, stride);
+    Buffer dsrc = d.memory().allocate(src.size());
+    stream->copy(dsrc.data(), src.data(), src.size(), CopyKind::kHostToDevice);
+    for (DType to : floats) {
+      std::vector<std::byte> cpu(rows * cols * dtype_size(to)), gpu(cpu.size());
+      convert_rows(src.data(), from, stride, cpu.data(), to, rows, cols);
+      Buffer ddst = d.memory().allocate(gpu.size());
+      stream->convert(dsrc.data(), from, stride, ddst.data(), to, rows, cols);
+      stream->copy(gpu.data(), ddst.data(), gpu.size(), CopyKind::kDeviceToHost);
+      synchronize(*stream, 30s, "convert test");
+      EXPECT_EQ(0, std::memcmp(cpu.data(), gpu.data(), cpu.size()))
+          << dtype_name(from) << " -> " << dtype_name(to);
+    }
+  }
 }
 
 }  // namespace

@@ -11,14 +11,24 @@ const std::pair<const char*, const char*> kScenarios[] = {
     {"tiny", R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":768,
       "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":4000,
       "torch_dtype":"bfloat16"})"},
-    {"tinyllama", R"({"architectures":["LlamaForCausalLM"],"hidden_size":2048,"intermediate_size":5632,
+    {"tinyllama",
+     R"({"architectures":["LlamaForCausalLM"],"hidden_size":2048,"intermediate_size":5632,
       "num_hidden_layers":22,"num_attention_heads":32,"num_key_value_heads":4,"vocab_size":32000,
       "torch_dtype":"bfloat16"})"},
-    {"llama3-8b-4l", R"({"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,
+    {"llama3-8b-4l",
+     R"({"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,
       "num_hidden_layers":4,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
       "rope_theta":500000.0,"torch_dtype":"bfloat16"})"},
+    // Qwen3-30B-A3B's shapes cut to 2 layers: 128 experts of moe_intermediate 768
+    // per layer (768 expert tensors of 3 MiB), 3.7 GB in bfloat16.
+    {"qwen3-moe-2l", R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":2048,
+      "intermediate_size":6144,"num_hidden_layers":2,"num_attention_heads":32,"num_key_value_heads":4,
+      "head_dim":128,"vocab_size":151936,"num_experts":128,"num_experts_per_tok":8,
+      "moe_intermediate_size":768,"norm_topk_prob":true,"rope_theta":1000000.0,
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16"})"},
     // 9 tensors per layer, all under 64 KB: 20,709 tensors.
-    {"small-tensors", R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,
+    {"small-tensors",
+     R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,
       "num_hidden_layers":2300,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":256,
       "torch_dtype":"bfloat16"})"},
 };
@@ -28,7 +38,8 @@ const std::pair<const char*, const char*> kScenarios[] = {
 ModelConfig scenario_config(const std::string& name) {
   for (const auto& [key, json] : kScenarios)
     if (name == key) return parse_model_config(json, "scenario '" + name + "'");
-  raise<UsageError>("unknown scenario '", name, "' (tiny, tinyllama, llama3-8b-4l, small-tensors)");
+  raise<UsageError>("unknown scenario '", name,
+                    "' (tiny, tinyllama, llama3-8b-4l, qwen3-moe-2l, small-tensors)");
 }
 
 std::vector<std::string> scenario_names() {
