@@ -16,6 +16,7 @@
 #include "mpi_test_main.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/model/kernel_shards.h"
+#include "tpreload/model/model.h"
 #include "tpreload/reload/reload.h"
 
 namespace tpreload {

@@ -17,6 +17,7 @@
 #include "tpreload/core/error.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/torch_dtype.h"
+#include "tpreload/model/model.h"
 #include "tpreload/reload/reload.h"
 
 namespace tpreload {

@@ -124,29 +124,7 @@ std::vector<std::string> TensorParallelModel::loaded_names(WeightFormat format) 
 std::string TensorParallelModel::check_checkpoint_tensor(const Placement& pl,
                                                          const std::vector<std::int64_t>& shape,
                                                          DType dtype, bool presliced) const {
-  const std::vector<std::int64_t> want = presliced ? pl.slice_shape() : pl.source_shape;
-  const std::string who =
-      detail::concat("tensor '", pl.checkpoint_name, "' for parameter '", pl.param, "' on tp rank ",
-                     options_.tp_rank, "/", options_.tp_size);
-  if (shape != want)
-    return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_str(want), " ",
-                          dtype_name(config().dtype), ", got ", shape_str(shape), " ",
-                          dtype_name(dtype));
-  return dtype_problem(who, dtype, rules_.params().at(pl.slot).dtype);
-}
-
-// "" when `from` may land in a parameter of `to` (the same, or floating into
-// floating; into int8: bfloat16, float16, float32), else why not.
-std::string TensorParallelModel::dtype_problem(const std::string& who, DType from, DType to) const {
-  const bool quantized = to == DType::kInt8 && from != DType::kInt8;
-  if (convertible(from, to, quantized)) return "";
-  if (quantized)
-    return detail::concat(who,
-                          ": int8 quantization takes bfloat16, float16 or float32 weights, got ",
-                          dtype_name(from));
-  return detail::concat(
-      who, ": ", dtype_name(from), " values are not converted to ", dtype_name(to),
-      " (only floating dtypes are converted; integer and other dtypes must match)");
+  return checkpoint_tensor_problem(rules_, options_.tp_rank, pl, shape, dtype, presliced);
 }
 
 void TensorParallelModel::load_checkpoint_tensor(const Placement& pl, const at::Tensor& source,
@@ -181,8 +159,8 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
       (whole.empty() || n == 0 || row0 + n <= whole[0]) &&
       std::equal(got.begin() + (got.empty() ? 0 : 1), got.end(),
                  whole.begin() + (whole.empty() ? 0 : 1)) &&
-      dtype_problem("", dtype_from_torch(block.scalar_type()), rules_.params().at(pl.slot).dtype)
-          .empty() &&
+      convertible(dtype_from_torch(block.scalar_type()), rules_.params().at(pl.slot).dtype,
+                  rules_.params().at(pl.slot).dtype == DType::kInt8) &&
       block.device().is_cpu();
   if (!fits)
     raise<ModelError>("tensor '", pl.checkpoint_name, "' on tp rank ", options_.tp_rank, "/",
@@ -206,22 +184,16 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
 std::string TensorParallelModel::check_kernel_tensor(const std::string& name,
                                                      const std::vector<std::int64_t>& shape,
                                                      DType dtype) const {
-  const ParamSlot slot = rules_.find_slot(name);
-  if (slot == kNoSlot)
-    return detail::concat("kernel-format tensor '", name, "' has no parameter on tp rank ",
-                          options_.tp_rank, "/", options_.tp_size);
-  const ParamSpec& spec = rules_.params()[slot];
-  const std::string who = detail::concat("kernel-format tensor '", name, "' on tp rank ",
-                                         options_.tp_rank, "/", options_.tp_size);
-  if (spec.shape != shape)
-    return detail::concat(who, ": expected ", shape_str(spec.shape), " ", dtype_name(spec.dtype),
-                          ", got ", shape_str(shape), " ", dtype_name(dtype));
-  // Kernel format is processed already: an int8 weight stays int8.
-  if (spec.dtype == DType::kInt8 || dtype == DType::kInt8)
-    return dtype == spec.dtype
-               ? ""
-               : detail::concat(who, ": expected int8 weights, got ", dtype_name(dtype));
-  return dtype_problem(who, dtype, spec.dtype);
+  return kernel_tensor_problem(rules_, options_.tp_rank, name, shape, dtype);
+}
+
+std::vector<ReloadTarget::Stored> TensorParallelModel::stored_parameters() const {
+  std::vector<Stored> out;
+  for (const auto& [name, t] : params_)
+    out.push_back({name, t.sizes().vec(), dtype_from_torch(t.scalar_type()),
+                   {static_cast<std::byte*>(t.data_ptr()),
+                    static_cast<std::uint64_t>(t.numel() * t.element_size())}});
+  return out;
 }
 
 void TensorParallelModel::load_kernel_tensor(const std::string& name, const at::Tensor& source) {

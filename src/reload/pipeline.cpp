@@ -48,7 +48,7 @@ struct Slot {
 
 class Pipeline {
  public:
-  Pipeline(const CachedPlan& planned, TensorParallelModel& model, Communicator& control,
+  Pipeline(const CachedPlan& planned, ReloadTarget& model, Communicator& control,
            DataTransport& data, WeightSource* source, const ReloadOptions& options,
            ReloadWorkspace& workspace)
       : plan_(planned.plan),
@@ -66,7 +66,7 @@ class Pipeline {
     spaces_.device_transport = data.memory() == MemoryKind::kDevice;
     if (reader_)
       files_ = std::make_unique<BucketReader>(plan_, planned.metadata, *source, control.size(),
-                                              model.options().tp_size, options.zero_copy);
+                                              model.rules().tp_size(), options.zero_copy);
   }
 
   ~Pipeline() { stop(); }
@@ -90,7 +90,7 @@ class Pipeline {
 
   const Plan& plan_;
   const std::vector<BucketApply>& applies_;
-  TensorParallelModel& model_;
+  ReloadTarget& model_;
   ParameterSink& sink_;
   Communicator& control_;
   DataTransport& data_;
@@ -329,7 +329,7 @@ PipelineStats Pipeline::run() {
 
 }  // namespace
 
-PipelineStats run_pipeline(const CachedPlan& planned, TensorParallelModel& model,
+PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model,
                            Communicator& control, DataTransport& data, WeightSource* source,
                            const ReloadOptions& options, ReloadWorkspace& workspace) {
   PipelineStats stats;

@@ -12,7 +12,7 @@
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/data_transport.h"
-#include "tpreload/model/model.h"
+#include "tpreload/model/target.h"
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
 
@@ -40,7 +40,7 @@ struct CachedPlan {
 // on the reader rank is announced with the bucket it hit and raised as the same
 // CheckpointError on every rank; a transfer failure throws from the transport;
 // apply failures are returned (for the caller to agree on), never thrown.
-PipelineStats run_pipeline(const CachedPlan& planned, TensorParallelModel& model,
+PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model,
                            Communicator& control, DataTransport& data, WeightSource* source,
                            const ReloadOptions& options, ReloadWorkspace& workspace);
 

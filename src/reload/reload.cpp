@@ -39,19 +39,19 @@ std::uint64_t fnv(std::uint64_t h, const std::string& s) {
 // vocab...), quantization and LoRA, and per parameter its shape, dtype, kind,
 // layer and stacked shards; and the data plane, whose transfers every rank must
 // post alike. Ranks compare it, and a kept plan is keyed by it.
-std::int64_t agreement_fingerprint(const TensorParallelModel& model, const ReloadOptions& o,
+std::int64_t agreement_fingerprint(const ReloadTarget& model, const ReloadOptions& o,
                                    const DataTransport& data) {
-  const ModelConfig& c = model.config();
+  const ModelConfig& c = model.rules().config();
   std::uint64_t h = fnv(1469598103934665603ull, c.architecture);
   for (std::int64_t v :
        {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
         c.num_key_value_heads, c.head_dim, c.vocab_size, std::int64_t(c.tie_word_embeddings),
-        std::int64_t(c.attention_bias), std::int64_t(c.dtype), std::int64_t(model.options().lora),
+        std::int64_t(c.attention_bias), std::int64_t(c.dtype), std::int64_t(model.lora()),
         std::int64_t(c.qk_norm), c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size,
         c.decoder_sparse_step, std::int64_t(c.norm_topk_prob),
-        std::int64_t(model.options().expert_parallel)})
+        std::int64_t(model.rules().expert_parallel())})
     h = fnv(h, static_cast<std::uint64_t>(v));
-  h = fnv(h, model.options().quantization);
+  h = fnv(h, model.rules().quantization());
   for (const ParamSpec& p : model.rules().params()) {
     h = fnv(h, p.name);
     for (auto d : p.shape) h = fnv(h, static_cast<std::uint64_t>(d));
@@ -60,7 +60,7 @@ std::int64_t agreement_fingerprint(const TensorParallelModel& model, const Reloa
     h = fnv(h, static_cast<std::uint64_t>(p.shards));
   }
   h = fnv(fnv(h, data.backend()), static_cast<std::uint64_t>(data.memory()));
-  for (std::uint64_t v : {std::uint64_t(model.options().tp_size), std::uint64_t(o.format),
+  for (std::uint64_t v : {std::uint64_t(model.rules().tp_size()), std::uint64_t(o.format),
                           std::uint64_t(o.distribution), o.bucket_bytes,
                           std::uint64_t(o.reader_rank), std::uint64_t(o.zero_copy)})
     h = fnv(h, v);
@@ -70,7 +70,7 @@ std::int64_t agreement_fingerprint(const TensorParallelModel& model, const Reloa
 // COLLECTIVE, and the first call of a reload: ranks whose models or options
 // differ would compute different plans, so every rank stops here alike. Returns
 // the fingerprint they agree on.
-std::int64_t check_ranks_agree(Communicator& world, const TensorParallelModel& model,
+std::int64_t check_ranks_agree(Communicator& world, const ReloadTarget& model,
                                const ReloadOptions& options, const DataTransport& data) {
   const std::int64_t mine = agreement_fingerprint(model, options, data);
   std::int64_t lo = mine, hi = mine;
@@ -86,19 +86,19 @@ std::int64_t check_ranks_agree(Communicator& world, const TensorParallelModel& m
 
 // This rank's objection to the plan, if any: every tensor it will receive must fit.
 std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetadata& md,
-                                             const TensorParallelModel& model, int world_rank) {
-  const int tp = model.options().tp_size;
-  if (model.options().tp_rank != world_rank % tp)
+                                             const ReloadTarget& model, int world_rank) {
+  const int tp = model.rules().tp_size();
+  if (model.tp_rank() != world_rank % tp)
     return detail::concat("world rank ", world_rank, " must hold tp rank ", world_rank % tp, " of ",
-                          tp, " but its model is tp rank ", model.options().tp_rank);
+                          tp, " but its model is tp rank ", model.tp_rank());
   for (const PlannedTensor& t : plan.tensors) {
     const TensorInfo& info = md.tensors[t.index];
     std::string problem;
     if (t.kernel()) {
-      if (t.held_by(model.options().tp_rank))
-        problem = model.check_kernel_tensor(info.name, info.shape, info.dtype);
-    } else if (t.held_by(model.options().tp_rank)) {
-      problem = model.check_checkpoint_tensor(t.placements[model.options().tp_rank], info.shape,
+      if (t.held_by(model.tp_rank()))
+        problem = kernel_tensor_problem(model.rules(), model.tp_rank(), info.name, info.shape, info.dtype);
+    } else if (t.held_by(model.tp_rank())) {
+      problem = checkpoint_tensor_problem(model.rules(), model.tp_rank(), t.placements[model.tp_rank()], info.shape,
                                               info.dtype, false);
     }
     if (!problem.empty()) return problem + " (in " + info.file + ")";
@@ -126,7 +126,7 @@ std::uint64_t hash_bytes(const std::vector<std::uint8_t>& bytes) {
 // preflights, and keeps the plan. Errors reach every rank alike: CheckpointError
 // when the reader cannot list its source, ValidationError from preflight.
 const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
-                              const TensorParallelModel& model, const ReloadOptions& options,
+                              const ReloadTarget& model, const ReloadOptions& options,
                               std::int64_t fingerprint, ReloadWorkspace& workspace) {
   const int reader = options.reader_rank;
   std::optional<std::string> problem;
@@ -147,7 +147,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
   world.broadcast(MutableBytes(listing, sizeof listing), reader);
   std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[1]), listing[0]),
                           static_cast<std::uint64_t>(fingerprint));
-  key = fnv(fnv(fnv(key, world.size()), world.rank()), model.options().tp_rank);
+  key = fnv(fnv(fnv(key, world.size()), world.rank()), model.tp_rank());
   // The hash picks the plan; the reader, which holds both listings, also compares
   // them byte for byte, so that no listing can pass for another.
   const CachedPlan* cached = workspace.cached_plan();
@@ -164,7 +164,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
   fresh->metadata = parse_metadata(payload);
   if (world.rank() == reader) fresh->listing = std::move(payload);
   const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
-                                 world.size(), model.options().tp_size};
+                                 world.size(), model.rules().tp_size()};
   try {  // the same listing and rules on every rank: the same verdict everywhere
     fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
   } catch (const ValidationError& e) {
@@ -182,10 +182,10 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
 }
 
 // COLLECTIVE. Bitsets of loaded names: OR says someone loaded it, AND that all did.
-void validate(Communicator& world, const TensorParallelModel& model, WeightFormat format,
+void validate(Communicator& world, const ReloadTarget& model, WeightFormat format,
               ReloadResult& result) {
-  const auto expected = model.expected_names(format);
-  const auto loaded = model.loaded_names(format);
+  const auto expected = model.sink().expected_names(format);
+  const auto loaded = model.sink().loaded_names(format);
   const std::size_t words = (expected.size() + 63) / 64;
   std::vector<std::uint64_t> mine(words, 0);
   for (std::size_t i = 0, j = 0; i < expected.size(); ++i) {
@@ -247,7 +247,7 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
 // anything else, so that a rank that objects never leaves its peers waiting.
 std::optional<std::string> local_problem(const ReloadOptions& o, const Communicator& control,
                                          const DataTransport& data,
-                                         const TensorParallelModel& model) {
+                                         const ReloadTarget& model) {
   const std::string who = detail::concat("rank ", control.rank(), "/", control.size(), ": ");
   if (o.reader_rank < 0 || o.reader_rank >= control.size())
     return detail::concat(who, "reader rank ", o.reader_rank, " is not a rank of the ",
@@ -272,13 +272,13 @@ std::optional<std::string> local_problem(const ReloadOptions& o, const Communica
 
 }  // namespace
 
-ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, WeightSource* source,
+ReloadResult reload_weights(ReloadTarget& model, Communicator& world, WeightSource* source,
                             const ReloadOptions& options, ReloadWorkspace* workspace) {
   const auto data = make_communicator_transport(world);
   return reload_weights(model, world, *data, source, options, workspace);
 }
 
-ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, DataTransport& data,
+ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransport& data,
                             WeightSource* source, const ReloadOptions& options,
                             ReloadWorkspace* workspace) {
   ReloadWorkspace local;  // freed on return when the caller keeps none
@@ -295,7 +295,7 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Dat
   log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
               plan.tensors.size(), plan.buckets.size(), plan.largest_bucket, plan.skipped.size());
 
-  model.begin_load();
+  model.sink().begin_load();
   ReloadResult result;
   result.source = md.description;
   result.format = options.format;
@@ -317,7 +317,7 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Dat
   result.seconds.finish = stats.finish + since(t);
   t = Clock::now();
   validate(world, model, options.format, result);
-  result.loaded = model.loaded_names(options.format);
+  result.loaded = model.sink().loaded_names(options.format);
   result.seconds.validate = since(t);
   result.seconds.read = stats.read;
   result.seconds.transfer = stats.transfer;
@@ -330,8 +330,7 @@ ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, Dat
 
 // ------------------------------------------------------------ ReloadableModel
 
-ReloadableModel::ReloadableModel(TensorParallelModel& model, WeightLocation location,
-                                 DataTransport* data)
+ReloadableModel::ReloadableModel(ReloadTarget& model, WeightLocation location, DataTransport* data)
     : model_(model), location_(std::move(location)), data_(data) {}
 
 ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& options,

@@ -5,29 +5,20 @@
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
-#include "tpreload/model/model.h"
-#include "tpreload/model/torch_dtype.h"
 
 namespace tpreload {
 
-std::vector<ParamFingerprint> gather_fingerprints(TensorParallelModel& model, Communicator& world) {
-  const auto& params = model.named_parameters();
+std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communicator& world) {
+  const auto params = model.stored_parameters();
   const int n = world.size();
   std::vector<std::int64_t> crcs(params.size() * n, 0);
   std::vector<ParamFingerprint> out;
-  std::size_t i = 0;
-  ParameterSink& sink = model.sink();
-  for (const auto& [name, t] : params) {
-    // Parameters are read where they live (device memory in bounded chunks).
-    const ParamSlot slot = model.rules().find_slot(name);
-    const std::uint32_t crc =
-        slot != kNoSlot ? sink.crc32(slot)
-                        : sink.crc32(static_cast<const std::byte*>(t.data_ptr()),
-                                     static_cast<std::uint64_t>(t.numel() * t.element_size()),
-                                     "'" + name + "'");
-    crcs[i * n + world.rank()] = static_cast<std::int64_t>(crc);
-    out.push_back({name, t.sizes().vec(), dtype_from_torch(t.scalar_type()), {}});
-    ++i;
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    // Read where they live (device memory in bounded chunks).
+    const auto& p = params[i];
+    crcs[i * n + world.rank()] =
+        static_cast<std::int64_t>(model.sink().crc32(p.storage.data, p.storage.bytes, "'" + p.name + "'"));
+    out.push_back({p.name, p.shape, p.dtype, {}});
   }
   allreduce_ints(world, crcs, IntOp::kSum);
   for (std::size_t k = 0; k < out.size(); ++k)

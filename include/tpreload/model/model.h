@@ -40,6 +40,7 @@
 #include "tpreload/model/config.h"
 #include "tpreload/model/parameter_sink.h"
 #include "tpreload/model/sharding.h"
+#include "tpreload/model/target.h"
 
 namespace tpreload {
 
@@ -60,7 +61,7 @@ struct ModelOptions {
   std::shared_ptr<Device> device;
 };
 
-class TensorParallelModel {
+class TensorParallelModel : public ReloadTarget {
  public:
   // Allocates every parameter (zeros). Throws ModelError if the config cannot be
   // split options.tp_size ways or tp_rank is out of range.
@@ -72,7 +73,15 @@ class TensorParallelModel {
 
   const ModelConfig& config() const { return rules_.config(); }
   const ModelOptions& options() const { return options_; }
-  const ShardingRules& rules() const { return rules_; }
+
+  // --- ReloadTarget ---
+  const ShardingRules& rules() const override { return rules_; }
+  int tp_rank() const override { return options_.tp_rank; }
+  ParameterSink& sink() override { return *sink_; }
+  using ReloadTarget::sink;
+  bool lora() const override { return options_.lora; }
+  // Every parameter under its module-tree name, LoRA adapters included.
+  std::vector<Stored> stored_parameters() const override;
 
   // Every parameter as named in the module tree (with ".base_layer." and LoRA
   // adapters when wrapped), sorted by name. A tied LM head is not listed twice.
@@ -86,10 +95,6 @@ class TensorParallelModel {
   // LoRA adapters excluded, weight_scale only in kernel format.
   std::vector<std::string> expected_names(WeightFormat format) const;
 
-  // Where every parameter lives, by slot (ShardingRules::params() order); the
-  // reload engine writes through it.
-  ParameterSink& sink() { return *sink_; }
-  const ParameterSink& sink() const { return *sink_; }
 
   // --- loading (every call is local to this rank; blocks are host tensors) ---
 
@@ -126,8 +131,8 @@ class TensorParallelModel {
   // Post-load processing of one decoder layer, or of everything at the end. The
   // processing implemented today (int8) happens per row on arrival, so these are
   // hooks with no work; the engine calls them as each layer completes.
-  void finish_layer(std::int64_t layer);
-  void finish();
+  void finish_layer(std::int64_t layer) override;
+  void finish() override;
 
   // Expected names loaded since begin_load(): a stacked parameter (qkv_proj,
   // gate_up_proj) counts once all of its shards loaded.
@@ -153,7 +158,6 @@ class TensorParallelModel {
   // Run `writes` whose source is the host block `bytes` (staged on the device first).
   void apply_block(const std::vector<RowWrite>& writes, ConstBytes bytes);
   std::string storage_name(const std::string& name) const;
-  std::string dtype_problem(const std::string& who, DType from, DType to) const;
 
   ShardingRules rules_;
   ModelOptions options_;

@@ -33,7 +33,9 @@
 #include <string>
 #include <vector>
 
-#include "tpreload/model/model.h"
+#include "tpreload/model/config.h"
+
+#include "tpreload/model/target.h"
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/workspace.h"
 
@@ -98,7 +100,7 @@ struct ReloadResult {
   }
 };
 
-// Reload `model` in place. `control` carries the control plane, `data` the
+// Reload `model` (a TensorParallelModel, or any ReloadTarget) in place. `control` carries the control plane, `data` the
 // bucket bytes; both span the same ranks in the same order. `source` must be
 // non-null on options.reader_rank and is ignored elsewhere. Throws, on every rank
 // alike: UsageError (ranks disagree on the model, options or data plane; a
@@ -110,12 +112,12 @@ struct ReloadResult {
 // transport's policy; MPI's default). Names that did not load are not an error:
 // they are in the result (complete() is false).
 // `workspace` (optional) keeps staging buffers and the plan for the next reload.
-ReloadResult reload_weights(TensorParallelModel& model, Communicator& control, DataTransport& data,
+ReloadResult reload_weights(ReloadTarget& model, Communicator& control, DataTransport& data,
                             WeightSource* source, const ReloadOptions& options,
                             ReloadWorkspace* workspace = nullptr);
 
 // The same with the data carried by `world`'s own collectives, in host memory.
-ReloadResult reload_weights(TensorParallelModel& model, Communicator& world, WeightSource* source,
+ReloadResult reload_weights(ReloadTarget& model, Communicator& world, WeightSource* source,
                             const ReloadOptions& options, ReloadWorkspace* workspace = nullptr);
 
 // Where the model's weights come from, as the serving config records it.
@@ -134,10 +136,9 @@ class ReloadableModel {
  public:
   // `data` (optional, must outlive this object): the data plane for every reload;
   // without one, data goes over the control communicator in host memory.
-  ReloadableModel(TensorParallelModel& model, WeightLocation location,
-                  DataTransport* data = nullptr);
+  ReloadableModel(ReloadTarget& model, WeightLocation location, DataTransport* data = nullptr);
 
-  TensorParallelModel& model() { return model_; }
+  ReloadTarget& model() { return model_; }
   // Staging kept between reloads (bounded by pipeline depth x bucket size).
   ReloadWorkspace& workspace() { return workspace_; }
   const WeightLocation& location() const { return location_; }
@@ -160,7 +161,7 @@ class ReloadableModel {
  private:
   ReloadResult run(Communicator& world, const ReloadOptions& options, WeightSource* source);
 
-  TensorParallelModel& model_;
+  ReloadTarget& model_;
   WeightLocation location_;
   DataTransport* data_;
   ReloadWorkspace workspace_;

@@ -12,7 +12,7 @@
 namespace tpreload {
 
 class Communicator;
-class TensorParallelModel;
+class ReloadTarget;
 
 // Per-rank fingerprints of every parameter (zlib CRC-32 of its bytes).
 struct ParamFingerprint {
@@ -25,7 +25,7 @@ struct ParamFingerprint {
 // COLLECTIVE over `world`: every rank learns every rank's fingerprints. Every
 // rank's model must have the same parameter names (true for one model config).
 // Parameters in device memory are read back in bounded chunks.
-std::vector<ParamFingerprint> gather_fingerprints(TensorParallelModel& model, Communicator& world);
+std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communicator& world);
 
 struct ReportContext {
   int world_size = 1;

@@ -1,0 +1,61 @@
+// What a reload writes into: the parameters of one rank. TensorParallelModel is
+// one (it owns its parameters as LibTorch tensors); parameters borrowed from a
+// caller (the Python module's, a serving engine's) are another. The reload engine
+// sees only this interface, so it needs no LibTorch. No torch here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tpreload/model/parameter_sink.h"
+#include "tpreload/model/sharding.h"
+
+namespace tpreload {
+
+class ReloadTarget {
+ public:
+  virtual ~ReloadTarget() = default;
+
+  // The rules of this rank's model: config, tp size, quantization, expert layout.
+  virtual const ShardingRules& rules() const = 0;
+  virtual int tp_rank() const = 0;
+  // Where every parameter lives, by slot, and how bytes are written into it.
+  virtual ParameterSink& sink() = 0;
+  const ParameterSink& sink() const { return const_cast<ReloadTarget*>(this)->sink(); }
+  // Whether the linear layers are LoRA-wrapped (ranks must agree on it).
+  virtual bool lora() const { return false; }
+
+  // Post-load processing: after the bucket that completes decoder layer `layer`,
+  // and after the whole load. Local to this rank; may throw.
+  virtual void finish_layer(std::int64_t /*layer*/) {}
+  virtual void finish() {}
+
+  // A parameter as stored, under the module tree's name (with ".base_layer." when
+  // LoRA-wrapped), in the sink's memory space.
+  struct Stored {
+    std::string name;
+    std::vector<std::int64_t> shape;
+    DType dtype = DType::kFloat32;
+    ParamStorage storage;
+  };
+  // Every parameter as stored, sorted by name (reports list and fingerprint
+  // them). The default: the rules' parameters from the sink.
+  virtual std::vector<Stored> stored_parameters() const;
+};
+
+// Whether a tensor fits where the rules put it on tp rank `tp_rank`: "" if so,
+// else the reason, naming the tensor, the parameter, the rank, expected and
+// actual shape and dtype. Floating dtypes other than the parameter's are fine
+// (converted on load); integer ones are not; int8 (quantized) parameters take
+// bfloat16, float16 or float32. `presliced`: the tensor is the rank's slice.
+std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank,
+                                      const Placement& placement,
+                                      const std::vector<std::int64_t>& shape, DType dtype,
+                                      bool presliced);
+// The same for a kernel-format tensor named as the model names its parameter
+// (".base_layer." accepted): its exact shape; int8 stays int8.
+std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const std::string& name,
+                                  const std::vector<std::int64_t>& shape, DType dtype);
+
+}  // namespace tpreload

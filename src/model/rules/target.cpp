@@ -1,0 +1,68 @@
+#include "tpreload/model/target.h"
+
+#include <sstream>
+
+#include "tpreload/core/error.h"
+
+namespace tpreload {
+namespace {
+
+std::string shape_str(const std::vector<std::int64_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+// "" when `from` may land in a parameter of `to`, else why not.
+std::string dtype_problem(const std::string& who, DType from, DType to) {
+  const bool quantized = to == DType::kInt8 && from != DType::kInt8;
+  if (convertible(from, to, quantized)) return "";
+  if (quantized)
+    return detail::concat(who, ": int8 quantization takes bfloat16, float16 or float32 weights, got ",
+                          dtype_name(from));
+  return detail::concat(who, ": ", dtype_name(from), " values are not converted to ", dtype_name(to),
+                        " (only floating dtypes are converted; integer and other dtypes must match)");
+}
+
+}  // namespace
+
+std::vector<ReloadTarget::Stored> ReloadTarget::stored_parameters() const {
+  std::vector<Stored> out;
+  const auto& params = rules().params();
+  for (ParamSlot s = 0; s < params.size(); ++s)
+    out.push_back({params[s].name, params[s].shape, params[s].dtype, sink().storage(s)});
+  return out;
+}
+
+std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank,
+                                      const Placement& pl, const std::vector<std::int64_t>& shape,
+                                      DType dtype, bool presliced) {
+  const std::vector<std::int64_t> want = presliced ? pl.slice_shape() : pl.source_shape;
+  const std::string who = detail::concat("tensor '", pl.checkpoint_name, "' for parameter '", pl.param,
+                                         "' on tp rank ", tp_rank, "/", rules.tp_size());
+  if (shape != want)
+    return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_str(want), " ",
+                          dtype_name(rules.config().dtype), ", got ", shape_str(shape), " ",
+                          dtype_name(dtype));
+  return dtype_problem(who, dtype, rules.params().at(pl.slot).dtype);
+}
+
+std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const std::string& name,
+                                  const std::vector<std::int64_t>& shape, DType dtype) {
+  const std::string who =
+      detail::concat("kernel-format tensor '", name, "' on tp rank ", tp_rank, "/", rules.tp_size());
+  const ParamSlot slot = rules.find_slot(name);
+  if (slot == kNoSlot) return who + " has no parameter";
+  const ParamSpec& spec = rules.params()[slot];
+  if (spec.shape != shape)
+    return detail::concat(who, ": expected ", shape_str(spec.shape), " ", dtype_name(spec.dtype),
+                          ", got ", shape_str(shape), " ", dtype_name(dtype));
+  // Kernel format is processed already: an int8 weight stays int8.
+  if (spec.dtype == DType::kInt8 || dtype == DType::kInt8)
+    return dtype == spec.dtype ? "" : detail::concat(who, ": expected int8 weights, got ", dtype_name(dtype));
+  return dtype_problem(who, dtype, spec.dtype);
+}
+
+}  // namespace tpreload
