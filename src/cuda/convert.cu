@@ -11,7 +11,7 @@ __device__ __forceinline__ float load(const void* p, Float from, std::int64_t i)
     case Float::kFloat32:
       return static_cast<const float*>(p)[i];
     case Float::kFloat64:
-      return __double2float_rn(static_cast<const double*>(p)[i]);
+      return fbits::narrow(static_cast<const double*>(p)[i]);
     case Float::kBFloat16:
       return fbits::from_bfloat16(static_cast<const std::uint16_t*>(p)[i]);
     default:
@@ -29,9 +29,8 @@ __global__ void convert_rows(const void* src, Float from, std::int64_t src_strid
     const void* row = static_cast<const char*>(src) + r * src_stride * size;
     switch (to) {
       case Float::kFloat64:
-        static_cast<double*>(dst)[i] = from == Float::kFloat64
-                                           ? static_cast<const double*>(row)[c]
-                                           : static_cast<double>(load(row, from, c));
+        static_cast<double*>(dst)[i] = from == Float::kFloat64 ? static_cast<const double*>(row)[c]
+                                                               : fbits::widen(load(row, from, c));
         break;
       case Float::kFloat32:
         static_cast<float*>(dst)[i] = load(row, from, c);

@@ -151,6 +151,9 @@ void TensorParallelModel::apply_block(const std::vector<RowWrite>& writes, Const
 
 void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Tensor& block,
                                                std::int64_t row0, bool presliced, bool last) {
+  if (!pl.held)
+    raise<ModelError>("tensor '", pl.checkpoint_name, "' is not held by tp rank ", options_.tp_rank,
+                      "/", options_.tp_size, " (another rank holds this expert)");
   const std::vector<std::int64_t> whole = presliced ? pl.slice_shape() : pl.source_shape;
   std::vector<std::int64_t> got = block.sizes().vec();
   const std::int64_t n = got.empty() ? 1 : got[0];
@@ -190,7 +193,9 @@ std::string TensorParallelModel::check_kernel_tensor(const std::string& name,
 std::vector<ReloadTarget::Stored> TensorParallelModel::stored_parameters() const {
   std::vector<Stored> out;
   for (const auto& [name, t] : params_)
-    out.push_back({name, t.sizes().vec(), dtype_from_torch(t.scalar_type()),
+    out.push_back({name,
+                   t.sizes().vec(),
+                   dtype_from_torch(t.scalar_type()),
                    {static_cast<std::byte*>(t.data_ptr()),
                     static_cast<std::uint64_t>(t.numel() * t.element_size())}});
   return out;

@@ -62,6 +62,9 @@ bool BucketReader::send_mapped(std::size_t index, const Bucket& bucket, ConstByt
     if (!v) return false;  // sources without views have none for any tensor
     if (last && last->data + last->size != v->data) return false;  // not one run after all
     if (!first) first = v;
+    // The bucket's layout must be the file's (alignment padding between pieces is not).
+    if (static_cast<std::uint64_t>(v->data - first->data) != p.offset - bucket.pieces[0].offset)
+      return false;
     last = v;
   }
   payload = ConstBytes(first->data, bucket.bytes);

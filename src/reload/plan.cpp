@@ -10,6 +10,11 @@
 namespace tpreload {
 namespace {
 
+std::uint64_t align_up(std::uint64_t v, std::uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+constexpr std::uint64_t kRegionAlignment = 8;  // the largest element size
+
 // Per-tensor decisions: which tensors move, how, and to whom.
 void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const PlanOptions& o,
                   Plan& plan) {
@@ -84,22 +89,29 @@ std::uint64_t row_cost(const PlannedTensor& t, const TensorInfo& info, const Pla
 }
 
 // Lay out a closed scatter bucket: each world rank's rows form one contiguous region.
+// Lay out a closed scatter bucket: each world rank's rows form one region; every
+// piece starts at a multiple of its element size and every region at a multiple
+// of 8, so that kernels reading elements in place (conversion, int8) never see a
+// misaligned address when a checkpoint mixes dtypes.
 void layout_scatter(const Plan& plan, const SourceMetadata& md, const PlanOptions& o, Bucket& b) {
   std::vector<std::uint64_t> region(o.world_size, 0);
   for (Piece& p : b.pieces) {
     const PlannedTensor& t = plan.tensors[p.planned];
+    const TensorInfo& info = md.tensors[t.index];
     p.rank_offset.assign(o.world_size, 0);
     for (int w = 0; w < o.world_size; ++w) {
       const int tp = w % o.tp_size;
       const std::int64_t rows =
           std::max<std::int64_t>(0, std::min(p.row_end, t.rows_for(tp)) - p.row_begin);
+      if (rows > 0) region[w] = align_up(region[w], dtype_size(info.dtype));
       p.rank_offset[w] = region[w];
-      region[w] += static_cast<std::uint64_t>(rows) * t.row_bytes_for(tp, md.tensors[t.index]);
+      region[w] += static_cast<std::uint64_t>(rows) * t.row_bytes_for(tp, info);
     }
   }
   b.ranges.resize(o.world_size);
   std::uint64_t at = 0;
   for (int w = 0; w < o.world_size; ++w) {
+    at = align_up(at, kRegionAlignment);
     b.ranges[w] = {at, region[w]};
     at += region[w];
   }
@@ -132,6 +144,8 @@ void plan_buckets(const SourceMetadata& md, const PlanOptions& o, Plan& plan) {
       }
       const std::int64_t fit = std::max<std::int64_t>(1, static_cast<std::int64_t>(room / cost));
       const std::int64_t end = std::min(t.rows, row + fit);
+      // Broadcast pieces start at a multiple of their element size (see layout_scatter).
+      if (!t.scatter) open.bytes = align_up(open.bytes, dtype_size(md.tensors[t.index].dtype));
       Piece piece{i, row, end, end == t.rows, open.bytes, {}};
       open.bytes += static_cast<std::uint64_t>(end - row) * cost;
       open.pieces.push_back(std::move(piece));

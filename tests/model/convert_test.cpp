@@ -50,6 +50,38 @@ TEST(Convert, EveryFloatingPairGivesTorchsBytes) {
   }
 }
 
+// float64 sources that float32 cannot hold: torch rounds them to float32 first,
+// then to the 16-bit type (double rounding), and so must the conversion; with
+// overflow, underflow and float64 subnormals.
+TEST(Convert, Float64SourcesRoundThroughFloat32AsTorchDoes) {
+  std::vector<double> v = {
+      1.0 + 1.0 / 256 + std::ldexp(1.0, -40),   // bf16 tie only after float rounding
+      1.0 + 1.0 / 2048 + std::ldexp(1.0, -45),  // the same for float16
+      -(1.0 + 3.0 / 256 - std::ldexp(1.0, -41)),
+      1e300,
+      -1e300,
+      1e-300,
+      -1e-300,
+      4.9e-324,
+      3.4028235677973366e38,
+      3.4028235e38 * 1.0000001,
+      1.0 / 3.0,
+      -2.0 / 3.0,
+      65519.99999999,
+      65520.0};
+  at::manual_seed(9);
+  const at::Tensor r =
+      at::randn({3000}, at::kDouble) * at::pow(2.0, at::randint(-40, 40, {3000}).to(at::kDouble));
+  for (std::int64_t i = 0; i < r.numel(); ++i) v.push_back(r[i].item<double>());
+  const at::Tensor src = at::tensor(v, at::kDouble);
+  for (DType to : kFloats) {
+    const at::Tensor want = src.to(dtype_to_torch(to));
+    at::Tensor got = at::empty_like(want);
+    convert_rows(src.data_ptr(), DType::kFloat64, src.numel(), got.data_ptr(), to, 1, src.numel());
+    EXPECT_TRUE(testdata::same_bytes(got, want)) << "float64 -> " << dtype_name(to);
+  }
+}
+
 TEST(Convert, StridedRowsAndNaNs) {
   const at::Tensor full = at::randn({7, 13});
   full[3][4] = std::numeric_limits<float>::quiet_NaN();

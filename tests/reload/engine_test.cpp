@@ -286,5 +286,40 @@ TEST(Engine, ASlowApplyIsNotAStalledRead) {
   expect_v(model, f.config, f.v2, "slow device");
 }
 
+// A checkpoint mixing dtypes, with 1-D bfloat16 tensors of odd length (head_dim 9)
+// before float32 ones in the same bucket: every piece must start aligned to its
+// elements, or the device kernels that convert float32 norms into the bfloat16
+// model would read misaligned floats (the emulated device refuses them, as a GPU
+// faults on them).
+TEST(Engine, MixedDtypesLandAlignedOnTheDevice) {
+  Fixture f;
+  const ModelConfig config = parse_model_config(R"({"architectures":["LlamaForCausalLM"],
+    "hidden_size":36,"intermediate_size":48,"num_hidden_layers":1,"num_attention_heads":4,
+    "num_key_value_heads":1,"vocab_size":70,"attention_bias":true,"torch_dtype":"bfloat16"})",
+                                                "odd");
+  auto ckpt = testdata::random_checkpoint(config, 44);
+  std::map<std::string, at::Tensor> want = ckpt;
+  // float32 norms and o_proj.bias; in file order o_proj.bias follows the 9-element
+  // k_proj.bias, so without alignment it would start 2 bytes off a float.
+  for (auto& [name, t] : ckpt)
+    if (name.find("norm") != std::string::npos || name.find("o_proj.bias") != std::string::npos) {
+      t = (t.to(at::kFloat) * 1.01f).contiguous();
+      want[name] = t.to(at::kBFloat16);
+    }
+  for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+    auto device = std::make_shared<EmulatedDevice>();
+    TensorParallelModel model(config, options(device));
+    auto data =
+        testing::make_emulated_device_transport(make_communicator_transport(*f.control), *device);
+    ReloadOptions o;
+    o.distribution = d;
+    o.bucket_bytes = 1 << 20;  // one bucket per kind
+    auto source = testdata::memory_source(ckpt);
+    EXPECT_TRUE(reload_weights(model, *f.control, *data, source.get(), o).complete());
+    expect_v(model, config, want,
+             std::string("mixed dtypes, ") + std::string(distribution_name(d)));
+  }
+}
+
 }  // namespace
 }  // namespace tpreload

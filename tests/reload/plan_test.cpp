@@ -74,10 +74,10 @@ void check_coverage(const Plan& plan, const SourceMetadata& md, std::uint64_t bu
       next[p.planned] = p.row_end;
       EXPECT_EQ(p.last, p.row_end == plan.tensors[p.planned].rows);
     }
-    if (b.scatter) {  // regions are contiguous and tile the root buffer
+    if (b.scatter) {  // regions follow each other, each at a multiple of 8, and end the buffer
       std::uint64_t at = 0;
       for (const ByteRange& r : b.ranges) {
-        EXPECT_EQ(r.offset, at);
+        EXPECT_EQ(r.offset, (at + 7) / 8 * 8);
         at = r.end();
       }
       EXPECT_EQ(at, b.bytes);
@@ -178,7 +178,9 @@ namespace {
 
 // Under expert parallelism an expert tensor reaches only the rank that holds it,
 // even when the rest is broadcast; with tensor-parallel experts every rank gets
-// its column window. Rows per world rank are read off the plan's buckets.
+// its column window. What a world rank receives of a piece is read off the
+// bucket layout (the bytes between its offset and the next piece's in the rank's
+// region), not off the plan's own per-rank row counts.
 TEST(Plan, ExpertTensorsReachOnlyTheRanksThatHoldThem) {
   const ModelConfig c = parse_model_config(R"({"architectures":["Qwen3MoeForCausalLM"],
     "hidden_size":64,"intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":8,
@@ -186,26 +188,39 @@ TEST(Plan, ExpertTensorsReachOnlyTheRanksThatHoldThem) {
     "moe_intermediate_size":32,"torch_dtype":"bfloat16"})",
                                            "moe");
   const SourceMetadata md = metadata(c);
-  for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
-    const ShardingRules rules(c, 4, "", true);
-    const Plan plan =
-        make_plan(md, rules, {WeightFormat::kCheckpoint, d, 4096, 8, 4});  // 2 replicas
-    std::map<std::string, std::set<int>> reached;  // expert tensor -> world ranks with bytes of it
-    for (const Bucket& b : plan.buckets)
-      for (const Piece& p : b.pieces) {
-        const std::string& name = md.tensors[plan.tensors[p.planned].index].name;
-        if (name.find(".experts.") == std::string::npos) continue;
-        ASSERT_TRUE(b.scatter) << name << " is broadcast";
-        const PlannedTensor& t = plan.tensors[p.planned];
-        for (int w = 0; w < 8; ++w)
-          if (std::min(p.row_end, t.rows_for(w % 4)) > p.row_begin && b.ranges[w].length > 0)
-            reached[name].insert(w);
+  for (bool ep : {true, false}) {
+    for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+      const ShardingRules rules(c, 4, "", ep);
+      const Plan plan =
+          make_plan(md, rules, {WeightFormat::kCheckpoint, d, 4096, 8, 4});  // 2 replicas
+      std::map<std::string, std::map<int, std::uint64_t>>
+          got;  // expert tensor -> world rank -> bytes
+      for (const Bucket& b : plan.buckets)
+        for (std::size_t k = 0; k < b.pieces.size(); ++k) {
+          const Piece& p = b.pieces[k];
+          const TensorInfo& info = md.tensors[plan.tensors[p.planned].index];
+          if (info.name.find(".experts.") == std::string::npos) continue;
+          if (ep) ASSERT_TRUE(b.scatter) << info.name << " is broadcast under expert parallelism";
+          if (!b.scatter) continue;
+          for (int w = 0; w < 8; ++w) {
+            const std::uint64_t next =
+                k + 1 < b.pieces.size() ? b.pieces[k + 1].rank_offset[w] : b.ranges[w].length;
+            got[info.name][w] += next - p.rank_offset[w];
+          }
+        }
+      if (!ep && d == Distribution::kBroadcast) continue;  // every rank takes whole tensors then
+      ASSERT_EQ(got.size(), 2u * 8 * 3);
+      for (const auto& [name, bytes] : got) {
+        const int e = std::stoi(name.substr(name.find(".experts.") + 9));
+        const std::uint64_t whole = 32 * 64 * 2;  // every expert tensor: 32 x 64 or 64 x 32 bf16
+        for (int w = 0; w < 8; ++w) {
+          // Expert parallelism: expert e whole on tp rank e / 2 of each replica, nothing
+          // elsewhere; tensor-parallel experts: a quarter on every rank.
+          const std::uint64_t want = ep ? (w % 4 == e / 2 ? whole : 0) : whole / 4;
+          EXPECT_EQ(bytes.at(w), want)
+              << name << " at world rank " << w << (ep ? " (ep)" : " (tp)");
+        }
       }
-    ASSERT_EQ(reached.size(), 2u * 8 * 3);
-    for (const auto& [name, ranks] : reached) {
-      // "model.layers.L.mlp.experts.E.*": expert E lives on tp rank E / 2 of each replica.
-      const int e = std::stoi(name.substr(name.find(".experts.") + 9));
-      EXPECT_EQ(ranks, (std::set<int>{e / 2, 4 + e / 2})) << name;
     }
   }
 }

@@ -88,6 +88,7 @@ class EmulatedStream final : public DeviceStream {
   void quantize_int8(const void* src, DType dtype, std::int64_t rows, std::int64_t cols,
                      std::int64_t row_stride, std::int8_t* q, float* scale) override {
     if (rows <= 0) return;
+    require_aligned(src, dtype_size(dtype), "quantize_int8 source");
     const std::uint64_t in = ((rows - 1) * row_stride + cols) * dtype_size(dtype);
     require_device(src, in, "quantize_int8 source");
     require_device(q, rows * cols, "quantize_int8 output");
@@ -105,6 +106,8 @@ class EmulatedStream final : public DeviceStream {
   void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
                std::int64_t rows, std::int64_t cols) override {
     if (rows <= 0 || cols <= 0) return;
+    require_aligned(src, dtype_size(from), "convert source");
+    require_aligned(dst, dtype_size(to), "convert destination");
     require_device(src, ((rows - 1) * src_stride + cols) * dtype_size(from), "convert source");
     require_device(dst, rows * cols * dtype_size(to), "convert destination");
     enqueue([=] { convert_rows(src, from, src_stride, dst, to, rows, cols); });
@@ -151,6 +154,12 @@ class EmulatedStream final : public DeviceStream {
     if (n && !device_.is_device_memory(p, n))
       raise<CommError>("emulated device: ", what, " of ", n, " bytes at ", p,
                        " is not device memory of this device");
+  }
+  // Kernels read elements in place: a GPU faults on a misaligned element.
+  static void require_aligned(const void* p, std::size_t size, const char* what) {
+    if (reinterpret_cast<std::uintptr_t>(p) % size != 0)
+      raise<CommError>("emulated device: ", what, " at ", p, " is not aligned to its ", size,
+                       "-byte elements");
   }
   void require_host(const void* p, std::uint64_t n, const char* what) const {
     if (n && device_.is_device_memory(p, 1))

@@ -10,6 +10,7 @@
 //  - every operation checks that its pointers lie in the memory space its copy
 //    kind says (device memory of this device, or host memory), so a host pointer
 //    passed as device memory is an error here as it would be a fault there;
+//  - kernels (conversion, int8) refuse elements at misaligned addresses;
 //  - new device memory is filled with 0xCD, not zeros;
 //  - allocations are counted per memory space (live and peak bytes).
 // With stall() every event stays pending forever (a stuck device); set_delay()

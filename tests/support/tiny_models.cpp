@@ -1,5 +1,6 @@
 #include "tiny_models.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "tpreload/model/torch_dtype.h"
@@ -33,6 +34,13 @@ ModelConfig tiny_config(const std::string& name) {
       "vocab_size":130,"rms_norm_eps":1e-6,"rope_theta":1000000.0,"tie_word_embeddings":true,
       "num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":32,"decoder_sparse_step":1,
       "mlp_only_layers":[1],"norm_topk_prob":true,"dtype":"bfloat16"})";
+  else if (name ==
+           "qwen3_moe_plain")  // layers 1 and 3 sparse (every second), top 3, no renormalising
+    json = R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":32,"intermediate_size":64,
+      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":8,
+      "vocab_size":110,"rms_norm_eps":1e-6,"tie_word_embeddings":false,"num_experts":8,
+      "num_experts_per_tok":3,"moe_intermediate_size":16,"decoder_sparse_step":2,
+      "norm_topk_prob":false,"torch_dtype":"float16"})";
   else
     throw std::invalid_argument("unknown tiny config '" + name + "'");
   return parse_model_config(json, name);
@@ -93,6 +101,21 @@ at::Tensor vocab_shard(const at::Tensor& t, std::int64_t vocab, int tp, int r) {
 
 namespace {
 
+// The tests' own reading of the configs (not ModelConfig's helpers): Qwen3
+// families normalise q and k per head; a Qwen3-MoE layer is sparse unless it is
+// mlp-only or off the sparse step.
+bool qwen3(const ModelConfig& c) {
+  return c.architecture.rfind("Qwen3", 0) == 0;
+}
+
+bool sparse(const ModelConfig& c, std::int64_t layer) {
+  if (c.architecture != "Qwen3MoeForCausalLM") return false;
+  if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
+      c.mlp_only_layers.end())
+    return false;
+  return (layer + 1) % c.decoder_sparse_step == 0;
+}
+
 // w13 [E_local, 2 x I_local, hidden] and w2 [E_local, hidden, I_local] of rank r:
 // every expert's rows/columns r of tp (tensor-parallel experts), or experts
 // [r x E/tp, (r + 1) x E/tp) whole (expert parallelism).
@@ -146,9 +169,10 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
       out[p + "self_attn.o_proj.bias"] = ckpt.at(p + "self_attn.o_proj.bias");
     out[p + "self_attn.o_proj.weight"] =
         ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
-    for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
-      if (ckpt.count(p + norm)) out[p + norm] = ckpt.at(p + norm);
-    if (ckpt.count(p + "mlp.gate.weight")) {
+    if (qwen3(c))
+      for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+        out[p + norm] = ckpt.at(p + norm);
+    if (sparse(c, l)) {
       expected_experts(c, ckpt, p, tp, r, expert_parallel, out);
       continue;
     }
@@ -222,7 +246,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c.rms_norm_eps);
     at::Tensor q = proj(x, p + "self_attn.q_proj").reshape({n, nh, hd});
     at::Tensor k = proj(x, p + "self_attn.k_proj").reshape({n, nkv, hd});
-    if (ckpt.count(p + "self_attn.q_norm.weight")) {  // Qwen3: per-head RMSNorm before rotary
+    if (qwen3(c)) {  // per-head RMSNorm before rotary
       q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c.rms_norm_eps);
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c.rms_norm_eps);
     }
@@ -236,7 +260,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
     h = h + proj(a, p + "self_attn.o_proj");
     const at::Tensor y = norm(h, f32(ckpt, p + "post_attention_layernorm.weight"), c.rms_norm_eps);
-    if (ckpt.count(p + "mlp.gate.weight"))
+    if (sparse(c, l))
       h = h + moe(c, ckpt, p, y);
     else
       h = h + proj(at::silu(proj(y, p + "mlp.gate_proj")) * proj(y, p + "mlp.up_proj"),

@@ -4,10 +4,14 @@
 // give the same bytes.
 //
 //   float -> bfloat16: round to nearest, ties to even (torch's rounding); a NaN
-//                      stays a quiet NaN with its sign (0x40 set).
+//                      stays a quiet NaN with its sign and top payload bits.
 //   float -> float16:  IEEE round to nearest, ties to even; overflow gives
 //                      infinity, a NaN gives 0x7E00 with its sign.
-//   bfloat16, float16 -> float: exact.
+//   bfloat16, float16 -> float: exact (a NaN keeps its bits).
+//   double -> float:   round to nearest, ties to even; a NaN becomes the quiet
+//                      NaN 0x7FC00000 with its sign (hardware casts differ on
+//                      payloads, so the bits are set here).
+//   float -> double:   exact; a NaN becomes 0x7FF8000000000000 with its sign.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +73,26 @@ TPRELOAD_HOST_DEVICE inline std::uint16_t to_half(float value) {
     out = u >> 13;
   }
   return static_cast<std::uint16_t>(out | (sign >> 16));
+}
+
+TPRELOAD_HOST_DEVICE inline float narrow(double d) {
+  std::uint64_t u;
+  std::memcpy(&u, &d, sizeof u);
+  if ((u & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull)
+    return float_of(0x7FC00000u | static_cast<std::uint32_t>((u >> 32) & 0x80000000u));
+  return static_cast<float>(d);  // IEEE round to nearest, ties to even, on host and device
+}
+
+TPRELOAD_HOST_DEVICE inline double widen(float f) {
+  const std::uint32_t u = bits_of(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
+    const std::uint64_t bits =
+        0x7FF8000000000000ull | (static_cast<std::uint64_t>(u & 0x80000000u) << 32);
+    double d;
+    std::memcpy(&d, &bits, sizeof d);
+    return d;
+  }
+  return static_cast<double>(f);
 }
 
 }  // namespace tpreload::fbits

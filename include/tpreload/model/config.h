@@ -24,8 +24,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // q/k/v (and o, except Qwen2) biases; always on for Qwen2
-  bool qk_norm = false;         // per-head RMSNorm of q and k before rotary (Qwen3)
+  bool attention_bias =
+      false;             // q/k/v biases (and o_proj's for Llama, Mistral); always on for Qwen2
+  bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3)
   // Mixture of experts (Qwen3MoeForCausalLM); num_experts 0 for dense models.
   std::int64_t num_experts = 0;
   std::int64_t num_experts_per_tok = 0;
@@ -63,7 +64,7 @@ struct CheckpointTensorSpec {
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:
 // model.embed_tokens.weight, then per layer input_layernorm, self_attn.{q,k,v,o}_proj
-// (q/k/v biases when attention_bias, and o_proj's too except for Qwen2),
+// (q/k/v biases when attention_bias, and o_proj's too for Llama and Mistral),
 // self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
 // mlp.{gate,up,down}_proj (dense layers) or mlp.gate (the router) and
 // mlp.experts.<e>.{gate,up,down}_proj for every expert (sparse layers); then

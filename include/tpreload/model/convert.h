@@ -1,7 +1,8 @@
 // Converting floating values between dtypes as torch's Tensor.to() does: to
 // float32, float16 and bfloat16 by rounding to nearest, ties to even (float64
 // goes through float32 first, as torch's casts do); widening is exact. NaNs stay
-// NaNs (quiet; their payload is not kept). No torch here: the sink converts
+// quiet NaNs with their sign (tpreload/core/float_bits.h says which bits). No
+// torch here: the sink converts
 // checkpoint tensors of another dtype as they land, and the device kernel
 // (DeviceStream::convert) gives the same bytes.
 #pragma once

@@ -1,6 +1,6 @@
-// A tensor-parallel Llama-family model on LibTorch: the parameters one rank holds
-// under vLLM's in-model names, their weight loaders, LoRA wrapping, int8
-// weight-only kernel format, and a CPU forward pass.
+// A tensor-parallel model on LibTorch (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE):
+// the parameters one rank holds under vLLM's in-model names, their weight
+// loaders, LoRA wrapping, int8 weight-only kernel format, and a CPU forward pass.
 //
 // Names. Parameters are named as vLLM names them ("model.layers.0.self_attn.
 // qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", "lm_head.weight").
@@ -16,8 +16,9 @@
 // LibTorch without CUDA can hold them too; the forward pass then needs a CUDA
 // LibTorch to read them back).
 //
-// int8. With quantization "int8", every decoder linear weight is int8 with a
-// float32 weight_scale [rows], computed per output row of the rank's shard:
+// int8. With quantization "int8", every dense decoder linear weight is int8 (MoE
+// experts stay in the model's dtype) with a float32 weight_scale [rows], computed
+// per output row of the rank's shard:
 // scale = max|w| / 127 (1 where max|w| == 0), q = clamp(round_half_even(w /
 // scale), -127, 127). Each output row of a shard comes whole from one checkpoint
 // tensor (column-parallel rows from q/k/v/gate/up, row-parallel rows as one
@@ -95,7 +96,6 @@ class TensorParallelModel : public ReloadTarget {
   // LoRA adapters excluded, weight_scale only in kernel format.
   std::vector<std::string> expected_names(WeightFormat format) const;
 
-
   // --- loading (every call is local to this rank; blocks are host tensors) ---
 
   // Start tracking which names load.
@@ -121,7 +121,8 @@ class TensorParallelModel : public ReloadTarget {
                                       const std::vector<std::int64_t>& shape, DType dtype,
                                       bool presliced) const;
 
-  // Kernel format: copy `source` straight into the parameter `name` resolves to.
+  // Kernel format: copy `source` straight into the parameter `name` resolves to
+  // (converting a floating dtype other than the parameter's).
   void load_kernel_tensor(const std::string& name, const at::Tensor& source);
   void load_kernel_rows(const std::string& name, const at::Tensor& block, std::int64_t row0,
                         bool last);

@@ -74,7 +74,8 @@ struct Placement {
   ParamSlot slot = kNoSlot;  // `param`'s index in ShardingRules::params()
   std::uint32_t shard = 0;   // which of the parameter's shards it fills
   // False when this rank holds none of it (an expert another rank holds under
-  // expert parallelism): nothing below applies then.
+  // expert parallelism): then only checkpoint_name, param, slot and source_shape
+  // (what the tensor must look like, for every rank's plan) are set.
   bool held = true;
   std::vector<std::int64_t> source_shape;  // full checkpoint shape the rules expect
   int source_dim = -1;                     // -1: the whole tensor; 0 or 1: a slice along it

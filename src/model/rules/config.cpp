@@ -190,8 +190,11 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
       specs.push_back({p + "self_attn.v_proj.bias", {kv}});
     }
     specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
-    // Llama's and Qwen3's attention_bias covers o_proj too; Qwen2 biases only q/k/v.
-    if (c.attention_bias && c.architecture != "Qwen2ForCausalLM")
+    // Llama's (and Mistral's) attention_bias covers o_proj too; vLLM's Qwen2 and
+    // Qwen3 attention has no o_proj bias (Hugging Face's Qwen3 would take one; no
+    // released Qwen3 checkpoint has it, and vLLM could not load it).
+    if (c.attention_bias &&
+        (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM"))
       specs.push_back({p + "self_attn.o_proj.bias", {h}});
     if (c.qk_norm) {
       specs.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});

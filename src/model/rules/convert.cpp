@@ -12,7 +12,7 @@ float load(const void* p, DType from, std::int64_t i) {
     case DType::kFloat32:
       return static_cast<const float*>(p)[i];
     case DType::kFloat64:
-      return static_cast<float>(static_cast<const double*>(p)[i]);
+      return fbits::narrow(static_cast<const double*>(p)[i]);
     case DType::kBFloat16:
       return fbits::from_bfloat16(static_cast<const std::uint16_t*>(p)[i]);
     default:  // float16
@@ -22,7 +22,7 @@ float load(const void* p, DType from, std::int64_t i) {
 
 double load_exact(const void* p, DType from, std::int64_t i) {
   return from == DType::kFloat64 ? static_cast<const double*>(p)[i]
-                                 : static_cast<double>(load(p, from, i));
+                                 : fbits::widen(load(p, from, i));
 }
 
 template <typename Store>

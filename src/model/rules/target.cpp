@@ -17,13 +17,16 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
 
 // "" when `from` may land in a parameter of `to`, else why not.
 std::string dtype_problem(const std::string& who, DType from, DType to) {
-  const bool quantized = to == DType::kInt8 && from != DType::kInt8;
+  const bool quantized =
+      to == DType::kInt8;  // checkpoint format: int8 weights are quantized on load
   if (convertible(from, to, quantized)) return "";
   if (quantized)
-    return detail::concat(who, ": int8 quantization takes bfloat16, float16 or float32 weights, got ",
+    return detail::concat(who,
+                          ": int8 quantization takes bfloat16, float16 or float32 weights, got ",
                           dtype_name(from));
-  return detail::concat(who, ": ", dtype_name(from), " values are not converted to ", dtype_name(to),
-                        " (only floating dtypes are converted; integer and other dtypes must match)");
+  return detail::concat(
+      who, ": ", dtype_name(from), " values are not converted to ", dtype_name(to),
+      " (only floating dtypes are converted; integer and other dtypes must match)");
 }
 
 }  // namespace
@@ -36,12 +39,13 @@ std::vector<ReloadTarget::Stored> ReloadTarget::stored_parameters() const {
   return out;
 }
 
-std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank,
-                                      const Placement& pl, const std::vector<std::int64_t>& shape,
-                                      DType dtype, bool presliced) {
+std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank, const Placement& pl,
+                                      const std::vector<std::int64_t>& shape, DType dtype,
+                                      bool presliced) {
   const std::vector<std::int64_t> want = presliced ? pl.slice_shape() : pl.source_shape;
-  const std::string who = detail::concat("tensor '", pl.checkpoint_name, "' for parameter '", pl.param,
-                                         "' on tp rank ", tp_rank, "/", rules.tp_size());
+  const std::string who = detail::concat("tensor '", pl.checkpoint_name, "' for parameter '",
+                                         pl.param, "' on tp rank ", tp_rank, "/", rules.tp_size());
+  if (!pl.held) return who + ": not held by this rank (another rank holds this expert)";
   if (shape != want)
     return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_str(want), " ",
                           dtype_name(rules.config().dtype), ", got ", shape_str(shape), " ",
@@ -51,8 +55,8 @@ std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank,
 
 std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const std::string& name,
                                   const std::vector<std::int64_t>& shape, DType dtype) {
-  const std::string who =
-      detail::concat("kernel-format tensor '", name, "' on tp rank ", tp_rank, "/", rules.tp_size());
+  const std::string who = detail::concat("kernel-format tensor '", name, "' on tp rank ", tp_rank,
+                                         "/", rules.tp_size());
   const ParamSlot slot = rules.find_slot(name);
   if (slot == kNoSlot) return who + " has no parameter";
   const ParamSpec& spec = rules.params()[slot];
@@ -61,7 +65,9 @@ std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const
                           ", got ", shape_str(shape), " ", dtype_name(dtype));
   // Kernel format is processed already: an int8 weight stays int8.
   if (spec.dtype == DType::kInt8 || dtype == DType::kInt8)
-    return dtype == spec.dtype ? "" : detail::concat(who, ": expected int8 weights, got ", dtype_name(dtype));
+    return dtype == spec.dtype
+               ? ""
+               : detail::concat(who, ": expected int8 weights, got ", dtype_name(dtype));
   return dtype_problem(who, dtype, spec.dtype);
 }
 
