@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(cmake g++ make ccache pkg-config
           libtorch-dev libopenmpi-dev openmpi-bin libhdf5-dev libspdlog-dev libgtest-dev
-          nlohmann-json3-dev libcli11-dev zlib1g-dev python3-h5py python3-numpy)
+          nlohmann-json3-dev libcli11-dev zlib1g-dev python3-h5py python3-numpy
+          python3-dev pybind11-dev python3-torch python3-pytest)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -29,6 +30,10 @@ export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_fi
 # Paths relative to the checkout, so a fresh clone elsewhere still hits the cache.
 export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 start=$(date +%s)
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "$@" >/dev/null
+# The Python module is built for Debian's python3, the one python3-torch and
+# python3-pytest belong to (another python3 earlier on PATH would not see them).
+python=()
+[ -x /usr/bin/python3 ] && python=(-DPython3_EXECUTABLE=/usr/bin/python3)
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${python[@]}" "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j "$JOBS"
 echo "setup: built $BUILD_DIR ($BUILD_TYPE) in $(( $(date +%s) - start )) s"

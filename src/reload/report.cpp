@@ -1,5 +1,6 @@
 #include "tpreload/reload/report.h"
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -16,8 +17,8 @@ std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communica
   for (std::size_t i = 0; i < params.size(); ++i) {
     // Read where they live (device memory in bounded chunks).
     const auto& p = params[i];
-    crcs[i * n + world.rank()] =
-        static_cast<std::int64_t>(model.sink().crc32(p.storage.data, p.storage.bytes, "'" + p.name + "'"));
+    crcs[i * n + world.rank()] = static_cast<std::int64_t>(
+        model.sink().crc32(p.storage.data, p.storage.bytes, "'" + p.name + "'"));
     out.push_back({p.name, p.shape, p.dtype, {}});
   }
   allreduce_ints(world, crcs, IntOp::kSum);
@@ -25,6 +26,23 @@ std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communica
     for (int r = 0; r < n; ++r)
       out[k].crc32_by_rank.push_back(static_cast<std::uint32_t>(crcs[k * n + r]));
   return out;
+}
+
+std::string model_fingerprint(const std::vector<ParamFingerprint>& fingerprints) {
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](const void* data, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  const std::size_t ranks = fingerprints.empty() ? 0 : fingerprints.front().crc32_by_rank.size();
+  for (std::size_t r = 0; r < ranks; ++r)
+    for (const auto& f : fingerprints) {
+      mix(f.name.data(), f.name.size());
+      mix(&f.crc32_by_rank.at(r), sizeof(std::uint32_t));
+    }
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+  return text;
 }
 
 std::string report_json(const ReloadResult& r, const ReportContext& ctx,
@@ -64,6 +82,7 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
       {"parameter_memory", r.parameter_memory},
       {"skipped", r.skipped},
       {"not_loaded", {{"on_all_ranks", r.not_loaded_on_all_ranks}, {"on_some_ranks", some}}},
+      {"fingerprint", model_fingerprint(fingerprints)},
       {"ranks", ranks}};
   return doc.dump(2);
 }

@@ -27,6 +27,11 @@ struct ParamFingerprint {
 // Parameters in device memory are read back in bounded chunks.
 std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communicator& world);
 
+// One fingerprint of the whole model across ranks: FNV-1a (64-bit) over every
+// rank's parameter names and CRC-32s, in rank order, as 16 hex digits. Equal
+// models on equal worlds have equal fingerprints.
+std::string model_fingerprint(const std::vector<ParamFingerprint>& fingerprints);
+
 struct ReportContext {
   int world_size = 1;
   int tp_size = 1;

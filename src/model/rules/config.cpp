@@ -34,14 +34,6 @@ std::string architecture_of(const json& j, const std::string& origin) {
                     ")");
 }
 
-std::int64_t non_negative_int(const json& j, const char* key, std::int64_t fallback,
-                              const std::string& origin) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  if (!j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
-    raise<ModelError>(origin, ": field '", key, "' must be a non-negative integer");
-  return j[key].get<std::int64_t>();
-}
-
 void parse_experts(const json& j, const std::string& origin, ModelConfig& c) {
   c.num_experts = positive_int(j, "num_experts", origin);
   c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", origin);

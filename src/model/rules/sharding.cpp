@@ -260,7 +260,10 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
                  : SkipReason::kNoParameter;
     return std::nullopt;
   }
-  Placement pl{checkpoint_name, rule->param, rule->slot};
+  Placement pl;
+  pl.checkpoint_name = checkpoint_name;
+  pl.param = rule->param;
+  pl.slot = rule->slot;
   pl.source_shape = rule->source_shape;
   if (rule->kind == ShardKind::kVocab) {
     const std::int64_t per = padded_vocab_ / tp_size_, start = tp_rank * per;

@@ -1,0 +1,168 @@
+"""Reload a live tensor-parallel model's parameters in place, from Python, under mpirun.
+
+Every rank calls :func:`reload_weights` with its own parameters (for example
+``dict(model.named_parameters())`` of a vLLM worker): the reader rank reads the
+checkpoint (or takes tensors handed over in memory), the bytes travel over MPI
+(or NCCL for CUDA parameters), and each rank's tensors are overwritten in place:
+their storage, shapes, strides and dtypes never change.
+
+The module does not link against PyTorch: it reads each tensor's data pointer,
+shape, strides, dtype and device through the tensor's own attributes, so one
+build works with whatever PyTorch the process imported.
+"""
+
+import atexit as _atexit
+import os as _os
+
+from . import _tpreload
+from ._tpreload import (  # noqa: F401  (re-exported)
+    CheckpointError,
+    CommError,
+    CommTimeoutError,
+    Error,
+    ModelError,
+    UsageError,
+    ValidationError,
+    Workspace,
+)
+
+__all__ = [
+    "World", "Workspace", "ReloadResult", "reload_weights", "Error", "CheckpointError", "CommError",
+    "CommTimeoutError", "ModelError", "UsageError", "ValidationError",
+]
+
+_default_world = None
+
+
+class World:
+    """The MPI world of this process. MPI is initialised here when the process has
+    not done it (and finalized at exit); one World per process is enough."""
+
+    def __init__(self):
+        global _default_world
+        if _default_world is not None:
+            self._native = _default_world._native
+        else:
+            self._native = _tpreload.World()
+            _default_world = self
+            _atexit.register(self._native.finalize)
+
+    @property
+    def rank(self):
+        return self._native.rank
+
+    @property
+    def size(self):
+        return self._native.size
+
+    def barrier(self):
+        self._native.barrier()
+
+    def allgather(self, text):
+        """Every rank's string, in rank order (collective)."""
+        return self._native.allgather(text)
+
+    def set_log_level(self, level):
+        """trace, debug, info, warn (the default), error or off."""
+        _tpreload.set_log_level(self._native, level)
+
+
+class ReloadResult:
+    """What a reload did, the same on every rank.
+
+    ``complete``: every expected parameter loaded on every rank.
+    ``not_loaded_on_all_ranks``: expected names no rank loaded.
+    ``not_loaded_on_some_ranks``: name -> ranks that did not load it.
+    ``skipped``: source tensors that have no parameter.
+    ``seconds``: total, read, transfer, apply, finish, validate (max over ranks).
+    ``bytes_transferred``, ``bytes_read``, ``buckets``, ``staging`` (bytes per memory space).
+    ``fingerprint``: one hex string for the whole model across ranks.
+    ``crc32``: parameter name -> CRC-32 per world rank.
+    """
+
+    def __init__(self, fields):
+        self.__dict__.update(fields)
+
+    def __repr__(self):
+        return ("ReloadResult(complete=%s, loaded=%d, seconds=%.3f, bytes_transferred=%d, fingerprint=%s)"
+                % (self.complete, len(self.loaded), self.seconds["total"], self.bytes_transferred,
+                   self.fingerprint))
+
+
+def _device_of(tensor):
+    device = tensor.device
+    if device.type == "cpu":
+        return "cpu"
+    if device.type == "cuda":
+        return "cuda:%d" % (device.index if device.index is not None else 0)
+    raise UsageError("tensor on device %s: tpreload writes host (cpu) and cuda memory" % device)
+
+
+def _describe(name, tensor, *extra):
+    dtype = str(tensor.dtype)
+    dtype = dtype[len("torch."):] if dtype.startswith("torch.") else dtype
+    return (name, int(tensor.data_ptr()), tuple(int(s) for s in tensor.shape),
+            tuple(int(s) for s in tensor.stride()), dtype, _device_of(tensor)) + tuple(extra)
+
+
+def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
+                   is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
+                   distribution="scatter", bucket_mb=16, pipeline_depth=1, reader_rank=0,
+                   transport="mpi", workspace=None):
+    """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
+    same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only).
+
+    params: this rank's parameters, a dict (or iterable of pairs) name -> tensor,
+        named as vLLM names them ("model.layers.0.self_attn.qkv_proj.weight", with
+        ".base_layer." when ``lora``). Every parameter the model needs on this rank
+        must be there with exactly the shape and dtype of its shard, contiguous,
+        all on one device (cpu or one cuda device); others are ignored. Otherwise
+        every rank raises the same ValidationError, listing every problem, before
+        any write.
+    config: the model's config.json (or its directory).
+    tp_size: tensor-parallel size (default: the world size; the world is replicas x tp).
+    weights_path: checkpoint to read on the reader rank: safetensors (one file or
+        sharded), HDF5, or a kernel-format directory. Default: the config's directory.
+    weights_iterator: on the reader rank instead of a path, tensors in memory:
+        (name, tensor) pairs in checkpoint format (Hugging Face names, full
+        tensors), or (name, tensor, tp_rank) triples in kernel format (each rank's
+        parameters in the serving layout). CPU tensors.
+    is_checkpoint_format: checkpoint format (through the weight loaders) or kernel
+        format (already processed and sharded: copied by name).
+    quantization: None or "int8"; lora, expert_parallel: the model's layout.
+    distribution: "scatter" (each rank gets its slice) or "broadcast".
+    transport: "mpi", or "nccl" for CUDA parameters (device buffers).
+    workspace: a Workspace kept between reloads (staging buffers and the plan).
+
+    Returns a ReloadResult. Raises tpreload.Error subclasses, the same on every rank.
+    """
+    world = world or _default_world or World()
+    items = params.items() if hasattr(params, "items") else params
+    request = _tpreload.Request()
+    request.config = _os.fspath(config)
+    request.tp_size = int(tp_size or 0)
+    if weights_path is not None and weights_iterator is not None:
+        raise UsageError("give weights_path or weights_iterator, not both")
+    if weights_path is not None:
+        request.weights_path = _os.fspath(weights_path)
+    if weights_iterator is not None:
+        if is_checkpoint_format:
+            request.weights_iterator = [_describe(n, t) for n, t in weights_iterator]
+        else:
+            request.weights_iterator = [_describe(n, t, int(r)) for n, t, r in weights_iterator]
+    request.checkpoint_format = bool(is_checkpoint_format)
+    request.quantization = quantization or ""
+    request.lora = bool(lora)
+    request.expert_parallel = bool(expert_parallel)
+    request.distribution = distribution
+    request.bucket_mb = float(bucket_mb)
+    request.pipeline_depth = int(pipeline_depth)
+    request.reader_rank = int(reader_rank)
+    request.transport = transport
+    descriptors = [_describe(n, t) for n, t in items]
+    return ReloadResult(_tpreload.reload(world._native, descriptors, request, workspace))
+
+
+def built_with_cuda():
+    """Whether this build has the CUDA device and the NCCL transport."""
+    return _tpreload.built_with_cuda()

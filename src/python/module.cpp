@@ -1,0 +1,284 @@
+// tpreload._tpreload: the Python binding of the reload engine. It takes tensors
+// as descriptors (pointer, shape, strides, dtype, device) made by the pure-Python
+// package (python/tpreload/__init__.py) from whatever tensors the caller has, so
+// it never links the caller's LibTorch: the engine, the MPI control and data
+// planes and (in a CUDA build) the CUDA device and NCCL, nothing of torch.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/agreement.h"
+#include "tpreload/comm/mpi_communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
+#include "tpreload/model/borrowed.h"
+#include "tpreload/model/config.h"
+#include "tpreload/reload/reload.h"
+#include "tpreload/reload/report.h"
+#include "tpreload/runtime/data_plane.h"
+
+namespace py = pybind11;
+using namespace tpreload;
+
+namespace {
+
+// The MPI world of the process. Initialises MPI when the process has not (and
+// then finalizes it in finalize(), which the package registers with atexit).
+class World {
+ public:
+  World() {
+    mpi_ = std::make_unique<MpiRuntime>(nullptr, nullptr);
+    init_logging(mpi_->world_rank(), mpi_->world_size(), "warn");
+    comm_ = MpiCommunicator::world();
+  }
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+  MpiCommunicator& comm() {
+    if (!comm_) raise<UsageError>("the tpreload World was finalized");
+    return *comm_;
+  }
+  void barrier() {
+    py::gil_scoped_release release;
+    comm().barrier();
+  }
+  // Every rank's string, in rank order.
+  std::vector<std::string> allgather(const std::string& mine) {
+    py::gil_scoped_release release;
+    std::vector<std::string> out;
+    for (int r = 0; r < size(); ++r) {
+      std::int64_t length = r == rank() ? static_cast<std::int64_t>(mine.size()) : 0;
+      comm().allreduce_ints(&length, 1, IntOp::kMax);
+      std::string s = r == rank() ? mine : std::string(static_cast<std::size_t>(length), '\0');
+      comm().broadcast(MutableBytes(s.data(), s.size()), r);
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+  // The data plane for parameters on `device` ("cpu" or "cuda:N") over `transport`.
+  DataPlane& plane(const std::string& device, const std::string& transport) {
+    const std::string key = device + "/" + transport;
+    auto it = planes_.find(key);
+    if (it != planes_.end()) return it->second;
+    DataPlaneOptions o;
+    o.device = device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+    o.transport = transport;
+    o.comm = comm().options();
+    return planes_.emplace(key, open_data_plane(comm(), o)).first->second;
+  }
+  void finalize() {
+    planes_.clear();
+    comm_.reset();
+    if (mpi_) mpi_->finalize();
+  }
+
+ private:
+  std::unique_ptr<MpiRuntime> mpi_;
+  std::unique_ptr<MpiCommunicator> comm_;
+  std::map<std::string, DataPlane> planes_;
+};
+
+// (name, data_ptr, shape, strides, dtype, device[, tp_rank]) from the package.
+BorrowedTensor borrowed(const py::tuple& d) {
+  BorrowedTensor t;
+  t.name = d[0].cast<std::string>();
+  t.data = reinterpret_cast<std::byte*>(d[1].cast<std::uintptr_t>());
+  t.shape = d[2].cast<std::vector<std::int64_t>>();
+  t.strides = d[3].cast<std::vector<std::int64_t>>();
+  const auto name = d[4].cast<std::string>();
+  const auto dtype = dtype_from_name(name);
+  if (!dtype)
+    raise<UsageError>("tensor '", t.name, "' has dtype ", name, ", which tpreload does not know");
+  t.dtype = *dtype;
+  t.device = d[5].cast<std::string>();
+  return t;
+}
+
+std::vector<InMemoryTensor> in_memory(const std::vector<py::tuple>& descriptors, bool kernel) {
+  std::vector<InMemoryTensor> out;
+  for (const auto& d : descriptors) {
+    const BorrowedTensor t = borrowed(d);
+    if (t.device != "cpu")
+      raise<UsageError>("weights_iterator tensor '", t.name, "' is on ", t.device,
+                        "; the reader rank reads host memory (move it to the CPU first)");
+    std::uint64_t bytes = dtype_size(t.dtype);
+    for (auto s : t.shape) bytes *= static_cast<std::uint64_t>(s);
+    InMemoryTensor m{t.name, t.dtype, t.shape, ConstBytes(t.data, bytes), nullptr};
+    if (kernel) m.tp_rank = d[6].cast<int>();
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+struct Request {
+  std::string config;  // config.json or its directory
+  int tp_size = 0;
+  std::optional<std::string> weights_path;
+  std::optional<std::vector<py::tuple>> weights_iterator;
+  bool checkpoint_format = true;
+  std::string quantization;
+  bool lora = false, expert_parallel = false;
+  std::string distribution = "scatter";
+  double bucket_mb = 16;
+  int pipeline_depth = 1, reader_rank = 0;
+  std::string transport = "mpi";
+};
+
+ReloadOptions reload_options(const Request& q) {
+  ReloadOptions o;
+  o.format = q.checkpoint_format ? WeightFormat::kCheckpoint : WeightFormat::kKernel;
+  if (q.distribution != "scatter" && q.distribution != "broadcast")
+    raise<UsageError>("distribution must be 'scatter' or 'broadcast', got '", q.distribution, "'");
+  o.distribution = q.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
+  if (!(q.bucket_mb > 0)) raise<UsageError>("bucket_mb must be positive, got ", q.bucket_mb);
+  o.bucket_bytes = static_cast<std::uint64_t>(q.bucket_mb * 1048576);
+  o.pipeline_depth = q.pipeline_depth;
+  o.reader_rank = q.reader_rank;
+  return o;
+}
+
+// The reader rank's source: the iterator's tensors, or the path (the config's
+// directory when none is given).
+std::unique_ptr<WeightSource> open_source(const Request& q, const ModelConfig& config,
+                                          bool from_memory, std::vector<InMemoryTensor> memory) {
+  if (from_memory) {
+    std::optional<KernelFormatInfo> kernel;
+    if (!q.checkpoint_format)
+      kernel =
+          KernelFormatInfo{q.tp_size, config.dtype, q.quantization, config.json, q.expert_parallel};
+    return make_in_memory_source(std::move(memory), kernel);
+  }
+  return open_weight_source(q.weights_path.value_or(q.config));
+}
+
+py::dict result_dict(const ReloadResult& r, const std::vector<ParamFingerprint>& fingerprints) {
+  py::dict d;
+  d["complete"] = r.complete();
+  d["loaded"] = r.loaded;
+  d["not_loaded_on_all_ranks"] = r.not_loaded_on_all_ranks;
+  d["not_loaded_on_some_ranks"] = r.not_loaded_on_some_ranks;
+  d["skipped"] = r.skipped;
+  d["source"] = r.source;
+  d["transport"] = r.transport;
+  d["parameter_memory"] = r.parameter_memory;
+  d["bytes_read"] = r.bytes_read;
+  d["bytes_transferred"] = r.bytes_transferred;
+  d["buckets"] = r.buckets;
+  d["staging"] =
+      py::dict(py::arg("host") = r.staging.host, py::arg("pinned_host") = r.staging.pinned,
+               py::arg("device") = r.staging.device);
+  d["seconds"] =
+      py::dict(py::arg("total") = r.seconds.total, py::arg("read") = r.seconds.read,
+               py::arg("transfer") = r.seconds.transfer, py::arg("apply") = r.seconds.apply,
+               py::arg("finish") = r.seconds.finish, py::arg("validate") = r.seconds.validate);
+  d["fingerprint"] = model_fingerprint(fingerprints);
+  py::dict crcs;
+  for (const auto& f : fingerprints) crcs[py::str(f.name)] = f.crc32_by_rank;
+  d["crc32"] = crcs;
+  return d;
+}
+
+// COLLECTIVE. Every local step that can fail (the config, the parameters
+// against the rules, the data plane, the reader's source) is agreed on, so that
+// every rank raises the same error before any parameter is written.
+py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
+                ReloadWorkspace* workspace) {
+  const bool reader = world.rank() == q.reader_rank;
+  std::optional<std::string> problem;
+  std::optional<ModelConfig> config;
+  std::vector<BorrowedTensor> tensors;
+  std::vector<InMemoryTensor> memory;
+  try {  // with the GIL: descriptors are Python objects
+    config = load_model_config(q.config);
+    q.tp_size = q.tp_size > 0 ? q.tp_size : world.size();
+    if (world.size() % q.tp_size != 0)
+      raise<UsageError>("tp_size ", q.tp_size, " does not divide the world size ", world.size());
+    for (const auto& d : params) tensors.push_back(borrowed(d));
+    if (reader && q.weights_iterator) memory = in_memory(*q.weights_iterator, !q.checkpoint_format);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  const bool from_memory = q.weights_iterator.has_value();
+  q.weights_iterator.reset();      // its Python tuples stay with the caller
+  py::gil_scoped_release release;  // no Python object is touched below
+  agree_on_problem<UsageError>(world.comm(), problem, "reading the request");
+  const std::string device = tensors.empty() ? "cpu" : tensors.front().device;
+  DataPlane& plane = world.plane(device, q.transport);  // collective; agrees on its own failures
+  std::unique_ptr<BorrowedTarget> target;
+  try {
+    BorrowedOptions o{q.tp_size, world.rank() % q.tp_size, q.quantization, q.lora,
+                      q.expert_parallel};
+    target = std::make_unique<BorrowedTarget>(*config, o, std::move(tensors), plane.device);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  agree_on_problem<ValidationError>(world.comm(), problem,
+                                    "checking the parameters (nothing was reloaded)");
+  std::unique_ptr<WeightSource> source;
+  try {
+    if (reader) source = open_source(q, *config, from_memory, std::move(memory));
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  agree_on_problem<CheckpointError>(world.comm(), problem,
+                                    "opening the weights (nothing was reloaded)");
+  ReloadWorkspace local;
+  const ReloadResult r = reload_weights(*target, world.comm(), *plane.transport, source.get(),
+                                        reload_options(q), workspace ? workspace : &local);
+  const auto fingerprints = gather_fingerprints(*target, world.comm());
+  py::gil_scoped_acquire acquire;
+  return result_dict(r, fingerprints);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_tpreload, m) {
+  m.doc() = "tpreload's native engine (use the tpreload package, not this module)";
+  auto error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+  py::register_exception<CheckpointError>(m, "CheckpointError", error.ptr());
+  auto comm_error = py::register_exception<CommError>(m, "CommError", error.ptr());
+  py::register_exception<CommTimeoutError>(m, "CommTimeoutError", comm_error.ptr());
+  py::register_exception<ModelError>(m, "ModelError", error.ptr());
+  py::register_exception<ValidationError>(m, "ValidationError", error.ptr());
+  py::register_exception<UsageError>(m, "UsageError", error.ptr());
+
+  py::class_<World>(m, "World")
+      .def(py::init<>())
+      .def_property_readonly("rank", &World::rank)
+      .def_property_readonly("size", &World::size)
+      .def("barrier", &World::barrier)
+      .def("allgather", &World::allgather)
+      .def("finalize", &World::finalize);
+
+  py::class_<ReloadWorkspace>(m, "Workspace")
+      .def(py::init<>())
+      .def_property_readonly("bytes", [](const ReloadWorkspace& w) { return w.bytes(); })
+      .def("release", &ReloadWorkspace::release);
+
+  py::class_<Request>(m, "Request")
+      .def(py::init<>())
+      .def_readwrite("config", &Request::config)
+      .def_readwrite("tp_size", &Request::tp_size)
+      .def_readwrite("weights_path", &Request::weights_path)
+      .def_readwrite("weights_iterator", &Request::weights_iterator)
+      .def_readwrite("checkpoint_format", &Request::checkpoint_format)
+      .def_readwrite("quantization", &Request::quantization)
+      .def_readwrite("lora", &Request::lora)
+      .def_readwrite("expert_parallel", &Request::expert_parallel)
+      .def_readwrite("distribution", &Request::distribution)
+      .def_readwrite("bucket_mb", &Request::bucket_mb)
+      .def_readwrite("pipeline_depth", &Request::pipeline_depth)
+      .def_readwrite("reader_rank", &Request::reader_rank)
+      .def_readwrite("transport", &Request::transport);
+
+  m.def("reload", &reload, py::arg("world"), py::arg("params"), py::arg("request"),
+        py::arg("workspace") = nullptr);
+  m.def("built_with_cuda", &built_with_cuda);
+  m.def("set_log_level",
+        [](World& w, const std::string& level) { init_logging(w.rank(), w.size(), level); });
+}
