@@ -151,3 +151,22 @@ def test_a_model_of_plain_torch_nn_layers_named_like_vllm(world, shared_dir):
     assert r.complete
     assert_holds(params, expected_shards(checkpoint(7), tp, rank), "torch.nn model")
     assert model.lm_head.weight.data_ptr() == params["lm_head.weight"].data_ptr()
+
+
+def test_lora_wrapped_layers_resolve_to_their_base_layer(world, shared_dir):
+    tp = world.size
+    if world.rank == 0:
+        write_model_dir(shared_dir, checkpoint(8))
+    world.barrier()
+    params = {}
+    for name, t in zeros_like_shards(world, tp).items():
+        linear = any(m in name for m in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"))
+        params[name.replace(".weight", ".base_layer.weight") if linear else name] = t
+    params["model.layers.0.self_attn.qkv_proj.lora_a"] = torch.zeros((8, 64), dtype=torch.bfloat16)  # ignored
+    r = tpreload.reload_weights(params, shared_dir, world=world, lora=True)
+    assert r.complete
+    want = expected_shards(checkpoint(8), tp, world.rank)
+    for name, t in want.items():
+        got = params.get(name, params.get(name.replace(".weight", ".base_layer.weight")))
+        assert torch.equal(got.view(torch.int16), t.view(torch.int16)), name
+    assert not params["model.layers.0.self_attn.qkv_proj.lora_a"].any()
