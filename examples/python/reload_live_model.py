@@ -134,12 +134,12 @@ def main():
         weights = list(trainer_step(step).items()) if world.rank == 0 else None
         with torch.no_grad():
             result = tpreload.reload_weights(params, config_dir, world=world, tp_size=1, weights_iterator=weights,
-                                             workspace=workspace)
+                                             workspace=workspace, fingerprint=True)
         answers.append(model.generate(request, 6))
         if world.rank == 0:
             print("step %d: reloaded %d parameters in %.3f s (fingerprint %s); answer to %s: %s"
                   % (step, len(result.loaded), result.seconds["total"], result.fingerprint, request, answers[-1]))
-    moved = [n for n, p in params.items() if p.data_ptr() != storage[n]]
+    moved = [n for n, p in model.named_parameters() if p.data_ptr() != storage[n]]
     same = len(set(world.allgather(str(answers)))) == 1
     if world.rank == 0:
         print("answers changed with the weights: %s; every replica answered alike: %s; parameters stayed in place: %s"

@@ -13,6 +13,7 @@ build works with whatever PyTorch the process imported.
 
 import atexit as _atexit
 import os as _os
+import sys as _sys
 
 from . import _tpreload
 from ._tpreload import (  # noqa: F401  (re-exported)
@@ -36,7 +37,12 @@ _default_world = None
 
 class World:
     """The MPI world of this process. MPI is initialised here when the process has
-    not done it (and finalized at exit); one World per process is enough."""
+    not done it, and finalized at exit; one World per process is enough.
+
+    A failure that only this rank saw (an error whose ``agreed`` is False, or any
+    exception that ends the program) may leave its peers waiting in a collective:
+    then the exit ends the whole MPI job (MPI_Abort) instead of finalizing, as
+    the C++ programs do."""
 
     def __init__(self):
         global _default_world
@@ -46,6 +52,14 @@ class World:
             self._native = _tpreload.World()
             _default_world = self
             _atexit.register(self._native.finalize)
+            native, previous = self._native, _sys.excepthook
+
+            def excepthook(kind, value, traceback):
+                if not getattr(value, "agreed", False):
+                    native.poison()
+                previous(kind, value, traceback)
+
+            _sys.excepthook = excepthook
 
     @property
     def rank(self):
@@ -76,8 +90,9 @@ class ReloadResult:
     ``skipped``: source tensors that have no parameter.
     ``seconds``: total, read, transfer, apply, finish, validate (max over ranks).
     ``bytes_transferred``, ``bytes_read``, ``buckets``, ``staging`` (bytes per memory space).
-    ``fingerprint``: one hex string for the whole model across ranks.
-    ``crc32``: parameter name -> CRC-32 per world rank.
+    ``fingerprint``: one hex string for the whole model across ranks (with
+    ``fingerprint=True``, else None).
+    ``crc32``: parameter name -> CRC-32 per world rank (with ``fingerprint=True``).
     """
 
     def __init__(self, fields):
@@ -90,12 +105,45 @@ class ReloadResult:
 
 
 def _device_of(tensor):
+    """"cpu", "cuda:N", or the device as torch names it (refused for parameters only)."""
     device = tensor.device
-    if device.type == "cpu":
-        return "cpu"
     if device.type == "cuda":
-        return "cuda:%d" % (device.index if device.index is not None else 0)
-    raise UsageError("tensor on device %s: tpreload writes host (cpu) and cuda memory" % device)
+        return "cuda:%d" % (device.index if device.index is not None else _current_cuda_device())
+    return str(device)
+
+
+def _current_cuda_device():
+    import torch  # the caller holds CUDA tensors, so torch is there
+    return torch.cuda.current_device()
+
+
+def _synchronize_cuda(tensors):
+    """Waits for the kernels queued on every CUDA device of ``tensors``: the reload
+    writes on its own stream, which does not wait for torch's."""
+    devices = {t.device for t in tensors if t.device.type == "cuda"}
+    if devices:
+        import torch
+        for device in devices:
+            torch.cuda.synchronize(device)
+
+
+def _iterator_descriptors(weights_iterator, checkpoint_format, held):
+    """Descriptors of the iterator's tensors. Each tensor (made contiguous: a
+    transposed or expanded tensor is copied) is appended to ``held``, which keeps
+    it alive while the reload reads it: a generator drops what it yielded."""
+    out = []
+    for item in weights_iterator:
+        if checkpoint_format:
+            name, tensor = item
+            extra = ()
+        else:
+            name, tensor, tp_rank = item
+            extra = (int(tp_rank),)
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        held.append(tensor)
+        out.append(_describe(name, tensor, *extra))
+    return out
 
 
 def _describe(name, tensor, *extra):
@@ -108,7 +156,7 @@ def _describe(name, tensor, *extra):
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
                    distribution="scatter", bucket_mb=16, pipeline_depth=1, reader_rank=0,
-                   transport="mpi", workspace=None):
+                   transport="mpi", workspace=None, fingerprint=False):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
     same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only).
 
@@ -126,41 +174,54 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
     weights_iterator: on the reader rank instead of a path, tensors in memory:
         (name, tensor) pairs in checkpoint format (Hugging Face names, full
         tensors), or (name, tensor, tp_rank) triples in kernel format (each rank's
-        parameters in the serving layout). CPU tensors.
+        parameters in the serving layout). CPU tensors; they are kept alive (and
+        made contiguous) until the call returns, so a generator may yield
+        temporaries.
     is_checkpoint_format: checkpoint format (through the weight loaders) or kernel
         format (already processed and sharded: copied by name).
     quantization: None or "int8"; lora, expert_parallel: the model's layout.
     distribution: "scatter" (each rank gets its slice) or "broadcast".
     transport: "mpi", or "nccl" for CUDA parameters (device buffers).
     workspace: a Workspace kept between reloads (staging buffers and the plan).
+    fingerprint: also read every parameter back and CRC it (``fingerprint`` and
+        ``crc32`` of the result); costs a pass over the model's memory.
 
-    Returns a ReloadResult. Raises tpreload.Error subclasses, the same on every rank.
+    Returns a ReloadResult. Raises tpreload.Error subclasses. Every error found
+    before the transfer (here or in the engine) is the same on every rank and has
+    ``agreed`` True; one with ``agreed`` False was this rank's alone (a transfer
+    that failed or timed out) and the process should end (see World).
     """
     world = world or _default_world or World()
-    items = params.items() if hasattr(params, "items") else params
     request = _tpreload.Request()
-    request.config = _os.fspath(config)
-    request.tp_size = int(tp_size or 0)
-    if weights_path is not None and weights_iterator is not None:
-        raise UsageError("give weights_path or weights_iterator, not both")
-    if weights_path is not None:
-        request.weights_path = _os.fspath(weights_path)
-    if weights_iterator is not None:
-        if is_checkpoint_format:
-            request.weights_iterator = [_describe(n, t) for n, t in weights_iterator]
-        else:
-            request.weights_iterator = [_describe(n, t, int(r)) for n, t, r in weights_iterator]
-    request.checkpoint_format = bool(is_checkpoint_format)
-    request.quantization = quantization or ""
-    request.lora = bool(lora)
-    request.expert_parallel = bool(expert_parallel)
-    request.distribution = distribution
-    request.bucket_mb = float(bucket_mb)
-    request.pipeline_depth = int(pipeline_depth)
-    request.reader_rank = int(reader_rank)
-    request.transport = transport
-    descriptors = [_describe(n, t) for n, t in items]
-    return ReloadResult(_tpreload.reload(world._native, descriptors, request, workspace))
+    descriptors, held = [], []
+    try:  # a problem found here on one rank is raised on every rank, by the native call
+        request.config = _os.fspath(config)
+        request.tp_size = int(tp_size or 0)
+        if weights_path is not None and weights_iterator is not None:
+            raise UsageError("give weights_path or weights_iterator, not both")
+        if weights_path is not None:
+            request.weights_path = _os.fspath(weights_path)
+        if weights_iterator is not None:
+            request.weights_iterator = _iterator_descriptors(weights_iterator, is_checkpoint_format, held)
+        request.checkpoint_format = bool(is_checkpoint_format)
+        request.quantization = quantization or ""
+        request.lora = bool(lora)
+        request.expert_parallel = bool(expert_parallel)
+        request.distribution = str(distribution)
+        request.bucket_mb = float(bucket_mb)
+        request.pipeline_depth = int(pipeline_depth)
+        request.reader_rank = int(reader_rank)
+        request.transport = str(transport)
+        request.fingerprint = bool(fingerprint)
+        items = list(params.items() if hasattr(params, "items") else params)
+        descriptors = [_describe(n, t) for n, t in items]
+        _synchronize_cuda([t for _, t in items])
+    except Exception as e:  # noqa: BLE001 (every problem becomes the same error on every rank)
+        request.problem = "%s: %s" % (type(e).__name__, e)
+        descriptors = []
+    result = _tpreload.reload(world._native, descriptors, request, workspace)
+    del held  # the reader is done with the iterator's tensors
+    return ReloadResult(result)
 
 
 def built_with_cuda():

@@ -1,9 +1,9 @@
 #include "tpreload/comm/mpi_communicator.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <thread>
 
 #include "tpreload/comm/chunking.h"
@@ -22,8 +22,8 @@ namespace detail {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  raise<CommError>("rank ", rank, ": ", expr, " failed with MPI error ", code, " (", text,
-                   ") at ", file, ":", line);
+  raise<CommError>("rank ", rank, ": ", expr, " failed with MPI error ", code, " (", text, ") at ",
+                   file, ":", line);
 }
 
 }  // namespace detail
@@ -37,9 +37,11 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     int provided = 0;
     MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided));
     owns_ = true;
-    if (provided < MPI_THREAD_SERIALIZED)
+    if (provided < MPI_THREAD_SERIALIZED) {  // the same on every rank: finalize together
+      MPI_Finalize();
       raise<CommError>("MPI provides thread level ", provided,
                        ", tpreload needs MPI_THREAD_SERIALIZED (", MPI_THREAD_SERIALIZED, ")");
+    }
   } else {
     // MPI belongs to the host program: check its thread level, change nothing.
     int provided = 0;
@@ -86,7 +88,8 @@ void MpiCommunicator::check_options(const CommOptions& options) {
     raise<UsageError>("CommOptions::max_message_bytes must be in [1, ", INT_MAX, "], got ",
                       options.max_message_bytes);
   if (options.timeout.count() <= 0)
-    raise<UsageError>("CommOptions::timeout must be positive, got ", options.timeout.count(), " ms");
+    raise<UsageError>("CommOptions::timeout must be positive, got ", options.timeout.count(),
+                      " ms");
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::world(CommOptions options) {
@@ -151,14 +154,15 @@ class MpiTransfer final : public Transfer {
   bool poll() override {
     std::vector<MPI_Status> statuses(requests.size());
     int done = 0;
-    const int rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
-                               statuses.data());
+    const int rc =
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses.data());
     if (rc != MPI_SUCCESS) {
       int code = rc;  // MPI_ERR_IN_STATUS: the first failed request says what went wrong
       for (const MPI_Status& st : statuses)
         if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) code = st.MPI_ERROR;
-      comm_.fail(detail::concat(prefix(), " failed with MPI error ", code, " (", error_text(code), ")"),
-                 false);
+      comm_.fail(
+          detail::concat(prefix(), " failed with MPI error ", code, " (", error_text(code), ")"),
+          false);
     }
     return done != 0;
   }
@@ -168,8 +172,8 @@ class MpiTransfer final : public Transfer {
                true);
   }
   std::string prefix() const {
-    return detail::concat("rank ", comm_.rank_, "/", comm_.size_, ": ", what(), " on communicator '",
-                          comm_.label_, "'");
+    return detail::concat("rank ", comm_.rank_, "/", comm_.size_, ": ", what(),
+                          " on communicator '", comm_.label_, "'");
   }
   static std::string error_text(int code) {
     char text[MPI_MAX_ERROR_STRING] = {0};
@@ -183,13 +187,13 @@ class MpiTransfer final : public Transfer {
 
 // A failure while posting leaves earlier posts of the same transfer in flight:
 // it goes through fail() like a failure while waiting.
-#define TPRELOAD_MPI_POST(comm, expr, what)                                                  \
-  do {                                                                                       \
-    const int tpreload_rc_ = (expr);                                                         \
-    if (tpreload_rc_ != MPI_SUCCESS)                                                         \
+#define TPRELOAD_MPI_POST(comm, expr, what)                                                    \
+  do {                                                                                         \
+    const int tpreload_rc_ = (expr);                                                           \
+    if (tpreload_rc_ != MPI_SUCCESS)                                                           \
       (comm).fail(detail::concat("rank ", (comm).rank_, "/", (comm).size_, ": posting ", what, \
-                                 " failed: ", #expr, " returned MPI error ", tpreload_rc_),  \
-                  false);                                                                    \
+                                 " failed: ", #expr, " returned MPI error ", tpreload_rc_),    \
+                  false);                                                                      \
   } while (0)
 
 std::unique_ptr<Transfer> MpiCommunicator::post_broadcast(MutableBytes buffer, int root) {
@@ -206,15 +210,17 @@ std::unique_ptr<Transfer> MpiCommunicator::post_broadcast(MutableBytes buffer, i
   return t;
 }
 
-void MpiCommunicator::broadcast(MutableBytes buffer, int root) { post_broadcast(buffer, root)->wait(); }
+void MpiCommunicator::broadcast(MutableBytes buffer, int root) {
+  post_broadcast(buffer, root)->wait();
+}
 
 std::unique_ptr<Transfer> MpiCommunicator::post_scatterv(ConstBytes send,
                                                          const std::vector<ByteRange>& ranges,
                                                          MutableBytes recv, int root) {
   check_root("scatterv", root);
   if (ranges.size() != static_cast<std::size_t>(size_))
-    raise<UsageError>("rank ", rank_, "/", size_, ": scatterv got ", ranges.size(),
-                      " ranges for ", size_, " ranks");
+    raise<UsageError>("rank ", rank_, "/", size_, ": scatterv got ", ranges.size(), " ranges for ",
+                      size_, " ranks");
   if (recv.size != ranges[rank_].length)
     raise<UsageError>("rank ", rank_, "/", size_, ": scatterv receive buffer holds ", recv.size,
                       " bytes but the range for this rank is ", ranges[rank_].length, " bytes");
@@ -226,7 +232,8 @@ std::unique_ptr<Transfer> MpiCommunicator::post_scatterv(ConstBytes send,
                           "-byte send buffer");
   }
   // The root may receive in place: its range of the send buffer is its result.
-  const bool in_place = rank_ == root && recv.size > 0 && recv.data == send.data + ranges[root].offset;
+  const bool in_place =
+      rank_ == root && recv.size > 0 && recv.data == send.data + ranges[root].offset;
   const auto rounds = plan_scatter_rounds(ranges, options_.max_message_bytes, INT_MAX);
   auto t = std::make_unique<MpiTransfer>(
       *this, detail::concat("scatterv of ", recv.size, " bytes to this rank from root ", root, " (",
@@ -244,10 +251,11 @@ std::unique_ptr<Transfer> MpiCommunicator::post_scatterv(ConstBytes send,
     const std::byte* base = rank_ == root ? send.data + round.base : nullptr;
     t->requests.emplace_back(MPI_REQUEST_NULL);
     void* into = in_place ? MPI_IN_PLACE : static_cast<void*>(recv.data + round.recv_offset[rank_]);
-    TPRELOAD_MPI_POST(*this,
-                      MPI_Iscatterv(base, t->counts[k].data(), t->displs[k].data(), MPI_BYTE, into,
-                                    t->counts[k][rank_], MPI_BYTE, root, comm_, &t->requests.back()),
-                      t->what());
+    TPRELOAD_MPI_POST(
+        *this,
+        MPI_Iscatterv(base, t->counts[k].data(), t->displs[k].data(), MPI_BYTE, into,
+                      t->counts[k][rank_], MPI_BYTE, root, comm_, &t->requests.back()),
+        t->what());
   }
   return t;
 }
@@ -262,7 +270,8 @@ void MpiCommunicator::allreduce_words(T* values, std::size_t count, MPI_Datatype
                                       const char* name) {
   check_usable(name);
   MpiTransfer t(*this, detail::concat(name, " of ", count, " words"));
-  for (const ByteRange& piece : split_range(count * sizeof(T), options_.max_message_bytes / 8 * 8)) {
+  for (const ByteRange& piece :
+       split_range(count * sizeof(T), options_.max_message_bytes / 8 * 8)) {
     t.requests.emplace_back(MPI_REQUEST_NULL);
     TPRELOAD_MPI_POST(*this,
                       MPI_Iallreduce(MPI_IN_PLACE, values + piece.offset / sizeof(T),

@@ -8,6 +8,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,8 @@ namespace {
 
 // The MPI world of the process. Initialises MPI when the process has not (and
 // then finalizes it in finalize(), which the package registers with atexit).
+// Calls hold a mutex: MPI runs at MPI_THREAD_SERIALIZED and the planes and
+// workspaces are not shared between threads.
 class World {
  public:
   World() {
@@ -37,36 +40,64 @@ class World {
     init_logging(mpi_->world_rank(), mpi_->world_size(), "warn");
     comm_ = MpiCommunicator::world();
   }
-  int rank() const { return comm_->rank(); }
-  int size() const { return comm_->size(); }
+  int rank() { return comm().rank(); }
+  int size() { return comm().size(); }
   MpiCommunicator& comm() {
     if (!comm_) raise<UsageError>("the tpreload World was finalized");
     return *comm_;
   }
-  void barrier() {
+  std::mutex& mutex() { return mutex_; }
+  // A collective failed on this rank alone (its peers may be waiting in one):
+  // the process must not finalize MPI, which would wait for them forever.
+  void poison() { poisoned_ = true; }
+  bool poisoned() const { return poisoned_; }
+
+  // Runs a collective step: an error every rank raised alike passes through; any
+  // other poisons the World.
+  template <typename F>
+  auto collective(F&& step) {
     py::gil_scoped_release release;
-    comm().barrier();
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      return step();
+    } catch (const AgreedError&) {
+      throw;
+    } catch (...) {
+      poisoned_ = true;
+      throw;
+    }
+  }
+  void barrier() {
+    collective([&] { comm().barrier(); });
   }
   // Every rank's string, in rank order.
   std::vector<std::string> allgather(const std::string& mine) {
-    py::gil_scoped_release release;
-    std::vector<std::string> out;
-    for (int r = 0; r < size(); ++r) {
-      std::int64_t length = r == rank() ? static_cast<std::int64_t>(mine.size()) : 0;
-      comm().allreduce_ints(&length, 1, IntOp::kMax);
-      std::string s = r == rank() ? mine : std::string(static_cast<std::size_t>(length), '\0');
-      comm().broadcast(MutableBytes(s.data(), s.size()), r);
-      out.push_back(std::move(s));
-    }
-    return out;
+    return collective([&] {
+      std::vector<std::string> out;
+      const int me = comm().rank();
+      for (int r = 0; r < comm().size(); ++r) {
+        std::int64_t length = r == me ? static_cast<std::int64_t>(mine.size()) : 0;
+        comm().allreduce_ints(&length, 1, IntOp::kMax);
+        std::string s = r == me ? mine : std::string(static_cast<std::size_t>(length), '\0');
+        comm().broadcast(MutableBytes(s.data(), s.size()), r);
+        out.push_back(std::move(s));
+      }
+      return out;
+    });
   }
-  // The data plane for parameters on `device` ("cpu" or "cuda:N") over `transport`.
+  // COLLECTIVE. The data plane for parameters on `device` ("cpu" or "cuda:N")
+  // over `transport`, kept between calls. The ranks agree on whether all of them
+  // have theirs already; if not, every rank opens its plane anew.
   DataPlane& plane(const std::string& device, const std::string& transport) {
     const std::string key = device + "/" + transport;
     auto it = planes_.find(key);
-    if (it != planes_.end()) return it->second;
+    std::int64_t all_have = it != planes_.end() ? 1 : 0;
+    comm().allreduce_ints(&all_have, 1, IntOp::kMin);
+    if (all_have) return it->second;
+    if (it != planes_.end()) planes_.erase(it);
     DataPlaneOptions o;
-    o.device = device.rfind("cuda", 0) == 0 ? "cuda" : "cpu";
+    o.device = device.rfind("cuda:", 0) == 0 ? "cuda" : "cpu";
+    if (o.device == "cuda") o.cuda_ordinal = std::stoi(device.substr(5));
     o.transport = transport;
     o.comm = comm().options();
     return planes_.emplace(key, open_data_plane(comm(), o)).first->second;
@@ -74,13 +105,23 @@ class World {
   void finalize() {
     planes_.clear();
     comm_.reset();
-    if (mpi_) mpi_->finalize();
+    if (!mpi_) return;
+    if (poisoned_) {  // peers may be inside a collective: end the job instead
+      log().error(
+          "ending the MPI job: this rank failed alone (a collective failed here only, or an "
+          "unhandled exception), its peers may be waiting");
+      log().flush();
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    mpi_->finalize();
   }
 
  private:
   std::unique_ptr<MpiRuntime> mpi_;
   std::unique_ptr<MpiCommunicator> comm_;
   std::map<std::string, DataPlane> planes_;
+  std::mutex mutex_;
+  bool poisoned_ = false;
 };
 
 // (name, data_ptr, shape, strides, dtype, device[, tp_rank]) from the package.
@@ -91,10 +132,10 @@ BorrowedTensor borrowed(const py::tuple& d) {
   t.shape = d[2].cast<std::vector<std::int64_t>>();
   t.strides = d[3].cast<std::vector<std::int64_t>>();
   const auto name = d[4].cast<std::string>();
-  const auto dtype = dtype_from_name(name);
-  if (!dtype)
-    raise<UsageError>("tensor '", t.name, "' has dtype ", name, ", which tpreload does not know");
-  t.dtype = *dtype;
+  if (const auto dtype = dtype_from_name(name))
+    t.dtype = *dtype;
+  else
+    t.unknown_dtype = name;
   t.device = d[5].cast<std::string>();
   return t;
 }
@@ -103,9 +144,14 @@ std::vector<InMemoryTensor> in_memory(const std::vector<py::tuple>& descriptors,
   std::vector<InMemoryTensor> out;
   for (const auto& d : descriptors) {
     const BorrowedTensor t = borrowed(d);
+    if (!t.unknown_dtype.empty())
+      raise<UsageError>("weights_iterator tensor '", t.name, "' has dtype ", t.unknown_dtype,
+                        ", which tpreload does not read");
     if (t.device != "cpu")
       raise<UsageError>("weights_iterator tensor '", t.name, "' is on ", t.device,
                         "; the reader rank reads host memory (move it to the CPU first)");
+    if (!is_contiguous(t))
+      raise<UsageError>("weights_iterator tensor '", t.name, "' is not contiguous");
     std::uint64_t bytes = dtype_size(t.dtype);
     for (auto s : t.shape) bytes *= static_cast<std::uint64_t>(s);
     InMemoryTensor m{t.name, t.dtype, t.shape, ConstBytes(t.data, bytes), nullptr};
@@ -116,7 +162,8 @@ std::vector<InMemoryTensor> in_memory(const std::vector<py::tuple>& descriptors,
 }
 
 struct Request {
-  std::string config;  // config.json or its directory
+  std::optional<std::string> problem;  // what the package found wrong on this rank
+  std::string config;                  // config.json or its directory
   int tp_size = 0;
   std::optional<std::string> weights_path;
   std::optional<std::vector<py::tuple>> weights_iterator;
@@ -127,6 +174,7 @@ struct Request {
   double bucket_mb = 16;
   int pipeline_depth = 1, reader_rank = 0;
   std::string transport = "mpi";
+  bool fingerprint = false;
 };
 
 ReloadOptions reload_options(const Request& q) {
@@ -135,7 +183,8 @@ ReloadOptions reload_options(const Request& q) {
   if (q.distribution != "scatter" && q.distribution != "broadcast")
     raise<UsageError>("distribution must be 'scatter' or 'broadcast', got '", q.distribution, "'");
   o.distribution = q.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
-  if (!(q.bucket_mb > 0)) raise<UsageError>("bucket_mb must be positive, got ", q.bucket_mb);
+  if (!(q.bucket_mb > 0 && q.bucket_mb <= 1048576))  // also refuses NaN and inf
+    raise<UsageError>("bucket_mb must be in (0, 1048576], got ", q.bucket_mb);
   o.bucket_bytes = static_cast<std::uint64_t>(q.bucket_mb * 1048576);
   o.pipeline_depth = q.pipeline_depth;
   o.reader_rank = q.reader_rank;
@@ -156,7 +205,8 @@ std::unique_ptr<WeightSource> open_source(const Request& q, const ModelConfig& c
   return open_weight_source(q.weights_path.value_or(q.config));
 }
 
-py::dict result_dict(const ReloadResult& r, const std::vector<ParamFingerprint>& fingerprints) {
+py::dict result_dict(const ReloadResult& r,
+                     const std::optional<std::vector<ParamFingerprint>>& fingerprints) {
   py::dict d;
   d["complete"] = r.complete();
   d["loaded"] = r.loaded;
@@ -176,76 +226,139 @@ py::dict result_dict(const ReloadResult& r, const std::vector<ParamFingerprint>&
       py::dict(py::arg("total") = r.seconds.total, py::arg("read") = r.seconds.read,
                py::arg("transfer") = r.seconds.transfer, py::arg("apply") = r.seconds.apply,
                py::arg("finish") = r.seconds.finish, py::arg("validate") = r.seconds.validate);
-  d["fingerprint"] = model_fingerprint(fingerprints);
+  d["fingerprint"] =
+      fingerprints ? py::object(py::str(model_fingerprint(*fingerprints))) : py::none();
   py::dict crcs;
-  for (const auto& f : fingerprints) crcs[py::str(f.name)] = f.crc32_by_rank;
+  if (fingerprints)
+    for (const auto& f : *fingerprints) crcs[py::str(f.name)] = f.crc32_by_rank;
   d["crc32"] = crcs;
   return d;
 }
 
-// COLLECTIVE. Every local step that can fail (the config, the parameters
-// against the rules, the data plane, the reader's source) is agreed on, so that
-// every rank raises the same error before any parameter is written.
+// COLLECTIVE. Every local step that can fail (the package's own checks, the
+// request, the config, the parameters against the rules, the data plane, the
+// reader's source) is agreed on, so that every rank raises the same error before
+// any parameter is written.
 py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
                 ReloadWorkspace* workspace) {
   const bool reader = world.rank() == q.reader_rank;
-  std::optional<std::string> problem;
-  std::optional<ModelConfig> config;
+  std::optional<std::string> problem = q.problem;
+  ReloadOptions options;
   std::vector<BorrowedTensor> tensors;
   std::vector<InMemoryTensor> memory;
-  try {  // with the GIL: descriptors are Python objects
-    config = load_model_config(q.config);
-    q.tp_size = q.tp_size > 0 ? q.tp_size : world.size();
-    if (world.size() % q.tp_size != 0)
-      raise<UsageError>("tp_size ", q.tp_size, " does not divide the world size ", world.size());
-    for (const auto& d : params) tensors.push_back(borrowed(d));
-    if (reader && q.weights_iterator) memory = in_memory(*q.weights_iterator, !q.checkpoint_format);
-  } catch (const std::exception& e) {
-    problem = e.what();
+  if (!problem) {
+    try {  // with the GIL: descriptors are Python objects
+      options = reload_options(q);
+      q.tp_size = q.tp_size > 0 ? q.tp_size : world.size();
+      if (world.size() % q.tp_size != 0)
+        raise<UsageError>("tp_size ", q.tp_size, " does not divide the world size ", world.size());
+      for (const auto& d : params) tensors.push_back(borrowed(d));
+      if (reader && q.weights_iterator)
+        memory = in_memory(*q.weights_iterator, !q.checkpoint_format);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
   }
   const bool from_memory = q.weights_iterator.has_value();
-  q.weights_iterator.reset();      // its Python tuples stay with the caller
-  py::gil_scoped_release release;  // no Python object is touched below
-  agree_on_problem<UsageError>(world.comm(), problem, "reading the request");
-  const std::string device = tensors.empty() ? "cpu" : tensors.front().device;
-  DataPlane& plane = world.plane(device, q.transport);  // collective; agrees on its own failures
-  std::unique_ptr<BorrowedTarget> target;
-  try {
-    BorrowedOptions o{q.tp_size, world.rank() % q.tp_size, q.quantization, q.lora,
-                      q.expert_parallel};
-    target = std::make_unique<BorrowedTarget>(*config, o, std::move(tensors), plane.device);
-  } catch (const std::exception& e) {
-    problem = e.what();
+  q.weights_iterator.reset();  // its Python tuples stay with the caller
+  ReloadResult result;
+  std::optional<std::vector<ParamFingerprint>> fingerprints;
+  world.collective([&] {  // no Python object is touched in here
+    MpiCommunicator& comm = world.comm();
+    agree_on_problem<UsageError>(comm, problem, "reading the request");
+    std::optional<ModelConfig> config;
+    try {
+      config = load_model_config(q.config);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    agree_on_problem<ModelError>(comm, problem, "reading the model config");
+    std::unique_ptr<BorrowedTarget> target;
+    std::optional<std::string> model_problem;
+    try {
+      BorrowedOptions o{q.tp_size, comm.rank() % q.tp_size, q.quantization, q.lora,
+                        q.expert_parallel};
+      target = std::make_unique<BorrowedTarget>(*config, o, std::move(tensors));
+    } catch (const ValidationError& e) {
+      problem = e.what();
+    } catch (const std::exception& e) {
+      model_problem = e.what();
+    }
+    agree_on_problem<ModelError>(comm, model_problem, "sharding the model");
+    agree_on_problem<ValidationError>(comm, problem,
+                                      "checking the parameters (nothing was reloaded)");
+    DataPlane& plane = world.plane(target->device_name(), q.transport);  // agrees on its failures
+    try {
+      target->attach(plane.device);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    agree_on_problem<ValidationError>(comm, problem,
+                                      "checking the parameters (nothing was reloaded)");
+    std::unique_ptr<WeightSource> source;
+    try {
+      if (reader) source = open_source(q, *config, from_memory, std::move(memory));
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    agree_on_problem<CheckpointError>(comm, problem, "opening the weights (nothing was reloaded)");
+    ReloadWorkspace local;
+    result = reload_weights(*target, comm, *plane.transport, source.get(), options,
+                            workspace ? workspace : &local);
+    if (q.fingerprint) fingerprints = gather_fingerprints(*target, comm);
+  });
+  return result_dict(result, fingerprints);
+}
+
+// The Python exception classes, set from a C++ Error with `agreed`: whether
+// every rank raised it alike (the job may go on), or this rank alone (its peers
+// may be waiting in a collective: the process should end).
+struct PythonErrors {
+  py::handle base, checkpoint, comm, timeout, model, validation, usage;
+
+  py::handle of(const Error& e) const {
+    if (dynamic_cast<const CommTimeoutError*>(&e)) return timeout;
+    if (dynamic_cast<const CommError*>(&e)) return comm;
+    if (dynamic_cast<const CheckpointError*>(&e)) return checkpoint;
+    if (dynamic_cast<const ValidationError*>(&e)) return validation;
+    if (dynamic_cast<const ModelError*>(&e)) return model;
+    if (dynamic_cast<const UsageError*>(&e)) return usage;
+    return base;
   }
-  agree_on_problem<ValidationError>(world.comm(), problem,
-                                    "checking the parameters (nothing was reloaded)");
-  std::unique_ptr<WeightSource> source;
-  try {
-    if (reader) source = open_source(q, *config, from_memory, std::move(memory));
-  } catch (const std::exception& e) {
-    problem = e.what();
-  }
-  agree_on_problem<CheckpointError>(world.comm(), problem,
-                                    "opening the weights (nothing was reloaded)");
-  ReloadWorkspace local;
-  const ReloadResult r = reload_weights(*target, world.comm(), *plane.transport, source.get(),
-                                        reload_options(q), workspace ? workspace : &local);
-  const auto fingerprints = gather_fingerprints(*target, world.comm());
-  py::gil_scoped_acquire acquire;
-  return result_dict(r, fingerprints);
+};
+
+PythonErrors& python_errors() {
+  static PythonErrors errors;  // handles leak on purpose: they live as long as the module
+  return errors;
 }
 
 }  // namespace
 
 PYBIND11_MODULE(_tpreload, m) {
   m.doc() = "tpreload's native engine (use the tpreload package, not this module)";
-  auto error = py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
-  py::register_exception<CheckpointError>(m, "CheckpointError", error.ptr());
-  auto comm_error = py::register_exception<CommError>(m, "CommError", error.ptr());
-  py::register_exception<CommTimeoutError>(m, "CommTimeoutError", comm_error.ptr());
-  py::register_exception<ModelError>(m, "ModelError", error.ptr());
-  py::register_exception<ValidationError>(m, "ValidationError", error.ptr());
-  py::register_exception<UsageError>(m, "UsageError", error.ptr());
+  PythonErrors& errors = python_errors();
+  auto define = [&m](const char* name, py::handle base) {
+    py::object cls = py::reinterpret_steal<py::object>(
+        PyErr_NewException((std::string("tpreload.") + name).c_str(), base.ptr(), nullptr));
+    m.attr(name) = cls;
+    return cls.release();
+  };
+  errors.base = define("Error", PyExc_RuntimeError);
+  errors.checkpoint = define("CheckpointError", errors.base);
+  errors.comm = define("CommError", errors.base);
+  errors.timeout = define("CommTimeoutError", errors.comm);
+  errors.model = define("ModelError", errors.base);
+  errors.validation = define("ValidationError", errors.base);
+  errors.usage = define("UsageError", errors.base);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      py::object error = py::reinterpret_borrow<py::object>(python_errors().of(e))(e.what());
+      error.attr("agreed") = dynamic_cast<const AgreedError*>(&e) != nullptr;
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+    }
+  });
 
   py::class_<World>(m, "World")
       .def(py::init<>())
@@ -253,6 +366,8 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_property_readonly("size", &World::size)
       .def("barrier", &World::barrier)
       .def("allgather", &World::allgather)
+      .def("poison", &World::poison)
+      .def_property_readonly("poisoned", &World::poisoned)
       .def("finalize", &World::finalize);
 
   py::class_<ReloadWorkspace>(m, "Workspace")
@@ -262,6 +377,8 @@ PYBIND11_MODULE(_tpreload, m) {
 
   py::class_<Request>(m, "Request")
       .def(py::init<>())
+      .def_readwrite("problem", &Request::problem)
+      .def_readwrite("fingerprint", &Request::fingerprint)
       .def_readwrite("config", &Request::config)
       .def_readwrite("tp_size", &Request::tp_size)
       .def_readwrite("weights_path", &Request::weights_path)

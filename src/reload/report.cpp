@@ -1,16 +1,31 @@
 #include "tpreload/reload/report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tpreload/comm/agreement.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
 
 namespace tpreload {
 
 std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communicator& world) {
-  const auto params = model.stored_parameters();
+  auto params = model.stored_parameters();
+  std::sort(params.begin(), params.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  // The CRCs are summed slot by slot: every rank must list the same names.
+  std::uint64_t names = 1469598103934665603ull;
+  for (const auto& p : params)
+    for (char c : p.name + '\n') names = (names ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  std::int64_t lo = static_cast<std::int64_t>(names >> 1), hi = lo;
+  world.allreduce_ints(&lo, 1, IntOp::kMin);
+  world.allreduce_ints(&hi, 1, IntOp::kMax);
+  if (lo != hi)
+    raise<Agreed<UsageError>>("the ranks hold differently named parameters (this rank ",
+                              world.rank(), ": ", params.size(),
+                              "), so their fingerprints cannot be gathered");
   const int n = world.size();
   std::vector<std::int64_t> crcs(params.size() * n, 0);
   std::vector<ParamFingerprint> out;

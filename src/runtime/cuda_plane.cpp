@@ -10,7 +10,7 @@ bool built_with_cuda() {
 
 namespace detail {
 
-std::shared_ptr<Device> open_rank_device(MpiCommunicator& world,
+std::shared_ptr<Device> open_rank_device(MpiCommunicator& world, int ordinal,
                                          std::optional<std::string>& problem) {
   const int node_rank = world.node_rank_and_size().first;
   const CudaProbe probe = probe_cuda();
@@ -19,7 +19,8 @@ std::shared_ptr<Device> open_rank_device(MpiCommunicator& world,
     return nullptr;
   }
   try {
-    return open_cuda_device(node_rank % probe.devices);  // node-local rank picks the GPU
+    // Without a given ordinal, the node-local rank picks the GPU.
+    return open_cuda_device(ordinal >= 0 ? ordinal : node_rank % probe.devices);
   } catch (const std::exception& e) {
     problem = std::string("--device cuda: ") + e.what();
     return nullptr;

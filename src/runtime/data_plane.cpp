@@ -46,7 +46,7 @@ DataPlane open_data_plane(MpiCommunicator& world, const DataPlaneOptions& option
   agree_on_problem<UsageError>(world, problem, "opening the data plane");
   DataPlane plane;
   if (options.device == "cuda") {
-    plane.device = detail::open_rank_device(world, problem);
+    plane.device = detail::open_rank_device(world, options.cuda_ordinal, problem);
     agree_on_problem<UsageError>(world, problem, "opening the data plane");
   }
   plane.transport = options.transport == "nccl"

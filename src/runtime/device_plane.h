@@ -10,9 +10,9 @@
 
 namespace tpreload::detail {
 
-// COLLECTIVE. This rank's CUDA device, or null with the reason in `problem` (for
-// the caller to agree on).
-std::shared_ptr<Device> open_rank_device(MpiCommunicator& world,
+// COLLECTIVE. This rank's CUDA device (`ordinal`, or -1 for that of its
+// node-local rank), or null with the reason in `problem` (for the caller to agree on).
+std::shared_ptr<Device> open_rank_device(MpiCommunicator& world, int ordinal,
                                          std::optional<std::string>& problem);
 
 // COLLECTIVE. The NCCL transport over `device` (agrees on failures itself).

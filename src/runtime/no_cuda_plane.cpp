@@ -9,7 +9,8 @@ bool built_with_cuda() {
 
 namespace detail {
 
-std::shared_ptr<Device> open_rank_device(MpiCommunicator&, std::optional<std::string>& problem) {
+std::shared_ptr<Device> open_rank_device(MpiCommunicator&, int,
+                                         std::optional<std::string>& problem) {
   problem = "--device cuda: this tpreload was built without CUDA (TPRELOAD_CUDA=OFF)";
   return nullptr;
 }

@@ -1,12 +1,13 @@
 """tpreload's Python module under mpirun: borrowed tensors reloaded in place,
 byte for byte against an independent slicing written in conftest.py."""
 import os
+import zlib
 
 import pytest
 import torch
 
 import tpreload
-from conftest import CONFIG, checkpoint, expected_shards, write_model_dir
+from conftest import CONFIG, checkpoint, expected_shards, raw_bytes, write_model_dir
 
 
 def zeros_like_shards(world, tp):
@@ -34,13 +35,18 @@ def test_reload_in_place_from_safetensors(world, shared_dir, distribution):
                                 bucket_mb=0.01)
     assert r.complete and not r.skipped
     assert_holds(params, expected_shards(v1, tp, world.rank), "v1")
+    assert r.fingerprint is None and not r.crc32, "fingerprints are opt-in"
     r = tpreload.reload_weights(params, os.path.join(shared_dir, "v1", "config.json"), world=world,
-                                weights_path=os.path.join(shared_dir, "v2"), distribution=distribution)
+                                weights_path=os.path.join(shared_dir, "v2"), distribution=distribution,
+                                fingerprint=True)
     assert r.complete
     assert_holds(params, expected_shards(v2, tp, world.rank), "v2")
     assert {n: t.data_ptr() for n, t in params.items()} == pointers, "a parameter moved"
     assert r.seconds["total"] > 0 and r.bytes_transferred > 0
-    assert len(set(world.allgather(r.fingerprint))) == 1, "ranks disagree on the fingerprint"
+    # Every rank's CRC of every parameter, against zlib over the test's own shards of v2.
+    want = {n: [zlib.crc32(raw_bytes(expected_shards(v2, tp, q)[n])) for q in range(world.size)]
+            for n in params}
+    assert r.crc32 == want
 
 
 def test_reload_from_hdf5(world, shared_dir):
@@ -145,12 +151,12 @@ def test_a_model_of_plain_torch_nn_layers_named_like_vllm(world, shared_dir):
             self.lm_head = torch.nn.Linear(h, per_vocab, bias=False, dtype=torch.bfloat16)
 
     model = Model()
+    pointers = {n: p.data_ptr() for n, p in model.named_parameters()}
     with torch.no_grad():
-        params = dict(model.named_parameters())
-        r = tpreload.reload_weights(params, shared_dir, world=world)
+        r = tpreload.reload_weights(dict(model.named_parameters()), shared_dir, world=world)
     assert r.complete
-    assert_holds(params, expected_shards(checkpoint(7), tp, rank), "torch.nn model")
-    assert model.lm_head.weight.data_ptr() == params["lm_head.weight"].data_ptr()
+    assert_holds(dict(model.named_parameters()), expected_shards(checkpoint(7), tp, rank), "torch.nn model")
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == pointers, "the module's storage changed"
 
 
 def test_lora_wrapped_layers_resolve_to_their_base_layer(world, shared_dir):
@@ -170,3 +176,125 @@ def test_lora_wrapped_layers_resolve_to_their_base_layer(world, shared_dir):
         got = params.get(name, params.get(name.replace(".weight", ".base_layer.weight")))
         assert torch.equal(got.view(torch.int16), t.view(torch.int16)), name
     assert not params["model.layers.0.self_attn.qkv_proj.lora_a"].any()
+
+
+def test_a_generator_of_temporary_and_non_contiguous_tensors(world, shared_dir):
+    """vLLM's iterators yield tensors they drop at the next step, and transposed
+    or expanded views: each must be read as the values it shows."""
+    tp = world.size
+    if world.rank == 0:
+        write_model_dir(shared_dir, {})
+    world.barrier()
+    ckpt = checkpoint(9)
+
+    def generate():
+        for name, t in ckpt.items():
+            if t.dim() == 2:
+                yield name, t.t().clone().t()  # a fresh temporary, column-major
+            elif name != "model.norm.weight":
+                yield name, t.clone()
+        # a stride-0 view of a 1-element tensor for the norm: every element the same
+        yield "model.norm.weight", torch.full((1,), 0.5, dtype=torch.bfloat16).expand(CONFIG["hidden_size"])
+
+    params = zeros_like_shards(world, tp)
+    it = generate() if world.rank == 0 else None
+    assert tpreload.reload_weights(params, shared_dir, world=world, weights_iterator=it).complete
+    want = dict(ckpt)
+    want["model.norm.weight"] = torch.full((CONFIG["hidden_size"],), 0.5, dtype=torch.bfloat16)
+    assert_holds(params, expected_shards(want, tp, world.rank), "generator")
+
+
+def test_a_problem_on_one_rank_is_the_same_error_on_every_rank(world, shared_dir):
+    tp = world.size
+    last = world.size - 1
+    if world.rank == 0:
+        write_model_dir(shared_dir, checkpoint(10))
+    world.barrier()
+
+    def raised(**kwargs):
+        params = kwargs.pop("params", None) or zeros_like_shards(world, tp)
+        config = kwargs.pop("config", shared_dir)
+        with pytest.raises(tpreload.Error) as error:
+            tpreload.reload_weights(params, config, world=world, **kwargs)
+        assert error.value.agreed, "an error before the transfer must be agreed"
+        assert all(not t.any() for t in params.values()), "a parameter was written"
+        messages = world.allgather("%s: %s" % (type(error.value).__name__, error.value))
+        assert len(set(messages)) == 1, "ranks raised different errors: %s" % messages
+        return error.value
+
+    # The config is missing on the last rank only.
+    e = raised(config=shared_dir if world.rank != last else os.path.join(shared_dir, "nowhere"))
+    assert isinstance(e, tpreload.ModelError) and "rank %d/%d" % (last, world.size) in str(e)
+    # A weights path that only the reader opens does not exist.
+    e = raised(weights_path=os.path.join(shared_dir, "missing.safetensors"))
+    assert isinstance(e, tpreload.CheckpointError) and "missing.safetensors" in str(e)
+    # Only the reader is given both a path and an iterator.
+    e = raised(weights_path=shared_dir, weights_iterator=[] if world.rank == 0 else None)
+    assert isinstance(e, tpreload.UsageError) and "not both" in str(e)
+    # The reader's iterator yields something that is not a pair.
+    e = raised(weights_iterator=[("x",)] if world.rank == 0 else None)
+    assert isinstance(e, tpreload.UsageError) and "rank 0/" in str(e)
+    # The last rank's parameter has the wrong shape.
+    params = zeros_like_shards(world, tp)
+    if world.rank == last:
+        params["model.norm.weight"] = torch.zeros(3, dtype=torch.bfloat16)
+    e = raised(params=params)
+    assert isinstance(e, tpreload.ValidationError)
+    assert "'model.norm.weight': expected [64] bfloat16, got [3] bfloat16" in str(e)
+    # A parameter of a dtype tpreload does not know.
+    params = zeros_like_shards(world, tp)
+    params["model.norm.weight"] = torch.zeros(64, dtype=torch.int16)
+    e = raised(params=params)
+    assert "'model.norm.weight': expected [64] bfloat16, got [64] int16" in str(e)
+    # Nonsense options.
+    assert isinstance(raised(bucket_mb=float("inf")), tpreload.UsageError)
+    assert isinstance(raised(distribution="gossip"), tpreload.UsageError)
+
+
+def test_entries_that_are_not_parameters_are_ignored_whatever_they_are(world, shared_dir):
+    tp = world.size
+    if world.rank == 0:
+        write_model_dir(shared_dir, checkpoint(11))
+    world.barrier()
+    params = zeros_like_shards(world, tp)
+    params["model.rotary_emb.inv_freq"] = torch.zeros(4, dtype=torch.complex64)
+    params["model.layers.0.self_attn.attn.k_scale"] = torch.zeros(1, dtype=torch.int16)
+    params["model.layers.0.mlp.experts.meta_placeholder"] = torch.empty(8, device="meta")
+    params["model.layers.0.mlp.gate.weight_t"] = torch.zeros(4, 8).t()  # not contiguous
+    r = tpreload.reload_weights(params, shared_dir, world=world)
+    assert r.complete
+    assert_holds(params, expected_shards(checkpoint(11), tp, world.rank), "with extra entries")
+
+
+def test_replicas_of_a_smaller_tensor_parallel_group(world, shared_dir):
+    if world.size < 2:
+        pytest.skip("replicas need two ranks")
+    tp = world.size // 2
+    if world.rank == 0:
+        write_model_dir(shared_dir, checkpoint(12))
+    world.barrier()
+    params = {n: torch.zeros_like(t) for n, t in expected_shards(checkpoint(0), tp, world.rank % tp).items()}
+    r = tpreload.reload_weights(params, shared_dir, world=world, tp_size=tp, fingerprint=True)
+    assert r.complete
+    assert_holds(params, expected_shards(checkpoint(12), tp, world.rank % tp), "replica")
+    for name, crcs in r.crc32.items():
+        assert crcs[:tp] == crcs[tp:2 * tp], "replicas differ on %s" % name
+
+
+def test_fingerprints_need_the_same_names_on_every_rank(world, shared_dir):
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+    tp = world.size
+    if world.rank == 0:
+        write_model_dir(shared_dir, checkpoint(13))
+    world.barrier()
+    params = zeros_like_shards(world, tp)
+    if world.rank == 1:  # this rank's model wraps o_proj in a LoRA layer
+        for l in range(CONFIG["num_hidden_layers"]):
+            name = "model.layers.%d.self_attn.o_proj.weight" % l
+            params[name.replace(".weight", ".base_layer.weight")] = params.pop(name)
+    with pytest.raises(tpreload.UsageError) as error:
+        tpreload.reload_weights(params, shared_dir, world=world, lora=True, fingerprint=True)
+    assert error.value.agreed and "differently named parameters" in str(error.value)
+    assert_holds({n.replace(".base_layer", ""): t for n, t in params.items()},
+                 expected_shards(checkpoint(13), tp, world.rank), "reloaded before the fingerprints")

@@ -20,8 +20,14 @@ struct BorrowedTensor {
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> strides;  // in elements
   DType dtype = DType::kFloat32;
-  std::string device = "cpu";  // "cpu" or "cuda:N"
+  // The caller's dtype when tpreload does not know it (int16, float8, complex):
+  // such a tensor is fine where it is ignored, and refused as a parameter.
+  std::string unknown_dtype;
+  std::string device = "cpu";  // "cpu" or "cuda:N" for a parameter; others are refused
 };
+
+// Row-major with no gaps (size-1 dimensions may have any stride).
+bool is_contiguous(const BorrowedTensor& t);
 
 struct BorrowedOptions {
   int tp_size = 1;
@@ -33,23 +39,31 @@ struct BorrowedOptions {
 
 // What is wrong with `tensors` as this rank's parameters, one line per problem:
 // a parameter the rules expect that is missing (under its name, or with
-// ".base_layer." when `lora`), a shape or dtype other than the rules', a
-// non-contiguous tensor, tensors on different devices. Empty when they fit.
-// Tensors the rules do not know (LoRA adapters, buffers) are ignored.
+// ".base_layer." when `lora`) or given twice, a shape or dtype other than the
+// rules', a non-contiguous tensor, a device other than "cpu" or "cuda:N",
+// parameters on different devices. Empty when they fit. Tensors the rules do not
+// know (LoRA adapters, buffers) are ignored, whatever their dtype or device.
 std::vector<std::string> borrowed_problems(const ShardingRules& rules,
                                            const BorrowedOptions& options,
                                            const std::vector<BorrowedTensor>& tensors);
 
+// Used in two steps: construction matches the tensors to the rules (so the
+// caller learns which device to open), attach() gives the sink that device.
 class BorrowedTarget final : public ReloadTarget {
  public:
-  // `device` is the device every tensor lives on (null for host memory). Throws
-  // ValidationError listing every problem of borrowed_problems().
-  BorrowedTarget(ModelConfig config, BorrowedOptions options, std::vector<BorrowedTensor> tensors,
-                 std::shared_ptr<Device> device = nullptr);
+  // Throws ModelError when the config does not fit the options (tp size, heads)
+  // and ValidationError listing every problem of borrowed_problems().
+  BorrowedTarget(ModelConfig config, BorrowedOptions options, std::vector<BorrowedTensor> tensors);
+
+  // Where the parameters live: "cpu" or "cuda:N" ("cpu" when the rules have none).
+  const std::string& device_name() const { return device_name_; }
+  // Writes will go through `device` (null for host memory). Throws
+  // ValidationError when it is not device_name()'s.
+  void attach(std::shared_ptr<Device> device);
 
   const ShardingRules& rules() const override { return rules_; }
   int tp_rank() const override { return options_.tp_rank; }
-  ParameterSink& sink() override { return *sink_; }
+  ParameterSink& sink() override;
   using ReloadTarget::sink;
   bool lora() const override { return options_.lora; }
   // The rules' parameters under the caller's names.
@@ -59,7 +73,8 @@ class BorrowedTarget final : public ReloadTarget {
   ShardingRules rules_;
   BorrowedOptions options_;
   std::vector<BorrowedTensor> tensors_;  // in slot order
-  std::unique_ptr<ParameterSink> sink_;
+  std::string device_name_ = "cpu";
+  std::unique_ptr<ParameterSink> sink_;  // after attach()
 };
 
 }  // namespace tpreload

@@ -39,8 +39,8 @@ class ReloadTarget {
     DType dtype = DType::kFloat32;
     ParamStorage storage;
   };
-  // Every parameter as stored, sorted by name (reports list and fingerprint
-  // them). The default: the rules' parameters from the sink.
+  // Every parameter as stored, in any order (reports sort them by name, list and
+  // fingerprint them). The default: the rules' parameters from the sink.
   virtual std::vector<Stored> stored_parameters() const;
 };
 

@@ -22,9 +22,10 @@ struct ParamFingerprint {
   std::vector<std::uint32_t> crc32_by_rank;  // index: world rank
 };
 
-// COLLECTIVE over `world`: every rank learns every rank's fingerprints. Every
-// rank's model must have the same parameter names (true for one model config).
-// Parameters in device memory are read back in bounded chunks.
+// COLLECTIVE over `world`: every rank learns every rank's fingerprints, sorted by
+// name. Every rank's model must have the same parameter names (true for one model
+// config); if not, every rank throws the same Agreed<UsageError>. Parameters in
+// device memory are read back in bounded chunks.
 std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communicator& world);
 
 // One fingerprint of the whole model across ranks: FNV-1a (64-bit) over every

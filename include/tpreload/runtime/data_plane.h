@@ -20,6 +20,9 @@ struct DataPlaneOptions {
   std::string device = "cpu";     // "cpu" or "cuda"
   std::string transport = "mpi";  // "mpi" or "nccl"
   CommOptions comm;               // deadlines of the data transport
+  // The CUDA device of this rank; -1: its node-local rank modulo the devices it
+  // sees. Ranks may give different ordinals.
+  int cuda_ordinal = -1;
 };
 
 struct DataPlane {
@@ -32,11 +35,11 @@ struct DataPlane {
 bool built_with_cuda();
 
 // COLLECTIVE over `world`. Every rank opens what the options ask for (the CUDA
-// device of its node-local rank, modulo the devices it sees). If any rank cannot
-// (ranks given different choices, a build without CUDA, no driver, no device, a
-// bad combination), every rank throws the same UsageError naming the first such
-// rank and what it lacks, in one line, before any transfer; NCCL that cannot be
-// loaded or joined is the same CommError on every rank. All are AgreedErrors.
+// device `cuda_ordinal`, or that of its node-local rank modulo the devices it sees). If any rank
+// cannot (ranks given different choices, a build without CUDA, no driver, no device, a bad
+// combination), every rank throws the same UsageError naming the first such rank and what it lacks,
+// in one line, before any transfer; NCCL that cannot be loaded or joined is the same CommError on
+// every rank. All are AgreedErrors.
 DataPlane open_data_plane(MpiCommunicator& world, const DataPlaneOptions& options);
 
 }  // namespace tpreload

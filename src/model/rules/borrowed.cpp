@@ -1,7 +1,10 @@
 #include "tpreload/model/borrowed.h"
 
 #include <algorithm>
+#include <cctype>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include "tpreload/core/error.h"
@@ -17,14 +20,13 @@ std::string shape_str(const std::vector<std::int64_t>& shape) {
   return out.str();
 }
 
-bool contiguous(const BorrowedTensor& t) {
-  if (t.strides.size() != t.shape.size()) return false;
-  std::int64_t expect = 1;
-  for (std::size_t d = t.shape.size(); d-- > 0;) {
-    if (t.shape[d] != 1 && t.strides[d] != expect) return false;
-    expect *= t.shape[d];
-  }
-  return true;
+// N of "cuda:N".
+std::optional<int> cuda_ordinal(const std::string& device) {
+  if (device.rfind("cuda:", 0) != 0 || device.size() == 5 || device.size() > 11)
+    return std::nullopt;
+  for (std::size_t i = 5; i < device.size(); ++i)
+    if (!std::isdigit(static_cast<unsigned char>(device[i]))) return std::nullopt;
+  return std::stoi(device.substr(5));
 }
 
 // The caller's tensor for a parameter, by the rules' name or its LoRA spelling.
@@ -37,14 +39,24 @@ const BorrowedTensor* lookup(const std::map<std::string, const BorrowedTensor*>&
 
 }  // namespace
 
+bool is_contiguous(const BorrowedTensor& t) {
+  if (t.strides.size() != t.shape.size()) return false;
+  std::int64_t expect = 1;
+  for (std::size_t d = t.shape.size(); d-- > 0;) {
+    if (t.shape[d] != 1 && t.strides[d] != expect) return false;
+    expect *= t.shape[d];
+  }
+  return true;
+}
+
 std::vector<std::string> borrowed_problems(const ShardingRules& rules, const BorrowedOptions& o,
                                            const std::vector<BorrowedTensor>& tensors) {
   std::vector<std::string> problems;
   std::map<std::string, const BorrowedTensor*> by_name;
+  std::set<std::string> twice;
   for (const auto& t : tensors)
-    if (!by_name.emplace(t.name, &t).second)
-      problems.push_back("parameter '" + t.name + "' is given twice");
-  std::string device;
+    if (!by_name.emplace(t.name, &t).second) twice.insert(t.name);
+  std::map<std::string, std::vector<std::string>> by_device;  // device -> parameters
   for (const ParamSpec& spec : rules.params()) {
     const BorrowedTensor* t = lookup(by_name, spec.name, o.lora);
     if (!t) {
@@ -52,24 +64,41 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
                                         shape_str(spec.shape), " ", dtype_name(spec.dtype), ")"));
       continue;
     }
-    if (t->shape != spec.shape || t->dtype != spec.dtype)
+    if (twice.count(t->name)) problems.push_back("parameter '" + t->name + "' is given twice");
+    const std::string dtype =
+        t->unknown_dtype.empty() ? std::string(dtype_name(t->dtype)) : t->unknown_dtype;
+    if (t->shape != spec.shape || !t->unknown_dtype.empty() || t->dtype != spec.dtype)
       problems.push_back(detail::concat("parameter '", t->name, "': expected ",
                                         shape_str(spec.shape), " ", dtype_name(spec.dtype),
-                                        ", got ", shape_str(t->shape), " ", dtype_name(t->dtype)));
-    else if (!contiguous(*t))
+                                        ", got ", shape_str(t->shape), " ", dtype));
+    else if (!is_contiguous(*t))
       problems.push_back(detail::concat("parameter '", t->name, "' is not contiguous (strides ",
                                         shape_str(t->strides),
                                         "); in-place writes need row-major storage"));
-    if (device.empty()) device = t->device;
-    if (t->device != device)
+    if (!cuda_ordinal(t->device) && t->device != "cpu")
       problems.push_back(detail::concat("parameter '", t->name, "' is on ", t->device,
-                                        ", the others on ", device));
+                                        "; tpreload writes host (cpu) and cuda memory"));
+    else
+      by_device[t->device].push_back(t->name);
+  }
+  if (by_device.size() > 1) {  // one line: which device holds which (a few names each)
+    std::string text = "the parameters are on several devices:";
+    for (const auto& [device, names] : by_device) {
+      text += (text.back() == ':' ? " " : ", ") + device + " (";
+      if (names.size() > 3) {
+        text += std::to_string(names.size()) + " parameters)";
+        continue;
+      }
+      for (std::size_t i = 0; i < names.size(); ++i) text += (i ? ", '" : "'") + names[i] + "'";
+      text += ")";
+    }
+    problems.push_back(text + "; they must all be on one");
   }
   return problems;
 }
 
 BorrowedTarget::BorrowedTarget(ModelConfig config, BorrowedOptions options,
-                               std::vector<BorrowedTensor> tensors, std::shared_ptr<Device> device)
+                               std::vector<BorrowedTensor> tensors)
     : rules_(std::move(config), options.tp_size, options.quantization, options.expert_parallel),
       options_(options) {
   if (options_.tp_rank < 0 || options_.tp_rank >= options_.tp_size)
@@ -84,23 +113,34 @@ BorrowedTarget::BorrowedTarget(ModelConfig config, BorrowedOptions options,
   }
   std::map<std::string, const BorrowedTensor*> by_name;
   for (const auto& t : tensors) by_name.emplace(t.name, &t);
+  for (const ParamSpec& spec : rules_.params())
+    tensors_.push_back(*lookup(by_name, spec.name, options_.lora));
+  if (!tensors_.empty()) device_name_ = tensors_.front().device;
+}
+
+void BorrowedTarget::attach(std::shared_ptr<Device> device) {
+  const std::string given = device ? "cuda:" + std::to_string(device->ordinal()) : "cpu";
+  if (given != device_name_)
+    raise<ValidationError>("the parameters of tp rank ", options_.tp_rank, " are on ", device_name_,
+                           " but the data plane writes ", given);
   std::vector<ParamStorage> storage;
-  for (const ParamSpec& spec : rules_.params()) {
-    const BorrowedTensor* t = lookup(by_name, spec.name, options_.lora);
-    tensors_.push_back(*t);
-    std::uint64_t bytes = dtype_size(spec.dtype);
-    for (auto d : spec.shape) bytes *= static_cast<std::uint64_t>(d);
-    storage.push_back({t->data, bytes});
+  for (const auto& t : tensors_) {
+    std::uint64_t bytes = dtype_size(t.dtype);
+    for (auto d : t.shape) bytes *= static_cast<std::uint64_t>(d);
+    storage.push_back({t.data, bytes});
   }
   sink_ = std::make_unique<ParameterSink>(rules_, std::move(storage), std::move(device));
+}
+
+ParameterSink& BorrowedTarget::sink() {
+  if (!sink_) raise<UsageError>("BorrowedTarget::sink() before attach()");
+  return *sink_;
 }
 
 std::vector<ReloadTarget::Stored> BorrowedTarget::stored_parameters() const {
   std::vector<Stored> out;
   for (ParamSlot s = 0; s < tensors_.size(); ++s)
     out.push_back({tensors_[s].name, tensors_[s].shape, tensors_[s].dtype, sink_->storage(s)});
-  std::sort(out.begin(), out.end(),
-            [](const Stored& a, const Stored& b) { return a.name < b.name; });
   return out;
 }
 

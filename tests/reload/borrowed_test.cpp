@@ -1,0 +1,220 @@
+// BorrowedTarget: a caller's tensors (pointers, shapes, strides, dtypes, devices)
+// reloaded in place by the engine, and every way they can fail to fit, listed
+// before any write. The caller's memory here is at::Tensors; the expected bytes
+// come from the independent slicing of tests/support.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "../support/emulated_device.h"
+#include "../support/tiny_models.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/borrowed.h"
+#include "tpreload/model/torch_dtype.h"
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+namespace {
+
+BorrowedTensor borrow(const std::string& name, const at::Tensor& t, std::string device = "cpu") {
+  BorrowedTensor b;
+  b.name = name;
+  b.data = static_cast<std::byte*>(t.data_ptr());
+  b.shape = t.sizes().vec();
+  b.strides = t.strides().vec();
+  b.dtype = dtype_from_torch(t.scalar_type());
+  b.device = std::move(device);
+  return b;
+}
+
+// Zeros shaped like what tp rank `rank` must hold, by the independent slicing.
+std::map<std::string, at::Tensor> zero_shards(const ModelConfig& c, int tp, int rank) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] :
+       testdata::expected_shards(c, testdata::random_checkpoint(c, 0), tp, rank))
+    out[name] = at::zeros_like(t);
+  return out;
+}
+
+std::vector<BorrowedTensor> borrow_all(const std::map<std::string, at::Tensor>& tensors) {
+  std::vector<BorrowedTensor> out;
+  for (const auto& [name, t] : tensors) out.push_back(borrow(name, t));
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& lines) {
+  std::string out;
+  for (const auto& l : lines) out += l + "\n";
+  return out;
+}
+
+// One process is one rank of tp 1 (the Python tests run tp 2 and 4 under MPI).
+TEST(Borrowed, EveryFamilyIsReloadedInPlaceFromTheCheckpoint) {
+  auto control = make_local_communicator();
+  for (const char* family : testdata::kTinyConfigs) {
+    const ModelConfig config = testdata::tiny_config(family);
+    const auto ckpt = testdata::random_checkpoint(config, 51);
+    auto params = zero_shards(config, 1, 0);
+    std::map<std::string, void*> before;
+    for (const auto& [n, t] : params) before[n] = t.data_ptr();
+    BorrowedTarget target(config, {1, 0}, borrow_all(params));
+    EXPECT_EQ(target.device_name(), "cpu");
+    target.attach(nullptr);
+    auto source = testdata::memory_source(ckpt);
+    ReloadOptions o;
+    o.bucket_bytes = 3000;
+    EXPECT_TRUE(reload_weights(target, *control, source.get(), o).complete()) << family;
+    for (const auto& [name, want] : testdata::expected_shards(config, ckpt, 1, 0)) {
+      EXPECT_TRUE(testdata::same_bytes(params.at(name), want)) << family << " " << name;
+      EXPECT_EQ(params.at(name).data_ptr(), before.at(name)) << name;
+    }
+  }
+}
+
+TEST(Borrowed, LoraNamesResolveToTheBaseLayerAndAdaptersAreLeftAlone) {
+  const ModelConfig config = testdata::tiny_config("qwen2_tied");
+  const auto ckpt = testdata::random_checkpoint(config, 52);
+  auto params = zero_shards(config, 1, 0);
+  std::map<std::string, at::Tensor> named;
+  for (const auto& [name, t] : params) {
+    const bool linear = name.find("_proj.") != std::string::npos;
+    named[linear ? name.substr(0, name.rfind('.')) + ".base_layer" + name.substr(name.rfind('.'))
+                 : name] = t;
+  }
+  const at::Tensor adapter = at::zeros({4, 8}, at::kFloat);
+  named["model.layers.0.self_attn.qkv_proj.lora_A.weight"] = adapter;
+  BorrowedOptions o{1, 0};
+  o.lora = true;
+  BorrowedTarget target(config, o, borrow_all(named));
+  target.attach(nullptr);
+  auto control = make_local_communicator();
+  auto source = testdata::memory_source(ckpt);
+  EXPECT_TRUE(reload_weights(target, *control, source.get(), ReloadOptions{}).complete());
+  for (const auto& [name, want] : testdata::expected_shards(config, ckpt, 1, 0))
+    EXPECT_TRUE(testdata::same_bytes(params.at(name), want)) << name;
+  EXPECT_TRUE(at::equal(adapter, at::zeros_like(adapter)));
+}
+
+TEST(Borrowed, EveryProblemIsListedAndNothingIsBuilt) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  auto params = zero_shards(config, 2, 1);
+  const std::string norm = "model.norm.weight", o_proj = "model.layers.0.self_attn.o_proj.weight",
+                    down = "model.layers.1.mlp.down_proj.weight",
+                    up = "model.layers.0.mlp.gate_up_proj.weight",
+                    embed = "model.embed_tokens.weight";
+  const at::Tensor transposed = at::zeros_like(params.at(up)).t().contiguous().t();  // column-major
+  std::vector<BorrowedTensor> given;
+  for (const auto& [name, t] : params) {
+    if (name == norm) continue;  // missing
+    if (name == o_proj)
+      given.push_back(borrow(name, t.to(at::kFloat)));  // wrong dtype
+    else if (name == down)
+      given.push_back(borrow(name, at::zeros({3, 5}, t.options())));
+    else if (name == up)
+      given.push_back(borrow(name, transposed));
+    else if (name == embed)
+      given.push_back(borrow(name, t, "cuda:0"));  // the others are on cpu
+    else
+      given.push_back(borrow(name, t));
+  }
+  BorrowedTensor unknown = borrow("model.layers.0.input_layernorm.weight",
+                                  params.at("model.layers.0.input_layernorm.weight"));
+  unknown.unknown_dtype = "int16";
+  given.push_back(unknown);  // given twice, and of a dtype tpreload does not know
+  const auto& lm = params.at("lm_head.weight");
+  given.push_back(borrow("lm_head.weight", lm, "meta"));  // replaces the good one below
+  given.erase(std::find_if(given.begin(), given.end(), [](const BorrowedTensor& b) {
+    return b.name == "lm_head.weight" && b.device == "cpu";
+  }));
+  const ShardingRules rules(config, 2);
+  const std::string text = joined(borrowed_problems(rules, {2, 1}, given));
+  const auto& shape_of = [&](const std::string& n) { return params.at(n).sizes().vec(); };
+  EXPECT_NE(text.find("missing parameter 'model.norm.weight' ([" +
+                      std::to_string(shape_of(norm)[0]) + "] bfloat16)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("parameter '" + o_proj + "': expected"), std::string::npos) << text;
+  EXPECT_NE(text.find("got [" + std::to_string(shape_of(o_proj)[0]) + ", " +
+                      std::to_string(shape_of(o_proj)[1]) + "] float32"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("parameter '" + down + "': expected"), std::string::npos) << text;
+  EXPECT_NE(text.find("got [3, 5] bfloat16"), std::string::npos) << text;
+  EXPECT_NE(text.find("parameter '" + up + "' is not contiguous"), std::string::npos) << text;
+  EXPECT_NE(text.find("parameter 'model.layers.0.input_layernorm.weight' is given twice"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("parameter 'lm_head.weight' is on meta; tpreload writes host (cpu) and cuda"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("the parameters are on several devices: cpu ("), std::string::npos) << text;
+  EXPECT_NE(text.find("cuda:0 ('model.embed_tokens.weight')"), std::string::npos) << text;
+  try {
+    BorrowedTarget target(config, {2, 1}, given);
+    FAIL() << "built a target over mismatched tensors";
+  } catch (const ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("problems with the parameters of tp rank 1/2:"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Borrowed, EntriesThatAreNotParametersAreIgnoredWhateverTheyAre) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  auto params = zero_shards(config, 1, 0);
+  auto given = borrow_all(params);
+  BorrowedTensor odd;
+  odd.name = "model.rotary_emb.inv_freq";
+  odd.unknown_dtype = "complex64";
+  odd.device = "meta";
+  odd.shape = {4, 4};
+  odd.strides = {1, 4};
+  given.push_back(odd);
+  given.push_back(odd);  // even twice
+  EXPECT_EQ(joined(borrowed_problems(ShardingRules(config, 1), {1, 0}, given)), "");
+}
+
+TEST(Borrowed, AttachRefusesADeviceOtherThanTheParameters) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  auto params = zero_shards(config, 1, 0);
+  {  // host tensors, a device plane
+    BorrowedTarget target(config, {1, 0}, borrow_all(params));
+    auto device = std::make_shared<testing::EmulatedDevice>();
+    try {
+      target.attach(device);
+      FAIL() << "attached a device to host parameters";
+    } catch (const ValidationError& e) {
+      EXPECT_NE(std::string(e.what()).find("are on cpu but the data plane writes cuda:0"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(target.sink(), UsageError);
+  }
+  {  // tensors said to be on cuda:1, a host plane
+    std::vector<BorrowedTensor> given;
+    for (const auto& [name, t] : params) given.push_back(borrow(name, t, "cuda:1"));
+    BorrowedTarget target(config, {1, 0}, given);
+    EXPECT_EQ(target.device_name(), "cuda:1");
+    EXPECT_THROW(target.attach(nullptr), ValidationError);
+  }
+}
+
+TEST(Borrowed, ContiguityIgnoresTheStridesOfSizeOneDimensions) {
+  BorrowedTensor t;
+  t.shape = {1, 3, 1, 2};
+  t.strides = {99, 2, 7, 1};
+  EXPECT_TRUE(is_contiguous(t));
+  t.strides = {99, 3, 7, 1};
+  EXPECT_FALSE(is_contiguous(t));
+  t.shape = {};
+  t.strides = {};
+  EXPECT_TRUE(is_contiguous(t));  // a scalar
+  t.shape = {4};
+  t.strides = {0};
+  EXPECT_FALSE(is_contiguous(t));  // an expanded view
+}
+
+}  // namespace
+}  // namespace tpreload
