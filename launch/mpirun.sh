@@ -11,4 +11,6 @@ if [ $# -lt 2 ]; then
 fi
 np=$1
 shift
-exec mpirun -np "$np" --oversubscribe --bind-to none "$@"
+# Ranks' stderr is a pipe under mpirun: tell them whether the user's is a terminal.
+if [ -t 2 ]; then export TPRELOAD_PROGRESS=${TPRELOAD_PROGRESS:-tty}; else export TPRELOAD_PROGRESS=${TPRELOAD_PROGRESS:-log}; fi
+exec mpirun -np "$np" --oversubscribe --bind-to none -x TPRELOAD_PROGRESS "$@"

@@ -86,6 +86,7 @@ class Pipeline {
   void apply(Slot& slot);
   void announce_read_status(const Slot& slot);
   std::optional<std::unique_ptr<Slot>> next_filled(std::size_t k);
+  void report_progress(std::size_t buckets_done, bool finished);
   void stop();
 
   const Plan& plan_;
@@ -109,6 +110,7 @@ class Pipeline {
   // nanoseconds), 0 while it is not filling: only time spent reading counts as
   // a stalled read, not time spent waiting for a slot the apply still holds.
   std::atomic<std::int64_t> fill_started_{0};
+  Clock::time_point started_ = Clock::now();
 };
 
 std::int64_t now_ns() {
@@ -299,6 +301,19 @@ void Pipeline::stop() {
   if (apply_thread_.joinable()) apply_thread_.join();
 }
 
+void Pipeline::report_progress(std::size_t buckets_done, bool finished) {
+  ReloadProgress p;
+  p.buckets_done = buckets_done;
+  p.buckets_total = plan_.buckets.size();
+  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+    p.bytes_total += plan_.buckets[b].bytes;
+    if (b < buckets_done) p.bytes_done += plan_.buckets[b].bytes;
+  }
+  p.seconds = since(started_);
+  p.finished = finished;
+  options_.progress(p);
+}
+
 PipelineStats Pipeline::run() {
   // Staging may not fit on one rank (device or pinned memory): every rank stops alike.
   std::optional<std::string> problem;
@@ -308,6 +323,7 @@ PipelineStats Pipeline::run() {
     problem = e.what();
   }
   agree_on_problem<CommError>(control_, problem, "allocating staging buffers");
+  started_ = Clock::now();
   if (reader_) reader_thread_ = std::thread([this] { reader_loop(); });
   apply_thread_ = std::thread([this] { apply_loop(); });
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
@@ -319,7 +335,9 @@ PipelineStats Pipeline::run() {
     announce_read_status(**slot);
     transfer(**slot);
     to_apply_.push(std::move(*slot));
+    if (reader_ && options_.progress) report_progress(k + 1, false);
   }
+  if (reader_ && options_.progress) report_progress(plan_.buckets.size(), true);
   to_apply_.close();
   if (apply_thread_.joinable()) apply_thread_.join();
   stop();

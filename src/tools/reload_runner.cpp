@@ -21,6 +21,8 @@
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
 #include "tpreload/runtime/data_plane.h"
+#include "tpreload/runtime/launch_env.h"
+#include "tpreload/runtime/progress.h"
 #include "tpreload/runtime/program.h"
 
 namespace {
@@ -45,6 +47,8 @@ struct RunnerOptions {
   std::string report;
   bool demo = false;
   std::string log_level = "info";
+  bool quiet = false;
+  std::string progress = "auto";
   int timeout_s = 300;
   std::string device = "cpu";
   std::string transport = "mpi";
@@ -72,7 +76,9 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                "The weights are kernel-format shards (made by `reload_ckpt shard`): copy them "
                "straight into the parameters");
   app.add_option("--tp", o.tp,
-                 "Tensor-parallel size; the world is replicas x tp (default: world size)")
+                 "Tensor-parallel size; the world is replicas x tp, world rank w is tp rank w % tp of "
+                 "replica w / tp (default: the ranks per node when the job spans several nodes with "
+                 "the same count on each, else the world size)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--quantization", o.quantization, "int8: weight-only int8 kernel format")
       ->check(CLI::IsMember({"", "int8"}));
@@ -106,6 +112,15 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_flag("--demo", o.demo,
                "Generate a small Llama model and two checkpoint versions, serve logits from "
                "version 1, reload version 2 in place, and check the logits equal a fresh load");
+  app.add_flag("--quiet", o.quiet,
+               "No progress and only warnings and errors in the log (as --log-level warn); the summary "
+               "and report are still written");
+  app.add_option("--progress", o.progress,
+                 "Progress on the reader rank: tty (one line redrawn), log (a line every few "
+                 "seconds), off, or auto (launch/mpirun.sh passes whether its stderr is a terminal; "
+                 "else stderr of this process)")
+      ->check(CLI::IsMember({"auto", "tty", "log", "off"}))
+      ->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
       ->capture_default_str();
   app.add_option("--timeout", o.timeout_s,
@@ -133,14 +148,34 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   r.pipeline_depth = o.pipeline_depth;
   r.reader_rank = o.reader_rank;
   r.zero_copy = o.zero_copy;
-  return r;
+  // Progress on the reader rank: redrawn on a terminal, a log line every few
+  // seconds otherwise.
+  return o.quiet ? r : with_progress(r, o.progress);
+}
+
+// --tp's default from the launcher's variables (the ranks per node over several
+// nodes), said once in the log; the world size where they say nothing usable.
+int tp_from_layout(const Communicator& world) {
+  LaunchLayout layout = layout_from_environment();
+  if (layout.world_size != world.size()) {  // not launched as the variables say (a singleton run)
+    layout = LaunchLayout{};
+    layout.world_size = world.size();
+    layout.world_rank = world.rank();
+  }
+  std::string why;
+  const int tp = default_tp_size(layout, &why);
+  static bool said = false;
+  if (world.rank() == 0 && !said) log().info("{}", why);
+  said = true;
+  log().debug("{}", describe_layout(layout, tp));
+  return tp;
 }
 
 ModelOptions model_options(const RunnerOptions& o, const Communicator& world,
                            const DataPlane& plane) {
   ModelOptions m;
   m.device = plane.device;
-  m.tp_size = o.tp > 0 ? o.tp : world.size();
+  m.tp_size = o.tp > 0 ? o.tp : tp_from_layout(world);
   if (world.size() % m.tp_size != 0)
     raise<UsageError>("--tp ", m.tp_size, " does not divide the world size ", world.size());
   m.tp_rank = world.rank() % m.tp_size;
@@ -288,6 +323,7 @@ int main(int argc, char** argv) {
   }
   CommOptions comm_options;
   comm_options.timeout = std::chrono::seconds(options.timeout_s);
+  if (options.quiet && options.log_level == "info") options.log_level = "warn";
   return run_mpi_program(
       &argc, &argv, options.log_level, comm_options, [&](MpiCommunicator& world) {
         if (world.rank() == 0) log().info("reload_runner options: {}", options.describe());

@@ -45,6 +45,14 @@ class Communicator;
 class DataTransport;
 class WeightSource;
 
+// How far a reload has come, on the reader rank (see ReloadOptions::progress).
+struct ReloadProgress {
+  std::uint64_t bytes_done = 0, bytes_total = 0;  // bucket bytes sent / to send
+  std::size_t buckets_done = 0, buckets_total = 0;
+  double seconds = 0;     // since the transfers began
+  bool finished = false;  // the last call of a reload
+};
+
 struct ReloadOptions {
   WeightFormat format = WeightFormat::kCheckpoint;
   // Defaults chosen by scripts/sweep.sh (docs/PERFORMANCE.md, "Defaults"): on the
@@ -65,6 +73,10 @@ struct ReloadOptions {
   // Longest wait for device work (a staging copy, a bucket's writes) before the
   // reload fails with CommTimeoutError naming the device.
   std::chrono::milliseconds device_timeout{std::chrono::minutes(5)};
+  // Called on the reader rank, on the reloading thread, after each bucket's
+  // transfer (and once more, finished, after the last). Must be quick and must
+  // not throw; null for none.
+  std::function<void(const ReloadProgress&)> progress;
 };
 
 struct PhaseSeconds {
