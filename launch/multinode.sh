@@ -11,7 +11,12 @@ if [ $# -lt 2 ]; then
 fi
 hostfile=$1 np=$2
 shift 2
-runner=${TPRELOAD_RUNNER:-$here/../build/reload_runner}
+# reload_runner: $TPRELOAD_RUNNER, else the build tree's, else an installed one.
+runner=${TPRELOAD_RUNNER:-}
+for candidate in "$here/../build/reload_runner" "$here/../../../bin/reload_runner"; do
+  if [ -z "$runner" ] && [ -x "$candidate" ]; then runner=$candidate; fi
+done
+runner=${runner:-$(command -v reload_runner || echo reload_runner)}
 # Export the root/oversubscription settings to the remote ranks too.
 exec mpirun --hostfile "$hostfile" -np "$np" --bind-to none \
   -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x OMPI_MCA_btl_vader_single_copy_mechanism \
