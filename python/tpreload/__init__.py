@@ -156,7 +156,8 @@ def _describe(name, tensor, *extra):
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
                    distribution="scatter", bucket_mb=16, pipeline_depth=1, reader_rank=0,
-                   transport="mpi", workspace=None, fingerprint=False):
+                   transport="mpi", workspace=None, fingerprint=False, atomic=False,
+                   require_complete=False):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
     same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only).
 
@@ -183,6 +184,14 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
     distribution: "scatter" (each rank gets its slice) or "broadcast".
     transport: "mpi", or "nccl" for CUDA parameters (device buffers).
     workspace: a Workspace kept between reloads (staging buffers and the plan).
+    atomic: all or nothing: every rank receives its whole shard into a second copy
+        of its parameters (same memory: host or GPU), and only when every rank has
+        it are the parameters overwritten; any failure before leaves every
+        parameter on every rank as it was. Costs that copy's memory (refused with
+        a UsageError on every rank where it cannot be had).
+    require_complete: refuse (ValidationError, before any write) a source that
+        lacks a parameter some rank needs; by default those are reported in the
+        result and the rest is reloaded, as vLLM does.
     fingerprint: also read every parameter back and CRC it (``fingerprint`` and
         ``crc32`` of the result); costs a pass over the model's memory.
 
@@ -213,6 +222,8 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         request.reader_rank = int(reader_rank)
         request.transport = str(transport)
         request.fingerprint = bool(fingerprint)
+        request.atomic = bool(atomic)
+        request.require_complete = bool(require_complete)
         items = list(params.items() if hasattr(params, "items") else params)
         descriptors = [_describe(n, t) for n, t in items]
         _synchronize_cuda([t for _, t in items])

@@ -175,6 +175,7 @@ struct Request {
   int pipeline_depth = 1, reader_rank = 0;
   std::string transport = "mpi";
   bool fingerprint = false;
+  bool atomic = false, require_complete = false;
 };
 
 ReloadOptions reload_options(const Request& q) {
@@ -188,6 +189,8 @@ ReloadOptions reload_options(const Request& q) {
   o.bucket_bytes = static_cast<std::uint64_t>(q.bucket_mb * 1048576);
   o.pipeline_depth = q.pipeline_depth;
   o.reader_rank = q.reader_rank;
+  o.atomic = q.atomic;
+  o.require_complete = q.require_complete;
   return o;
 }
 
@@ -226,6 +229,7 @@ py::dict result_dict(const ReloadResult& r,
       py::dict(py::arg("total") = r.seconds.total, py::arg("read") = r.seconds.read,
                py::arg("transfer") = r.seconds.transfer, py::arg("apply") = r.seconds.apply,
                py::arg("finish") = r.seconds.finish, py::arg("validate") = r.seconds.validate);
+  d["atomic"] = r.atomic;
   d["fingerprint"] =
       fingerprints ? py::object(py::str(model_fingerprint(*fingerprints))) : py::none();
   py::dict crcs;
@@ -379,6 +383,8 @@ PYBIND11_MODULE(_tpreload, m) {
       .def(py::init<>())
       .def_readwrite("problem", &Request::problem)
       .def_readwrite("fingerprint", &Request::fingerprint)
+      .def_readwrite("atomic", &Request::atomic)
+      .def_readwrite("require_complete", &Request::require_complete)
       .def_readwrite("config", &Request::config)
       .def_readwrite("tp_size", &Request::tp_size)
       .def_readwrite("weights_path", &Request::weights_path)

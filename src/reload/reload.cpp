@@ -1,5 +1,6 @@
 #include "tpreload/reload/reload.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -7,6 +8,7 @@
 #include "pipeline.h"
 #include "sync.h"
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/agreement.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/data_transport.h"
 #include "tpreload/comm/device.h"
@@ -22,6 +24,60 @@ using detail::CachedPlan;
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// "a, b, c and 9 more"
+std::string name_list(const std::vector<std::string>& names, std::size_t most) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < most; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > most) out += detail::concat(" and ", names.size() - most, " more");
+  return out;
+}
+
+// Throws `e` again, as the same kind of error, with `extra` appended.
+[[noreturn]] void rethrow_with(const std::exception& e, const std::string& extra) {
+  const std::string text = e.what() + extra;
+#define TPRELOAD_RETHROW_AS(T)                                   \
+  if (dynamic_cast<const Agreed<T>*>(&e)) throw Agreed<T>(text); \
+  if (dynamic_cast<const T*>(&e)) throw T(text);
+  TPRELOAD_RETHROW_AS(CommTimeoutError)
+  TPRELOAD_RETHROW_AS(CommError)
+  TPRELOAD_RETHROW_AS(CheckpointError)
+  TPRELOAD_RETHROW_AS(ValidationError)
+  TPRELOAD_RETHROW_AS(ModelError)
+  TPRELOAD_RETHROW_AS(UsageError)
+#undef TPRELOAD_RETHROW_AS
+  throw Error(text);
+}
+
+// After a failure once writes began: says which parameters may now hold a mix of
+// old and new bytes. An agreed error (every rank at the same point, nothing in
+// flight) gathers every rank's list, so that the message stays the same on every
+// rank; any other says this rank's.
+[[noreturn]] void rethrow_after_writes(const std::exception& e, Communicator& world,
+                                       const ParameterSink& sink) {
+  std::vector<std::string> touched;
+  std::string where = detail::concat("on rank ", world.rank(), "/", world.size());
+  if (dynamic_cast<const AgreedError*>(&e)) {
+    const auto& params = sink.rules().params();
+    const auto mine = sink.touched_names();
+    std::vector<std::uint64_t> bits((params.size() + 63) / 64, 0);
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (std::binary_search(mine.begin(), mine.end(), params[i].name))
+        bits[i / 64] |= 1ull << (i % 64);
+    allreduce_bits(world, bits, BitOp::kOr);
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (bits[i / 64] >> (i % 64) & 1) touched.push_back(params[i].name);
+    std::sort(touched.begin(), touched.end());
+    where = "on some rank";
+  } else {
+    touched = sink.touched_names();
+  }
+  if (touched.empty()) rethrow_with(e, "; no parameter had been written (nothing was reloaded)");
+  rethrow_with(
+      e, detail::concat("; ", touched.size(), " of ", sink.rules().params().size(),
+                        " parameters had been written ", where,
+                        " and may hold a mix of old and new weights: ", name_list(touched, 8)));
 }
 
 std::uint64_t fnv(std::uint64_t h, std::uint64_t v) {
@@ -60,9 +116,10 @@ std::int64_t agreement_fingerprint(const ReloadTarget& model, const ReloadOption
     h = fnv(h, static_cast<std::uint64_t>(p.shards));
   }
   h = fnv(fnv(h, data.backend()), static_cast<std::uint64_t>(data.memory()));
-  for (std::uint64_t v : {std::uint64_t(model.rules().tp_size()), std::uint64_t(o.format),
-                          std::uint64_t(o.distribution), o.bucket_bytes,
-                          std::uint64_t(o.reader_rank), std::uint64_t(o.zero_copy)})
+  for (std::uint64_t v :
+       {std::uint64_t(model.rules().tp_size()), std::uint64_t(o.format),
+        std::uint64_t(o.distribution), o.bucket_bytes, std::uint64_t(o.reader_rank),
+        std::uint64_t(o.zero_copy), std::uint64_t(o.atomic), std::uint64_t(o.require_complete)})
     h = fnv(h, v);
   return static_cast<std::int64_t>(h >> 1);
 }
@@ -77,10 +134,11 @@ std::int64_t check_ranks_agree(Communicator& world, const ReloadTarget& model,
   world.allreduce_ints(&lo, 1, IntOp::kMin);
   world.allreduce_ints(&hi, 1, IntOp::kMax);
   if (lo != hi)
-    raise<UsageError>(
+    raise<Agreed<UsageError>>(
         "ranks disagree on the model (config, tp size, quantization), on the "
-        "reload options (format, distribution, bucket size, reader rank) or on the "
-        "data plane (transport, memory space); nothing was reloaded");
+        "reload options (format, distribution, bucket size, reader rank, atomic, "
+        "require-complete) or on the data plane (transport, memory space); nothing was "
+        "reloaded");
   return mine;
 }
 
@@ -96,14 +154,44 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
     std::string problem;
     if (t.kernel()) {
       if (t.held_by(model.tp_rank()))
-        problem = kernel_tensor_problem(model.rules(), model.tp_rank(), info.name, info.shape, info.dtype);
+        problem = kernel_tensor_problem(model.rules(), model.tp_rank(), info.name, info.shape,
+                                        info.dtype);
     } else if (t.held_by(model.tp_rank())) {
-      problem = checkpoint_tensor_problem(model.rules(), model.tp_rank(), t.placements[model.tp_rank()], info.shape,
-                                              info.dtype, false);
+      problem =
+          checkpoint_tensor_problem(model.rules(), model.tp_rank(), t.placements[model.tp_rank()],
+                                    info.shape, info.dtype, false);
     }
     if (!problem.empty()) return problem + " (in " + info.file + ")";
   }
   return std::nullopt;
+}
+
+// The parameters this rank must fill that the plan gives it nothing (or not every
+// shard) for, by name; what --require-complete refuses.
+std::optional<std::string> unplanned_problem(const Plan& plan, const ReloadTarget& model,
+                                             WeightFormat format) {
+  const auto& params = model.rules().params();
+  const int tp_rank = model.tp_rank();
+  std::vector<std::vector<bool>> filled(params.size());
+  for (ParamSlot s = 0; s < params.size(); ++s) filled[s].assign(params[s].shards, false);
+  for (const PlannedTensor& t : plan.tensors) {
+    if (!t.held_by(tp_rank)) continue;
+    if (t.kernel()) {
+      if (t.slot != kNoSlot) filled[t.slot].assign(params[t.slot].shards, true);
+    } else {
+      const Placement& pl = t.placements[tp_rank];
+      if (pl.slot != kNoSlot && pl.shard < filled[pl.slot].size()) filled[pl.slot][pl.shard] = true;
+    }
+  }
+  std::vector<std::string> missing;
+  for (ParamSlot s = 0; s < params.size(); ++s)
+    if ((format == WeightFormat::kKernel || params[s].from_checkpoint) &&
+        std::find(filled[s].begin(), filled[s].end(), false) != filled[s].end())
+      missing.push_back(params[s].name);
+  if (missing.empty()) return std::nullopt;
+  std::sort(missing.begin(), missing.end());
+  return detail::concat("the source lacks ", missing.size(), " of the ", params.size(),
+                        " parameters of tp rank ", tp_rank, ": ", name_list(missing, 12));
 }
 
 std::uint64_t hash_bytes(const std::vector<std::uint8_t>& bytes) {
@@ -125,9 +213,9 @@ std::uint64_t hash_bytes(const std::vector<std::uint8_t>& bytes) {
 // it is used as is. Otherwise the listing is broadcast, each rank plans and
 // preflights, and keeps the plan. Errors reach every rank alike: CheckpointError
 // when the reader cannot list its source, ValidationError from preflight.
-const CachedPlan& plan_reload(Communicator& world, WeightSource* source,
-                              const ReloadTarget& model, const ReloadOptions& options,
-                              std::int64_t fingerprint, ReloadWorkspace& workspace) {
+const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const ReloadTarget& model,
+                              const ReloadOptions& options, std::int64_t fingerprint,
+                              ReloadWorkspace& workspace) {
   const int reader = options.reader_rank;
   std::optional<std::string> problem;
   std::vector<std::uint8_t> payload;
@@ -246,8 +334,7 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
 // a device transport only for parameters on that device. Agreed on before
 // anything else, so that a rank that objects never leaves its peers waiting.
 std::optional<std::string> local_problem(const ReloadOptions& o, const Communicator& control,
-                                         const DataTransport& data,
-                                         const ReloadTarget& model) {
+                                         const DataTransport& data, const ReloadTarget& model) {
   const std::string who = detail::concat("rank ", control.rank(), "/", control.size(), ": ");
   if (o.reader_rank < 0 || o.reader_rank >= control.size())
     return detail::concat(who, "reader rank ", o.reader_rank, " is not a rank of the ",
@@ -295,7 +382,12 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
               plan.tensors.size(), plan.buckets.size(), plan.largest_bucket, plan.skipped.size());
 
-  model.sink().begin_load();
+  if (options.require_complete)
+    agree_on_problem<ValidationError>(world, unplanned_problem(plan, model, options.format),
+                                      "--require-complete (nothing was reloaded)");
+
+  ParameterSink& sink = model.sink();
+  sink.begin_load();
   ReloadResult result;
   result.source = md.description;
   result.format = options.format;
@@ -303,22 +395,58 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
   result.transport = data.backend();
-  result.parameter_memory = model.sink().device() ? model.sink().device()->describe() : "host";
-  const auto stats = detail::run_pipeline(planned, model, world, data, source, options, kept);
-  agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
-  auto t = Clock::now();
-  std::optional<std::string> finish_problem;
-  try {
-    model.finish();
-  } catch (const std::exception& e) {
-    finish_problem = e.what();
+  result.parameter_memory = sink.device() ? sink.device()->describe() : "host";
+  result.atomic = options.atomic;
+  struct ShadowGuard {  // an atomic reload that does not commit leaves the parameters alone
+    ParameterSink& sink;
+    ~ShadowGuard() { sink.discard_shadow(); }
+  } guard{sink};
+  if (options.atomic) {
+    std::optional<std::string> problem;
+    try {
+      sink.begin_shadow();
+    } catch (const std::exception& e) {
+      problem = detail::concat("--atomic needs a second copy of this rank's parameters (",
+                               sink.total_bytes(), " bytes of ",
+                               sink.device() ? sink.device()->describe() : "host memory",
+                               "), which cannot be had: ", e.what());
+    }
+    agree_on_problem<UsageError>(world, problem,
+                                 "preparing the atomic reload (nothing was reloaded)");
   }
-  agree_on_problem<ModelError>(world, finish_problem, "post-load processing (finish)");
-  result.seconds.finish = stats.finish + since(t);
-  t = Clock::now();
-  validate(world, model, options.format, result);
-  result.loaded = model.sink().loaded_names(options.format);
-  result.seconds.validate = since(t);
+  detail::PipelineStats stats;
+  auto run_finish = [&] {
+    std::optional<std::string> finish_problem;
+    try {
+      model.finish();
+    } catch (const std::exception& e) {
+      finish_problem = e.what();
+    }
+    agree_on_problem<ModelError>(world, finish_problem, "post-load processing (finish)");
+  };
+  try {
+    stats = detail::run_pipeline(planned, model, world, data, source, options, kept);
+    agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
+    auto t = Clock::now();
+    if (!options.atomic) run_finish();
+    result.seconds.finish = stats.finish + since(t);
+    t = Clock::now();
+    validate(world, model, options.format, result);
+    result.loaded = sink.loaded_names(options.format);
+    result.seconds.validate = since(t);
+  } catch (const std::exception& e) {
+    if (options.atomic)
+      rethrow_with(e, "; atomic reload: every parameter is as it was before the reload");
+    rethrow_after_writes(e, world, sink);
+  }
+  if (options.atomic) {
+    // Every rank holds its whole shard: commit only if every rank says so.
+    agree_on_problem<CommError>(world, std::nullopt, "the atomic reload's commit vote");
+    const auto t = Clock::now();
+    sink.commit_shadow(options.device_timeout);  // local copies: nothing in them can be refused
+    run_finish();
+    result.seconds.finish += since(t);
+  }
   result.seconds.read = stats.read;
   result.seconds.transfer = stats.transfer;
   result.seconds.apply = stats.apply;
@@ -335,8 +463,22 @@ ReloadableModel::ReloadableModel(ReloadTarget& model, WeightLocation location, D
 
 ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& options,
                                   WeightSource* source) {
-  if (data_) return reload_weights(model_, world, *data_, source, options, &workspace_);
-  return reload_weights(model_, world, source, options, &workspace_);
+  try {
+    if (data_) return reload_weights(model_, world, *data_, source, options, &workspace_);
+    return reload_weights(model_, world, source, options, &workspace_);
+  } catch (const std::exception& e) {
+    // Weights that changed before the failure: caches derived from them must go.
+    ReloadResult failed;
+    failed.atomic = options.atomic;
+    failed.error = e.what();
+    if (!options.atomic) failed.possibly_mixed = model_.sink().touched_names();
+    if (!failed.possibly_mixed.empty()) {
+      log().warn("reload failed after writing {} parameters; running {} invalidation callbacks",
+                 failed.possibly_mixed.size(), callbacks_.size());
+      for (const auto& callback : callbacks_) callback(failed);
+    }
+    throw;
+  }
 }
 
 void ReloadableModel::on_reloaded(std::function<void(const ReloadResult&)> callback) {

@@ -22,8 +22,8 @@
 #include "tpreload/reload/report.h"
 #include "tpreload/runtime/data_plane.h"
 #include "tpreload/runtime/launch_env.h"
-#include "tpreload/runtime/progress.h"
 #include "tpreload/runtime/program.h"
+#include "tpreload/runtime/progress.h"
 
 namespace {
 
@@ -43,6 +43,9 @@ struct RunnerOptions {
   int pipeline_depth = ReloadOptions{}.pipeline_depth;
   int reader_rank = 0;
   bool zero_copy = false;
+  bool atomic = false;
+  bool require_complete = false;
+  int read_timeout_s = static_cast<int>(ReloadOptions{}.read_stall_timeout.count());
   int repeat = 1;
   std::string report;
   bool demo = false;
@@ -60,7 +63,8 @@ struct RunnerOptions {
         " quantization=", quantization.empty() ? "none" : quantization, " lora=", lora,
         " expert_parallel=", expert_parallel, " distribution=", distribution,
         " bucket_mb=", bucket_mb, " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
-        " zero_copy=", zero_copy, " repeat=", repeat, " report=", report, " demo=", demo,
+        " zero_copy=", zero_copy, " atomic=", atomic, " require_complete=", require_complete,
+        " read_timeout_s=", read_timeout_s, " repeat=", repeat, " report=", report, " demo=", demo,
         " timeout_s=", timeout_s, " device=", device, " transport=", transport);
   }
 };
@@ -75,10 +79,11 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_flag("--kernel-format", o.kernel_format,
                "The weights are kernel-format shards (made by `reload_ckpt shard`): copy them "
                "straight into the parameters");
-  app.add_option("--tp", o.tp,
-                 "Tensor-parallel size; the world is replicas x tp, world rank w is tp rank w % tp of "
-                 "replica w / tp (default: the ranks per node when the job spans several nodes with "
-                 "the same count on each, else the world size)")
+  app.add_option(
+         "--tp", o.tp,
+         "Tensor-parallel size; the world is replicas x tp, world rank w is tp rank w % tp of "
+         "replica w / tp (default: the ranks per node when the job spans several nodes with "
+         "the same count on each, else the world size)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--quantization", o.quantization, "int8: weight-only int8 kernel format")
       ->check(CLI::IsMember({"", "int8"}));
@@ -104,6 +109,19 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                "Broadcast a bucket straight from the memory-mapped file when it is one run of "
                "it, instead of reading it into a send buffer (slower on a freshly opened "
                "checkpoint: see docs/PERFORMANCE.md)");
+  app.add_flag("--atomic", o.atomic,
+               "All or nothing: every rank receives its whole shard into a second copy of its "
+               "parameters (host or device memory, as the parameters), and only when every rank "
+               "has it are they overwritten; any failure before leaves every parameter as it was. "
+               "Costs that copy's memory (refused, naming it, where it cannot be had)");
+  app.add_flag("--require-complete", o.require_complete,
+               "Refuse, before any write, a checkpoint that lacks a parameter some rank needs "
+               "(default: reload what is there and report the rest, exit status 3)");
+  app.add_option("--read-timeout", o.read_timeout_s,
+                 "Seconds the reader rank may take to read one bucket before the job is ended "
+                 "(a hung file system)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--repeat", o.repeat, "Reload this many times")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -112,13 +130,15 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_flag("--demo", o.demo,
                "Generate a small Llama model and two checkpoint versions, serve logits from "
                "version 1, reload version 2 in place, and check the logits equal a fresh load");
-  app.add_flag("--quiet", o.quiet,
-               "No progress and only warnings and errors in the log (as --log-level warn); the summary "
-               "and report are still written");
-  app.add_option("--progress", o.progress,
-                 "Progress on the reader rank: tty (one line redrawn), log (a line every few "
-                 "seconds), off, or auto (launch/mpirun.sh passes whether its stderr is a terminal; "
-                 "else stderr of this process)")
+  app.add_flag(
+      "--quiet", o.quiet,
+      "No progress and only warnings and errors in the log (as --log-level warn); the summary "
+      "and report are still written");
+  app.add_option(
+         "--progress", o.progress,
+         "Progress on the reader rank: tty (one line redrawn), log (a line every few "
+         "seconds), off, or auto (launch/mpirun.sh passes whether its stderr is a terminal; "
+         "else stderr of this process)")
       ->check(CLI::IsMember({"auto", "tty", "log", "off"}))
       ->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
@@ -148,6 +168,9 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   r.pipeline_depth = o.pipeline_depth;
   r.reader_rank = o.reader_rank;
   r.zero_copy = o.zero_copy;
+  r.atomic = o.atomic;
+  r.require_complete = o.require_complete;
+  r.read_stall_timeout = std::chrono::seconds(o.read_timeout_s);
   // Progress on the reader rank: redrawn on a terminal, a log line every few
   // seconds otherwise.
   return o.quiet ? r : with_progress(r, o.progress);

@@ -298,3 +298,21 @@ def test_fingerprints_need_the_same_names_on_every_rank(world, shared_dir):
     assert error.value.agreed and "differently named parameters" in str(error.value)
     assert_holds({n.replace(".base_layer", ""): t for n, t in params.items()},
                  expected_shards(checkpoint(13), tp, world.rank), "reloaded before the fingerprints")
+
+
+def test_atomic_and_require_complete(world, shared_dir):
+    tp = world.size
+    full, lacking = checkpoint(14), dict(checkpoint(15))
+    del lacking["model.layers.0.mlp.down_proj.weight"]
+    if world.rank == 0:
+        write_model_dir(os.path.join(shared_dir, "full"), full)
+        write_model_dir(os.path.join(shared_dir, "lacking"), lacking)
+    world.barrier()
+    params = zeros_like_shards(world, tp)
+    r = tpreload.reload_weights(params, os.path.join(shared_dir, "full"), world=world, atomic=True)
+    assert r.complete and r.atomic
+    assert_holds(params, expected_shards(full, tp, world.rank), "atomic")
+    with pytest.raises(tpreload.ValidationError) as error:
+        tpreload.reload_weights(params, os.path.join(shared_dir, "lacking"), world=world, require_complete=True)
+    assert error.value.agreed and "model.layers.0.mlp.down_proj.weight" in str(error.value)
+    assert_holds(params, expected_shards(full, tp, world.rank), "after the refused reload")

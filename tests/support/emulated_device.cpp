@@ -280,6 +280,11 @@ std::unique_ptr<DeviceStream> EmulatedDevice::make_stream() {
 }
 
 std::byte* EmulatedDevice::take(MemoryKind kind, std::uint64_t bytes) {
+  if (kind == MemoryKind::kDevice && memory_limit_ &&
+      live_bytes(MemoryKind::kDevice) + bytes > memory_limit_)
+    raise<CommError>("out of memory on the emulated device: ", bytes, " bytes asked, ",
+                     memory_limit_ - std::min<std::uint64_t>(memory_limit_, live_bytes(kind)),
+                     " free");
   auto* p = new std::byte[bytes];
   std::memset(p, kind == MemoryKind::kDevice ? 0xCD : 0xAB, bytes);
   std::lock_guard<std::mutex> lock(mutex_);

@@ -55,6 +55,9 @@ class EmulatedDevice final : public Device {
   std::uint64_t operations() const { return operations_; }
   void stall(bool on) { stalled_ = on; }
   bool stalled() const { return stalled_; }
+  // Device memory beyond `bytes` live at once is refused (CommError), as a full
+  // GPU refuses it; 0: no limit.
+  void set_memory_limit(std::uint64_t bytes) { memory_limit_ = bytes; }
   // Events complete no sooner than `delay` after they were recorded (a slow device).
   void set_delay(std::chrono::milliseconds delay) { delay_ms_ = delay.count(); }
   std::chrono::milliseconds delay() const { return std::chrono::milliseconds(delay_ms_.load()); }
@@ -71,6 +74,7 @@ class EmulatedDevice final : public Device {
   std::atomic<bool> stalled_{false};
   std::atomic<std::int64_t> delay_ms_{0};
   std::atomic<std::uint64_t> operations_{0};
+  std::atomic<std::uint64_t> memory_limit_{0};
   mutable std::mutex mutex_;
   std::map<const std::byte*, std::uint64_t> device_blocks_;  // device memory: start -> size
   std::map<const std::byte*, std::uint64_t> sizes_;          // every block: start -> size

@@ -15,6 +15,11 @@
 // (begin_load, mark_loaded): a stacked parameter counts as loaded once every
 // one of its shards (ParamSpec::shards) did.
 //
+// Atomic reloads: begin_shadow() gives every parameter a second copy in the same
+// memory space (holding its current bytes) and sends every later write, zero and
+// CRC there; commit_shadow() copies it over the parameters, discard_shadow()
+// drops it, leaving the parameters as they were.
+//
 // Not thread-safe: one thread writes at a time.
 #pragma once
 
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "tpreload/comm/device.h"
+#include "tpreload/comm/memory.h"
 #include "tpreload/model/row_writes.h"
 
 namespace tpreload {
@@ -50,6 +56,7 @@ class ParameterSink {
   MemoryKind memory() const { return device_ ? MemoryKind::kDevice : MemoryKind::kHost; }
   Device* device() const { return device_.get(); }
   std::size_t size() const { return storage_.size(); }
+  // Where writes to `slot` go: the parameter, or its shadow copy while one is open.
   const ParamStorage& storage(ParamSlot slot) const { return storage_.at(slot); }
 
   // --- writes (source bytes in memory()) ---
@@ -72,6 +79,24 @@ class ParameterSink {
   // Expected names filled since begin_load() (sorted).
   std::vector<std::string> loaded_names(WeightFormat format) const;
 
+  // Parameters written since begin_load() (even partly), sorted by name: after
+  // a failed reload, those that may hold a mix of old and new bytes.
+  std::vector<std::string> touched_names() const;
+
+  // --- atomic reloads ---
+  // The bytes a shadow takes: every parameter once more.
+  std::uint64_t total_bytes() const;
+  // Allocates the shadow in the sink's memory space and copies the parameters
+  // into it. Throws CommError (from the allocator) naming the memory when it
+  // cannot be had; the sink is then unchanged.
+  void begin_shadow();
+  bool shadowed() const { return static_cast<bool>(shadow_); }
+  // Copies the shadow over the parameters (waiting for the device copies up to
+  // `timeout`) and frees it.
+  void commit_shadow(std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  // Frees the shadow: the parameters hold what they held at begin_shadow().
+  void discard_shadow() noexcept;
+
   // zlib CRC-32 of a parameter's bytes; device memory is copied back through a
   // pinned buffer of at most `chunk_bytes` at a time.
   std::uint32_t crc32(ParamSlot slot, std::uint64_t chunk_bytes = std::uint64_t{16} << 20);
@@ -85,8 +110,13 @@ class ParameterSink {
   void write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   DeviceStream& stream();
 
+  void copy_all(const std::vector<ParamStorage>& from, const std::vector<ParamStorage>& to);
+
   const ShardingRules& rules_;
-  std::vector<ParamStorage> storage_;
+  std::vector<ParamStorage> storage_;  // where writes go: the parameters, or the shadow
+  std::vector<ParamStorage> params_;   // the parameters themselves
+  Buffer shadow_;
+  std::vector<bool> touched_;
   std::shared_ptr<Device> device_;
   std::unique_ptr<DeviceStream> stream_;
   // Shard bits since begin_load(): slot s owns bits [first_bit_[s], first_bit_[s + 1]).

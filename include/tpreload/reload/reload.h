@@ -77,6 +77,19 @@ struct ReloadOptions {
   // transfer (and once more, finished, after the last). Must be quick and must
   // not throw; null for none.
   std::function<void(const ReloadProgress&)> progress;
+  // All or nothing: every rank receives its whole shard into a second copy of
+  // its parameters (in the parameters' memory: host, or the device), the ranks
+  // agree that every rank has it, and only then is it copied over the
+  // parameters. A failure before that leaves every parameter on every rank as it
+  // was. Costs that second copy (ParameterSink::total_bytes() per rank) and one
+  // local copy pass; refused on every rank, before any transfer, when a rank
+  // cannot allocate it. Post-load processing (ReloadTarget::finish) runs after
+  // the commit.
+  bool atomic = false;
+  // Refuse, in preflight and before any write, a source that lacks a parameter
+  // some rank needs (naming them); by default such names are reported
+  // (ReloadResult::not_loaded_*) and the reload goes on, as vLLM's does.
+  bool require_complete = false;
 };
 
 struct PhaseSeconds {
@@ -107,19 +120,25 @@ struct ReloadResult {
   std::size_t buckets = 0;
   PhaseSeconds seconds;  // max over ranks
 
+  bool atomic = false;  // ReloadOptions::atomic was set
+  // A failed reload (what ReloadableModel hands its callbacks before it
+  // rethrows): the error, and this rank's parameters that may hold a mix of old
+  // and new bytes (none after an atomic reload failed: they are as they were).
+  std::string error;
+  std::vector<std::string> possibly_mixed;
+
   bool complete() const {
-    return not_loaded_on_all_ranks.empty() && not_loaded_on_some_ranks.empty();
+    return error.empty() && not_loaded_on_all_ranks.empty() && not_loaded_on_some_ranks.empty();
   }
 };
 
-// Reload `model` (a TensorParallelModel, or any ReloadTarget) in place. `control` carries the control plane, `data` the
-// bucket bytes; both span the same ranks in the same order. `source` must be
-// non-null on options.reader_rank and is ignored elsewhere. Throws, on every rank
-// alike: UsageError (ranks disagree on the model, options or data plane; a
-// device transport for host parameters), ValidationError (preflight, wrong
-// source kind; no weight was written), CheckpointError (the source cannot be
-// opened, or a read failed mid-way: earlier buckets were already written),
-// ModelError (applying or post-processing failed). A failed or stalled transfer
+// Reload `model` (a TensorParallelModel, or any ReloadTarget) in place. `control` carries the
+// control plane, `data` the bucket bytes; both span the same ranks in the same order. `source` must
+// be non-null on options.reader_rank and is ignored elsewhere. Throws, on every rank alike:
+// UsageError (ranks disagree on the model, options or data plane; a device transport for host
+// parameters), ValidationError (preflight, wrong source kind; no weight was written),
+// CheckpointError (the source cannot be opened, or a read failed mid-way: earlier buckets were
+// already written), ModelError (applying or post-processing failed). A failed or stalled transfer
 // throws CommError / CommTimeoutError (or aborts the job first, by the
 // transport's policy; MPI's default). Names that did not load are not an error:
 // they are in the result (complete() is false).

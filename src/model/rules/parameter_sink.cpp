@@ -40,13 +40,17 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
       raise<ModelError>("parameter '", spec.name, "' has ", storage_[i].bytes,
                         " bytes of storage, its shape and dtype need ", spec_bytes(spec));
   }
+  params_ = storage_;
+  touched_.assign(storage_.size(), false);
   first_bit_.push_back(0);
   for (const ParamSpec& spec : rules_.params())
     first_bit_.push_back(first_bit_.back() + spec.shards);
   loaded_.assign((first_bit_.back() + 63) / 64, 0);
 }
 
-ParameterSink::~ParameterSink() = default;
+ParameterSink::~ParameterSink() {
+  discard_shadow();
+}
 
 DeviceStream& ParameterSink::stream() {
   if (!stream_) stream_ = device_->make_stream();
@@ -61,6 +65,8 @@ void ParameterSink::write(const RowWrite& w, const std::byte* src) {
                       ") into parameter '", param.name, "' of ", param_rows(param.shape), " rows");
   if (w.kind == WriteKind::kQuantizeInt8 && param.scale_slot == kNoSlot)
     raise<ModelError>("int8 write into parameter '", param.name, "', which has no weight_scale");
+  touched_[w.slot] = true;
+  if (w.kind == WriteKind::kQuantizeInt8) touched_[param.scale_slot] = true;
   if (device_)
     write_device(w, param, src);
   else
@@ -136,6 +142,7 @@ void ParameterSink::zero(const RowZero& z) {
                       param.name, "' of ", param_rows(param.shape), " rows");
   std::byte* dst = storage_[z.slot].data + static_cast<std::uint64_t>(z.row_begin) * width;
   const std::uint64_t n = static_cast<std::uint64_t>(z.row_end - z.row_begin) * width;
+  touched_[z.slot] = true;
   if (device_)
     stream().zero(dst, n);
   else
@@ -149,6 +156,69 @@ void ParameterSink::flush(std::chrono::milliseconds timeout) {
 
 void ParameterSink::begin_load() {
   std::fill(loaded_.begin(), loaded_.end(), 0);
+  touched_.assign(storage_.size(), false);
+}
+
+std::vector<std::string> ParameterSink::touched_names() const {
+  std::vector<std::string> names;
+  for (ParamSlot s = 0; s < storage_.size(); ++s)
+    if (touched_[s]) names.push_back(rules_.params()[s].name);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+std::uint64_t ParameterSink::total_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& s : params_) n += (s.bytes + 255) / 256 * 256;  // each 256-byte aligned
+  return n;
+}
+
+void ParameterSink::copy_all(const std::vector<ParamStorage>& from,
+                             const std::vector<ParamStorage>& to) {
+  for (std::size_t i = 0; i < from.size(); ++i) {
+    if (!from[i].bytes) continue;
+    if (device_)
+      stream().copy(to[i].data, from[i].data, from[i].bytes, CopyKind::kDeviceToDevice);
+    else
+      std::memcpy(to[i].data, from[i].data, from[i].bytes);
+  }
+}
+
+void ParameterSink::begin_shadow() {
+  if (shadow_) raise<UsageError>("parameter sink: a shadow copy is already open");
+  Allocator& memory = device_ ? device_->memory() : host_allocator();
+  Buffer shadow = memory.allocate(total_bytes());  // throws CommError naming the memory
+  std::vector<ParamStorage> copy;
+  std::uint64_t at = 0;
+  for (const auto& s : params_) {
+    copy.push_back({shadow.data() + at, s.bytes});
+    at += (s.bytes + 255) / 256 * 256;
+  }
+  copy_all(params_, copy);
+  flush();
+  shadow_ = std::move(shadow);
+  storage_ = std::move(copy);
+}
+
+void ParameterSink::commit_shadow(std::chrono::milliseconds timeout) {
+  if (!shadow_) raise<UsageError>("parameter sink: commit without a shadow copy");
+  flush(timeout);  // every write into the shadow landed
+  copy_all(storage_, params_);
+  flush(timeout);
+  storage_ = params_;
+  shadow_.reset();
+}
+
+void ParameterSink::discard_shadow() noexcept {
+  if (!shadow_) return;
+  try {
+    flush();  // device writes still queued into the shadow must land before it is freed
+    storage_ = params_;
+    shadow_.reset();
+  } catch (...) {  // the device is stuck: leak the shadow rather than free memory in use
+    storage_ = params_;
+    shadow_.release();
+  }
 }
 
 void ParameterSink::mark_loaded(ParamSlot slot, std::uint32_t shard) {

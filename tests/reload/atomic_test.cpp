@@ -1,0 +1,228 @@
+// All-or-nothing reloads and what a failed reload says, in one process: a
+// transport that fails part-way, a device without room for the second copy, a
+// source that lacks a parameter. The model's bytes before and after are compared
+// with the independent slicing of tests/support.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "../support/emulated_device.h"
+#include "../support/faults.h"
+#include "../support/tiny_models.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/model.h"
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::EmulatedDevice;
+using testing::FaultyTransport;
+
+struct Fixture {
+  ModelConfig config = testdata::tiny_config("llama_gqa");
+  std::map<std::string, at::Tensor> v1 = testdata::random_checkpoint(config, 61);
+  std::map<std::string, at::Tensor> v2 = testdata::random_checkpoint(config, 62);
+  std::unique_ptr<Communicator> control = make_local_communicator();
+};
+
+ModelOptions on(std::shared_ptr<Device> device) {
+  ModelOptions o;
+  o.device = std::move(device);
+  return o;
+}
+
+// The names whose bytes equal `ckpt`'s shards, and those that do not.
+std::pair<std::set<std::string>, std::set<std::string>> compare(
+    const TensorParallelModel& m, const ModelConfig& c,
+    const std::map<std::string, at::Tensor>& ckpt) {
+  std::set<std::string> same, differ;
+  for (const auto& [name, t] : testdata::expected_shards(c, ckpt, 1, 0))
+    (testdata::same_bytes(m.parameter_for_reload(name), t) ? same : differ).insert(name);
+  return {same, differ};
+}
+
+void load(TensorParallelModel& m, Communicator& control,
+          const std::map<std::string, at::Tensor>& ckpt) {
+  auto source = testdata::memory_source(ckpt);
+  ASSERT_TRUE(reload_weights(m, control, source.get(), ReloadOptions{}).complete());
+}
+
+TEST(Atomic, AFailureMidwayLeavesEveryParameterAsItWas) {
+  Fixture f;
+  for (bool device : {false, true}) {
+    auto dev = std::make_shared<EmulatedDevice>();
+    TensorParallelModel model(f.config, on(device ? dev : nullptr));
+    load(model, *f.control, f.v1);
+    for (int nth : {1, 3, 6}) {
+      auto inner = make_communicator_transport(*f.control);
+      if (device) inner = testing::make_emulated_device_transport(std::move(inner), *dev);
+      FaultyTransport data(std::move(inner), nth, FaultyTransport::Fault::kFail);
+      ReloadOptions o;
+      o.atomic = true;
+      o.bucket_bytes = 600;
+      o.pipeline_depth = 2;
+      auto source = testdata::memory_source(f.v2);
+      try {
+        reload_weights(model, *f.control, data, source.get(), o);
+        FAIL() << "the injected failure went unnoticed";
+      } catch (const CommError& e) {
+        EXPECT_NE(std::string(e.what()).find(
+                      "injected fault; atomic reload: every parameter is as it was"),
+                  std::string::npos)
+            << e.what();
+      }
+      const auto [same, differ] = compare(model, f.config, f.v1);
+      EXPECT_TRUE(differ.empty()) << (device ? "device" : "host") << ", failure at transfer " << nth
+                                  << ": " << differ.size() << " parameters changed, e.g. "
+                                  << (differ.empty() ? "" : *differ.begin());
+      EXPECT_FALSE(model.sink().shadowed()) << "the second copy outlived the failed reload";
+    }
+  }
+}
+
+TEST(Atomic, ASuccessfulReloadEqualsTheDefaultOneAndFreesTheCopy) {
+  Fixture f;
+  for (bool device : {false, true}) {
+    auto dev = std::make_shared<EmulatedDevice>();
+    TensorParallelModel model(f.config, on(device ? dev : nullptr));
+    load(model, *f.control, f.v1);
+    const std::uint64_t before = dev->live_bytes(MemoryKind::kDevice);
+    auto inner = make_communicator_transport(*f.control);
+    if (device) inner = testing::make_emulated_device_transport(std::move(inner), *dev);
+    ReloadOptions o;
+    o.atomic = true;
+    o.bucket_bytes = 700;
+    dev->reset_peaks();
+    auto source = testdata::memory_source(f.v2);
+    const ReloadResult r = reload_weights(model, *f.control, *inner, source.get(), o);
+    EXPECT_TRUE(r.complete());
+    EXPECT_TRUE(r.atomic);
+    const auto [same, differ] = compare(model, f.config, f.v2);
+    EXPECT_TRUE(differ.empty()) << differ.size() << " parameters differ from version 2";
+    if (device) {
+      EXPECT_EQ(dev->live_bytes(MemoryKind::kDevice), before) << "the second copy was not freed";
+      // The second copy lived in device memory: the peak holds it besides the staging.
+      std::uint64_t params = 0;
+      for (const auto& [name, t] : model.named_parameters()) params += t.numel() * t.element_size();
+      EXPECT_GE(dev->peak_bytes(MemoryKind::kDevice), before + params);
+    }
+  }
+}
+
+TEST(Atomic, ADeviceWithoutRoomForTheCopyIsRefusedBeforeAnyTransfer) {
+  Fixture f;
+  auto dev = std::make_shared<EmulatedDevice>();
+  TensorParallelModel model(f.config, on(dev));
+  load(model, *f.control, f.v1);
+  dev->set_memory_limit(dev->live_bytes(MemoryKind::kDevice) + 1000);
+  FaultyTransport data(
+      testing::make_emulated_device_transport(make_communicator_transport(*f.control), *dev), 1000,
+      FaultyTransport::Fault::kFail);
+  ReloadOptions o;
+  o.atomic = true;
+  auto source = testdata::memory_source(f.v2);
+  try {
+    reload_weights(model, *f.control, data, source.get(), o);
+    FAIL() << "an atomic reload without room for its copy went ahead";
+  } catch (const UsageError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("preparing the atomic reload (nothing was reloaded) failed on rank 0/1: "
+                        "--atomic needs a second copy of this rank's parameters (" +
+                        std::to_string(model.sink().total_bytes()) + " bytes of emulated device)"),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("out of memory on the emulated device"), std::string::npos) << text;
+  }
+  EXPECT_EQ(data.transfers(), 0);
+  EXPECT_TRUE(compare(model, f.config, f.v1).second.empty());
+}
+
+TEST(Atomic, WithoutItAFailureNamesWhatMayBeMixedAndNothingElseChanged) {
+  Fixture f;
+  TensorParallelModel model(f.config, on(nullptr));
+  load(model, *f.control, f.v1);
+  FaultyTransport data(make_communicator_transport(*f.control), 4, FaultyTransport::Fault::kFail);
+  ReloadOptions o;
+  o.bucket_bytes = 600;
+  auto source = testdata::memory_source(f.v2);
+  std::string text;
+  try {
+    reload_weights(model, *f.control, data, source.get(), o);
+    FAIL() << "the injected failure went unnoticed";
+  } catch (const CommError& e) {
+    text = e.what();
+  }
+  const auto [same, differ] = compare(model, f.config, f.v1);
+  ASSERT_FALSE(differ.empty()) << "three buckets were applied before the failure";
+  // Every parameter that changed is named (the list is cut after 8 names).
+  const std::string count = std::to_string(model.sink().touched_names().size());
+  EXPECT_NE(text.find("; " + count + " of "), std::string::npos) << text;
+  EXPECT_GE(model.sink().touched_names().size(), differ.size());
+  for (const auto& name : differ) {
+    const auto& touched = model.sink().touched_names();
+    EXPECT_TRUE(std::find(touched.begin(), touched.end(), name) != touched.end())
+        << name << " changed but is not among the parameters said to be mixed";
+  }
+}
+
+TEST(RequireComplete, AMissingTensorIsRefusedBeforeAnyWriteNamingIt) {
+  Fixture f;
+  TensorParallelModel model(f.config, on(nullptr));
+  load(model, *f.control, f.v1);
+  auto lacking = f.v2;
+  lacking.erase("model.layers.1.mlp.up_proj.weight");
+  lacking.erase("model.norm.weight");
+  ReloadOptions o;
+  o.require_complete = true;
+  auto source = testdata::memory_source(lacking);
+  try {
+    reload_weights(model, *f.control, source.get(), o);
+    FAIL() << "an incomplete source was reloaded";
+  } catch (const ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "--require-complete (nothing was reloaded) failed on rank 0/1: the source lacks "
+                  "2 of the "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find(
+            "parameters of tp rank 0: model.layers.1.mlp.gate_up_proj.weight, model.norm.weight"),
+        std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(compare(model, f.config, f.v1).second.empty()) << "a parameter changed";
+  // By default the same source reloads what it has and reports the rest.
+  o.require_complete = false;
+  source = testdata::memory_source(lacking);
+  const ReloadResult r = reload_weights(model, *f.control, source.get(), o);
+  EXPECT_FALSE(r.complete());
+  EXPECT_EQ(
+      r.not_loaded_on_all_ranks,
+      (std::vector<std::string>{"model.layers.1.mlp.gate_up_proj.weight", "model.norm.weight"}));
+}
+
+TEST(ReloadableModelFailure, CallbacksRunWhenWeightsChangedBeforeTheFailure) {
+  Fixture f;
+  TensorParallelModel model(f.config, on(nullptr));
+  load(model, *f.control, f.v1);
+  FaultyTransport data(make_communicator_transport(*f.control), 4, FaultyTransport::Fault::kFail);
+  ReloadableModel served(model, {}, &data);
+  std::vector<ReloadResult> seen;
+  served.on_reloaded([&](const ReloadResult& r) { seen.push_back(r); });
+  ReloadOptions o;
+  o.bucket_bytes = 600;
+  auto source = testdata::memory_source(f.v2);
+  EXPECT_THROW(served.reload_from(*f.control, o, source.get()), CommError);
+  ASSERT_EQ(seen.size(), 1u) << "the callbacks did not run after a failure that changed weights";
+  EXPECT_FALSE(seen[0].complete());
+  EXPECT_NE(seen[0].error.find("injected fault"), std::string::npos);
+  EXPECT_EQ(seen[0].possibly_mixed, model.sink().touched_names());
+  EXPECT_FALSE(seen[0].possibly_mixed.empty());
+}
+
+}  // namespace
+}  // namespace tpreload
