@@ -1,7 +1,8 @@
 // reload_bench: the in-place reload against the bound of the same job, in the
 // style of nccl-tests. Per row: warm-up, N timed iterations (barrier-started,
 // times reduced with max over ranks), bytes, algbw and busbw, peak staging per
-// rank, reader copies per byte delivered, a wrong-bytes count (every iteration
+// rank, reader copies per byte delivered, the share of the reload spent on the
+// transferred bytes' CRC-32Cs (crc%), a wrong-bytes count (every iteration
 // is verified), and the bound measured in the same run: the same bytes read from
 // the same source and moved with the same collectives and bucket sizes into
 // destination buffers, with no model logic. Each timed reload opens the
@@ -51,6 +52,7 @@ struct BenchOptions {
   int iters = 3;
   bool keep_open = false;
   bool zero_copy = false;
+  bool no_checksums = false;
   bool expert_parallel = false;
 };
 
@@ -147,6 +149,7 @@ struct Row {
   std::string format, quantization, distribution;
   double bucket_mb;
   double seconds = 0, bound = 0;
+  double checksum = 0;  // of `seconds`: computing and verifying CRC-32Cs (max over ranks)
   std::uint64_t bytes = 0, staging = 0, copied = 0;
   std::int64_t wrong = 0;
 };
@@ -179,6 +182,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   ro.bucket_bytes = static_cast<std::uint64_t>(row.bucket_mb * 1024 * 1024);
   ro.pipeline_depth = o.pipeline_depth;
   ro.zero_copy = o.zero_copy;
+  ro.checksums = !o.no_checksums;
   auto source = world.rank() == 0 ? open_weight_source(path) : nullptr;
   ReloadWorkspace workspace;  // as a serving engine keeps it (ReloadableModel does)
   for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro, &workspace);
@@ -191,6 +195,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     row.seconds +=
         max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
     row.bytes = r.bytes_transferred;
+    row.checksum += r.seconds.checksum;
     row.staging = std::max(row.staging, r.peak_staging_bytes);
     row.copied = r.bytes_copied_on_reader;
     std::int64_t wrong = wrong_bytes(model, reference);
@@ -198,6 +203,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     row.wrong += wrong;
   }
   row.seconds /= o.iters;
+  row.checksum /= o.iters;
   // The bound: the same plan's buckets, raw.
   SourceMetadata md;
   std::vector<std::uint8_t> payload;
@@ -244,7 +250,8 @@ void print_row(const Row& r, Communicator& world) {
             << std::setw(10) << algbw * factor << std::setprecision(4) << std::setw(10) << r.bound
             << std::setprecision(2) << std::setw(8) << r.seconds / r.bound << std::setprecision(1)
             << std::setw(12) << r.staging / 1048576.0 << std::setprecision(2) << std::setw(9)
-            << (r.bytes ? double(r.copied) / r.bytes : 0.0) << std::setw(8) << r.wrong << std::endl;
+            << (r.bytes ? double(r.copied) / r.bytes : 0.0) << std::setprecision(1) << std::setw(8)
+            << 100 * r.checksum / r.seconds << std::setw(8) << r.wrong << std::endl;
 }
 
 // The targets of docs/PERFORMANCE.md, judged on the rows of this run (a target
@@ -271,6 +278,9 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
     const double limit_mb = 2 * r.bucket_mb + 64;
     std::cout << "#   extra memory <= " << limit_mb << " MB (2 x bucket + 64), " << what << ": "
               << verdict(r.staging / 1048576.0, limit_mb, " MB") << "\n";
+    if (!o.no_checksums)
+      std::cout << "#   checksums <= 5% of the reload, " << what << ": "
+                << verdict(100 * r.checksum / r.seconds, 5.0, "%") << "\n";
     std::cout << "#   reader copies per byte sent <= 1 (the read), " << what << ": "
               << verdict(r.bytes ? double(r.copied) / r.bytes : 0.0, 1.0) << "\n";
     if (r.format != "checkpoint" || r.quantization != "int8") continue;
@@ -303,6 +313,8 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket sizes in MiB")->capture_default_str();
   app.add_flag("--zero-copy", o.zero_copy,
                "Broadcast runs of the mapped file as they are (ReloadOptions::zero_copy)");
+  app.add_flag("--no-checksums", o.no_checksums,
+               "Reload without the CRC-32C of the transferred bytes (ReloadOptions::checksums)");
   app.add_flag("--keep-open", o.keep_open,
                "Open the checkpoint once and reuse it; by default each timed reload opens it, "
                "as a reload of a new checkpoint does");

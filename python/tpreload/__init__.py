@@ -157,7 +157,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
                    distribution="scatter", bucket_mb=16, pipeline_depth=1, reader_rank=0,
                    transport="mpi", workspace=None, fingerprint=False, atomic=False,
-                   require_complete=False):
+                   require_complete=False, checksums=True):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
     same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only).
 
@@ -192,6 +192,9 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
     require_complete: refuse (ValidationError, before any write) a source that
         lacks a parameter some rank needs; by default those are reported in the
         result and the rest is reloaded, as vLLM does.
+    checksums: the reader sends a CRC-32C of each rank's share of every bucket
+        and each rank verifies it before applying (a mismatch: CommError on every
+        rank); False skips both.
     fingerprint: also read every parameter back and CRC it (``fingerprint`` and
         ``crc32`` of the result); costs a pass over the model's memory.
 
@@ -224,6 +227,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         request.fingerprint = bool(fingerprint)
         request.atomic = bool(atomic)
         request.require_complete = bool(require_complete)
+        request.checksums = bool(checksums)
         items = list(params.items() if hasattr(params, "items") else params)
         descriptors = [_describe(n, t) for n, t in items]
         _synchronize_cuda([t for _, t in items])

@@ -107,6 +107,7 @@ class SafetensorsSource final : public WeightSource {
     MappedShard m{shard, read_safetensors_header(shard.path), MappedFile::open(shard.path)};
     if (m.map.size() != m.header.data_start + m.header.data_bytes)
       raise<CheckpointError>("safetensors file '", shard.path, "' changed size while opening");
+    if (shard.tp_rank >= 0) check_rank_metadata(shard, m.header.metadata);
     for (const auto& t : m.header.tensors) {
       const auto key = std::make_pair(shard.tp_rank, t.name);
       const auto [it, inserted] = owner_.emplace(key, shard.path);
@@ -119,6 +120,28 @@ class SafetensorsSource final : public WeightSource {
     }
     for (const auto& [key, value] : m.header.metadata) metadata_.emplace(key, value);
     shards_.push_back(std::move(m));
+  }
+
+  // A kernel-format rank file says in its own metadata which rank of which tp size
+  // it holds: a file renamed or copied over another rank's is refused here,
+  // before any byte of it is sent.
+  void check_rank_metadata(const SafetensorsShard& shard,
+                           const std::map<std::string, std::string>& metadata) const {
+    const int tp_size = options_.kernel_format ? options_.kernel_format->tp_size : 0;
+    auto field = [&](const char* key) {
+      const auto it = metadata.find(key);
+      return it == metadata.end() ? std::string("(none)") : "'" + it->second + "'";
+    };
+    const std::string want_rank = "'" + std::to_string(shard.tp_rank) + "'";
+    const std::string want_size = "'" + std::to_string(tp_size) + "'";
+    if (field("tp_rank") != want_rank || field("tp_size") != want_size)
+      raise<CheckpointError>(
+          options_.label, ": rank file '", shard.path, "' holds tp rank ", field("tp_rank"),
+          " of tp size ", field("tp_size"),
+          " by its metadata, but its name and kernel_format.json "
+          "make it tp rank ",
+          shard.tp_rank, " of ", tp_size,
+          " (files renamed, swapped or copied from another kernel-format directory?)");
   }
 
   ConstBytes locate(std::size_t index, ByteRange range) const {

@@ -18,6 +18,11 @@ enum class Float : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3
 cudaError_t launch_convert(const void* src, Float from, std::int64_t src_stride, void* dst,
                            Float to, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
 
+// Raw CRC-32C of every kCrc32cBlock-byte block of [src, src + bytes) into `raw`
+// (pinned host memory, written by the device). Enqueues on `stream`.
+cudaError_t launch_crc32c_blocks(const void* src, std::uint64_t bytes, std::uint32_t* raw,
+                                 cudaStream_t stream);
+
 // Enqueues on `stream`; returns the launch status.
 cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int64_t rows,
                                  std::int64_t cols, std::int64_t row_stride, std::int8_t* q,

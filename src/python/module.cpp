@@ -176,6 +176,7 @@ struct Request {
   std::string transport = "mpi";
   bool fingerprint = false;
   bool atomic = false, require_complete = false;
+  bool checksums = true;
 };
 
 ReloadOptions reload_options(const Request& q) {
@@ -191,6 +192,7 @@ ReloadOptions reload_options(const Request& q) {
   o.reader_rank = q.reader_rank;
   o.atomic = q.atomic;
   o.require_complete = q.require_complete;
+  o.checksums = q.checksums;
   return o;
 }
 
@@ -228,7 +230,8 @@ py::dict result_dict(const ReloadResult& r,
   d["seconds"] =
       py::dict(py::arg("total") = r.seconds.total, py::arg("read") = r.seconds.read,
                py::arg("transfer") = r.seconds.transfer, py::arg("apply") = r.seconds.apply,
-               py::arg("finish") = r.seconds.finish, py::arg("validate") = r.seconds.validate);
+               py::arg("finish") = r.seconds.finish, py::arg("validate") = r.seconds.validate,
+               py::arg("checksum") = r.seconds.checksum);
   d["atomic"] = r.atomic;
   d["fingerprint"] =
       fingerprints ? py::object(py::str(model_fingerprint(*fingerprints))) : py::none();
@@ -385,6 +388,7 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("fingerprint", &Request::fingerprint)
       .def_readwrite("atomic", &Request::atomic)
       .def_readwrite("require_complete", &Request::require_complete)
+      .def_readwrite("checksums", &Request::checksums)
       .def_readwrite("config", &Request::config)
       .def_readwrite("tp_size", &Request::tp_size)
       .def_readwrite("weights_path", &Request::weights_path)

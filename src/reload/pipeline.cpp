@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #include "bucket_reader.h"
 #include "sync.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/comm/device.h"
+#include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
 
@@ -19,6 +21,12 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string hex(std::uint32_t v) {
+  char text[11];
+  std::snprintf(text, sizeof text, "0x%08x", v);
+  return text;
 }
 
 // Where the buffers of each staging role live, from the transport's memory space
@@ -33,7 +41,7 @@ struct Spaces {
 };
 
 // Staging roles of one slot, as workspace buffer indices.
-enum Role : std::size_t { kSend, kRecv, kReadStage, kApplyStage, kRoles };
+enum Role : std::size_t { kSend, kRecv, kReadStage, kApplyStage, kBlockSums, kRoles };
 
 // A buffer slot: what the reader filled (send) and what this rank receives (recv).
 struct Slot {
@@ -44,6 +52,11 @@ struct Slot {
   std::byte* apply_stage = nullptr;  // device: this rank's view, host transport + device params
   ConstBytes payload;                // reader rank, broadcast: the bytes to send (a view or `send`)
   std::optional<std::string> read_error;
+  // CRC-32C of what each rank receives (scatter: one per world rank; broadcast:
+  // one), computed by the reader from the bytes it read.
+  std::vector<std::uint32_t> sums;
+  std::optional<std::uint32_t> expected;  // a receiver's: what the reader sent
+  std::uint32_t* block_sums = nullptr;    // pinned: raw block CRCs of a device view
 };
 
 class Pipeline {
@@ -52,6 +65,7 @@ class Pipeline {
            DataTransport& data, WeightSource* source, const ReloadOptions& options,
            ReloadWorkspace& workspace)
       : plan_(planned.plan),
+        metadata_(planned.metadata),
         applies_(planned.applies),
         model_(model),
         sink_(model.sink()),
@@ -84,12 +98,16 @@ class Pipeline {
   void transfer(Slot& slot);
   const std::byte* apply_source(Slot& slot);
   void apply(Slot& slot);
-  void announce_read_status(const Slot& slot);
+  void announce_read_status(Slot& slot);
+  void checksum(Slot& slot, const std::byte* host_bytes);
+  void verify(Slot& slot, const std::byte* view, bool device_memory);
+  std::string bucket_tensors(std::size_t bucket) const;
   std::optional<std::unique_ptr<Slot>> next_filled(std::size_t k);
   void report_progress(std::size_t buckets_done, bool finished);
   void stop();
 
   const Plan& plan_;
+  const SourceMetadata& metadata_;
   const std::vector<BucketApply>& applies_;
   ReloadTarget& model_;
   ParameterSink& sink_;
@@ -144,6 +162,9 @@ void Pipeline::allocate_slots() {
     slot->recv = take(i, kRecv, recv, spaces_.transport());
     if (read_stage) slot->read_stage = take(i, kReadStage, send, spaces_.host());
     if (apply_stage) slot->apply_stage = take(i, kApplyStage, view, spaces_.device->memory());
+    if (options_.checksums && !reader_ && spaces_.device_transport)
+      slot->block_sums = reinterpret_cast<std::uint32_t*>(
+          take(i, kBlockSums, crc32c_blocks(view) * sizeof(std::uint32_t), spaces_.host()));
     free_.push(std::move(slot));
   }
 }
@@ -154,8 +175,10 @@ void Pipeline::fill(Slot& slot) {
   const Bucket& bucket = plan_.buckets[slot.bucket];
   if (!spaces_.device_transport) {
     slot.payload = files_->fill(slot.bucket, slot.send);
+    checksum(slot, bucket.scatter ? slot.send : slot.payload.data);
   } else {
     const ConstBytes host = files_->fill(slot.bucket, slot.read_stage);
+    checksum(slot, host.data);
     if (!read_stream_) read_stream_ = spaces_.device->make_stream();
     if (host.size) read_stream_->copy(slot.send, host.data, host.size, CopyKind::kHostToDevice);
     synchronize(*read_stream_, options_.device_timeout,
@@ -164,6 +187,59 @@ void Pipeline::fill(Slot& slot) {
     slot.payload = ConstBytes(slot.send, bucket.bytes);
   }
   stats_.read += since(start);
+}
+
+// Reader thread: what each rank will receive, summed from the bytes as read.
+void Pipeline::checksum(Slot& slot, const std::byte* host_bytes) {
+  slot.sums.clear();
+  if (!options_.checksums) return;
+  const Bucket& bucket = plan_.buckets[slot.bucket];
+  const auto start = Clock::now();
+  if (bucket.scatter)
+    for (const ByteRange& r : bucket.ranges)
+      slot.sums.push_back(crc32c(host_bytes + r.offset, r.length));
+  else
+    slot.sums.push_back(crc32c(host_bytes, bucket.bytes));
+  stats_.checksum += since(start);
+}
+
+std::string Pipeline::bucket_tensors(std::size_t bucket) const {
+  std::string names;
+  std::size_t listed = 0;
+  const auto& pieces = plan_.buckets[bucket].pieces;
+  for (const Piece& p : pieces) {
+    if (listed == 6) {
+      names += concat(" and ", pieces.size() - listed, " more");
+      break;
+    }
+    names += (listed++ ? ", " : "") + metadata_.tensors[plan_.tensors[p.planned].index].name;
+  }
+  return names;
+}
+
+// Apply thread, before anything of the bucket is written: this rank's view must
+// hold exactly the bytes the reader read.
+void Pipeline::verify(Slot& slot, const std::byte* view, bool device_memory) {
+  if (!slot.expected) return;
+  const auto start = Clock::now();
+  const std::uint64_t n = view_bytes(plan_.buckets[slot.bucket]);
+  std::uint32_t got = 0;
+  if (!device_memory) {
+    got = crc32c(view, n);
+  } else {
+    if (!apply_stream_) apply_stream_ = spaces_.device->make_stream();
+    apply_stream_->crc32c_blocks(view, n, slot.block_sums);
+    synchronize(
+        *apply_stream_, options_.device_timeout,
+        concat("checksumming bucket ", slot.bucket + 1, " on ", spaces_.device->describe()));
+    got = crc32c_from_blocks(slot.block_sums, n);
+  }
+  stats_.checksum += since(start);
+  if (got != *slot.expected)
+    raise<CommError>("bucket ", slot.bucket + 1, " of ", plan_.buckets.size(), " (", n,
+                     " bytes of ", bucket_tensors(slot.bucket), ") arrived corrupted on rank ",
+                     rank_, "/", control_.size(), ": CRC-32C ", hex(got), ", the reader sent ",
+                     hex(*slot.expected), "; none of it was applied");
 }
 
 void Pipeline::reader_loop() {
@@ -184,11 +260,22 @@ void Pipeline::reader_loop() {
   }
 }
 
-void Pipeline::announce_read_status(const Slot& slot) {
+void Pipeline::announce_read_status(Slot& slot) {
   std::optional<std::string> problem;
   if (reader_) problem = slot.read_error;
-  std::int64_t status = problem ? 1 : 0;
-  control_.broadcast(MutableBytes(&status, sizeof status), options_.reader_rank);
+  // [status, then the CRC-32C of what each rank receives]: one broadcast.
+  const Bucket& bucket = plan_.buckets[slot.bucket];
+  const std::size_t sums = options_.checksums ? (bucket.scatter ? bucket.ranges.size() : 1) : 0;
+  std::vector<std::int64_t> message_head(1 + sums, 0);
+  message_head[0] = problem ? 1 : 0;
+  if (reader_ && !problem)
+    for (std::size_t i = 0; i < sums; ++i) message_head[1 + i] = slot.sums.at(i);
+  control_.broadcast(MutableBytes(message_head.data(), message_head.size() * sizeof(std::int64_t)),
+                     options_.reader_rank);
+  const std::int64_t status = message_head[0];
+  slot.expected.reset();
+  if (status == 0 && sums && !reader_)
+    slot.expected = static_cast<std::uint32_t>(message_head[1 + (bucket.scatter ? rank_ : 0)]);
   if (status == 0) return;
   std::int64_t length = problem ? static_cast<std::int64_t>(problem->size()) : 0;
   control_.broadcast(MutableBytes(&length, sizeof length), options_.reader_rank);
@@ -227,6 +314,7 @@ const std::byte* Pipeline::apply_source(Slot& slot) {
   const std::byte* view = !reader_         ? slot.recv
                           : bucket.scatter ? slot.send + bucket.ranges[rank_].offset
                                            : slot.payload.data;
+  verify(slot, view, spaces_.device_transport);
   if (!slot.apply_stage) return view;
   if (!apply_stream_) apply_stream_ = spaces_.device->make_stream();
   const std::uint64_t n = view_bytes(bucket);
@@ -254,7 +342,7 @@ void Pipeline::apply(Slot& slot) {
 
 void Pipeline::apply_loop() {
   while (auto slot = to_apply_.pop()) {
-    if (!stats_.apply_error) {
+    if (!stats_.apply_error && !stats_.corrupted) {
       try {
         apply(**slot);
       } catch (const CommTimeoutError& e) {
@@ -263,6 +351,8 @@ void Pipeline::apply_loop() {
         // applied. The slot goes back so that the collectives stay in step.
         stats_.apply_error = e.what();
         stats_.device_stuck = true;
+      } catch (const CommError& e) {  // a corrupted bucket
+        stats_.corrupted = e.what();
       } catch (const std::exception& e) {
         stats_.apply_error = e.what();
       }
@@ -347,9 +437,9 @@ PipelineStats Pipeline::run() {
 
 }  // namespace
 
-PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model,
-                           Communicator& control, DataTransport& data, WeightSource* source,
-                           const ReloadOptions& options, ReloadWorkspace& workspace) {
+PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model, Communicator& control,
+                           DataTransport& data, WeightSource* source, const ReloadOptions& options,
+                           ReloadWorkspace& workspace) {
   PipelineStats stats;
   {
     Pipeline pipeline(planned, model, control, data, source, options, workspace);

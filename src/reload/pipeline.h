@@ -20,10 +20,12 @@ namespace tpreload::detail {
 
 struct PipelineStats {
   double read = 0, transfer = 0, apply = 0, finish = 0;
-  std::uint64_t bytes_sent = 0;            // reader rank
-  std::uint64_t bytes_copied = 0;          // reader rank: bytes read or copied into send buffers
-  StagingBytes staging;                    // staging buffers this rank used, per memory space
+  double checksum = 0;             // computing (reader) and verifying (receivers) bucket CRC-32Cs
+  std::uint64_t bytes_sent = 0;    // reader rank
+  std::uint64_t bytes_copied = 0;  // reader rank: bytes read or copied into send buffers
+  StagingBytes staging;            // staging buffers this rank used, per memory space
   std::optional<std::string> apply_error;  // first apply failure on this rank
+  std::optional<std::string> corrupted;    // a bucket that failed its checksum here
   bool device_stuck = false;  // device work timed out: its staging buffers are abandoned
 };
 
@@ -40,8 +42,8 @@ struct CachedPlan {
 // on the reader rank is announced with the bucket it hit and raised as the same
 // CheckpointError on every rank; a transfer failure throws from the transport;
 // apply failures are returned (for the caller to agree on), never thrown.
-PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model,
-                           Communicator& control, DataTransport& data, WeightSource* source,
-                           const ReloadOptions& options, ReloadWorkspace& workspace);
+PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model, Communicator& control,
+                           DataTransport& data, WeightSource* source, const ReloadOptions& options,
+                           ReloadWorkspace& workspace);
 
 }  // namespace tpreload::detail

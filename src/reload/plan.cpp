@@ -180,6 +180,34 @@ std::uint64_t PlannedTensor::row_bytes_for(int tp_rank, const TensorInfo& info) 
   return shape_row_bytes(placements.at(tp_rank).slice_shape(), info.dtype);
 }
 
+namespace {
+
+// A kernel-format source is the processed weights of one model: its
+// kernel_format.json config and dtype must be the model's, or the bytes (same
+// shapes or not) belong to another model.
+void check_kernel_model(const SourceMetadata& md, const ShardingRules& rules) {
+  const ModelConfig& model = rules.config();
+  ModelConfig made_for;
+  try {
+    made_for = parse_model_config(md.kernel->config_json, "its kernel_format.json 'config'");
+  } catch (const ModelError& e) {
+    raise<ValidationError>("kernel-format source '", md.description, "': ", e.what());
+  }
+  std::vector<std::string> differences = config_differences(made_for, model);
+  if (md.kernel->dtype != model.dtype)
+    differences.push_back(
+        detail::concat("dtype ", dtype_name(md.kernel->dtype), " vs ", dtype_name(model.dtype)));
+  if (differences.empty()) return;
+  std::string listed;
+  for (const std::string& d : differences) listed += (listed.empty() ? "" : ", ") + d;
+  raise<ValidationError>("kernel-format source '", md.description,
+                         "' was made for another model (its kernel_format.json vs the model's "
+                         "config): ",
+                         listed, "; nothing was reloaded");
+}
+
+}  // namespace
+
 Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanOptions& o) {
   if (o.tp_size < 1 || o.world_size < 1 || o.world_size % o.tp_size != 0)
     raise<UsageError>("world size ", o.world_size, " is not a multiple of tp size ", o.tp_size);
@@ -198,6 +226,7 @@ Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanO
                              ", the model is tp ", rules.tp_size(), " quantization '",
                              rules.quantization(), "'",
                              rules.expert_parallel() ? " expert parallel" : "");
+    check_kernel_model(md, rules);
   } else if (md.kernel) {
     raise<ValidationError>("checkpoint-format reload from '", md.description,
                            "', which holds kernel-format shards (use kernel format)");

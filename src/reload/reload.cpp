@@ -91,14 +91,16 @@ std::uint64_t fnv(std::uint64_t h, const std::string& s) {
   return fnv(h, s.size());
 }
 
-// Everything the placement of a tensor depends on: the config (heads, KV heads,
-// vocab...), quantization and LoRA, and per parameter its shape, dtype, kind,
-// layer and stacked shards; and the data plane, whose transfers every rank must
-// post alike. Ranks compare it, and a kept plan is keyed by it.
-std::int64_t agreement_fingerprint(const ReloadTarget& model, const ReloadOptions& o,
-                                   const DataTransport& data) {
+// What must be identical on every rank, each part hashed on its own so that a
+// disagreement can be named: the model's parameter layout (config, quantization,
+// LoRA, and per parameter its shape, dtype, kind, layer and stacked shards), the
+// data plane, whose transfers every rank must post alike, and every option that
+// changes the plan or the sequence of collectives.
+std::vector<std::pair<const char*, std::uint64_t>> agreement_parts(const ReloadTarget& model,
+                                                                   const ReloadOptions& o,
+                                                                   const DataTransport& data) {
   const ModelConfig& c = model.rules().config();
-  std::uint64_t h = fnv(1469598103934665603ull, c.architecture);
+  std::uint64_t layout = fnv(1469598103934665603ull, c.architecture);
   for (std::int64_t v :
        {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
         c.num_key_value_heads, c.head_dim, c.vocab_size, std::int64_t(c.tie_word_embeddings),
@@ -106,40 +108,55 @@ std::int64_t agreement_fingerprint(const ReloadTarget& model, const ReloadOption
         std::int64_t(c.qk_norm), c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size,
         c.decoder_sparse_step, std::int64_t(c.norm_topk_prob),
         std::int64_t(model.rules().expert_parallel())})
-    h = fnv(h, static_cast<std::uint64_t>(v));
-  h = fnv(h, model.rules().quantization());
+    layout = fnv(layout, static_cast<std::uint64_t>(v));
+  layout = fnv(layout, model.rules().quantization());
   for (const ParamSpec& p : model.rules().params()) {
-    h = fnv(h, p.name);
-    for (auto d : p.shape) h = fnv(h, static_cast<std::uint64_t>(d));
-    h = fnv(fnv(fnv(h, static_cast<std::uint64_t>(p.dtype)), static_cast<std::uint64_t>(p.kind)),
-            static_cast<std::uint64_t>(p.layer));
-    h = fnv(h, static_cast<std::uint64_t>(p.shards));
+    layout = fnv(layout, p.name);
+    for (auto d : p.shape) layout = fnv(layout, static_cast<std::uint64_t>(d));
+    layout = fnv(
+        fnv(fnv(layout, static_cast<std::uint64_t>(p.dtype)), static_cast<std::uint64_t>(p.kind)),
+        static_cast<std::uint64_t>(p.layer));
+    layout = fnv(layout, static_cast<std::uint64_t>(p.shards));
   }
-  h = fnv(fnv(h, data.backend()), static_cast<std::uint64_t>(data.memory()));
-  for (std::uint64_t v :
-       {std::uint64_t(model.rules().tp_size()), std::uint64_t(o.format),
-        std::uint64_t(o.distribution), o.bucket_bytes, std::uint64_t(o.reader_rank),
-        std::uint64_t(o.zero_copy), std::uint64_t(o.atomic), std::uint64_t(o.require_complete)})
-    h = fnv(h, v);
-  return static_cast<std::int64_t>(h >> 1);
+  const std::uint64_t plane =
+      fnv(fnv(1469598103934665603ull, data.backend()), static_cast<std::uint64_t>(data.memory()));
+  return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
+          {"the tp size", std::uint64_t(model.rules().tp_size())},
+          {"the data plane (transport, memory space)", plane},
+          {"the format", std::uint64_t(o.format)},
+          {"the distribution", std::uint64_t(o.distribution)},
+          {"the bucket size", o.bucket_bytes},
+          {"the reader rank", std::uint64_t(o.reader_rank)},
+          {"zero-copy", std::uint64_t(o.zero_copy)},
+          {"atomic", std::uint64_t(o.atomic)},
+          {"require-complete", std::uint64_t(o.require_complete)},
+          {"checksums", std::uint64_t(o.checksums)},
+          {"compare-replicas", std::uint64_t(o.compare_replicas)}};
 }
 
 // COLLECTIVE, and the first call of a reload: ranks whose models or options
-// differ would compute different plans, so every rank stops here alike. Returns
-// the fingerprint they agree on.
+// differ would compute different plans or post different collectives, so every
+// rank stops here alike, told which parts differ. Returns a fingerprint of all
+// of them (a kept plan is keyed by it).
 std::int64_t check_ranks_agree(Communicator& world, const ReloadTarget& model,
                                const ReloadOptions& options, const DataTransport& data) {
-  const std::int64_t mine = agreement_fingerprint(model, options, data);
-  std::int64_t lo = mine, hi = mine;
-  world.allreduce_ints(&lo, 1, IntOp::kMin);
-  world.allreduce_ints(&hi, 1, IntOp::kMax);
-  if (lo != hi)
-    raise<Agreed<UsageError>>(
-        "ranks disagree on the model (config, tp size, quantization), on the "
-        "reload options (format, distribution, bucket size, reader rank, atomic, "
-        "require-complete) or on the data plane (transport, memory space); nothing was "
-        "reloaded");
-  return mine;
+  const auto parts = agreement_parts(model, options, data);
+  std::vector<std::int64_t> lo, hi;
+  std::uint64_t all = 1469598103934665603ull;
+  for (const auto& [what, value] : parts) {
+    lo.push_back(static_cast<std::int64_t>(value));  // every bit counts
+    all = fnv(all, value);
+  }
+  hi = lo;
+  allreduce_ints(world, lo, IntOp::kMin);
+  allreduce_ints(world, hi, IntOp::kMax);
+  std::string differ;
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    if (lo[i] != hi[i]) differ += (differ.empty() ? "" : ", ") + std::string(parts[i].first);
+  if (!differ.empty())
+    raise<Agreed<UsageError>>("ranks disagree on ", differ,
+                              " (every rank must pass the same); nothing was reloaded");
+  return static_cast<std::int64_t>(all >> 1);
 }
 
 // This rank's objection to the plan, if any: every tensor it will receive must fit.
@@ -269,6 +286,37 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   return *workspace.cached_plan();
 }
 
+// COLLECTIVE. Ranks that hold the same tp rank in different replicas must hold
+// the same bytes: every rank's CRC-32C of each parameter (in the rules' order,
+// the same on every rank) is summed slot by slot over the world, and every rank
+// compares each replica with the first (world rank w with w % tp). The same
+// ValidationError on every rank names what differs.
+void compare_replicas(Communicator& world, ReloadTarget& model) {
+  const int n = world.size(), tp = model.rules().tp_size();
+  if (n <= tp) return;
+  const auto& params = model.rules().params();
+  std::vector<std::int64_t> crcs(params.size() * n, 0);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const ParamStorage& s = model.sink().storage(static_cast<ParamSlot>(i));
+    crcs[i * n + world.rank()] = model.sink().crc32c(s.data, s.bytes, "'" + params[i].name + "'");
+  }
+  allreduce_ints(world, crcs, IntOp::kSum);
+  std::string differ;
+  std::size_t count = 0;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    for (int w = tp; w < n; ++w)
+      if (crcs[i * n + w] != crcs[i * n + w % tp] && count++ < 8)
+        differ += detail::concat(differ.empty() ? "" : "; ", "'", params[i].name,
+                                 "' on world rank ", w, " (CRC-32C ", crcs[i * n + w], ") and ",
+                                 w % tp, " (", crcs[i * n + w % tp], ")");
+  if (count)
+    raise<Agreed<ValidationError>>(
+        "replicas differ after the reload: ", count,
+        " parameter(s) of the same tp rank hold different bytes on different replicas: ", differ,
+        count > 8 ? "; ..." : "",
+        " (every rank's reload had completed: these parameters hold what each rank received)");
+}
+
 // COLLECTIVE. Bitsets of loaded names: OR says someone loaded it, AND that all did.
 void validate(Communicator& world, const ReloadTarget& model, WeightFormat format,
               ReloadResult& result) {
@@ -312,6 +360,7 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
                                  us(r.seconds.apply),
                                  us(r.seconds.finish),
                                  us(r.seconds.validate),
+                                 us(r.seconds.checksum),
                                  static_cast<std::int64_t>(read_bytes),
                                  static_cast<std::int64_t>(stats.bytes_sent),
                                  static_cast<std::int64_t>(stats.bytes_copied),
@@ -320,13 +369,13 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
                                  static_cast<std::int64_t>(stats.staging.pinned),
                                  static_cast<std::int64_t>(stats.staging.device)};
   allreduce_ints(world, v, IntOp::kMax);
-  r.seconds = {v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6};
-  r.bytes_read = v[6];
-  r.bytes_transferred = v[7];
-  r.bytes_copied_on_reader = v[8];
-  r.peak_staging_bytes = v[9];
-  r.staging = {static_cast<std::uint64_t>(v[10]), static_cast<std::uint64_t>(v[11]),
-               static_cast<std::uint64_t>(v[12])};
+  r.seconds = {v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6, v[6] / 1e6};
+  r.bytes_read = v[7];
+  r.bytes_transferred = v[8];
+  r.bytes_copied_on_reader = v[9];
+  r.peak_staging_bytes = v[10];
+  r.staging = {static_cast<std::uint64_t>(v[11]), static_cast<std::uint64_t>(v[12]),
+               static_cast<std::uint64_t>(v[13])};
 }
 
 // This rank's objection to its options and planes, if any: a reader rank in the
@@ -371,6 +420,8 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   ReloadWorkspace local;  // freed on return when the caller keeps none
   ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
+  ParameterSink& sink = model.sink();
+  sink.begin_load();  // from here, what this reload writes is tracked
   agree_on_problem<UsageError>(world, local_problem(options, world, data, model),
                                "checking the reload options and planes (nothing was reloaded)");
   const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
@@ -386,8 +437,6 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     agree_on_problem<ValidationError>(world, unplanned_problem(plan, model, options.format),
                                       "--require-complete (nothing was reloaded)");
 
-  ParameterSink& sink = model.sink();
-  sink.begin_load();
   ReloadResult result;
   result.source = md.description;
   result.format = options.format;
@@ -426,6 +475,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   };
   try {
     stats = detail::run_pipeline(planned, model, world, data, source, options, kept);
+    agree_on_problem<CommError>(world, stats.corrupted, "verifying the transferred bytes");
     agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
     auto t = Clock::now();
     if (!options.atomic) run_finish();
@@ -447,9 +497,15 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     run_finish();
     result.seconds.finish += since(t);
   }
+  if (options.compare_replicas) {
+    const auto t = Clock::now();
+    compare_replicas(world, model);
+    result.seconds.validate += since(t);
+  }
   result.seconds.read = stats.read;
   result.seconds.transfer = stats.transfer;
   result.seconds.apply = stats.apply;
+  result.seconds.checksum = stats.checksum;
   result.seconds.total = since(start);
   const std::uint64_t read_bytes = reader && source ? source->bytes_read() - read_before : 0;
   reduce_figures(world, result, stats, read_bytes);

@@ -90,7 +90,8 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
         {"transfer", r.seconds.transfer},
         {"apply", r.seconds.apply},
         {"finish", r.seconds.finish},
-        {"validate", r.seconds.validate}}},
+        {"validate", r.seconds.validate},
+        {"checksum", r.seconds.checksum}}},
       {"peak_staging_bytes", r.peak_staging_bytes},
       {"staging_bytes",
        {{"host", r.staging.host}, {"pinned_host", r.staging.pinned}, {"device", r.staging.device}}},
@@ -118,7 +119,7 @@ std::string summary_text(const ReloadResult& r) {
       << r.staging.pinned << ", device " << r.staging.device << ")\n"
       << "  seconds: total " << r.seconds.total << ", read " << r.seconds.read << ", transfer "
       << r.seconds.transfer << ", apply " << r.seconds.apply << ", finish " << r.seconds.finish
-      << ", validate " << r.seconds.validate << "\n";
+      << ", validate " << r.seconds.validate << " (checksums " << r.seconds.checksum << ")\n";
   if (!r.skipped.empty()) {
     out << "  " << r.skipped.size() << " source tensors have no parameter (skipped):";
     for (const auto& n : r.skipped) out << " " << n;

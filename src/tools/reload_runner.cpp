@@ -45,6 +45,8 @@ struct RunnerOptions {
   bool zero_copy = false;
   bool atomic = false;
   bool require_complete = false;
+  bool no_checksums = false;
+  bool no_compare_replicas = false;
   int read_timeout_s = static_cast<int>(ReloadOptions{}.read_stall_timeout.count());
   int repeat = 1;
   std::string report;
@@ -64,6 +66,7 @@ struct RunnerOptions {
         " expert_parallel=", expert_parallel, " distribution=", distribution,
         " bucket_mb=", bucket_mb, " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
         " zero_copy=", zero_copy, " atomic=", atomic, " require_complete=", require_complete,
+        " checksums=", !no_checksums, " compare_replicas=", !no_compare_replicas,
         " read_timeout_s=", read_timeout_s, " repeat=", repeat, " report=", report, " demo=", demo,
         " timeout_s=", timeout_s, " device=", device, " transport=", transport);
   }
@@ -117,6 +120,14 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_flag("--require-complete", o.require_complete,
                "Refuse, before any write, a checkpoint that lacks a parameter some rank needs "
                "(default: reload what is there and report the rest, exit status 3)");
+  app.add_flag("--no-checksums", o.no_checksums,
+               "Do not verify the transferred bytes (by default the reader sends a CRC-32C of "
+               "each rank's share of every bucket and each rank checks it before applying; a "
+               "mismatch ends the reload with an error on every rank)");
+  app.add_flag("--no-compare-replicas", o.no_compare_replicas,
+               "With several replicas (world size > --tp), do not compare the replicas' "
+               "parameters after each reload (by default ranks holding the same tp rank compare "
+               "a CRC-32C of every parameter, and a difference is an error on every rank)");
   app.add_option("--read-timeout", o.read_timeout_s,
                  "Seconds the reader rank may take to read one bucket before the job is ended "
                  "(a hung file system)")
@@ -170,6 +181,8 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   r.zero_copy = o.zero_copy;
   r.atomic = o.atomic;
   r.require_complete = o.require_complete;
+  r.checksums = !o.no_checksums;
+  r.compare_replicas = !o.no_compare_replicas;
   r.read_stall_timeout = std::chrono::seconds(o.read_timeout_s);
   // Progress on the reader rank: redrawn on a terminal, a log line every few
   // seconds otherwise.

@@ -109,5 +109,27 @@ TEST(KernelFormat, BrokenDirectoriesNameTheProblem) {
   EXPECT_THROW(write(dir / "x", info(3), rank_tensors(2)), UsageError);
 }
 
+TEST(KernelFormat, RankFilesSwappedOrFromAnotherTpSizeAreRefusedByTheirMetadata) {
+  TempDir dir, other;
+  write(dir.path(), info(2), rank_tensors(2));
+  const std::string r0 = dir / "rank-00000-of-00002.safetensors";
+  const std::string r1 = dir / "rank-00001-of-00002.safetensors";
+  ASSERT_EQ(::rename(r0.c_str(), (dir / "tmp").c_str()), 0);
+  ASSERT_EQ(::rename(r1.c_str(), r0.c_str()), 0);
+  ASSERT_EQ(::rename((dir / "tmp").c_str(), r1.c_str()), 0);
+  const std::string swapped = test::error_of([&] { open_kernel_format(dir.path()); });
+  EXPECT_NE(swapped.find("rank file '" + r0 + "' holds tp rank '1' of tp size '2' by its metadata"),
+            std::string::npos)
+      << swapped;
+  EXPECT_NE(swapped.find("make it tp rank 0 of 2"), std::string::npos) << swapped;
+  // Rank 0 of a tp-4 directory copied in as rank 0 of this tp-2 one.
+  write(other.path(), info(4), rank_tensors(4));
+  test::write_file(r0, test::read_file(other / "rank-00000-of-00004.safetensors"));
+  test::write_file(r1, test::read_file(other / "rank-00001-of-00004.safetensors"));
+  const std::string foreign = test::error_of([&] { open_kernel_format(dir.path()); });
+  EXPECT_NE(foreign.find("holds tp rank '0' of tp size '4' by its metadata"), std::string::npos)
+      << foreign;
+}
+
 }  // namespace
 }  // namespace tpreload

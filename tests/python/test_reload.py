@@ -316,3 +316,19 @@ def test_atomic_and_require_complete(world, shared_dir):
         tpreload.reload_weights(params, os.path.join(shared_dir, "lacking"), world=world, require_complete=True)
     assert error.value.agreed and "model.layers.0.mlp.down_proj.weight" in str(error.value)
     assert_holds(params, expected_shards(full, tp, world.rank), "after the refused reload")
+
+
+def test_checksums_can_be_turned_off_and_cost_nothing_then(world, shared_dir):
+    tp = world.size
+    ckpt = checkpoint(16)
+    if world.rank == 0:
+        write_model_dir(os.path.join(shared_dir, "m"), ckpt)
+    world.barrier()
+    for checksums in (True, False):
+        params = zeros_like_shards(world, tp)
+        r = tpreload.reload_weights(params, os.path.join(shared_dir, "m"), world=world, checksums=checksums,
+                                    bucket_mb=0.01)
+        assert r.complete
+        assert_holds(params, expected_shards(ckpt, tp, world.rank), "checksums=%s" % checksums)
+        if not checksums:
+            assert r.seconds["checksum"] == 0

@@ -16,6 +16,17 @@ ModelConfig config() {
                             "test");
 }
 
+// The ValidationError text `f` throws ("" when it throws none).
+template <typename F>
+std::string test_error(F&& f) {
+  try {
+    f();
+  } catch (const ValidationError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Metadata for the config's checkpoint laid out in `order` (indices into the specs).
 SourceMetadata metadata(const ModelConfig& c, bool reverse_layers = false) {
   SourceMetadata md;
@@ -223,6 +234,39 @@ TEST(Plan, ExpertTensorsReachOnlyTheRanksThatHoldThem) {
       }
     }
   }
+}
+
+TEST(Plan, KernelShardsMadeForAnotherConfigOrDtypeAreRejected) {
+  const ModelConfig c = config();
+  const ShardingRules rules(c, 2);
+  const PlanOptions kernel{WeightFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2};
+  SourceMetadata md;
+  md.description = "shards";
+  // Made for this config (its own text, reformatted, with a field tpreload does
+  // not read): accepted.
+  md.kernel = KernelFormatInfo{2, DType::kBFloat16, "", R"({"architectures":["LlamaForCausalLM"],
+    "hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":8,
+    "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16","_name_or_path":"x"})"};
+  EXPECT_NO_THROW(make_plan(md, rules, kernel));
+  // Another model with the same tp size: every differing field named.
+  md.kernel->config_json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+    "intermediate_size":128,"num_hidden_layers":3,"num_attention_heads":8,
+    "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16","rope_theta":500000.0})";
+  EXPECT_EQ(test_error([&] { make_plan(md, rules, kernel); }),
+            "kernel-format source 'shards' was made for another model (its kernel_format.json "
+            "vs the model's config): intermediate_size 128 vs 96, rope_theta 500000.0 vs "
+            "10000.0; nothing was reloaded");
+  // The directory's dtype.
+  md.kernel = KernelFormatInfo{2, DType::kFloat16, "", c.json};
+  EXPECT_EQ(test_error([&] { make_plan(md, rules, kernel); }),
+            "kernel-format source 'shards' was made for another model (its kernel_format.json "
+            "vs the model's config): dtype float16 vs bfloat16; nothing was reloaded");
+  // A config that is not one.
+  md.kernel = KernelFormatInfo{2, DType::kBFloat16, "", "{}"};
+  EXPECT_NE(test_error([&] {
+              make_plan(md, rules, kernel);
+            }).find("kernel-format source 'shards': its kernel_format.json 'config': "),
+            std::string::npos);
 }
 
 }  // namespace

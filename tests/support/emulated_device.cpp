@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
@@ -111,6 +112,15 @@ class EmulatedStream final : public DeviceStream {
     require_device(src, ((rows - 1) * src_stride + cols) * dtype_size(from), "convert source");
     require_device(dst, rows * cols * dtype_size(to), "convert destination");
     enqueue([=] { convert_rows(src, from, src_stride, dst, to, rows, cols); });
+  }
+  void crc32c_blocks(const void* src, std::uint64_t bytes, std::uint32_t* raw) override {
+    if (bytes == 0) return;
+    require_device(src, bytes, "crc32c source");
+    enqueue([=] {
+      const auto* p = static_cast<const std::byte*>(src);
+      for (std::uint64_t i = 0; i < tpreload::crc32c_blocks(bytes); ++i)
+        raw[i] = crc32c_raw(p + i * kCrc32cBlock, std::min(kCrc32cBlock, bytes - i * kCrc32cBlock));
+    });
   }
   std::unique_ptr<DeviceEvent> record() override {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -59,6 +59,12 @@ class DeviceStream {
   virtual void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
                        std::int64_t rows, std::int64_t cols) = 0;
 
+  // The raw CRC-32C of every kCrc32cBlock-byte block of device memory
+  // [src, src + bytes) (tpreload/core/crc32c.h; the last block may be shorter)
+  // into `raw`, pinned host memory of crc32c_blocks(bytes) values, readable once
+  // the stream got past this point. crc32c_from_blocks() combines them.
+  virtual void crc32c_blocks(const void* src, std::uint64_t bytes, std::uint32_t* raw) = 0;
+
   // An event marking everything enqueued so far.
   virtual std::unique_ptr<DeviceEvent> record() = 0;
   // Later work on this stream waits for `event` (recorded on any stream of the

@@ -56,6 +56,12 @@ ModelConfig load_model_config(const std::string& path);
 // Serialise to config.json text (the fields above, Hugging Face spelling).
 std::string model_config_to_json(const ModelConfig& config);
 
+// Every field of the above (json excepted) in which `a` and `b` differ, as
+// "hidden_size 2048 vs 1024" (a's value first); empty when they describe the same
+// model. The text of the configs (names, paths, fields tpreload does not read)
+// does not count.
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b);
+
 // A tensor a Hugging Face checkpoint for the config holds.
 struct CheckpointTensorSpec {
   std::string name;

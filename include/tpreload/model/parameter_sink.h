@@ -105,6 +105,13 @@ class ParameterSink {
   std::uint32_t crc32(const std::byte* data, std::uint64_t bytes, const std::string& what,
                       std::uint64_t chunk_bytes = std::uint64_t{16} << 20);
 
+  // A CRC-32C digest of bytes in the sink's memory space, computed where they live
+  // (a device kernel for device memory; only the 4 KiB block sums come back).
+  // Ranges up to kDigestChunk bytes: their CRC-32C; longer ones: the CRC-32C of
+  // their chunks' CRC-32Cs (little-endian), the same on host and device.
+  static constexpr std::uint64_t kDigestChunk = std::uint64_t{256} << 20;
+  std::uint32_t crc32c(const std::byte* data, std::uint64_t bytes, const std::string& what);
+
  private:
   void write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   void write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src);

@@ -90,10 +90,21 @@ struct ReloadOptions {
   // some rank needs (naming them); by default such names are reported
   // (ReloadResult::not_loaded_*) and the reload goes on, as vLLM's does.
   bool require_complete = false;
+  // The reader sends the CRC-32C of what each rank receives of every bucket, and
+  // every receiver checks its bytes against it before applying any of them: a
+  // mismatch fails the reload (CommError naming the bucket, its tensors and the
+  // rank) with nothing of that bucket written.
+  bool checksums = true;
+  // When the world holds several replicas (world size > tp size), the ranks that
+  // hold the same tp rank compare a CRC-32C of every parameter after the reload;
+  // a difference fails the reload on every rank (ValidationError naming the
+  // parameters and ranks). One read pass over each rank's parameters.
+  bool compare_replicas = true;
 };
 
 struct PhaseSeconds {
   double total = 0, read = 0, transfer = 0, apply = 0, finish = 0, validate = 0;
+  double checksum = 0;  // bucket CRC-32Cs: computed by the reader, verified by receivers
 };
 
 // Staging bytes per memory space (buffers of the pipeline, not parameters).

@@ -12,6 +12,21 @@ namespace {
 
 using nlohmann::json;
 
+// Field values as config_differences names them.
+std::string show(const std::string& v) {
+  return "'" + v + "'";
+}
+std::string show(bool v) {
+  return v ? "true" : "false";
+}
+std::string show(DType v) {
+  return std::string(dtype_name(v));
+}
+template <typename T>
+std::string show(const T& v) {
+  return json(v).dump();
+}
+
 std::int64_t positive_int(const json& j, const char* key, const std::string& origin) {
   if (!j.contains(key) || !j[key].is_number_integer())
     raise<ModelError>(origin, ": field '", key, "' is missing or not an integer");
@@ -211,6 +226,34 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
   specs.push_back({"model.norm.weight", {h}});
   if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}});
   return specs;
+}
+
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
+  std::vector<std::string> out;
+  auto field = [&](const char* name, const auto& x, const auto& y) {
+    if (!(x == y)) out.push_back(detail::concat(name, " ", show(x), " vs ", show(y)));
+  };
+  field("architectures", a.architecture, b.architecture);
+  field("hidden_size", a.hidden_size, b.hidden_size);
+  field("intermediate_size", a.intermediate_size, b.intermediate_size);
+  field("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers);
+  field("num_attention_heads", a.num_attention_heads, b.num_attention_heads);
+  field("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
+  field("head_dim", a.head_dim, b.head_dim);
+  field("vocab_size", a.vocab_size, b.vocab_size);
+  field("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
+  field("rope_theta", a.rope_theta, b.rope_theta);
+  field("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
+  field("attention_bias", a.attention_bias, b.attention_bias);
+  field("qk_norm", a.qk_norm, b.qk_norm);
+  field("num_experts", a.num_experts, b.num_experts);
+  field("num_experts_per_tok", a.num_experts_per_tok, b.num_experts_per_tok);
+  field("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size);
+  field("decoder_sparse_step", a.decoder_sparse_step, b.decoder_sparse_step);
+  field("mlp_only_layers", a.mlp_only_layers, b.mlp_only_layers);
+  field("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
+  field("torch_dtype", a.dtype, b.dtype);
+  return out;
 }
 
 }  // namespace tpreload

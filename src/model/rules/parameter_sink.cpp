@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
@@ -274,6 +275,32 @@ std::uint32_t ParameterSink::crc32(const std::byte* data, std::uint64_t bytes,
     crc = crc_update(crc, pinned.data(), n);
   }
   return crc;
+}
+
+std::uint32_t ParameterSink::crc32c(const std::byte* data, std::uint64_t bytes,
+                                    const std::string& what) {
+  std::vector<std::uint32_t> chunks;
+  Buffer blocks;  // pinned: one raw CRC per 4 KiB block of a chunk
+  for (std::uint64_t at = 0; at < bytes || at == 0; at += kDigestChunk) {
+    const std::uint64_t n = std::min(kDigestChunk, bytes - at);
+    if (!device_ || n == 0) {
+      chunks.push_back(tpreload::crc32c(n ? data + at : nullptr, n));
+    } else {
+      flush();
+      if (!blocks.data())
+        blocks = device_->pinned_memory().allocate(
+            std::max<std::uint64_t>(crc32c_blocks(std::min(kDigestChunk, bytes)), 1) *
+            sizeof(std::uint32_t));
+      auto* raw = reinterpret_cast<std::uint32_t*>(blocks.data());
+      stream().crc32c_blocks(data + at, n, raw);
+      synchronize(stream(), std::chrono::minutes(5),
+                  detail::concat("checksumming ", what, " on ", device_->describe()));
+      chunks.push_back(crc32c_from_blocks(raw, n));
+    }
+    if (bytes <= kDigestChunk) break;
+  }
+  if (chunks.size() == 1) return chunks.front();
+  return tpreload::crc32c(chunks.data(), chunks.size() * sizeof(std::uint32_t));
 }
 
 }  // namespace tpreload

@@ -1,0 +1,209 @@
+// Integrity across ranks: a bit flipped in transit on one rank is caught there
+// before any of its bucket is written, the error is the same on every rank, and
+// the parameters hold only old or new bytes (atomic: only old ones). With the
+// checksums off, the same flip lands silently, which is what they are for.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <functional>
+
+#include "../tests/support/faults.h"
+#include "../tests/support/tiny_models.h"
+#include "mpi_test_main.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/model.h"
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+namespace {
+
+using mpitest::world;
+using testing::FaultyTransport;
+
+struct Versions {
+  ModelConfig config = testdata::tiny_config("llama_gqa");
+  std::map<std::string, at::Tensor> v1 = testdata::random_checkpoint(config, 801);
+  std::map<std::string, at::Tensor> v2 = testdata::random_checkpoint(config, 802);
+};
+
+ModelOptions on_this_rank() {
+  ModelOptions o;
+  o.tp_size = world().size();
+  o.tp_rank = world().rank();
+  return o;
+}
+
+// Whether every rank raised the same text (hashes compared over the world).
+bool same_on_every_rank(const std::string& text) {
+  std::int64_t h = static_cast<std::int64_t>(std::hash<std::string>{}(text) >> 1), lo = h, hi = h;
+  world().allreduce_ints(&lo, 1, IntOp::kMin);
+  world().allreduce_ints(&hi, 1, IntOp::kMax);
+  return lo == hi;
+}
+
+// Parameters whose bytes are neither version's shard.
+std::vector<std::string> neither(const TensorParallelModel& m, const Versions& v) {
+  const int tp = world().size(), r = world().rank();
+  const auto a = testdata::expected_shards(v.config, v.v1, tp, r);
+  const auto b = testdata::expected_shards(v.config, v.v2, tp, r);
+  std::vector<std::string> out;
+  for (const auto& [name, t] : a)
+    if (!testdata::same_bytes(m.parameter_for_reload(name), t) &&
+        !testdata::same_bytes(m.parameter_for_reload(name), b.at(name)))
+      out.push_back(name);
+  return out;
+}
+
+std::vector<std::string> not_v1(const TensorParallelModel& m, const Versions& v) {
+  std::vector<std::string> out;
+  for (const auto& [name, t] :
+       testdata::expected_shards(v.config, v.v1, world().size(), world().rank()))
+    if (!testdata::same_bytes(m.parameter_for_reload(name), t)) out.push_back(name);
+  return out;
+}
+
+// Reload v2 over v1 with bit `bit` of transfer `nth` flipped on the last rank.
+std::string reload_with_a_flip(TensorParallelModel& model, const Versions& v, ReloadOptions o,
+                               int nth) {
+  auto source = testdata::memory_source(v.v1);
+  reload_weights(model, world(), world().rank() == 0 ? source.get() : nullptr, ReloadOptions{});
+  auto inner = make_communicator_transport(world());
+  std::unique_ptr<DataTransport> data = std::move(inner);
+  if (world().rank() == world().size() - 1)
+    data =
+        std::make_unique<FaultyTransport>(std::move(data), nth, FaultyTransport::Fault::kFlipBit);
+  source = testdata::memory_source(v.v2);
+  try {
+    reload_weights(model, world(), *data, world().rank() == 0 ? source.get() : nullptr, o);
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Integrity, AFlippedBitIsCaughtWhereItLandedAndNeverWritten) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const Versions v;
+  const int last = world().size() - 1;
+  for (Distribution d : {Distribution::kScatter, Distribution::kBroadcast}) {
+    for (bool atomic : {false, true}) {
+      TensorParallelModel model(v.config, on_this_rank());
+      ReloadOptions o;
+      o.distribution = d;
+      o.bucket_bytes = 3000;
+      o.atomic = atomic;
+      const std::string error = reload_with_a_flip(model, v, o, 2);
+      const std::string where = std::string(distribution_name(d)) + (atomic ? ", atomic" : "");
+      ASSERT_FALSE(error.empty()) << where << ": the flipped bit went unnoticed";
+      EXPECT_TRUE(same_on_every_rank(error)) << where << ": " << error;
+      EXPECT_NE(
+          error.find("verifying the transferred bytes failed on rank " + std::to_string(last) +
+                     "/" + std::to_string(world().size()) + ": bucket 2 of "),
+          std::string::npos)
+          << error;
+      EXPECT_NE(error.find("arrived corrupted on rank " + std::to_string(last)), std::string::npos)
+          << error;
+      EXPECT_NE(error.find("; none of it was applied"), std::string::npos) << error;
+      EXPECT_TRUE(neither(model, v).empty())
+          << where << ": a corrupted parameter was written: " << neither(model, v).front();
+      if (atomic)
+        EXPECT_TRUE(not_v1(model, v).empty()) << where << ": " << not_v1(model, v).front();
+      world().barrier();
+    }
+  }
+}
+
+TEST(Integrity, WithoutChecksumsTheSameFlipLandsSilently) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const Versions v;
+  TensorParallelModel model(v.config, on_this_rank());
+  ReloadOptions o;
+  o.bucket_bytes = 3000;
+  o.checksums = false;
+  const std::string error = reload_with_a_flip(model, v, o, 2);
+  EXPECT_EQ(error, "");
+  std::int64_t corrupted = neither(model, v).size();
+  world().allreduce_ints(&corrupted, 1, IntOp::kSum);
+  EXPECT_EQ(corrupted, 1) << "one parameter on the last rank holds the flipped bit";
+}
+
+// Two replicas of a tp group of half the world; a bit flipped on the last rank
+// with checksums off lands in one parameter of replica 1 only.
+TEST(Integrity, ReplicasThatDifferAfterAReloadFailItOnEveryRank) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  ASSERT_EQ(world().size() % 2, 0);
+  const Versions v;
+  const int n = world().size(), tp = n / 2, last = n - 1;
+  for (bool compare : {true, false}) {
+    ModelOptions mo;
+    mo.tp_size = tp;
+    mo.tp_rank = world().rank() % tp;
+    TensorParallelModel model(v.config, mo);
+    auto source = testdata::memory_source(v.v2);
+    std::unique_ptr<DataTransport> data = make_communicator_transport(world());
+    if (world().rank() == last)
+      data =
+          std::make_unique<FaultyTransport>(std::move(data), 2, FaultyTransport::Fault::kFlipBit);
+    ReloadOptions o;
+    o.bucket_bytes = 3000;
+    o.checksums = false;
+    o.compare_replicas = compare;
+    std::string error;
+    try {
+      reload_weights(model, world(), *data, world().rank() == 0 ? source.get() : nullptr, o);
+    } catch (const ValidationError& e) {
+      error = e.what();
+    }
+    // The parameter the flip landed in, found by the test's own slicing.
+    std::string flipped;
+    if (world().rank() == last)
+      for (const auto& [name, t] : testdata::expected_shards(v.config, v.v2, tp, tp - 1))
+        if (!testdata::same_bytes(model.parameter_for_reload(name), t)) flipped = name;
+    std::int64_t length = flipped.size();
+    world().broadcast(MutableBytes(&length, sizeof length), last);
+    flipped.resize(length);
+    world().broadcast(MutableBytes(flipped.data(), flipped.size()), last);
+    ASSERT_FALSE(flipped.empty()) << "the flip did not land: the test proves nothing";
+    if (!compare) {
+      EXPECT_EQ(error, "") << "compare_replicas off";
+      continue;
+    }
+    EXPECT_TRUE(same_on_every_rank(error)) << error;
+    EXPECT_EQ(error.find("replicas differ after the reload: 1 parameter(s) of the same tp rank "
+                         "hold different bytes on different replicas: '" +
+                         flipped + "' on world rank " + std::to_string(last) + " (CRC-32C "),
+              0u)
+        << error;
+    EXPECT_NE(error.find(") and " + std::to_string(last % tp) + " ("), std::string::npos) << error;
+    world().barrier();
+  }
+}
+
+TEST(Integrity, RanksThatDisagreeOnOptionsAreToldWhichBeforeAnyTransfer) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const Versions v;
+  TensorParallelModel model(v.config, on_this_rank());
+  auto source = testdata::memory_source(v.v1);
+  ReloadOptions o;
+  if (world().rank() == world().size() - 1) {
+    o.bucket_bytes = 4096;
+    o.checksums = false;
+  }
+  std::map<std::string, at::Tensor> before;
+  for (const auto& [name, t] : model.named_parameters()) before[name] = t.clone();
+  std::string error;
+  try {
+    reload_weights(model, world(), world().rank() == 0 ? source.get() : nullptr, o);
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error,
+            "ranks disagree on the bucket size, checksums (every rank must pass the same); "
+            "nothing was reloaded");
+  for (const auto& [name, t] : model.named_parameters())
+    EXPECT_TRUE(testdata::same_bytes(t, before.at(name))) << name << " was written";
+}
+
+}  // namespace
+}  // namespace tpreload

@@ -1,0 +1,72 @@
+// CRC-32C against the published check value and a bit-at-a-time reference
+// written here from the polynomial, in both the instruction and the table
+// versions, whole and from block values.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "tpreload/core/crc32c.h"
+
+namespace tpreload {
+namespace {
+
+// One bit at a time, reflected Castagnoli polynomial 0x82F63B78.
+std::uint32_t reference(std::uint32_t crc, const unsigned char* p, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) {
+    crc ^= p[i];
+    for (int k = 0; k < 8; ++k) crc = (crc & 1) ? (crc >> 1) ^ 0x82F63B78u : crc >> 1;
+  }
+  return crc;
+}
+
+std::uint32_t standard(const std::vector<unsigned char>& v) {
+  return reference(0xFFFFFFFFu, v.data(), v.size()) ^ 0xFFFFFFFFu;
+}
+
+std::vector<unsigned char> random_bytes(std::size_t n, unsigned seed) {
+  std::mt19937 gen(seed);
+  std::vector<unsigned char> v(n);
+  for (auto& b : v) b = static_cast<unsigned char>(gen());
+  return v;
+}
+
+TEST(Crc32c, CheckValue) {
+  const char* text = "123456789";
+  EXPECT_EQ(crc32c(text, 9), 0xE3069283u);  // RFC 3720, B.4
+  EXPECT_EQ(crc32c(text, 0), 0u);
+}
+
+TEST(Crc32c, EqualsTheBitwiseReferenceAtEverySizeAroundTheBlocks) {
+  for (std::size_t n : {1, 7, 8, 9, 4095, 4096, 4097, 8192, 12287, 12288, 12289, 3 * 4096 + 4103,
+                        100000, 1 << 20}) {
+    const auto v = random_bytes(n, static_cast<unsigned>(n));
+    const std::uint32_t want = standard(v);
+    EXPECT_EQ(crc32c(v.data(), n), want) << n << " bytes";
+    EXPECT_EQ(detail::crc32c_raw_table(0xFFFFFFFFu, v.data(), n) ^ 0xFFFFFFFFu, want)
+        << n << " bytes, table";
+    // From raw block values (as a device computes them), combined on the host.
+    std::vector<std::uint32_t> blocks;
+    for (std::size_t at = 0; at < n; at += kCrc32cBlock) {
+      const std::size_t len = std::min<std::size_t>(kCrc32cBlock, n - at);
+      blocks.push_back(reference(0, v.data() + at, len));
+      EXPECT_EQ(crc32c_raw(v.data() + at, len), blocks.back());
+    }
+    ASSERT_EQ(blocks.size(), crc32c_blocks(n));
+    EXPECT_EQ(crc32c_from_blocks(blocks.data(), n), want) << n << " bytes from blocks";
+  }
+}
+
+TEST(Crc32c, EveryFlippedBitChangesIt) {
+  auto v = random_bytes(3 * 4096 + 100, 7);
+  const std::uint32_t clean = crc32c(v.data(), v.size());
+  for (std::size_t bit = 0; bit < v.size() * 8; bit += 37) {
+    v[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+    EXPECT_NE(crc32c(v.data(), v.size()), clean) << "bit " << bit;
+    v[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+  }
+  EXPECT_EQ(crc32c(v.data(), v.size()), clean);
+}
+
+}  // namespace
+}  // namespace tpreload
