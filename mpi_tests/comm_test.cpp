@@ -149,7 +149,7 @@ TEST(Allreduce, ManyMessages) {
 
 TEST(Split, TensorParallelGroupsByColor) {
   const int rank = world().rank(), size = world().size();
-  const int tp = size >= 2 ? 2 : 1;  // groups of `tp` consecutive ranks
+  const int tp = size >= 2 ? 2 : 1;              // groups of `tp` consecutive ranks
   auto group = world().split(rank / tp, -rank);  // reversed order inside each group
   const int group_size = std::min(tp, size - rank / tp * tp);
   ASSERT_EQ(group->size(), group_size);

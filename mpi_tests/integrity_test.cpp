@@ -2,7 +2,10 @@
 // before any of its bucket is written, the error is the same on every rank, and
 // the parameters hold only old or new bytes (atomic: only old ones). With the
 // checksums off, the same flip lands silently, which is what they are for.
+// Replicas that end up different, ranks that disagree on options and a file cut
+// short during the reload are each the same error on every rank.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 
@@ -11,6 +14,7 @@
 #include "../tests/support/faults.h"
 #include "../tests/support/tiny_models.h"
 #include "mpi_test_main.h"
+#include "tpreload/checkpoint/writers.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/model.h"
 #include "tpreload/reload/reload.h"
@@ -203,6 +207,47 @@ TEST(Integrity, RanksThatDisagreeOnOptionsAreToldWhichBeforeAnyTransfer) {
             "nothing was reloaded");
   for (const auto& [name, t] : model.named_parameters())
     EXPECT_TRUE(testdata::same_bytes(t, before.at(name))) << name << " was written";
+}
+
+// The checkpoint is cut short after the reader opened it: reads through the
+// mapping (zero-copy, with or without checksums) and plain reads both become the
+// same CheckpointError on every rank naming the file; no process dies.
+TEST(Integrity, AFileCutShortDuringTheReloadIsTheSameErrorOnEveryRank) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const Versions v;
+  mpitest::SharedDir dir;
+  const std::string path = dir.path() + "/model.safetensors";
+  struct Mode {
+    bool zero_copy, checksums;
+  };
+  for (const Mode m : {Mode{true, true}, Mode{true, false}, Mode{false, true}}) {
+    if (world().rank() == 0) write_safetensors(path, testdata::in_memory(v.v2));
+    world().barrier();
+    TensorParallelModel model(v.config, on_this_rank());
+    std::unique_ptr<WeightSource> source;
+    if (world().rank() == 0) {
+      source = open_weight_source(path);
+      std::uint64_t cut = 0;  // in the middle of the last tensor in the file
+      for (const TensorInfo& t : source->tensors())
+        cut = std::max(cut, t.file_offset + t.nbytes / 2);
+      ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(cut)), 0);
+    }
+    ReloadOptions o;
+    o.distribution = Distribution::kBroadcast;  // whole tensors: runs of the file
+    o.zero_copy = m.zero_copy;
+    o.checksums = m.checksums;
+    std::string error;
+    try {
+      reload_weights(model, world(), source.get(), o);
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    const std::string what = std::string("zero_copy=") + (m.zero_copy ? "1" : "0") +
+                             " checksums=" + (m.checksums ? "1" : "0");
+    EXPECT_TRUE(same_on_every_rank(error)) << what << ": " << error;
+    EXPECT_NE(error.find("'" + path + "'"), std::string::npos) << what << ": " << error;
+    world().barrier();
+  }
 }
 
 }  // namespace

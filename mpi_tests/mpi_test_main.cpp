@@ -24,14 +24,14 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
   explicit RankFailurePrinter(int rank) : rank_(rank) {}
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    std::cerr << "[rank " << rank_ << "] " << (result.file_name() ? result.file_name() : "?")
-              << ":" << result.line_number() << ": Failure\n"
+    std::cerr << "[rank " << rank_ << "] " << (result.file_name() ? result.file_name() : "?") << ":"
+              << result.line_number() << ": Failure\n"
               << result.summary() << std::endl;
   }
   void OnTestEnd(const ::testing::TestInfo& info) override {
     if (info.result()->Failed())
-      std::cerr << "[rank " << rank_ << "] FAILED " << info.test_suite_name() << "."
-                << info.name() << std::endl;
+      std::cerr << "[rank " << rank_ << "] FAILED " << info.test_suite_name() << "." << info.name()
+                << std::endl;
   }
 
  private:
@@ -40,8 +40,12 @@ class RankFailurePrinter : public ::testing::EmptyTestEventListener {
 
 }  // namespace
 
-Communicator& world() { return *g_world; }
-MpiCommunicator& mpi_world() { return *g_world; }
+Communicator& world() {
+  return *g_world;
+}
+MpiCommunicator& mpi_world() {
+  return *g_world;
+}
 
 }  // namespace tpreload::mpitest
 

@@ -3,6 +3,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <stdexcept>
+#include <string>
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/mpi_communicator.h"
@@ -15,12 +20,38 @@ Communicator& world();
 // The same world as MPI's, for what only MPI offers (its data transport).
 MpiCommunicator& mpi_world();
 
+// A directory every rank sees (created by rank 0, removed at exit).
+class SharedDir {
+ public:
+  SharedDir() {
+    std::string name(256, '\0');
+    if (world().rank() == 0) {
+      char tmpl[] = "/tmp/tpreload-mpitest-XXXXXX";
+      if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+      name = tmpl;
+      name.resize(256, '\0');
+    }
+    world().broadcast(MutableBytes(name.data(), name.size()), 0);
+    path_ = name.c_str();
+  }
+  ~SharedDir() {
+    world().barrier();
+    if (world().rank() == 0) std::filesystem::remove_all(path_);
+  }
+  SharedDir(const SharedDir&) = delete;
+  SharedDir& operator=(const SharedDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 }  // namespace tpreload::mpitest
 
 // Skip the test (on every rank alike) when the world has fewer than n ranks.
-#define TPRELOAD_REQUIRE_RANKS(n)                                                    \
-  do {                                                                               \
-    if (::tpreload::mpitest::world().size() < (n))                                   \
-      GTEST_SKIP() << "needs at least " << (n) << " ranks, world has "               \
-                   << ::tpreload::mpitest::world().size();                           \
+#define TPRELOAD_REQUIRE_RANKS(n)                                      \
+  do {                                                                 \
+    if (::tpreload::mpitest::world().size() < (n))                     \
+      GTEST_SKIP() << "needs at least " << (n) << " ranks, world has " \
+                   << ::tpreload::mpitest::world().size();             \
   } while (0)

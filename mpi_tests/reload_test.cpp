@@ -16,8 +16,8 @@
 #include "tpreload/checkpoint/writers.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/kernel_shards.h"
-#include "tpreload/model/torch_dtype.h"
 #include "tpreload/model/model.h"
+#include "tpreload/model/torch_dtype.h"
 #include "tpreload/reload/reload.h"
 
 namespace tpreload {
@@ -26,29 +26,7 @@ namespace {
 using mpitest::world;
 namespace fs = std::filesystem;
 
-// A directory every rank sees (created by rank 0, removed at exit).
-class SharedDir {
- public:
-  SharedDir() {
-    std::string name(256, '\0');
-    if (world().rank() == 0) {
-      char tmpl[] = "/tmp/tpreload-reload-XXXXXX";
-      if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-      name = tmpl;
-      name.resize(256, '\0');
-    }
-    world().broadcast(MutableBytes(name.data(), name.size()), 0);
-    path_ = name.c_str();
-  }
-  ~SharedDir() {
-    world().barrier();
-    if (world().rank() == 0) fs::remove_all(path_);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using mpitest::SharedDir;
 
 struct Variant {
   int tp;

@@ -59,20 +59,37 @@ MappedFile MappedFile::open(const std::string& path) {
   if (addr == MAP_FAILED)
     raise<CheckpointError>("cannot map '", path, "' (", m.size_, " bytes): ", errno_text(errno));
   m.data_ = static_cast<const std::byte*>(addr);
+  m.guard_ = MappingGuard(m.data_, m.size_);
   return m;
+}
+
+void MappedFile::check_intact() const {
+  const std::uint64_t n = faults();
+  struct stat st {};
+  const bool shrank = fd_.get() >= 0 && ::fstat(fd_.get(), &st) == 0 &&
+                      static_cast<std::uint64_t>(st.st_size) < size_;
+  if (n == 0 && !shrank) return;
+  raise<CheckpointError>(
+      "'", path_, "' no longer holds the ", size_, " bytes it had when opened",
+      shrank ? concat(" (it has ", st.st_size, " now)") : std::string(),
+      n ? concat(": ", n, " page(s) of its mapping could not be read") : std::string(),
+      "; the file was truncated, replaced in place or its storage failed during the reload");
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)),
       fd_(std::move(other.fd_)),
+      guard_(std::move(other.guard_)),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
+    guard_ = MappingGuard();  // before the pages go
     if (data_ != nullptr) ::munmap(const_cast<std::byte*>(data_), size_);
     path_ = std::move(other.path_);
     fd_ = std::move(other.fd_);
+    guard_ = std::move(other.guard_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
@@ -80,6 +97,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 }
 
 MappedFile::~MappedFile() {
+  guard_ = MappingGuard();  // before the pages go
   if (data_ != nullptr && ::munmap(const_cast<std::byte*>(data_), size_) != 0)
     log().warn("munmap of '{}' failed: {}", path_, errno_text(errno));
 }
@@ -120,8 +138,9 @@ void preadv_exact(int fd, const std::vector<MutableBytes>& parts, std::uint64_t 
     const ssize_t n = ::preadv(fd, iov.data() + first, count, static_cast<off_t>(offset));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0)
-      raise<CheckpointError>("read of ", total, " bytes (", iov.size(), " pieces) at offset ", start,
-                             " of '", path, "' failed at offset ", offset, ": ", errno_text(errno));
+      raise<CheckpointError>("read of ", total, " bytes (", iov.size(), " pieces) at offset ",
+                             start, " of '", path, "' failed at offset ", offset, ": ",
+                             errno_text(errno));
     if (n == 0)
       raise<CheckpointError>("read of ", total, " bytes at offset ", start, " of '", path,
                              "' hit end of file after ", offset - start, " bytes");
@@ -136,12 +155,13 @@ void preadv_exact(int fd, const std::vector<MutableBytes>& parts, std::uint64_t 
   }
 }
 
-void check_split(const std::string& tensor, ByteRange range, const std::vector<MutableBytes>& parts) {
+void check_split(const std::string& tensor, ByteRange range,
+                 const std::vector<MutableBytes>& parts) {
   std::uint64_t total = 0;
   for (const MutableBytes& part : parts) total += part.size;
   if (total != range.length)
-    raise<UsageError>("tensor '", tensor, "': split read of ", range.length, " bytes into parts of ",
-                      total, " bytes");
+    raise<UsageError>("tensor '", tensor, "': split read of ", range.length,
+                      " bytes into parts of ", total, " bytes");
 }
 
 AtomicFile::AtomicFile(std::string target) : target_(std::move(target)) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "mapping_guard.h"
 #include "tpreload/core/span.h"
 
 namespace tpreload::detail {
@@ -54,10 +55,18 @@ class MappedFile {
   std::uint64_t size() const { return size_; }
   int fd() const { return fd_.get(); }
   const std::string& path() const { return path_; }
+  // Pages that faulted under the mapping (the file was cut short or its storage
+  // failed after open) and read as zeros instead of ending the process.
+  std::uint64_t faults() const { return guard_.faults(); }
+  // CheckpointError naming the file when any page faulted or the file is now
+  // shorter than when it was mapped (bytes past the new end of its last page
+  // read as zeros without a fault).
+  void check_intact() const;
 
  private:
   std::string path_;
   FileDescriptor fd_;
+  MappingGuard guard_;
   const std::byte* data_ = nullptr;
   std::uint64_t size_ = 0;
 };
@@ -73,7 +82,8 @@ void preadv_exact(int fd, const std::vector<MutableBytes>& parts, std::uint64_t 
                   const std::string& path);
 
 // Throws UsageError unless the sizes of `parts` add up to range.length.
-void check_split(const std::string& tensor, ByteRange range, const std::vector<MutableBytes>& parts);
+void check_split(const std::string& tensor, ByteRange range,
+                 const std::vector<MutableBytes>& parts);
 
 // A file written under a temporary name in the target's directory and renamed onto
 // the target by commit(). Destroying it uncommitted removes the temporary, so a

@@ -101,6 +101,9 @@ class SafetensorsSource final : public WeightSource {
   std::uint64_t bytes_read() const override { return bytes_read_; }
   const std::map<std::string, std::string>& metadata() const override { return metadata_; }
   std::optional<KernelFormatInfo> kernel_format() const override { return options_.kernel_format; }
+  void check_mapped_reads() const override {
+    for (const MappedShard& s : shards_) s.map.check_intact();
+  }
 
  private:
   void add_shard(const SafetensorsShard& shard) {

@@ -247,6 +247,12 @@ std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
       continue;
     }
     if (pl && !pl->held) continue;  // another rank's expert
+    // The file's shape is checked before it sizes anything (a corrupt file can
+    // declare any shape).
+    const std::string problem = kernel
+                                    ? check_kernel_tensor(info.name, info.shape, info.dtype)
+                                    : check_checkpoint_tensor(*pl, info.shape, info.dtype, false);
+    if (!problem.empty()) raise<ModelError>("loading from ", source.describe(), ": ", problem);
     at::Tensor tensor;
     if (auto view = source.view(i, {0, info.nbytes})) {
       tensor = tensor_view(*view, info.dtype, info.shape);
@@ -259,6 +265,7 @@ std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
     else
       load_checkpoint_tensor(*pl, tensor, false);
   }
+  source.check_mapped_reads();  // views of a file cut short since open read as zeros
   finish();
   const auto names = loaded_names(kernel ? WeightFormat::kKernel : WeightFormat::kCheckpoint);
   return {names.begin(), names.end()};

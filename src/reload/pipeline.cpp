@@ -71,6 +71,7 @@ class Pipeline {
         sink_(model.sink()),
         control_(control),
         data_(data),
+        source_(source),
         options_(options),
         workspace_(workspace),
         rank_(control.rank()),
@@ -113,6 +114,7 @@ class Pipeline {
   ParameterSink& sink_;
   Communicator& control_;
   DataTransport& data_;
+  WeightSource* source_;  // the reader's
   const ReloadOptions& options_;
   ReloadWorkspace& workspace_;
   const int rank_;
@@ -186,6 +188,9 @@ void Pipeline::fill(Slot& slot) {
                        spaces_.device->describe()));
     slot.payload = ConstBytes(slot.send, bucket.bytes);
   }
+  // Bytes read through the file's mapping (zero-copy payloads, full rows) that
+  // the file no longer backs read as zeros: this bucket is not sent.
+  source_->check_mapped_reads();
   stats_.read += since(start);
 }
 

@@ -96,7 +96,7 @@ std::uint64_t fnv(std::uint64_t h, const std::string& s) {
 // LoRA, and per parameter its shape, dtype, kind, layer and stacked shards), the
 // data plane, whose transfers every rank must post alike, and every option that
 // changes the plan or the sequence of collectives.
-std::vector<std::pair<const char*, std::uint64_t>> agreement_parts(const ReloadTarget& model,
+std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadTarget& model,
                                                                    const ReloadOptions& o,
                                                                    const DataTransport& data) {
   const ModelConfig& c = model.rules().config();
@@ -141,21 +141,10 @@ std::vector<std::pair<const char*, std::uint64_t>> agreement_parts(const ReloadT
 std::int64_t check_ranks_agree(Communicator& world, const ReloadTarget& model,
                                const ReloadOptions& options, const DataTransport& data) {
   const auto parts = agreement_parts(model, options, data);
-  std::vector<std::int64_t> lo, hi;
-  std::uint64_t all = 1469598103934665603ull;
-  for (const auto& [what, value] : parts) {
-    lo.push_back(static_cast<std::int64_t>(value));  // every bit counts
-    all = fnv(all, value);
-  }
-  hi = lo;
-  allreduce_ints(world, lo, IntOp::kMin);
-  allreduce_ints(world, hi, IntOp::kMax);
-  std::string differ;
-  for (std::size_t i = 0; i < parts.size(); ++i)
-    if (lo[i] != hi[i]) differ += (differ.empty() ? "" : ", ") + std::string(parts[i].first);
-  if (!differ.empty())
-    raise<Agreed<UsageError>>("ranks disagree on ", differ,
+  agree_on_values<UsageError>(world, parts,
                               " (every rank must pass the same); nothing was reloaded");
+  std::uint64_t all = 1469598103934665603ull;
+  for (const auto& part : parts) all = fnv(all, part.second);
   return static_cast<std::int64_t>(all >> 1);
 }
 
@@ -475,6 +464,15 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   };
   try {
     stats = detail::run_pipeline(planned, model, world, data, source, options, kept);
+    // Zero-copy buckets went out of the mapping during the transfer: were they
+    // all still backed by the file?
+    std::optional<std::string> mapping_problem;
+    if (reader && source) try {
+        source->check_mapped_reads();
+      } catch (const CheckpointError& e) {
+        mapping_problem = e.what();
+      }
+    agree_on_problem<CheckpointError>(world, mapping_problem, "reading the checkpoint");
     agree_on_problem<CommError>(world, stats.corrupted, "verifying the transferred bytes");
     agree_on_problem<ModelError>(world, stats.apply_error, "applying weights");
     auto t = Clock::now();

@@ -13,6 +13,7 @@
 
 #include "tpreload/checkpoint/synthetic.h"
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/agreement.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
 #include "tpreload/model/config.h"
@@ -169,6 +170,40 @@ void add_options(CLI::App& app, RunnerOptions& o) {
          "and applied on the GPU) or nccl (device buffers; needs --device cuda)")
       ->check(CLI::IsMember({"mpi", "nccl"}))
       ->capture_default_str();
+}
+
+// COLLECTIVE, before the first transfer: options that change what a rank does
+// collectively (how many reloads, whether a report's fingerprints are gathered,
+// the demo's extra steps, the planes) must be the same on every rank, or ranks
+// would wait on collectives their peers never post. Those of one rank only
+// (--weights, --read-timeout on the reader, logging, progress) may differ.
+void agree_on_options(const RunnerOptions& o, Communicator& world) {
+  auto text = [](const std::string& s) {
+    return static_cast<std::uint64_t>(std::hash<std::string>{}(s));
+  };
+  agree_on_values<UsageError>(
+      world,
+      {{"--repeat", static_cast<std::uint64_t>(o.repeat)},
+       {"--report (given or not)", o.report.empty() ? 0u : 1u},
+       {"--demo", o.demo},
+       {"--kernel-format", o.kernel_format},
+       {"--tp", static_cast<std::uint64_t>(o.tp)},
+       {"--quantization", text(o.quantization)},
+       {"--lora", o.lora},
+       {"--expert-parallel", o.expert_parallel},
+       {"--distribution", text(o.distribution)},
+       {"--bucket-mb", text(std::to_string(o.bucket_mb))},
+       {"--pipeline-depth", static_cast<std::uint64_t>(o.pipeline_depth)},
+       {"--reader-rank", static_cast<std::uint64_t>(o.reader_rank)},
+       {"--zero-copy", o.zero_copy},
+       {"--atomic", o.atomic},
+       {"--require-complete", o.require_complete},
+       {"--no-checksums", o.no_checksums},
+       {"--no-compare-replicas", o.no_compare_replicas},
+       {"--timeout", static_cast<std::uint64_t>(o.timeout_s)},
+       {"--device", text(o.device)},
+       {"--transport", text(o.transport)}},
+      " (every rank of the job must be started with the same options); nothing was loaded");
 }
 
 ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
@@ -363,6 +398,7 @@ int main(int argc, char** argv) {
   return run_mpi_program(
       &argc, &argv, options.log_level, comm_options, [&](MpiCommunicator& world) {
         if (world.rank() == 0) log().info("reload_runner options: {}", options.describe());
+        agree_on_options(options, world);
         const DataPlane plane =
             open_data_plane(world, {options.device, options.transport, comm_options});
         return options.demo ? run_demo(options, world, plane) : run_reloads(options, world, plane);

@@ -2,6 +2,11 @@
 // dtype (single file and sharded), zero-copy views, bytes_read and atomic writes.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -163,6 +168,58 @@ TEST(Safetensors, RangesAreCheckedAndCounted) {
             }),
             "safetensors file '" + (dir / "a.safetensors") +
                 "': tensor 'a': range [36, 44) exceeds its 40 bytes");
+}
+
+// A file cut short after it was opened: reads through its mapping would raise
+// SIGBUS; they read zeros instead and the source names the file.
+TEST(Safetensors, AFileCutShortUnderItsMappingIsAnErrorNotACrash) {
+  TempDir dir;
+  const std::string path = dir / "a.safetensors";
+  const std::vector<test::OwnedTensor> tensors = {
+      test::random_tensor("big", DType::kFloat32, {64, 1024}, 7)};  // 256 KiB: many pages
+  write_safetensors(path, test::as_memory(tensors));
+  auto source = open_weight_source(path);
+  source->check_mapped_reads();  // nothing read yet, nothing wrong
+  const std::uint64_t data_start = source->tensors()[0].file_offset;
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(data_start + 4096)), 0);
+  const auto view = source->view(0, {0, source->tensors()[0].nbytes});
+  ASSERT_TRUE(view.has_value());
+  std::uint64_t nonzero_after_cut = 0;
+  const std::uint64_t page = static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE));
+  const std::uint64_t backed = (data_start + 4096 + page - 1) / page * page - data_start;
+  for (std::uint64_t i = 0; i < view->size; ++i)
+    nonzero_after_cut += i >= backed && view->data[i] != std::byte{0};
+  EXPECT_EQ(nonzero_after_cut, 0u) << "bytes past the cut read as zeros";
+  const std::string error = test::error_of([&] { source->check_mapped_reads(); });
+  EXPECT_NE(error.find("'" + path + "' no longer holds the "), std::string::npos) << error;
+  // Every page wholly past the new end faulted once when read.
+  const std::uint64_t pages = (data_start + view->size + page - 1) / page;
+  const std::uint64_t kept = (data_start + 4096 + page - 1) / page;
+  EXPECT_NE(error.find("(it has " + std::to_string(data_start + 4096) +
+                       " now): " + std::to_string(pages - kept) +
+                       " page(s) of its mapping could not be read; the file was truncated"),
+            std::string::npos)
+      << error;
+}
+
+// The handler takes only faults inside mappings it guards: any other SIGBUS still
+// ends the process as SIGBUS.
+TEST(SafetensorsDeathTest, ASigbusOutsideAGuardedMappingStillKillsTheProcess) {
+  TempDir dir;
+  const std::string path = dir / "a.safetensors";
+  write_safetensors(path, test::as_memory({test::random_tensor("t", DType::kFloat32, {16}, 1)}));
+  auto source = open_weight_source(path);  // installs the handler
+  test::write_file(dir / "plain", std::string(2 * 4096, 'x'));
+  EXPECT_EXIT(
+      {
+        const int fd = ::open((dir / "plain").c_str(), O_RDONLY);
+        auto* p =
+            static_cast<volatile char*>(::mmap(nullptr, 2 * 4096, PROT_READ, MAP_PRIVATE, fd, 0));
+        if (::truncate((dir / "plain").c_str(), 0) != 0) ::_exit(3);
+        std::printf("%d", p[4096]);
+        ::_exit(0);
+      },
+      testing::KilledBySignal(SIGBUS), "");
 }
 
 }  // namespace

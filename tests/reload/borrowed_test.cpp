@@ -18,6 +18,13 @@
 namespace tpreload {
 namespace {
 
+BorrowedOptions on_rank(int tp_size, int tp_rank) {
+  BorrowedOptions o;
+  o.tp_size = tp_size;
+  o.tp_rank = tp_rank;
+  return o;
+}
+
 BorrowedTensor borrow(const std::string& name, const at::Tensor& t, std::string device = "cpu") {
   BorrowedTensor b;
   b.name = name;
@@ -59,7 +66,7 @@ TEST(Borrowed, EveryFamilyIsReloadedInPlaceFromTheCheckpoint) {
     auto params = zero_shards(config, 1, 0);
     std::map<std::string, void*> before;
     for (const auto& [n, t] : params) before[n] = t.data_ptr();
-    BorrowedTarget target(config, {1, 0}, borrow_all(params));
+    BorrowedTarget target(config, on_rank(1, 0), borrow_all(params));
     EXPECT_EQ(target.device_name(), "cpu");
     target.attach(nullptr);
     auto source = testdata::memory_source(ckpt);
@@ -85,7 +92,7 @@ TEST(Borrowed, LoraNamesResolveToTheBaseLayerAndAdaptersAreLeftAlone) {
   }
   const at::Tensor adapter = at::zeros({4, 8}, at::kFloat);
   named["model.layers.0.self_attn.qkv_proj.lora_A.weight"] = adapter;
-  BorrowedOptions o{1, 0};
+  BorrowedOptions o = on_rank(1, 0);
   o.lora = true;
   BorrowedTarget target(config, o, borrow_all(named));
   target.attach(nullptr);
@@ -129,7 +136,7 @@ TEST(Borrowed, EveryProblemIsListedAndNothingIsBuilt) {
     return b.name == "lm_head.weight" && b.device == "cpu";
   }));
   const ShardingRules rules(config, 2);
-  const std::string text = joined(borrowed_problems(rules, {2, 1}, given));
+  const std::string text = joined(borrowed_problems(rules, on_rank(2, 1), given));
   const auto& shape_of = [&](const std::string& n) { return params.at(n).sizes().vec(); };
   EXPECT_NE(text.find("missing parameter 'model.norm.weight' ([" +
                       std::to_string(shape_of(norm)[0]) + "] bfloat16)"),
@@ -152,7 +159,7 @@ TEST(Borrowed, EveryProblemIsListedAndNothingIsBuilt) {
   EXPECT_NE(text.find("the parameters are on several devices: cpu ("), std::string::npos) << text;
   EXPECT_NE(text.find("cuda:0 ('model.embed_tokens.weight')"), std::string::npos) << text;
   try {
-    BorrowedTarget target(config, {2, 1}, given);
+    BorrowedTarget target(config, on_rank(2, 1), given);
     FAIL() << "built a target over mismatched tensors";
   } catch (const ValidationError& e) {
     EXPECT_NE(std::string(e.what()).find("problems with the parameters of tp rank 1/2:"),
@@ -173,14 +180,14 @@ TEST(Borrowed, EntriesThatAreNotParametersAreIgnoredWhateverTheyAre) {
   odd.strides = {1, 4};
   given.push_back(odd);
   given.push_back(odd);  // even twice
-  EXPECT_EQ(joined(borrowed_problems(ShardingRules(config, 1), {1, 0}, given)), "");
+  EXPECT_EQ(joined(borrowed_problems(ShardingRules(config, 1), on_rank(1, 0), given)), "");
 }
 
 TEST(Borrowed, AttachRefusesADeviceOtherThanTheParameters) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   auto params = zero_shards(config, 1, 0);
   {  // host tensors, a device plane
-    BorrowedTarget target(config, {1, 0}, borrow_all(params));
+    BorrowedTarget target(config, on_rank(1, 0), borrow_all(params));
     auto device = std::make_shared<testing::EmulatedDevice>();
     try {
       target.attach(device);
@@ -195,7 +202,7 @@ TEST(Borrowed, AttachRefusesADeviceOtherThanTheParameters) {
   {  // tensors said to be on cuda:1, a host plane
     std::vector<BorrowedTensor> given;
     for (const auto& [name, t] : params) given.push_back(borrow(name, t, "cuda:1"));
-    BorrowedTarget target(config, {1, 0}, given);
+    BorrowedTarget target(config, on_rank(1, 0), given);
     EXPECT_EQ(target.device_name(), "cuda:1");
     EXPECT_THROW(target.attach(nullptr), ValidationError);
   }

@@ -211,7 +211,9 @@ TEST(Plan, ExpertTensorsReachOnlyTheRanksThatHoldThem) {
           const Piece& p = b.pieces[k];
           const TensorInfo& info = md.tensors[plan.tensors[p.planned].index];
           if (info.name.find(".experts.") == std::string::npos) continue;
-          if (ep) ASSERT_TRUE(b.scatter) << info.name << " is broadcast under expert parallelism";
+          if (ep) {
+            ASSERT_TRUE(b.scatter) << info.name << " is broadcast under expert parallelism";
+          }
           if (!b.scatter) continue;
           for (int w = 0; w < 8; ++w) {
             const std::uint64_t next =

@@ -92,6 +92,13 @@ class WeightSource {
 
   // Set for kernel-format directories, nullopt for checkpoint-format sources.
   virtual std::optional<KernelFormatInfo> kernel_format() const { return std::nullopt; }
+
+  // Throws CheckpointError naming the file when bytes read through a view (or a
+  // mapping inside read()) could not be read because the file changed under it
+  // since open (cut short, storage failure). Such reads return zeros instead of
+  // ending the process; callers check here after using views. Sources without
+  // mappings never throw.
+  virtual void check_mapped_reads() const {}
 };
 
 // Open what `path` names: a .safetensors file; a directory with

@@ -7,6 +7,8 @@
 #include <climits>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
@@ -48,6 +50,25 @@ void agree_on_problem(Communicator& comm, const std::optional<std::string>& prob
   if (ranks_with_problem > 1)
     others = detail::concat(" (and on ", ranks_with_problem - 1, " other ranks)");
   raise<Agreed<E>>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others);
+}
+
+// COLLECTIVE (two allreduces). Every rank passes the same list of named values
+// (options, hashes of what must match); if any value differs between ranks,
+// every rank throws the same Agreed<E>: "ranks disagree on <names>" followed by
+// `consequence`. Every bit of a value counts.
+template <typename E>
+void agree_on_values(Communicator& comm,
+                     const std::vector<std::pair<std::string, std::uint64_t>>& values,
+                     const std::string& consequence) {
+  std::vector<std::int64_t> lo, hi;
+  for (const auto& v : values) lo.push_back(static_cast<std::int64_t>(v.second));
+  hi = lo;
+  allreduce_ints(comm, lo, IntOp::kMin);
+  allreduce_ints(comm, hi, IntOp::kMax);
+  std::string differ;
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (lo[i] != hi[i]) differ += (differ.empty() ? "" : ", ") + values[i].first;
+  if (!differ.empty()) raise<Agreed<E>>("ranks disagree on ", differ, consequence);
 }
 
 }  // namespace tpreload
