@@ -22,6 +22,7 @@
 namespace tpreload {
 namespace {
 
+using mpitest::same_on_every_rank;
 using mpitest::world;
 using testing::FaultyTransport;
 
@@ -36,14 +37,6 @@ ModelOptions on_this_rank() {
   o.tp_size = world().size();
   o.tp_rank = world().rank();
   return o;
-}
-
-// Whether every rank raised the same text (hashes compared over the world).
-bool same_on_every_rank(const std::string& text) {
-  std::int64_t h = static_cast<std::int64_t>(std::hash<std::string>{}(text) >> 1), lo = h, hi = h;
-  world().allreduce_ints(&lo, 1, IntOp::kMin);
-  world().allreduce_ints(&hi, 1, IntOp::kMax);
-  return lo == hi;
 }
 
 // Parameters whose bytes are neither version's shard.

@@ -6,8 +6,10 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/mpi_communicator.h"
@@ -19,6 +21,17 @@ Communicator& world();
 
 // The same world as MPI's, for what only MPI offers (its data transport).
 MpiCommunicator& mpi_world();
+
+// Whether every rank holds the same `text` (its length and hash, min against max
+// over the world). COLLECTIVE.
+inline bool same_on_every_rank(const std::string& text) {
+  std::vector<std::int64_t> mine = {static_cast<std::int64_t>(text.size()),
+                                    static_cast<std::int64_t>(std::hash<std::string>{}(text))};
+  std::vector<std::int64_t> lo = mine, hi = mine;
+  allreduce_ints(world(), lo, IntOp::kMin);
+  allreduce_ints(world(), hi, IntOp::kMax);
+  return lo == hi;
+}
 
 // A directory every rank sees (created by rank 0, removed at exit).
 class SharedDir {

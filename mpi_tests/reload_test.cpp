@@ -308,7 +308,15 @@ TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   TensorParallelModel model(config, options_for({world().size(), "", false}));
   ReloadableModel served(model, {"/nonexistent/tpreload/model", "", ""});
-  EXPECT_THROW(served.reload(world(), ReloadOptions{}), CheckpointError);
+  std::string error;
+  try {
+    served.reload(world(), ReloadOptions{});
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("'/nonexistent/tpreload/model'"), std::string::npos) << error;
+  EXPECT_TRUE(mpitest::same_on_every_rank(error))
+      << "rank " << world().rank() << " raised: " << error;
 }
 
 TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {

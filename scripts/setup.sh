@@ -9,7 +9,8 @@ PACKAGES=(cmake g++ make ccache pkg-config
           libtorch-dev libopenmpi-dev openmpi-bin libhdf5-dev libspdlog-dev libgtest-dev
           nlohmann-json3-dev libcli11-dev zlib1g-dev python3-h5py python3-numpy
           python3-dev pybind11-dev python3-torch python3-pytest
-          iproute2 slurm-wlm munge)  # the multi-host and SLURM tests
+          iproute2 slurm-wlm munge     # the multi-host and SLURM tests
+          clang libclang-rt-14-dev)    # the libFuzzer targets (scripts/fuzz.sh)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,4 +1,7 @@
-// The metadata broadcast's wire format: a flat little-endian byte string.
+// The metadata broadcast's wire format: a flat little-endian byte string. The
+// parser accepts only what serialize_metadata writes (known dtypes, 0/1 flags,
+// byte counts that match shapes), so a blob that parses serializes back to the
+// same bytes (tests/fuzz/metadata_fuzz.cpp holds it to that).
 #include <cstring>
 
 #include "tpreload/core/error.h"
@@ -43,6 +46,17 @@ class Reader {
     return s;
   }
   bool done() const { return at_ == in_.size(); }
+  bool flag(const char* what) {
+    const auto v = get<std::uint8_t>();
+    if (v > 1) raise<CommError>("reload metadata: ", what, " is ", int(v), ", not 0 or 1");
+    return v == 1;
+  }
+  DType dtype(const std::string& what) {
+    const auto v = get<std::uint8_t>();
+    for (DType d : kAllDTypes)
+      if (static_cast<std::uint8_t>(d) == v) return d;
+    raise<CommError>("reload metadata: ", what, " has dtype code ", int(v), ", not a known dtype");
+  }
 
  private:
   void need(std::uint64_t n) const {
@@ -89,21 +103,34 @@ SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes) {
   for (std::uint64_t i = 0; i < count; ++i) {
     TensorInfo t;
     t.name = r.get_string();
-    t.dtype = static_cast<DType>(r.get<std::uint8_t>());
+    t.dtype = r.dtype("tensor '" + t.name + "'");
     const auto ndim = r.get<std::uint32_t>();
-    for (std::uint32_t d = 0; d < ndim; ++d) t.shape.push_back(r.get<std::int64_t>());
+    std::uint64_t bytes = dtype_size(t.dtype);
+    for (std::uint32_t d = 0; d < ndim; ++d) {
+      t.shape.push_back(r.get<std::int64_t>());
+      if (t.shape.back() < 0 ||
+          __builtin_mul_overflow(bytes, static_cast<std::uint64_t>(t.shape.back()), &bytes))
+        raise<CommError>("reload metadata: tensor '", t.name, "' has dimension ", t.shape.back(),
+                         " (negative, or the size overflows 64 bits)");
+    }
     t.nbytes = r.get<std::uint64_t>();
+    if (t.nbytes != bytes)
+      raise<CommError>("reload metadata: tensor '", t.name, "' says ", t.nbytes,
+                       " bytes, its shape and dtype make ", bytes);
     t.file = r.get_string();
     t.file_offset = r.get<std::uint64_t>();
     t.tp_rank = r.get<std::int32_t>();
+    if (t.tp_rank < -1)
+      raise<CommError>("reload metadata: tensor '", t.name, "' has tp rank ", t.tp_rank);
     m.tensors.push_back(std::move(t));
   }
-  if (r.get<std::uint8_t>()) {
+  if (r.flag("the kernel-format flag")) {
     KernelFormatInfo k;
     k.tp_size = r.get<std::int32_t>();
-    k.dtype = static_cast<DType>(r.get<std::uint8_t>());
+    if (k.tp_size < 1) raise<CommError>("reload metadata: kernel-format tp size ", k.tp_size);
+    k.dtype = r.dtype("the kernel format");
     k.quantization = r.get_string();
-    k.expert_parallel = r.get<std::uint8_t>() != 0;
+    k.expert_parallel = r.flag("the expert-parallel flag");
     k.config_json = r.get_string();
     m.kernel = k;
   }

@@ -118,9 +118,19 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
         static_cast<std::uint64_t>(p.layer));
     layout = fnv(layout, static_cast<std::uint64_t>(p.shards));
   }
+  for (std::int64_t l : c.mlp_only_layers) layout = fnv(layout, static_cast<std::uint64_t>(l));
+  // Fields only the forward pass reads: a rank that differs would serve other
+  // logits from the same weights.
+  std::uint64_t forward = 1469598103934665603ull;
+  for (double v : {c.rms_norm_eps, c.rope_theta}) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof bits);
+    forward = fnv(forward, bits);
+  }
   const std::uint64_t plane =
       fnv(fnv(1469598103934665603ull, data.backend()), static_cast<std::uint64_t>(data.memory()));
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
+          {"the model config's rms_norm_eps or rope_theta", forward},
           {"the tp size", std::uint64_t(model.rules().tp_size())},
           {"the data plane (transport, memory space)", plane},
           {"the format", std::uint64_t(o.format)},

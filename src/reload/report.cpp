@@ -100,6 +100,10 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
       {"not_loaded", {{"on_all_ranks", r.not_loaded_on_all_ranks}, {"on_some_ranks", some}}},
       {"fingerprint", model_fingerprint(fingerprints)},
       {"ranks", ranks}};
+  if (!r.error.empty()) {  // a failed reload: what happened, what may have changed
+    doc["error"] = r.error;
+    doc["possibly_changed"] = r.possibly_mixed;
+  }
   return doc.dump(2);
 }
 

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -267,20 +268,67 @@ void write_report(const RunnerOptions& o, const ReloadResult& r, TensorParallelM
   log().info("wrote report {}", o.report);
 }
 
+// COLLECTIVE. The parameters some rank reported as possibly changed by a failed
+// reload, by name, the same list on every rank.
+std::vector<std::string> changed_on_some_rank(const std::vector<std::string>& mine,
+                                              const ShardingRules& rules, Communicator& world) {
+  const auto& params = rules.params();
+  std::vector<std::uint64_t> bits((params.size() + 63) / 64, 0);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (std::find(mine.begin(), mine.end(), params[i].name) != mine.end())
+      bits[i / 64] |= 1ull << (i % 64);
+  allreduce_bits(world, bits, BitOp::kOr);
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (bits[i / 64] >> (i % 64) & 1) out.push_back(params[i].name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
   if (o.model_dir.empty()) raise<UsageError>("--model DIR is required (or use --demo)");
-  const ModelConfig config = load_model_config(o.model_dir);
+  // Every rank reads the config (from its own file system): a problem on any
+  // rank is the same error on every rank, which then all end cleanly.
+  ModelConfig config;
+  std::optional<std::string> problem;
+  try {
+    config = load_model_config(o.model_dir);
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  agree_on_problem<ModelError>(world, problem, "reading the model config");
   TensorParallelModel model(config, model_options(o, world, plane));
   ReloadableModel served(model, {o.model_dir, "", ""}, plane.transport.get());
+  ReloadResult failed;  // what the callbacks were told when a reload failed
+  served.on_reloaded([&](const ReloadResult& r) {
+    if (!r.error.empty()) failed = r;
+  });
   log().info("loading {} ({} layers, tp {}) from {} into {}", config.architecture,
              config.num_hidden_layers, model.options().tp_size, o.model_dir, plane.describe());
-  const ReloadResult initial = served.reload(world, reload_options(o, false));
-  if (world.rank() == 0) std::cout << "initial load:\n" << summary_text(initial);
-  ReloadResult last = initial;
-  for (int i = 0; i < o.repeat; ++i) {
-    last = served.reload(world, reload_options(o, o.kernel_format), o.weights);
-    if (world.rank() == 0)
-      std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
+  ReloadResult initial, last;
+  try {
+    initial = served.reload(world, reload_options(o, false));
+    if (world.rank() == 0) std::cout << "initial load:\n" << summary_text(initial);
+    last = initial;
+    for (int i = 0; i < o.repeat; ++i) {
+      last = served.reload(world, reload_options(o, o.kernel_format), o.weights);
+      if (world.rank() == 0)
+        std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
+    }
+  } catch (const std::exception& e) {
+    // An error every rank raised alike leaves every rank alive and in step: the
+    // report says what happened and what the parameters hold now. (Any other
+    // error ends the job; there is no one left to write it.)
+    if (!o.report.empty() && dynamic_cast<const AgreedError*>(&e)) {
+      ReloadResult report;
+      report.error = e.what();
+      report.atomic = o.atomic;
+      report.possibly_mixed = changed_on_some_rank(
+          failed.error.empty() ? std::vector<std::string>{} : failed.possibly_mixed, model.rules(),
+          world);
+      write_report(o, report, model, world);
+    }
+    throw;
   }
   if (!o.report.empty()) write_report(o, last, model, world);
   return initial.complete() && last.complete() ? 0 : 3;

@@ -70,6 +70,41 @@ TEST(Metadata, RoundTripsEveryField) {
   EXPECT_THROW(parse_metadata(bytes), CommError);
 }
 
+// Inputs the metadata fuzzer found accepted though serialize_metadata never
+// writes them; each must be refused, naming what is wrong.
+TEST(Metadata, RefusesWhatItNeverWrites) {
+  auto error_of = [](const std::vector<std::uint8_t>& bytes) {
+    try {
+      parse_metadata(bytes);
+    } catch (const CommError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // The fuzzer's input: empty description, no tensors, kernel flag byte 0x3d.
+  std::vector<std::uint8_t> flag(8 + 8, 0);
+  flag.push_back(0x3d);
+  EXPECT_EQ(error_of(flag), "reload metadata: the kernel-format flag is 61, not 0 or 1");
+  SourceMetadata one;
+  one.tensors.push_back({"w", DType::kBFloat16, {3, 5}, 30, "f", 8, -1});
+  const auto good = serialize_metadata(one);
+  EXPECT_EQ(error_of(good), "");
+  // Offsets by the wire format: description (8), count (8), name (8 + 1).
+  const std::size_t dtype_at = 8 + 8 + 8 + 1, nbytes_at = dtype_at + 1 + 4 + 2 * 8;
+  auto bad_dtype = good;
+  bad_dtype[dtype_at] = 200;
+  EXPECT_EQ(error_of(bad_dtype),
+            "reload metadata: tensor 'w' has dtype code 200, not a known dtype");
+  auto bad_bytes = good;
+  bad_bytes[nbytes_at] = 31;
+  EXPECT_EQ(error_of(bad_bytes),
+            "reload metadata: tensor 'w' says 31 bytes, its shape and dtype make 30");
+  auto negative = good;
+  negative[dtype_at + 1 + 4 + 7] = 0x80;  // the first dimension's sign byte
+  EXPECT_NE(error_of(negative).find("reload metadata: tensor 'w' has dimension -"),
+            std::string::npos);
+}
+
 // Every planned tensor's rows are covered exactly once, in order, with `last`
 // on the final piece; buckets respect the size unless one row is larger.
 void check_coverage(const Plan& plan, const SourceMetadata& md, std::uint64_t bucket_bytes) {

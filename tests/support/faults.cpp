@@ -1,5 +1,9 @@
 #include "faults.h"
 
+#include <unistd.h>
+
+#include <thread>
+
 #include <utility>
 
 #include "tpreload/comm/device.h"
@@ -64,6 +68,7 @@ FaultyTransport::FaultyTransport(std::unique_ptr<DataTransport> inner, int nth, 
 
 std::unique_ptr<Transfer> FaultyTransport::broadcast(MutableBytes buffer, int root) {
   const bool hit = ++count_ == nth_;
+  if (hit && fault_ == Fault::kExit) ::_exit(3);
   if (hit && fault_ != Fault::kFlipBit) return faulty("broadcast", nullptr, {});
   auto t = inner_->broadcast(buffer, root);
   if (!hit || rank() == root) return t;
@@ -74,6 +79,7 @@ std::unique_ptr<Transfer> FaultyTransport::scatter(ConstBytes send,
                                                    const std::vector<ByteRange>& ranges,
                                                    MutableBytes recv, int root) {
   const bool hit = ++count_ == nth_;
+  if (hit && fault_ == Fault::kExit) ::_exit(3);
   if (hit && fault_ != Fault::kFlipBit) return faulty("scatter", nullptr, {});
   auto t = inner_->scatter(send, ranges, recv, root);
   if (!hit || rank() == root) return t;
@@ -86,6 +92,60 @@ std::unique_ptr<Transfer> FaultyTransport::faulty(const char* op, std::unique_pt
     return std::make_unique<Flipping>(std::move(inner), received, bit_, inner_->device());
   return std::make_unique<Broken>(detail::concat("transfer ", count_, " (", op, ")"),
                                   Clock::now() + timeout_, fault_ == Fault::kFail);
+}
+
+FaultySource::FaultySource(std::unique_ptr<WeightSource> inner, std::uint64_t after_bytes,
+                           Fault fault, std::chrono::milliseconds stall)
+    : inner_(std::move(inner)), after_(after_bytes), fault_(fault), stall_(stall) {}
+
+void FaultySource::read(std::size_t index, ByteRange range, MutableBytes dst) {
+  if (read_ + range.length > after_) {
+    if (fault_ == Fault::kFail)
+      raise<CheckpointError>("reading '", inner_->tensors().at(index).name, "' of ",
+                             inner_->describe(), " failed: injected I/O error after ", read_,
+                             " bytes");
+    std::this_thread::sleep_for(stall_);
+  }
+  inner_->read(index, range, dst);
+  read_ += range.length;
+}
+
+void FaultyCommunicator::maybe_fault(const char* op) {
+  if (++count_ != nth_) return;
+  if (fault_ == Fault::kStall) std::this_thread::sleep_for(stall_);
+  raise<CommError>("rank ", rank(), "/", size(), ": collective ", count_, " (", op,
+                   ") failed: injected fault");
+}
+
+void FaultyCommunicator::broadcast(MutableBytes buffer, int root) {
+  maybe_fault("broadcast");
+  inner_.broadcast(buffer, root);
+}
+
+void FaultyCommunicator::scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
+                                  MutableBytes recv, int root) {
+  maybe_fault("scatterv");
+  inner_.scatterv(send, ranges, recv, root);
+}
+
+void FaultyCommunicator::allreduce_bits(std::uint64_t* words, std::size_t count, BitOp op) {
+  maybe_fault("allreduce_bits");
+  inner_.allreduce_bits(words, count, op);
+}
+
+void FaultyCommunicator::allreduce_ints(std::int64_t* values, std::size_t count, IntOp op) {
+  maybe_fault("allreduce_ints");
+  inner_.allreduce_ints(values, count, op);
+}
+
+void FaultyCommunicator::allreduce_floats(float* values, std::size_t count) {
+  maybe_fault("allreduce_floats");
+  inner_.allreduce_floats(values, count);
+}
+
+void FaultyCommunicator::barrier() {
+  maybe_fault("barrier");
+  inner_.barrier();
 }
 
 }  // namespace tpreload::testing
