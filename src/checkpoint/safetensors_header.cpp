@@ -6,7 +6,7 @@
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
-#include <set>
+#include <unordered_set>
 
 #include "file_util.h"
 #include "shape_util.h"
@@ -21,54 +21,6 @@ using nlohmann::json;
 template <typename... Args>
 [[noreturn]] void fail(const std::string& origin, Args&&... args) {
   raise<CheckpointError>("safetensors file '", origin, "': ", std::forward<Args>(args)...);
-}
-
-// A SAX pass that only collects duplicate top-level keys. (nlohmann's callback
-// parser, the obvious tool, rescans the parent object at the end of every nested
-// object: quadratic, 6 s for a 20,000-tensor header.)
-class DuplicateKeyFinder : public nlohmann::json_sax<json> {
- public:
-  bool null() override { return true; }
-  bool boolean(bool) override { return true; }
-  bool number_integer(number_integer_t) override { return true; }
-  bool number_unsigned(number_unsigned_t) override { return true; }
-  bool number_float(number_float_t, const string_t&) override { return true; }
-  bool string(string_t&) override { return true; }
-  bool binary(binary_t&) override { return true; }
-  bool start_object(std::size_t) override { return ++depth_, true; }
-  bool end_object() override { return --depth_, true; }
-  bool start_array(std::size_t) override { return ++depth_, true; }
-  bool end_array() override { return --depth_, true; }
-  bool key(string_t& key) override {
-    if (depth_ == 1 && !keys_.insert(key).second && duplicate_.empty()) duplicate_ = key;
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
-    return false;  // the full parse below reports it
-  }
-  const std::string& duplicate() const { return duplicate_; }
-
- private:
-  int depth_ = 0;
-  std::set<std::string> keys_;
-  std::string duplicate_;
-};
-
-// Parse, rejecting duplicate keys of the top-level object (nlohmann keeps the last).
-json parse_json(std::string_view text, const std::string& origin) {
-  if (text.empty() || text.front() != '{')
-    fail(origin, "header does not start with '{' (not a JSON object)");
-  json parsed;
-  try {
-    parsed = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    fail(origin, "header is not valid JSON: ", e.what());
-  }
-  DuplicateKeyFinder finder;
-  json::sax_parse(text.begin(), text.end(), &finder);
-  if (!finder.duplicate().empty())
-    fail(origin, "duplicate tensor name '", finder.duplicate(), "' in header");
-  return parsed;
 }
 
 std::map<std::string, std::string> parse_metadata(const json& j, const std::string& origin) {
@@ -163,6 +115,97 @@ void check_layout(const SafetensorsHeader& h, const std::string& origin) {
          " bytes (", h.data_bytes - expected, " unexpected trailing bytes)");
 }
 
+// One pass over the header text straight into the tensor list: each top-level
+// entry (a small object) is built on its own and validated as soon as it closes,
+// so no document of the whole header is ever held (a 20,703-tensor header parsed
+// into a DOM and scanned again for duplicates cost most of a small-tensor reload).
+class HeaderBuilder final : public nlohmann::json_sax<json> {
+ public:
+  HeaderBuilder(SafetensorsHeader& header, const std::string& origin)
+      : header_(header), origin_(origin) {}
+
+  bool null() override { return value(json(nullptr)); }
+  bool boolean(bool v) override { return value(json(v)); }
+  bool number_integer(number_integer_t v) override { return value(json(v)); }
+  bool number_unsigned(number_unsigned_t v) override { return value(json(v)); }
+  bool number_float(number_float_t v, const string_t&) override { return value(json(v)); }
+  bool string(string_t& v) override { return value(json(std::move(v))); }
+  bool binary(binary_t& v) override { return value(json::binary(std::move(v))); }
+  bool start_object(std::size_t) override { return open(json::object()); }
+  bool start_array(std::size_t) override { return open(json::array()); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& key) override {
+    if (open_.empty()) {
+      name_ = std::move(key);  // a tensor name (or __metadata__)
+    } else {
+      keys_.back() = std::move(key);
+    }
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    fail(origin_, "header is not valid JSON: ", e.what());
+  }
+
+  // After the whole text parsed: names seen twice are refused.
+  void finish() {
+    if (!duplicate_.empty()) fail(origin_, "duplicate tensor name '", duplicate_, "' in header");
+  }
+
+ private:
+  // A value at the top level closes an entry; deeper, it goes into its parent.
+  bool value(json&& v) {
+    if (!top_) return top_ = true;  // (never: the text starts with '{')
+    if (open_.empty()) return entry(std::move(v));
+    json& parent = *open_.back();
+    if (parent.is_array())
+      parent.push_back(std::move(v));
+    else
+      parent[keys_.back()] = std::move(v);
+    return true;
+  }
+  bool open(json&& container) {
+    if (!top_) return top_ = true;  // the header object itself
+    json* at = nullptr;
+    if (open_.empty()) {
+      entry_ = std::move(container);
+      at = &entry_;
+    } else if (json& parent = *open_.back(); parent.is_array()) {
+      parent.push_back(std::move(container));
+      at = &parent.back();
+    } else {
+      at = &(parent[keys_.back()] = std::move(container));
+    }
+    open_.push_back(at);
+    keys_.emplace_back();
+    return true;
+  }
+  bool close() {
+    if (open_.empty()) return true;  // the header object itself
+    open_.pop_back();
+    keys_.pop_back();
+    return open_.empty() ? entry(std::move(entry_)) : true;
+  }
+  bool entry(json&& v) {
+    if (!names_.insert(name_).second && duplicate_.empty()) duplicate_ = name_;
+    if (name_ == "__metadata__")
+      header_.metadata = parse_metadata(v, origin_);
+    else
+      header_.tensors.push_back(parse_entry(name_, v, origin_));
+    return true;
+  }
+
+  SafetensorsHeader& header_;
+  const std::string& origin_;
+  bool top_ = false;
+  std::string name_;
+  json entry_;
+  std::vector<json*> open_;        // containers being built inside the entry
+  std::vector<std::string> keys_;  // each open object's pending key
+  std::unordered_set<std::string> names_;
+  std::string duplicate_;
+};
+
 }  // namespace
 
 SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint64_t file_size,
@@ -174,13 +217,11 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
     fail(origin, "header of ", h.header_bytes, " bytes runs past the end of the ", file_size,
          "-byte file");
   h.data_bytes = file_size - h.data_start;
-  const json j = parse_json(json_text, origin);
-  for (const auto& [key, value] : j.items()) {
-    if (key == "__metadata__")
-      h.metadata = parse_metadata(value, origin);
-    else
-      h.tensors.push_back(parse_entry(key, value, origin));
-  }
+  if (json_text.empty() || json_text.front() != '{')
+    fail(origin, "header does not start with '{' (not a JSON object)");
+  HeaderBuilder builder(h, origin);
+  json::sax_parse(json_text.begin(), json_text.end(), &builder);
+  builder.finish();
   std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) {
     return a.data.offset != b.data.offset ? a.data.offset < b.data.offset
                                           : a.data.end() < b.data.end();

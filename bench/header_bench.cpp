@@ -1,0 +1,59 @@
+// header_bench: the cost of listing a safetensors file, the part of a small-tensor
+// reload that grows with the tensor count. Parses the header of FILE (already in
+// memory, so no I/O is timed) --reps times and prints the best time, per tensor.
+//
+//   build/bench/header_bench /tmp/tpreload-bench/small-tensors/model.safetensors
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "tpreload/checkpoint/safetensors.h"
+#include "tpreload/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"header_bench: safetensors header parse time (best of --reps)"};
+  std::string path;
+  int reps = 5;
+  app.add_option("file", path, "A .safetensors file")->required();
+  app.add_option("--reps", reps, "Parses to time")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  std::ifstream in(path, std::ios::binary);
+  unsigned char len[8] = {};
+  if (!in.read(reinterpret_cast<char*>(len), 8)) {
+    std::fprintf(stderr, "header_bench: cannot read '%s'\n", path.c_str());
+    return 1;
+  }
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  if (n > tpreload::kSafetensorsMaxHeaderBytes) {
+    std::fprintf(stderr, "header_bench: header length %llu too large\n",
+                 static_cast<unsigned long long>(n));
+    return 1;
+  }
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::uint64_t>(in.tellg());
+  double best = 1e30;
+  std::size_t tensors = 0;
+  try {
+    for (int r = 0; r < reps; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      const auto header = tpreload::parse_safetensors_header(text, size, path);
+      best = std::min(
+          best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      tensors = header.tensors.size();
+    }
+  } catch (const tpreload::Error& e) {
+    std::fprintf(stderr, "header_bench: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%zu tensors, %llu header bytes: best of %d %.1f ms, %.0f ns per tensor\n", tensors,
+              static_cast<unsigned long long>(n), reps, best * 1e3,
+              tensors ? best * 1e9 / static_cast<double>(tensors) : 0.0);
+  return 0;
+}
