@@ -51,6 +51,7 @@ for t in "${targets[@]}"; do
     "$cxx" "${flags[@]}" "$src" "${objects[@]}" -lspdlog -lfmt -o "$bin"
   fi
   mkdir -p "$out/corpus/$t"
+  rm -f "$out/artifacts/$t-"*  # a finding of an earlier run is judged by this run
   echo "fuzz: running $t for $seconds s"
   (cd "$out/artifacts" &&
     "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \

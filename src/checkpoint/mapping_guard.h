@@ -16,9 +16,10 @@ namespace tpreload::detail {
 class MappingGuard {
  public:
   MappingGuard() = default;
-  // Registers [data, data + size); installs the process's SIGBUS handler if it is
-  // not the current one (MPI and others install theirs; the previous handler is
-  // kept and called for faults outside registered mappings).
+  // Registers [data, data + size); the first registration of the process installs
+  // the SIGBUS handler (the previous one is kept and called for faults outside
+  // registered mappings; install MPI's and others' before the first mapping, as
+  // the programs do by initialising MPI first).
   MappingGuard(const std::byte* data, std::uint64_t size);
   MappingGuard(MappingGuard&& other) noexcept;
   MappingGuard& operator=(MappingGuard&& other) noexcept;

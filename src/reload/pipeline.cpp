@@ -23,6 +23,13 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// A bucket whose bytes do not match the reader's CRC-32C (only verify() raises it,
+// so that other CommErrors of the apply, a device's, stay apply errors).
+class CorruptedBucket final : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 std::string hex(std::uint32_t v) {
   char text[11];
   std::snprintf(text, sizeof text, "0x%08x", v);
@@ -241,10 +248,11 @@ void Pipeline::verify(Slot& slot, const std::byte* view, bool device_memory) {
   }
   stats_.checksum += since(start);
   if (got != *slot.expected)
-    raise<CommError>("bucket ", slot.bucket + 1, " of ", plan_.buckets.size(), " (", n,
-                     " bytes of ", bucket_tensors(slot.bucket), ") arrived corrupted on rank ",
-                     rank_, "/", control_.size(), ": CRC-32C ", hex(got), ", the reader sent ",
-                     hex(*slot.expected), "; none of it was applied");
+    raise<CorruptedBucket>("bucket ", slot.bucket + 1, " of ", plan_.buckets.size(), " (", n,
+                           " bytes of ", bucket_tensors(slot.bucket),
+                           ") arrived corrupted on rank ", rank_, "/", control_.size(),
+                           ": CRC-32C ", hex(got), ", the reader sent ", hex(*slot.expected),
+                           "; none of it was applied");
 }
 
 void Pipeline::reader_loop() {
@@ -356,7 +364,7 @@ void Pipeline::apply_loop() {
         // applied. The slot goes back so that the collectives stay in step.
         stats_.apply_error = e.what();
         stats_.device_stuck = true;
-      } catch (const CommError& e) {  // a corrupted bucket
+      } catch (const CorruptedBucket& e) {
         stats_.corrupted = e.what();
       } catch (const std::exception& e) {
         stats_.apply_error = e.what();

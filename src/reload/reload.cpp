@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 
 #include "pipeline.h"
@@ -288,32 +289,50 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
 // COLLECTIVE. Ranks that hold the same tp rank in different replicas must hold
 // the same bytes: every rank's CRC-32C of each parameter (in the rules' order,
 // the same on every rank) is summed slot by slot over the world, and every rank
-// compares each replica with the first (world rank w with w % tp). The same
-// ValidationError on every rank names what differs.
+// groups each tp rank's world ranks by the value they hold. The same
+// ValidationError on every rank names each parameter that differs and which
+// ranks hold which value.
 void compare_replicas(Communicator& world, ReloadTarget& model) {
   const int n = world.size(), tp = model.rules().tp_size();
   if (n <= tp) return;
   const auto& params = model.rules().params();
   std::vector<std::int64_t> crcs(params.size() * n, 0);
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    const ParamStorage& s = model.sink().storage(static_cast<ParamSlot>(i));
-    crcs[i * n + world.rank()] = model.sink().crc32c(s.data, s.bytes, "'" + params[i].name + "'");
+  std::optional<std::string> problem;  // reading a parameter back can fail on one rank
+  try {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const ParamStorage& s = model.sink().storage(static_cast<ParamSlot>(i));
+      crcs[i * n + world.rank()] = model.sink().crc32c(s.data, s.bytes, "'" + params[i].name + "'");
+    }
+  } catch (const std::exception& e) {
+    problem = e.what();
   }
+  agree_on_problem<CommError>(world, problem, "checksumming the parameters to compare replicas");
   allreduce_ints(world, crcs, IntOp::kSum);
+  // Per parameter and tp rank, which world ranks hold which CRC.
   std::string differ;
   std::size_t count = 0;
-  for (std::size_t i = 0; i < params.size(); ++i)
-    for (int w = tp; w < n; ++w)
-      if (crcs[i * n + w] != crcs[i * n + w % tp] && count++ < 8)
-        differ += detail::concat(differ.empty() ? "" : "; ", "'", params[i].name,
-                                 "' on world rank ", w, " (CRC-32C ", crcs[i * n + w], ") and ",
-                                 w % tp, " (", crcs[i * n + w % tp], ")");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    std::string groups;
+    for (int r = 0; r < tp; ++r) {
+      std::map<std::int64_t, std::string> holders;
+      for (int w = r; w < n; w += tp)
+        holders[crcs[i * n + w]] += detail::concat(holders[crcs[i * n + w]].empty() ? "" : ", ", w);
+      if (holders.size() < 2) continue;
+      std::string by_value;
+      for (const auto& [crc, ranks] : holders)
+        by_value += detail::concat(by_value.empty() ? "" : "; ", "CRC-32C ", crc,
+                                   " on world ranks ", ranks);
+      groups += detail::concat(groups.empty() ? "" : ", ", "tp rank ", r, ": ", by_value);
+    }
+    if (groups.empty()) continue;
+    if (count++ < 8)
+      differ += detail::concat(differ.empty() ? "" : "; ", "'", params[i].name, "' (", groups, ")");
+  }
   if (count)
     raise<Agreed<ValidationError>>(
         "replicas differ after the reload: ", count,
-        " parameter(s) of the same tp rank hold different bytes on different replicas: ", differ,
-        count > 8 ? "; ..." : "",
-        " (every rank's reload had completed: these parameters hold what each rank received)");
+        " parameter(s) hold different bytes on replicas of the same tp rank: ", differ,
+        count > 8 ? "; ..." : "");
 }
 
 // COLLECTIVE. Bitsets of loaded names: OR says someone loaded it, AND that all did.
@@ -491,6 +510,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     t = Clock::now();
     validate(world, model, options.format, result);
     result.loaded = sink.loaded_names(options.format);
+    // Replicas must hold the same bytes; in atomic mode what is compared is the
+    // second copy, before the vote, so a difference changes nothing.
+    if (options.compare_replicas) compare_replicas(world, model);
     result.seconds.validate = since(t);
   } catch (const std::exception& e) {
     if (options.atomic)
@@ -504,11 +526,6 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     sink.commit_shadow(options.device_timeout);  // local copies: nothing in them can be refused
     run_finish();
     result.seconds.finish += since(t);
-  }
-  if (options.compare_replicas) {
-    const auto t = Clock::now();
-    compare_replicas(world, model);
-    result.seconds.validate += since(t);
   }
   result.seconds.read = stats.read;
   result.seconds.transfer = stats.transfer;
