@@ -18,13 +18,4 @@ std::optional<std::uint64_t> checked_nbytes(const std::vector<std::int64_t>& sha
   return bytes;
 }
 
-std::string shape_string(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) s += ", ";
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 }  // namespace tpreload::detail

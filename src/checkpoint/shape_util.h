@@ -16,7 +16,6 @@ std::optional<std::uint64_t> checked_nbytes(const std::vector<std::int64_t>& sha
 // Number of elements; nullopt on a negative dimension or overflow.
 std::optional<std::uint64_t> checked_numel(const std::vector<std::int64_t>& shape);
 
-// "[2, 3]" ("[]" for a scalar).
-std::string shape_string(const std::vector<std::int64_t>& shape);
+using tpreload::shape_string;  // (core/dtype.h)
 
 }  // namespace tpreload::detail

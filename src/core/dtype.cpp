@@ -14,10 +14,10 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kInfo[] = {
-    {DType::kFloat32, 4, "float32", "F32", true},  {DType::kFloat16, 2, "float16", "F16", true},
+    {DType::kFloat32, 4, "float32", "F32", true},    {DType::kFloat16, 2, "float16", "F16", true},
     {DType::kBFloat16, 2, "bfloat16", "BF16", true}, {DType::kInt8, 1, "int8", "I8", false},
-    {DType::kInt32, 4, "int32", "I32", false},     {DType::kInt64, 8, "int64", "I64", false},
-    {DType::kUInt8, 1, "uint8", "U8", false},      {DType::kBool, 1, "bool", "BOOL", false},
+    {DType::kInt32, 4, "int32", "I32", false},       {DType::kInt64, 8, "int64", "I64", false},
+    {DType::kUInt8, 1, "uint8", "U8", false},        {DType::kBool, 1, "bool", "BOOL", false},
     {DType::kFloat64, 8, "float64", "F64", true},
 };
 
@@ -29,10 +29,18 @@ const DTypeInfo& info(DType dtype) {
 
 }  // namespace
 
-std::size_t dtype_size(DType dtype) { return info(dtype).size; }
-std::string_view dtype_name(DType dtype) { return info(dtype).name; }
-std::string_view dtype_safetensors_name(DType dtype) { return info(dtype).safetensors; }
-bool dtype_is_floating(DType dtype) { return info(dtype).floating; }
+std::size_t dtype_size(DType dtype) {
+  return info(dtype).size;
+}
+std::string_view dtype_name(DType dtype) {
+  return info(dtype).name;
+}
+std::string_view dtype_safetensors_name(DType dtype) {
+  return info(dtype).safetensors;
+}
+bool dtype_is_floating(DType dtype) {
+  return info(dtype).floating;
+}
 
 std::optional<DType> dtype_from_name(std::string_view name) {
   for (const auto& i : kInfo)
@@ -47,6 +55,15 @@ std::optional<DType> dtype_from_safetensors(std::string_view name) {
   for (const auto& i : kInfo)
     if (i.safetensors == name) return i.dtype;
   return std::nullopt;
+}
+
+std::string shape_string(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
 }
 
 }  // namespace tpreload

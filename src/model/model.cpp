@@ -14,14 +14,6 @@
 namespace tpreload {
 namespace {
 
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
-}
-
 bool is_linear(const ParamSpec& spec) {
   return spec.layer >= 0 && (spec.kind == ShardKind::kColumn || spec.kind == ShardKind::kRow);
 }
@@ -41,8 +33,8 @@ std::uint64_t numel_bytes(const std::vector<std::int64_t>& shape, DType dtype) {
 at::Tensor tensor_view(ConstBytes bytes, DType dtype, const std::vector<std::int64_t>& shape) {
   const std::uint64_t want = numel_bytes(shape, dtype);
   if (want != bytes.size)
-    raise<UsageError>("tensor_view: shape ", shape_str(shape), " x ", dtype_name(dtype), " needs ",
-                      want, " bytes, got ", bytes.size);
+    raise<UsageError>("tensor_view: shape ", shape_string(shape), " x ", dtype_name(dtype),
+                      " needs ", want, " bytes, got ", bytes.size);
   return at::from_blob(const_cast<std::byte*>(bytes.data), shape, options_for(dtype));
 }
 
@@ -167,9 +159,10 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
       block.device().is_cpu();
   if (!fits)
     raise<ModelError>("tensor '", pl.checkpoint_name, "' on tp rank ", options_.tp_rank, "/",
-                      options_.tp_size, ": block of ", shape_str(got), " ",
+                      options_.tp_size, ": block of ", shape_string(got), " ",
                       c10::toString(block.scalar_type()), " at row ", row0, " does not fit ",
-                      presliced ? "slice " : "", shape_str(whole), " ", dtype_name(config().dtype));
+                      presliced ? "slice " : "", shape_string(whole), " ",
+                      dtype_name(config().dtype));
   const at::Tensor rows = block.contiguous();
   std::vector<RowWrite> writes;
   if (auto w = checkpoint_row_write(rules_, pl, dtype_from_torch(block.scalar_type()), row0, n,
@@ -217,7 +210,7 @@ void TensorParallelModel::load_kernel_rows(const std::string& name, const at::Te
       (from == DType::kInt8) != (spec->dtype == DType::kInt8) ||
       spec->shape.size() != static_cast<std::size_t>(block.dim()) || !block.device().is_cpu())
     raise<ModelError>("kernel-format tensor '", name, "' on tp rank ", options_.tp_rank, "/",
-                      options_.tp_size, ": block ", shape_str(block.sizes().vec()),
+                      options_.tp_size, ": block ", shape_string(block.sizes().vec()),
                       " does not fit the parameter");
   const at::Tensor rows = block.contiguous();
   const std::int64_t n = block.dim() == 0 ? 1 : block.size(0);

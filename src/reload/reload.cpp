@@ -51,6 +51,25 @@ std::string name_list(const std::vector<std::string>& names, std::size_t most) {
   throw Error(text);
 }
 
+}  // namespace
+
+std::vector<std::string> names_on_some_rank(Communicator& world, const ShardingRules& rules,
+                                            const std::vector<std::string>& mine) {
+  const auto& params = rules.params();
+  std::vector<std::uint64_t> bits((params.size() + 63) / 64, 0);
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (std::find(mine.begin(), mine.end(), params[i].name) != mine.end())
+      bits[i / 64] |= 1ull << (i % 64);
+  allreduce_bits(world, bits, BitOp::kOr);
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (bits[i / 64] >> (i % 64) & 1) out.push_back(params[i].name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
 // After a failure once writes began: says which parameters may now hold a mix of
 // old and new bytes. An agreed error (every rank at the same point, nothing in
 // flight) gathers every rank's list, so that the message stays the same on every
@@ -60,16 +79,7 @@ std::string name_list(const std::vector<std::string>& names, std::size_t most) {
   std::vector<std::string> touched;
   std::string where = detail::concat("on rank ", world.rank(), "/", world.size());
   if (dynamic_cast<const AgreedError*>(&e)) {
-    const auto& params = sink.rules().params();
-    const auto mine = sink.touched_names();
-    std::vector<std::uint64_t> bits((params.size() + 63) / 64, 0);
-    for (std::size_t i = 0; i < params.size(); ++i)
-      if (std::binary_search(mine.begin(), mine.end(), params[i].name))
-        bits[i / 64] |= 1ull << (i % 64);
-    allreduce_bits(world, bits, BitOp::kOr);
-    for (std::size_t i = 0; i < params.size(); ++i)
-      if (bits[i / 64] >> (i % 64) & 1) touched.push_back(params[i].name);
-    std::sort(touched.begin(), touched.end());
+    touched = names_on_some_rank(world, sink.rules(), sink.touched_names());
     where = "on some rank";
   } else {
     touched = sink.touched_names();

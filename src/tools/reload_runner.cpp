@@ -268,23 +268,6 @@ void write_report(const RunnerOptions& o, const ReloadResult& r, TensorParallelM
   log().info("wrote report {}", o.report);
 }
 
-// COLLECTIVE. The parameters some rank reported as possibly changed by a failed
-// reload, by name, the same list on every rank.
-std::vector<std::string> changed_on_some_rank(const std::vector<std::string>& mine,
-                                              const ShardingRules& rules, Communicator& world) {
-  const auto& params = rules.params();
-  std::vector<std::uint64_t> bits((params.size() + 63) / 64, 0);
-  for (std::size_t i = 0; i < params.size(); ++i)
-    if (std::find(mine.begin(), mine.end(), params[i].name) != mine.end())
-      bits[i / 64] |= 1ull << (i % 64);
-  allreduce_bits(world, bits, BitOp::kOr);
-  std::vector<std::string> out;
-  for (std::size_t i = 0; i < params.size(); ++i)
-    if (bits[i / 64] >> (i % 64) & 1) out.push_back(params[i].name);
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
   if (o.model_dir.empty()) raise<UsageError>("--model DIR is required (or use --demo)");
   // Every rank reads the config (from its own file system): a problem on any
@@ -323,9 +306,9 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
       ReloadResult report;
       report.error = e.what();
       report.atomic = o.atomic;
-      report.possibly_mixed = changed_on_some_rank(
-          failed.error.empty() ? std::vector<std::string>{} : failed.possibly_mixed, model.rules(),
-          world);
+      report.possibly_mixed = names_on_some_rank(
+          world, model.rules(),
+          failed.error.empty() ? std::vector<std::string>{} : failed.possibly_mixed);
       write_report(o, report, model, world);
     }
     throw;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tpreload {
 
@@ -42,6 +43,9 @@ std::optional<DType> dtype_from_name(std::string_view name);
 
 // Parse a safetensors spelling. nullopt if unknown (e.g. "F8_E4M3").
 std::optional<DType> dtype_from_safetensors(std::string_view name);
+
+// A shape as errors print it: "[2, 3]" ("[]" for a scalar).
+std::string shape_string(const std::vector<std::int64_t>& shape);
 
 // Whether the type is floating point (float16, bfloat16, float32, float64).
 bool dtype_is_floating(DType dtype);

@@ -143,6 +143,11 @@ struct ReloadResult {
   }
 };
 
+// COLLECTIVE (one allreduce). The parameters (by name, sorted) that appear in
+// `mine` on at least one rank: e.g. what some rank wrote before a failure.
+std::vector<std::string> names_on_some_rank(Communicator& world, const ShardingRules& rules,
+                                            const std::vector<std::string>& mine);
+
 // Reload `model` (a TensorParallelModel, or any ReloadTarget) in place. `control` carries the
 // control plane, `data` the bucket bytes; both span the same ranks in the same order. `source` must
 // be non-null on options.reader_rank and is ignored elsewhere. Throws, on every rank alike:

@@ -12,14 +12,6 @@
 namespace tpreload {
 namespace {
 
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
-}
-
 // N of "cuda:N".
 std::optional<int> cuda_ordinal(const std::string& device) {
   if (device.rfind("cuda:", 0) != 0 || device.size() == 5 || device.size() > 11)
@@ -61,7 +53,8 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
     const BorrowedTensor* t = lookup(by_name, spec.name, o.lora);
     if (!t) {
       problems.push_back(detail::concat("missing parameter '", spec.name, "' (",
-                                        shape_str(spec.shape), " ", dtype_name(spec.dtype), ")"));
+                                        shape_string(spec.shape), " ", dtype_name(spec.dtype),
+                                        ")"));
       continue;
     }
     if (twice.count(t->name)) problems.push_back("parameter '" + t->name + "' is given twice");
@@ -69,11 +62,11 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
         t->unknown_dtype.empty() ? std::string(dtype_name(t->dtype)) : t->unknown_dtype;
     if (t->shape != spec.shape || !t->unknown_dtype.empty() || t->dtype != spec.dtype)
       problems.push_back(detail::concat("parameter '", t->name, "': expected ",
-                                        shape_str(spec.shape), " ", dtype_name(spec.dtype),
-                                        ", got ", shape_str(t->shape), " ", dtype));
+                                        shape_string(spec.shape), " ", dtype_name(spec.dtype),
+                                        ", got ", shape_string(t->shape), " ", dtype));
     else if (!is_contiguous(*t))
       problems.push_back(detail::concat("parameter '", t->name, "' is not contiguous (strides ",
-                                        shape_str(t->strides),
+                                        shape_string(t->strides),
                                         "); in-place writes need row-major storage"));
     if (!cuda_ordinal(t->device) && t->device != "cpu")
       problems.push_back(detail::concat("parameter '", t->name, "' is on ", t->device,

@@ -7,14 +7,6 @@
 namespace tpreload {
 namespace {
 
-std::string shape_str(const std::vector<std::int64_t>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
-}
-
 // "" when `from` may land in a parameter of `to`, else why not.
 std::string dtype_problem(const std::string& who, DType from, DType to) {
   const bool quantized =
@@ -47,8 +39,8 @@ std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank, c
                                          pl.param, "' on tp rank ", tp_rank, "/", rules.tp_size());
   if (!pl.held) return who + ": not held by this rank (another rank holds this expert)";
   if (shape != want)
-    return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_str(want), " ",
-                          dtype_name(rules.config().dtype), ", got ", shape_str(shape), " ",
+    return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_string(want), " ",
+                          dtype_name(rules.config().dtype), ", got ", shape_string(shape), " ",
                           dtype_name(dtype));
   return dtype_problem(who, dtype, rules.params().at(pl.slot).dtype);
 }
@@ -61,8 +53,8 @@ std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const
   if (slot == kNoSlot) return who + " has no parameter";
   const ParamSpec& spec = rules.params()[slot];
   if (spec.shape != shape)
-    return detail::concat(who, ": expected ", shape_str(spec.shape), " ", dtype_name(spec.dtype),
-                          ", got ", shape_str(shape), " ", dtype_name(dtype));
+    return detail::concat(who, ": expected ", shape_string(spec.shape), " ", dtype_name(spec.dtype),
+                          ", got ", shape_string(shape), " ", dtype_name(dtype));
   // Kernel format is processed already: an int8 weight stays int8.
   if (spec.dtype == DType::kInt8 || dtype == DType::kInt8)
     return dtype == spec.dtype
