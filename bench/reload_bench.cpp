@@ -13,6 +13,9 @@
 
 #include <ATen/ATen.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -46,6 +49,10 @@ struct BenchOptions {
   std::vector<std::string> formats = {"checkpoint", "kernel"};
   std::vector<std::string> quantizations = {"none"};
   std::vector<std::string> distributions = {"broadcast", "scatter"};
+  // one: the reader rank reads and sends; all: every rank reads its own slices.
+  std::vector<std::string> readers = {"one"};
+  bool baseline = false;  // also time every rank reading the whole checkpoint
+  bool cold = false;      // drop the checkpoint from the page cache before each timed read
   std::vector<double> bucket_mb = {ReloadOptions{}.bucket_bytes / 1048576.0};
   int pipeline_depth = ReloadOptions{}.pipeline_depth;
   int warmup = 1;
@@ -60,6 +67,23 @@ double max_over_ranks(Communicator& world, double seconds) {
   std::int64_t us = static_cast<std::int64_t>(seconds * 1e6);
   world.allreduce_ints(&us, 1, IntOp::kMax);
   return us / 1e6;
+}
+
+// Drops the files under `path` from the page cache (posix_fadvise DONTNEED), so
+// that the next read comes from the disk. Every rank on a node may call it.
+void drop_from_page_cache(const std::string& path) {
+  auto drop = [](const fs::path& file) {
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+      raise<CheckpointError>("cannot open '", file.string(), "' to drop it from the cache");
+    ::fdatasync(fd);
+    const int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+    if (rc != 0) raise<CheckpointError>("posix_fadvise(DONTNEED) failed on '", file.string(), "'");
+  };
+  if (fs::is_regular_file(path)) return drop(path);
+  for (const auto& e : fs::recursive_directory_iterator(path))
+    if (e.is_regular_file()) drop(e.path());
 }
 
 // Rank 0 generates the checkpoint (and kernel shards) once; reruns reuse them.
@@ -91,31 +115,51 @@ std::string prepare_kernel_shards(const std::string& dir, const ModelConfig& con
   return out;
 }
 
+// `bytes` read from the pieces' tensors of bucket `b` into `into`, each read
+// starting at its piece's first row (then from the tensors' starts again when
+// the bucket holds more than its pieces' rows from there).
+void read_raw(const Plan& plan, const SourceMetadata& md, WeightSource& source, const Bucket& b,
+              std::uint64_t bytes, std::byte* into) {
+  std::uint64_t at = 0;
+  for (std::size_t k = 0; at < bytes; ++k) {
+    const Piece& p = b.pieces[k % b.pieces.size()];
+    const TensorInfo& info = md.tensors[plan.tensors[p.planned].index];
+    const std::uint64_t row = info.shape.empty() ? info.nbytes : info.nbytes / info.shape[0];
+    const std::uint64_t start = k < b.pieces.size() ? std::min(info.nbytes, p.row_begin * row) : 0;
+    const std::uint64_t n = std::min(bytes - at, info.nbytes - start);
+    source.read(plan.tensors[p.planned].index, {start, n}, MutableBytes(into + at, n));
+    at += n;
+  }
+}
+
 // The bound: per bucket of the same plan, the reader reads the bucket's bytes from
 // the source into a buffer and moves them with the same collective into
-// destination buffers. No slicing, no model.
+// destination buffers. No slicing, no model. With every rank reading (`all`),
+// each rank reads as many bytes as its region of each bucket, one after the
+// other into one buffer as large as all of them (the bytes land in memory the
+// size of its parameters, as the reload's do), and nothing moves.
 double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* source,
-                     Communicator& world, int reader) {
-  std::uint64_t largest = 0;
-  for (const Bucket& b : plan.buckets) largest = std::max(largest, b.bytes);
-  std::vector<std::byte> send(world.rank() == reader ? largest : 0), recv(largest);
+                     Communicator& world, int reader, bool all) {
+  std::uint64_t largest = 0, own = 0;
+  for (const Bucket& b : plan.buckets) {
+    largest = std::max(largest, b.bytes);
+    own += b.scatter ? b.ranges[world.rank()].length : b.bytes;
+  }
+  std::vector<std::byte> send(world.rank() == reader && !all ? largest : 0),
+      recv(all ? own : largest);
+  std::memset(recv.data(), 0, recv.size());  // warm, as a live model's memory is
+  std::memset(send.data(), 0, send.size());
   world.barrier();
   const auto start = Clock::now();
+  std::uint64_t at = 0;
   for (const Bucket& b : plan.buckets) {
-    if (world.rank() == reader) {
-      // bucket.bytes read from the pieces' tensors, starting at each piece's rows.
-      std::uint64_t at = 0;
-      for (std::size_t k = 0; at < b.bytes; ++k) {
-        const Piece& p = b.pieces[k % b.pieces.size()];
-        const TensorInfo& info = md.tensors[plan.tensors[p.planned].index];
-        const std::uint64_t row = info.shape.empty() ? info.nbytes : info.nbytes / info.shape[0];
-        const std::uint64_t start =
-            k < b.pieces.size() ? std::min(info.nbytes, p.row_begin * row) : 0;
-        const std::uint64_t n = std::min(b.bytes - at, info.nbytes - start);
-        source->read(plan.tensors[p.planned].index, {start, n}, MutableBytes(send.data() + at, n));
-        at += n;
-      }
+    if (all) {
+      const std::uint64_t n = b.scatter ? b.ranges[world.rank()].length : b.bytes;
+      read_raw(plan, md, *source, b, n, recv.data() + at);
+      at += n;
+      continue;
     }
+    if (world.rank() == reader) read_raw(plan, md, *source, b, b.bytes, send.data());
     if (b.scatter)
       world.scatterv(ConstBytes(send.data(), send.size()), b.ranges,
                      MutableBytes(recv.data(), b.ranges[world.rank()].length), reader);
@@ -148,6 +192,7 @@ void scramble(TensorParallelModel& model) {
 struct Row {
   std::string format, quantization, distribution;
   double bucket_mb;
+  std::string readers = "one";  // one, all, or "whole": every rank loads the whole checkpoint
   double seconds = 0, bound = 0;
   double checksum = 0;  // of `seconds`: computing and verifying CRC-32Cs (max over ranks)
   std::uint64_t bytes = 0, staging = 0, copied = 0;
@@ -183,18 +228,32 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   ro.pipeline_depth = o.pipeline_depth;
   ro.zero_copy = o.zero_copy;
   ro.checksums = !o.no_checksums;
-  auto source = world.rank() == 0 ? open_weight_source(path) : nullptr;
+  ro.readers = row.readers == "all" ? Readers::kAll : Readers::kOne;
+  const bool all = ro.readers == Readers::kAll;
+  if (all) row.distribution = "scatter";  // every rank reading lays buckets out as scatter
+  const bool reads = world.rank() == 0 || all;
+  auto source = reads ? open_weight_source(path) : nullptr;
   ReloadWorkspace workspace;  // as a serving engine keeps it (ReloadableModel does)
   for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro, &workspace);
+  // The page cache is per node: one rank drops the files, the others wait.
+  auto cool = [&] {
+    if (o.cold && world.rank() == 0) drop_from_page_cache(path);
+    world.barrier();
+  };
   for (int i = 0; i < o.iters; ++i) {
     scramble(model);
-    world.barrier();
+    cool();
     const auto start = Clock::now();
-    if (!o.keep_open && world.rank() == 0) source = open_weight_source(path);
+    if (!o.keep_open && reads) source = open_weight_source(path);
     const ReloadResult r = reload_weights(model, world, source.get(), ro, &workspace);
     row.seconds +=
         max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
-    row.bytes = r.bytes_transferred;
+    // Every rank reading: the bytes of its parameters (what it must place).
+    row.bytes = all ? model.sink().total_bytes() : r.bytes_transferred;
+    if (getenv("BENCH_PHASES") && world.rank() == 0)
+      std::cerr << "phases total " << r.seconds.total << " read " << r.seconds.read << " transfer "
+                << r.seconds.transfer << " apply " << r.seconds.apply << " finish " << r.seconds.finish
+                << " validate " << r.seconds.validate << "\n";
     row.checksum += r.seconds.checksum;
     row.staging = std::max(row.staging, r.peak_staging_bytes);
     row.copied = r.bytes_copied_on_reader;
@@ -216,7 +275,64 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   md = parse_metadata(payload);
   const Plan plan =
       make_plan(md, model.rules(), {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp});
-  for (int i = 0; i < o.iters; ++i) row.bound += measure_bound(plan, md, source.get(), world, 0);
+  for (int i = 0; i < o.iters; ++i) {
+    cool();
+    row.bound += measure_bound(plan, md, source.get(), world, 0, all);
+  }
+  row.bound /= o.iters;
+  return row;
+}
+
+// What users run today when each worker loads from disk (vLLM's default): every
+// rank opens the whole checkpoint and loads it through the weight loaders,
+// keeping its slices. Its bound: every rank reading every byte of the files.
+Row run_whole_row(const BenchOptions& o, const ModelConfig& config, const std::string& ckpt_dir,
+                  Row row, Communicator& world) {
+  const int tp = o.tp > 0 ? o.tp : world.size();
+  ModelOptions mo;
+  mo.tp_size = tp;
+  mo.tp_rank = world.rank() % tp;
+  mo.expert_parallel = o.expert_parallel;
+  TensorParallelModel model(config, mo);
+  std::map<std::string, at::Tensor> reference;
+  {
+    auto local = open_weight_source(ckpt_dir);
+    model.load_weights(*local);
+    for (const auto& [name, t] : model.named_parameters()) reference[name] = t.clone();
+  }
+  auto cool = [&] {
+    if (o.cold && world.rank() == 0) drop_from_page_cache(ckpt_dir);
+    world.barrier();
+  };
+  for (int i = 0; i < o.iters; ++i) {
+    scramble(model);
+    cool();
+    const auto start = Clock::now();
+    auto source = open_weight_source(ckpt_dir);
+    model.load_weights(*source);
+    row.seconds +=
+        max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+    row.bytes = source->bytes_read();
+    std::int64_t wrong = wrong_bytes(model, reference);
+    world.allreduce_ints(&wrong, 1, IntOp::kSum);
+    row.wrong += wrong;
+  }
+  row.seconds /= o.iters;
+  auto source = open_weight_source(ckpt_dir);
+  std::vector<std::byte> buffer;
+  for (int i = 0; i < o.iters; ++i) {
+    cool();
+    const auto start = Clock::now();
+    for (std::size_t t = 0; t < source->tensors().size(); ++t) {
+      const std::uint64_t n = source->tensors()[t].nbytes;
+      if (buffer.size() < n) {
+        buffer.resize(n);
+        std::memset(buffer.data(), 0, n);  // warm
+      }
+      source->read(t, {0, n}, MutableBytes(buffer.data(), n));
+    }
+    row.bound += max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+  }
   row.bound /= o.iters;
   return row;
 }
@@ -231,10 +347,11 @@ void print_header(const BenchOptions& o, const ModelConfig& c, Communicator& wor
             << "\n# busbw: broadcast factor 1, scatter (n-1)/n; bound = same bytes, same "
                "collectives, no model\n"
             << std::left << std::setw(11) << "# format" << std::setw(6) << "quant" << std::setw(10)
-            << "dist" << std::right << std::setw(8) << "bucketMB" << std::setw(14) << "bytes"
-            << std::setw(10) << "time(s)" << std::setw(10) << "algbw" << std::setw(10) << "busbw"
-            << std::setw(10) << "bound(s)" << std::setw(8) << "ratio" << std::setw(12)
-            << "stagingMB" << std::setw(9) << "copies" << std::setw(8) << "wrong"
+            << "dist" << std::setw(8) << "readers" << std::right << std::setw(8) << "bucketMB"
+            << std::setw(14) << "bytes" << std::setw(10) << "time(s)" << std::setw(10) << "algbw"
+            << std::setw(10) << "busbw" << std::setw(10) << "bound(s)" << std::setw(8) << "ratio"
+            << std::setw(12) << "stagingMB" << std::setw(9) << "copies" << std::setw(8) << "crc%"
+            << std::setw(8) << "wrong"
             << "\n";
 }
 
@@ -242,16 +359,18 @@ void print_row(const Row& r, Communicator& world) {
   if (world.rank() != 0) return;
   const int n = world.size();
   const double algbw = r.bytes / r.seconds / 1e9;
-  const double factor = r.distribution == "scatter" && n > 1 ? double(n - 1) / n : 1.0;
+  const double factor =
+      r.distribution == "scatter" && r.readers == "one" && n > 1 ? double(n - 1) / n : 1.0;
   std::cout << std::left << std::setw(11) << r.format << std::setw(6) << r.quantization
-            << std::setw(10) << r.distribution << std::right << std::fixed << std::setprecision(1)
-            << std::setw(8) << r.bucket_mb << std::setw(14) << r.bytes << std::setprecision(4)
-            << std::setw(10) << r.seconds << std::setprecision(2) << std::setw(10) << algbw
-            << std::setw(10) << algbw * factor << std::setprecision(4) << std::setw(10) << r.bound
-            << std::setprecision(2) << std::setw(8) << r.seconds / r.bound << std::setprecision(1)
-            << std::setw(12) << r.staging / 1048576.0 << std::setprecision(2) << std::setw(9)
-            << (r.bytes ? double(r.copied) / r.bytes : 0.0) << std::setprecision(1) << std::setw(8)
-            << 100 * r.checksum / r.seconds << std::setw(8) << r.wrong << std::endl;
+            << std::setw(10) << r.distribution << std::setw(8) << r.readers << std::right
+            << std::fixed << std::setprecision(1) << std::setw(8) << r.bucket_mb << std::setw(14)
+            << r.bytes << std::setprecision(4) << std::setw(10) << r.seconds << std::setprecision(2)
+            << std::setw(10) << algbw << std::setw(10) << algbw * factor << std::setprecision(4)
+            << std::setw(10) << r.bound << std::setprecision(2) << std::setw(8)
+            << r.seconds / r.bound << std::setprecision(1) << std::setw(12) << r.staging / 1048576.0
+            << std::setprecision(2) << std::setw(9) << (r.bytes ? double(r.copied) / r.bytes : 0.0)
+            << std::setprecision(1) << std::setw(8) << 100 * r.checksum / r.seconds << std::setw(8)
+            << r.wrong << std::endl;
 }
 
 // The targets of docs/PERFORMANCE.md, judged on the rows of this run (a target
@@ -267,9 +386,29 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
   std::cout << "# targets (warm page cache, this machine)\n";
   const bool large = o.scenario == "tinyllama" || o.scenario == "llama3-8b-4l";
   const bool scaled = world.size() == 2 || world.size() == 4;
+  const Row* whole = nullptr;
+  for (const Row& r : rows)
+    if (r.readers == "whole") whole = &r;
   for (const Row& r : rows) {
-    const std::string what = r.format + " " + r.quantization + " " + r.distribution;
-    if (large && scaled && r.quantization == "none")
+    if (r.readers == "whole") continue;
+    const std::string what =
+        r.format + " " + r.quantization + " " + r.distribution + " readers " + r.readers;
+    if (r.readers == "all") {
+      std::cout << "#   readers all within 1.2x its bound, " << what << ": "
+                << verdict(r.seconds / r.bound, 1.2) << "\n";
+      for (const Row& one : rows)
+        if (one.readers == "one" && one.format == r.format && one.quantization == r.quantization &&
+            one.bucket_mb == r.bucket_mb)
+          std::cout << "#   readers all >= 1.5x faster than one (" << one.distribution << "), "
+                    << what << ": " << verdict(r.seconds / one.seconds, 1 / 1.5)
+                    << " of its time\n";
+    }
+    if (whole && r.quantization == "none" && r.format == "checkpoint")
+      std::cout << "#   no slower than every rank loading the whole checkpoint"
+                << (world.size() >= 4 ? " (faster from 4 ranks)" : "") << ", " << what << ": "
+                << verdict(r.seconds / whole->seconds, world.size() >= 4 ? 0.999 : 1.0)
+                << " of its time\n";
+    if (large && scaled && r.quantization == "none" && r.readers == "one")
       std::cout << "#   reload <= 1.15x bound, " << what << ": "
                 << verdict(r.seconds / r.bound, 1.15) << "\n";
     if (o.scenario == "small-tensors")
@@ -278,15 +417,16 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
     const double limit_mb = 2 * r.bucket_mb + 64;
     std::cout << "#   extra memory <= " << limit_mb << " MB (2 x bucket + 64), " << what << ": "
               << verdict(r.staging / 1048576.0, limit_mb, " MB") << "\n";
-    if (!o.no_checksums)
+    if (!o.no_checksums && r.readers == "one")
       std::cout << "#   checksums <= 5% of the reload, " << what << ": "
                 << verdict(100 * r.checksum / r.seconds, 5.0, "%") << "\n";
-    std::cout << "#   reader copies per byte sent <= 1 (the read), " << what << ": "
-              << verdict(r.bytes ? double(r.copied) / r.bytes : 0.0, 1.0) << "\n";
+    if (r.readers == "one")
+      std::cout << "#   reader copies per byte sent <= 1 (the read), " << what << ": "
+                << verdict(r.bytes ? double(r.copied) / r.bytes : 0.0, 1.0) << "\n";
     if (r.format != "checkpoint" || r.quantization != "int8") continue;
     for (const Row& k : rows)
       if (k.format == "kernel" && k.quantization == "int8" && k.distribution == r.distribution &&
-          k.bucket_mb == r.bucket_mb)
+          k.readers == r.readers && k.bucket_mb == r.bucket_mb)
         std::cout << "#   checkpoint int8 <= 1.5x kernel int8, " << r.distribution << ": "
                   << verdict(r.seconds / k.seconds, 1.5) << "\n";
   }
@@ -311,6 +451,18 @@ int main(int argc, char** argv) {
   app.add_option("--distributions", o.distributions, "broadcast and/or scatter")
       ->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket sizes in MiB")->capture_default_str();
+  app.add_option("--readers", o.readers,
+                 "one (the reader rank reads and sends) and/or all (every rank reads its own "
+                 "slices; one row per format, laid out as scatter)")
+      ->check(CLI::IsMember({"one", "all"}))
+      ->capture_default_str();
+  app.add_flag("--baseline", o.baseline,
+               "Also time what users run without tpreload: every rank opens the whole "
+               "checkpoint and loads it through the weight loaders, keeping its slices (readers "
+               "'whole'; bound: every rank reading every byte)");
+  app.add_flag("--cold", o.cold,
+               "Drop the checkpoint's files from the page cache (posix_fadvise DONTNEED) before "
+               "every timed reload and bound, so that reads come from the disk");
   app.add_flag("--zero-copy", o.zero_copy,
                "Broadcast runs of the mapped file as they are (ReloadOptions::zero_copy)");
   app.add_flag("--no-checksums", o.no_checksums,
@@ -335,13 +487,21 @@ int main(int argc, char** argv) {
     print_header(o, config, world);
     std::int64_t wrong = 0;
     std::vector<Row> rows;
+    auto add = [&](Row row) {
+      rows.push_back(std::move(row));
+      print_row(rows.back(), world);
+      wrong += rows.back().wrong;
+    };
+    if (o.baseline)
+      add(run_whole_row(o, config, dir, Row{"checkpoint", "none", "-", 0, "whole"}, world));
     for (const auto& format : o.formats)
       for (const auto& quant : o.quantizations)
-        for (const auto& dist : o.distributions)
-          for (double mb : o.bucket_mb) {
-            rows.push_back(run_row(o, config, dir, Row{format, quant, dist, mb}, world));
-            print_row(rows.back(), world);
-            wrong += rows.back().wrong;
+        for (const auto& readers : o.readers)
+          for (const auto& dist : o.distributions) {
+            // Every rank reading has one layout: one row per bucket size.
+            if (readers == "all" && dist != o.distributions.front()) continue;
+            for (double mb : o.bucket_mb)
+              add(run_row(o, config, dir, Row{format, quant, dist, mb, readers}, world));
           }
     print_targets(o, rows, world);
     return wrong == 0 ? 0 : 5;

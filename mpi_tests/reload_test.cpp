@@ -115,9 +115,24 @@ Sources write_sources(const std::map<std::string, at::Tensor>& ckpt, const std::
 ReloadResult reload_from(TensorParallelModel& model, const std::string& path,
                          const std::map<std::string, at::Tensor>* memory, const ReloadOptions& o) {
   std::unique_ptr<WeightSource> source;
-  if (world().rank() == o.reader_rank)
+  if (world().rank() == o.reader_rank || o.readers == Readers::kAll)
     source = memory ? testdata::memory_source(*memory) : open_weight_source(path);
   return reload_weights(model, world(), source.get(), o);
+}
+
+// Every way of reading: the reader rank with each distribution, and every rank
+// reading its own slices (laid out as scatter whatever the distribution).
+struct ReadMode {
+  Readers readers;
+  Distribution distribution;
+};
+const std::vector<ReadMode> kReadModes = {{Readers::kOne, Distribution::kBroadcast},
+                                          {Readers::kOne, Distribution::kScatter},
+                                          {Readers::kAll, Distribution::kBroadcast}};
+
+std::string mode_name(const ReadMode& m) {
+  return std::string(distribution_name(m.distribution)) + " readers " +
+         std::string(readers_name(m.readers));
 }
 
 void run_checkpoint_matrix(const std::string& config_name, const Variant& setup) {
@@ -128,16 +143,16 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
   const Sources files = write_sources(v2, dir.path());
   const auto want = expected_params(config, setup, v2);
   for (const std::string kind : {"memory", "single", "sharded", "hdf5"}) {
-    for (Distribution dist : {Distribution::kBroadcast, Distribution::kScatter}) {
+    for (const ReadMode& mode : kReadModes) {
       for (std::uint64_t bucket : {std::uint64_t{700}, std::uint64_t{1} << 30}) {
         const std::string what = config_name + " tp " + std::to_string(setup.tp) +
                                  (setup.expert_parallel ? " ep " : " ") + setup.quantization +
-                                 (setup.lora ? " lora " : " ") + kind + " " +
-                                 std::string(distribution_name(dist)) + " bucket " +
-                                 std::to_string(bucket);
+                                 (setup.lora ? " lora " : " ") + kind + " " + mode_name(mode) +
+                                 " bucket " + std::to_string(bucket);
         TensorParallelModel model(config, options_for(setup));
         ReloadOptions o;
-        o.distribution = dist;
+        o.distribution = mode.distribution;
+        o.readers = mode.readers;
         o.bucket_bytes = bucket;
         o.zero_copy = bucket > 700;  // both ways of filling a broadcast bucket
         o.reader_rank = world().size() - 1;
@@ -149,6 +164,10 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
         const ReloadResult r = reload_from(model, path, kind == "memory" ? &v2 : nullptr, o);
         EXPECT_TRUE(r.complete()) << what;
         EXPECT_TRUE(r.skipped.empty()) << what;
+        if (mode.readers == Readers::kAll) {  // nothing moved between ranks
+          EXPECT_EQ(r.bytes_transferred, 0u) << what;
+          EXPECT_EQ(r.distribution, Distribution::kScatter) << what;
+        }
         expect_params(model, want, what);
         expect_same_layout(model, before);
       }
@@ -200,19 +219,19 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
     }
     world().barrier();
     const auto want = expected_params(config, setup, ckpt);
-    for (Distribution dist : {Distribution::kBroadcast, Distribution::kScatter}) {
+    for (const ReadMode& mode : kReadModes) {
       TensorParallelModel model(config, options_for(setup));
       const auto before = layout_of(model);
       ReloadOptions o;
       o.format = WeightFormat::kKernel;
-      o.distribution = dist;
+      o.distribution = mode.distribution;
+      o.readers = mode.readers;
       o.bucket_bytes = 1000;
       const ReloadResult r = reload_from(model, kdir, nullptr, o);
       EXPECT_TRUE(r.complete());
       expect_params(model, want,
                     "kernel " + name + " " + setup.quantization +
-                        (setup.expert_parallel ? " ep " : " ") +
-                        std::string(distribution_name(dist)));
+                        (setup.expert_parallel ? " ep " : " ") + mode_name(mode));
       expect_same_layout(model, before);
     }
   }
@@ -372,11 +391,16 @@ TEST(Reload, StagingStaysBoundedByTheBucketNotTheModel) {
 // A source whose reads of one tensor fail, as a disk error would.
 class FailingSource final : public WeightSource {
  public:
-  FailingSource(std::unique_ptr<WeightSource> inner, std::string bad)
-      : inner_(std::move(inner)), bad_(std::move(bad)) {}
-  std::string describe() const override { return "failing " + inner_->describe(); }
+  // `views`: hand out views as the inner source does (a reload may then read
+  // through them), or none (every byte goes through read()).
+  FailingSource(std::unique_ptr<WeightSource> inner, std::string bad, bool views = true)
+      : inner_(std::move(inner)), bad_(std::move(bad)), views_(views) {}
+  // The same description as the good source: with Readers::kAll the ranks'
+  // listings (descriptions included) must match.
+  std::string describe() const override { return inner_->describe(); }
   const std::vector<TensorInfo>& tensors() const override { return inner_->tensors(); }
   std::optional<ConstBytes> view(std::size_t i, ByteRange r) override {
+    if (!views_) return std::nullopt;
     check(i);
     return inner_->view(i, r);
   }
@@ -394,32 +418,90 @@ class FailingSource final : public WeightSource {
   }
   std::unique_ptr<WeightSource> inner_;
   std::string bad_;
+  bool views_;
 };
 
 TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 700);
-  for (Distribution dist : {Distribution::kBroadcast, Distribution::kScatter}) {
+  const int last = world().size() - 1;
+  std::vector<std::pair<ReadMode, bool>> cases;  // (mode, whether the failing source has views)
+  for (const ReadMode& mode : kReadModes) cases.emplace_back(mode, true);
+  cases.emplace_back(ReadMode{Readers::kAll, Distribution::kScatter}, false);
+  for (const auto& [mode, views] : cases) {
     TensorParallelModel model(config, options_for({world().size(), "", false}));
     ReloadOptions o;
-    o.distribution = dist;
+    o.distribution = mode.distribution;
+    o.readers = mode.readers;
     o.bucket_bytes = 4096;
+    // One reader: rank 0 fails. Every rank reading: only the last rank's source fails.
+    const bool all = mode.readers == Readers::kAll;
+    const int failing = all ? last : 0;
     std::unique_ptr<WeightSource> source;
-    if (world().rank() == 0)
+    if (world().rank() == failing)
       source = std::make_unique<FailingSource>(testdata::memory_source(ckpt),
-                                               "model.layers.1.mlp.down_proj.weight");
+                                               "model.layers.1.mlp.down_proj.weight", views);
+    else if (all)
+      source = testdata::memory_source(ckpt);
+    const std::string expected =
+        all ? "failed on rank " + std::to_string(last) +
+                  " (--readers all: each rank reads its own slices): I/O error reading "
+                  "'model.layers.1.mlp.down_proj.weight'; every rank had applied the buckets it "
+                  "read before this failure (the others all of theirs)"
+            : "failed on reader rank 0: I/O error reading "
+              "'model.layers.1.mlp.down_proj.weight'; weights of earlier buckets were already "
+              "replaced";
     try {
       reload_weights(model, world(), source.get(), o);
-      FAIL() << "a failed read went unnoticed";
+      FAIL() << "a failed read went unnoticed: " << mode_name(mode);
     } catch (const CheckpointError& e) {
       const std::string msg = e.what();
-      EXPECT_NE(msg.find("failed on reader rank 0: I/O error reading "
-                         "'model.layers.1.mlp.down_proj.weight'; weights of earlier buckets were "
-                         "already replaced"),
-                std::string::npos)
-          << msg;
+      EXPECT_NE(msg.find(expected), std::string::npos) << mode_name(mode) << ": " << msg;
     }
     world().barrier();  // every rank is out of the reload and in step again
+  }
+}
+
+// Every rank reading: a rank whose checkpoint lists differently (here one tensor
+// fewer) stops every rank before anything is read, naming the rank.
+TEST(Reload, ReadersAllRefusesARankThatSeesOtherFiles) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 710);
+  auto fewer = ckpt;
+  fewer.erase("model.norm.weight");
+  const int last = world().size() - 1;
+  TensorParallelModel model(config, options_for({world().size(), "", false}));
+  const auto before = model.parameter_for_reload("model.layers.0.mlp.down_proj.weight").clone();
+  ReloadOptions o;
+  o.readers = Readers::kAll;
+  auto source = testdata::memory_source(world().rank() == last ? fewer : ckpt);
+  try {
+    reload_weights(model, world(), source.get(), o);
+    FAIL() << "ranks reading different checkpoints went unnoticed";
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("rank " + std::to_string(last) + " opened "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("(" + std::to_string(fewer.size()) +
+                       " tensors), which lists differently from reader rank 0's (" +
+                       std::to_string(ckpt.size()) + " tensors)"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_TRUE(testdata::same_bytes(
+      model.parameter_for_reload("model.layers.0.mlp.down_proj.weight"), before));
+  // A rank given no source at all is named too.
+  std::unique_ptr<WeightSource> none =
+      world().rank() == last ? nullptr : testdata::memory_source(ckpt);
+  try {
+    reload_weights(model, world(), none.get(), o);
+    FAIL() << "a rank without a source went unnoticed";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("no weight source was given to rank " + std::to_string(last) +
+                                   " (--readers all: every rank reads)"),
+        std::string::npos)
+        << e.what();
   }
 }
 

@@ -156,10 +156,11 @@ def _describe(name, tensor, *extra):
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
                    distribution="scatter", bucket_mb=16, pipeline_depth=1, reader_rank=0,
-                   transport="mpi", workspace=None, fingerprint=False, atomic=False,
+                   readers="one", transport="mpi", workspace=None, fingerprint=False, atomic=False,
                    require_complete=False, checksums=True):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
-    same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only).
+    same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only,
+    or every rank with ``readers="all"``).
 
     params: this rank's parameters, a dict (or iterable of pairs) name -> tensor,
         named as vLLM names them ("model.layers.0.self_attn.qkv_proj.weight", with
@@ -182,6 +183,9 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         format (already processed and sharded: copied by name).
     quantization: None or "int8"; lora, expert_parallel: the model's layout.
     distribution: "scatter" (each rank gets its slice) or "broadcast".
+    readers: "one" (the reader rank reads and sends each rank its part) or "all"
+        (every rank opens the same weights_path, or is given the same
+        weights_iterator, and reads only its own slices; nothing is sent).
     transport: "mpi", or "nccl" for CUDA parameters (device buffers).
     workspace: a Workspace kept between reloads (staging buffers and the plan).
     atomic: all or nothing: every rank receives its whole shard into a second copy
@@ -223,6 +227,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         request.bucket_mb = float(bucket_mb)
         request.pipeline_depth = int(pipeline_depth)
         request.reader_rank = int(reader_rank)
+        request.readers = str(readers)
         request.transport = str(transport)
         request.fingerprint = bool(fingerprint)
         request.atomic = bool(atomic)

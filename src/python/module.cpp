@@ -173,6 +173,7 @@ struct Request {
   std::string distribution = "scatter";
   double bucket_mb = 16;
   int pipeline_depth = 1, reader_rank = 0;
+  std::string readers = "one";
   std::string transport = "mpi";
   bool fingerprint = false;
   bool atomic = false, require_complete = false;
@@ -190,6 +191,9 @@ ReloadOptions reload_options(const Request& q) {
   o.bucket_bytes = static_cast<std::uint64_t>(q.bucket_mb * 1048576);
   o.pipeline_depth = q.pipeline_depth;
   o.reader_rank = q.reader_rank;
+  if (q.readers != "one" && q.readers != "all")
+    raise<UsageError>("readers must be 'one' or 'all', got '", q.readers, "'");
+  o.readers = q.readers == "all" ? Readers::kAll : Readers::kOne;
   o.atomic = q.atomic;
   o.require_complete = q.require_complete;
   o.checksums = q.checksums;
@@ -219,6 +223,7 @@ py::dict result_dict(const ReloadResult& r,
   d["not_loaded_on_some_ranks"] = r.not_loaded_on_some_ranks;
   d["skipped"] = r.skipped;
   d["source"] = r.source;
+  d["readers"] = std::string(readers_name(r.readers));
   d["transport"] = r.transport;
   d["parameter_memory"] = r.parameter_memory;
   d["bytes_read"] = r.bytes_read;
@@ -248,7 +253,7 @@ py::dict result_dict(const ReloadResult& r,
 // any parameter is written.
 py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
                 ReloadWorkspace* workspace) {
-  const bool reader = world.rank() == q.reader_rank;
+  const bool reader = world.rank() == q.reader_rank || q.readers == "all";
   std::optional<std::string> problem = q.problem;
   ReloadOptions options;
   std::vector<BorrowedTensor> tensors;
@@ -401,6 +406,7 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("bucket_mb", &Request::bucket_mb)
       .def_readwrite("pipeline_depth", &Request::pipeline_depth)
       .def_readwrite("reader_rank", &Request::reader_rank)
+      .def_readwrite("readers", &Request::readers)
       .def_readwrite("transport", &Request::transport);
 
   m.def("reload", &reload, py::arg("world"), py::arg("params"), py::arg("request"),

@@ -19,7 +19,25 @@ std::uint64_t window_bytes(const PlannedTensor& t, const TensorInfo& info, int r
   return static_cast<std::uint64_t>(t.placements[r].source_length) * column_bytes(info);
 }
 
+// Row-parallel: each rank takes a window of columns out of every row. (A row of
+// zero columns has no bytes to cut: treated as contiguous rows.)
+bool row_parallel(const PlannedTensor& t, const TensorInfo& info) {
+  return !t.kernel() && t.placements[0].source_dim == 1 && info.shape.size() >= 2 &&
+         info.shape[1] > 0;
+}
+
+// Where tp rank r's column window starts inside a row of a row-parallel tensor.
+std::uint64_t window_skip(const PlannedTensor& t, const TensorInfo& info, int r) {
+  return static_cast<std::uint64_t>(t.placements[r].source_start) * column_bytes(info);
+}
+
 }  // namespace
+
+ByteRange BucketReader::contiguous_rows(const PlannedTensor& t, int r, std::int64_t a,
+                                        std::int64_t b) const {
+  const std::int64_t shift = t.kernel() ? 0 : t.placements[r].source_start;
+  return rows_range(t.index, shift + a, shift + b);
+}
 
 ByteRange BucketReader::rows_range(std::size_t tensor, std::int64_t a, std::int64_t b) const {
   const TensorInfo& info = md_.tensors[tensor];
@@ -127,13 +145,11 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send) {
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
-    // (A row of zero columns has no bytes to cut: treated as contiguous rows.)
-    const bool row_parallel = !t.kernel() && t.placements[0].source_dim == 1 &&
-                              info.shape.size() >= 2 && info.shape[1] > 0;
-    const bool split = row_parallel && read_row_windows(bucket, p, t, send);
+    const bool windows = row_parallel(t, info);
+    const bool split = windows && read_row_windows(bucket, p, t, send);
     // Otherwise row-parallel slices all come from the same full rows: read them once.
     ConstBytes shared_rows;
-    if (row_parallel && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);
+    if (windows && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);
     for (int w = 0; w < world_size_; ++w) {
       const int r = w % tp_size_;
       const std::int64_t end = std::min(p.row_end, t.rows_for(r));
@@ -143,24 +159,62 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send) {
           static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
       if (w >= tp_size_) {  // a replica: same bytes as world rank r
         replicas.push_back({dst, send + bucket.ranges[r].offset + p.rank_offset[r], n});
-      } else if (split) {         // read above
-      } else if (row_parallel) {  // each full row contributes its column window
+      } else if (split) {    // read above
+      } else if (windows) {  // each full row contributes its column window
         const std::uint64_t full = shape_row_bytes(info.shape, info.dtype);
         const std::uint64_t width = window_bytes(t, info, r);
-        const std::uint64_t skip =
-            static_cast<std::uint64_t>(t.placements[r].source_start) * column_bytes(info);
+        const std::uint64_t skip = window_skip(t, info, r);
         for (std::int64_t i = 0; i < end - p.row_begin; ++i)
           std::memcpy(dst + i * width, shared_rows.data + i * full + skip, width);
       } else {  // column-parallel or kernel format: contiguous full rows
-        const std::int64_t shift = t.kernel() ? 0 : t.placements[r].source_start;
-        reads.push_back(
-            {t.index, rows_range(t.index, shift + p.row_begin, shift + end), MutableBytes(dst, n)});
+        reads.push_back({t.index, contiguous_rows(t, r, p.row_begin, end), MutableBytes(dst, n)});
       }
       copied_ += n;
     }
   }
   source_.read_many(reads);
   for (const Replica& c : replicas) std::memcpy(c.dst, c.src, c.n);
+}
+
+// One rank's own region, read straight from the source: contiguous rows in one
+// request (the source merges requests that follow each other in the file into
+// one preadv), and each row's column window of a row-parallel tensor copied out
+// of the source's mapping (or read one by one where it has none). A replica
+// reads what its tp rank reads.
+ConstBytes BucketReader::fill_own(std::size_t index, int world_rank, std::byte* dst) {
+  const Bucket& bucket = plan_.buckets.at(index);
+  if (!bucket.scatter) return fill_broadcast(index, bucket, dst);
+  const int r = world_rank % tp_size_;
+  std::vector<ReadRequest> reads;
+  for (const Piece& p : bucket.pieces) {
+    const PlannedTensor& t = plan_.tensors[p.planned];
+    const TensorInfo& info = md_.tensors[t.index];
+    const std::int64_t end = std::min(p.row_end, t.rows_for(r));
+    if (end <= p.row_begin) continue;
+    std::byte* out = dst + p.rank_offset[world_rank];
+    if (row_parallel(t, info)) {
+      const std::uint64_t full = shape_row_bytes(info.shape, info.dtype);
+      const std::uint64_t width = window_bytes(t, info, r);
+      const std::uint64_t skip = window_skip(t, info, r);
+      // Out of the mapping where the source has one (a window per row would be a
+      // system call per row), else one read per row's window.
+      if (const auto rows = source_.view(t.index, rows_range(t.index, p.row_begin, end))) {
+        for (std::int64_t i = 0; i < end - p.row_begin; ++i)
+          std::memcpy(out + i * width, rows->data + i * full + skip, width);
+      } else {
+        for (std::int64_t row = p.row_begin; row < end; ++row, out += width)
+          reads.push_back({t.index,
+                           {static_cast<std::uint64_t>(row) * full + skip, width},
+                           MutableBytes(out, width)});
+      }
+    } else {
+      const ByteRange range = contiguous_rows(t, r, p.row_begin, end);
+      reads.push_back({t.index, range, MutableBytes(out, range.length)});
+    }
+    copied_ += static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
+  }
+  source_.read_many(reads);
+  return ConstBytes(dst, bucket.ranges[world_rank].length);
 }
 
 ConstBytes BucketReader::fill(std::size_t index, std::byte* send) {

@@ -4,7 +4,8 @@
 // mapping with zero_copy); scatter buckets are one region per world rank, cut out
 // of the file with one split read per row-parallel piece (the read is the
 // slicing) and merged reads for contiguous rows; replicas copy what their tp rank
-// got. No torch, no transport here.
+// got. With Readers::kAll each rank fills its own region the same way
+// (fill_own). No torch, no transport here.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,12 @@ class BucketReader {
   // the source does.
   ConstBytes fill(std::size_t index, std::byte* send);
 
+  // Readers::kAll: bucket `index` as world rank `world_rank` receives it (its
+  // scatter region, or the whole of a broadcast bucket), read into `dst` (host
+  // memory of at least that many bytes). Returns the bytes: `dst`, or a view of
+  // the mapping as fill() does. Throws CheckpointError as the source does.
+  ConstBytes fill_own(std::size_t index, int world_rank, std::byte* dst);
+
   // Bytes read or copied into send buffers so far.
   std::uint64_t bytes_copied() const { return copied_; }
 
@@ -43,6 +50,8 @@ class BucketReader {
   ConstBytes full_rows(std::size_t tensor, std::int64_t a, std::int64_t b,
                        std::vector<std::byte>& scratch);
   ByteRange rows_range(std::size_t tensor, std::int64_t a, std::int64_t b) const;
+  // Rows [a, b) of tp rank r's slice of a column-parallel or kernel-format tensor.
+  ByteRange contiguous_rows(const PlannedTensor& t, int r, std::int64_t a, std::int64_t b) const;
 
   const Plan& plan_;
   const SourceMetadata& md_;

@@ -74,6 +74,7 @@ class Pipeline {
       : plan_(planned.plan),
         metadata_(planned.metadata),
         applies_(planned.applies),
+        direct_applies_(planned.direct_applies),
         model_(model),
         sink_(model.sink()),
         control_(control),
@@ -82,11 +83,14 @@ class Pipeline {
         options_(options),
         workspace_(workspace),
         rank_(control.rank()),
-        reader_(control.rank() == options.reader_rank) {
+        reader_(control.rank() == options.reader_rank),
+        all_read_(options.readers == Readers::kAll),
+        reads_(reader_ || all_read_) {
     spaces_.device = sink_.device();
     spaces_.device_params = sink_.memory() == MemoryKind::kDevice;
-    spaces_.device_transport = data.memory() == MemoryKind::kDevice;
-    if (reader_)
+    // Every rank reading its own bytes moves nothing over the data plane.
+    spaces_.device_transport = data.memory() == MemoryKind::kDevice && !all_read_;
+    if (reads_)
       files_ = std::make_unique<BucketReader>(plan_, planned.metadata, *source, control.size(),
                                               model.rules().tp_size(), options.zero_copy);
   }
@@ -106,7 +110,13 @@ class Pipeline {
   void transfer(Slot& slot);
   const std::byte* apply_source(Slot& slot);
   void apply(Slot& slot);
+  void apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src);
+  bool can_apply_direct() const;
+  void run_direct();
   void announce_read_status(Slot& slot);
+  void agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error);
+  [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
+                                       const std::optional<std::string>& mine);
   void checksum(Slot& slot, const std::byte* host_bytes);
   void verify(Slot& slot, const std::byte* view, bool device_memory);
   std::string bucket_tensors(std::size_t bucket) const;
@@ -117,6 +127,7 @@ class Pipeline {
   const Plan& plan_;
   const SourceMetadata& metadata_;
   const std::vector<BucketApply>& applies_;
+  const std::vector<BucketApply>& direct_applies_;
   ReloadTarget& model_;
   ParameterSink& sink_;
   Communicator& control_;
@@ -125,7 +136,9 @@ class Pipeline {
   const ReloadOptions& options_;
   ReloadWorkspace& workspace_;
   const int rank_;
-  const bool reader_;
+  const bool reader_;    // the reader rank (Readers::kOne: the only one that reads)
+  const bool all_read_;  // Readers::kAll: every rank reads its own region, nothing is sent
+  const bool reads_;     // this rank reads the source
   Spaces spaces_;
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
@@ -148,12 +161,13 @@ std::int64_t now_ns() {
 void Pipeline::allocate_slots() {
   std::uint64_t send = 0, recv = 0, view = 0;
   for (const Bucket& b : plan_.buckets) {
-    if (reader_) send = std::max(send, b.bytes);
-    // The reader receives its own scatter range in place, inside its send buffer.
-    if (!reader_) recv = std::max(recv, view_bytes(b));
+    if (reader_ && !all_read_) send = std::max(send, b.bytes);
+    // The reader receives its own scatter range in place, inside its send buffer;
+    // with every rank reading, each reads its own range into `recv`.
+    if (!reader_ || all_read_) recv = std::max(recv, view_bytes(b));
     view = std::max(view, view_bytes(b));
   }
-  const bool read_stage = reader_ && spaces_.device_transport;
+  const bool read_stage = reader_ && !all_read_ && spaces_.device_transport;
   const bool apply_stage = spaces_.device_params && !spaces_.device_transport;
   const int depth = std::max(1, options_.pipeline_depth);
   auto take = [&](int i, Role role, std::uint64_t bytes, Allocator& allocator) -> std::byte* {
@@ -182,7 +196,9 @@ void Pipeline::allocate_slots() {
 void Pipeline::fill(Slot& slot) {
   const auto start = Clock::now();
   const Bucket& bucket = plan_.buckets[slot.bucket];
-  if (!spaces_.device_transport) {
+  if (all_read_) {  // nothing is sent, so nothing is summed
+    slot.payload = files_->fill_own(slot.bucket, rank_, slot.recv);
+  } else if (!spaces_.device_transport) {
     slot.payload = files_->fill(slot.bucket, slot.send);
     checksum(slot, bucket.scatter ? slot.send : slot.payload.data);
   } else {
@@ -289,16 +305,38 @@ void Pipeline::announce_read_status(Slot& slot) {
   slot.expected.reset();
   if (status == 0 && sums && !reader_)
     slot.expected = static_cast<std::uint32_t>(message_head[1 + (bucket.scatter ? rank_ : 0)]);
-  if (status == 0) return;
-  std::int64_t length = problem ? static_cast<std::int64_t>(problem->size()) : 0;
-  control_.broadcast(MutableBytes(&length, sizeof length), options_.reader_rank);
-  std::string message(static_cast<std::size_t>(length), '\0');
-  if (reader_) message = *problem;
-  control_.broadcast(MutableBytes(message.data(), message.size()), options_.reader_rank);
+  if (status != 0) raise_read_failure(slot.bucket, options_.reader_rank, problem);
+}
+
+// COLLECTIVE, Readers::kAll, once every rank has applied what it read: ranks
+// read on their own, with no collective per bucket, so a failed read stops
+// only the rank that hit it. Every rank then raises the lowest failing rank's
+// error (none: returns).
+void Pipeline::agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error) {
+  const int n = control_.size();
+  std::int64_t lowest = error ? n - rank_ : 0;
+  control_.allreduce_ints(&lowest, 1, IntOp::kMax);
+  if (lowest != 0) raise_read_failure(bucket, n - static_cast<int>(lowest), error);
+}
+
+// COLLECTIVE. `rank`'s failed read of `bucket` (known there), with its error
+// (`mine` there), reaches every rank, which raises it.
+void Pipeline::raise_read_failure(std::size_t bucket, int rank,
+                                  const std::optional<std::string>& mine) {
+  std::int64_t head[2] = {static_cast<std::int64_t>(bucket),
+                          rank_ == rank ? static_cast<std::int64_t>(mine->size()) : 0};
+  control_.broadcast(MutableBytes(head, sizeof head), rank);
+  std::string message(static_cast<std::size_t>(head[1]), '\0');
+  if (rank_ == rank) message = *mine;
+  control_.broadcast(MutableBytes(message.data(), message.size()), rank);
   // Every rank raises this after the same broadcasts, with no transfer in flight.
-  raise<Agreed<CheckpointError>>("reading bucket ", slot.bucket + 1, " of ", plan_.buckets.size(),
-                                 " failed on reader rank ", options_.reader_rank, ": ", message,
-                                 "; weights of earlier buckets were already replaced");
+  raise<Agreed<CheckpointError>>(
+      "reading bucket ", head[0] + 1, " of ", plan_.buckets.size(),
+      all_read_ ? " failed on rank " : " failed on reader rank ", rank,
+      all_read_ ? " (--readers all: each rank reads its own slices)" : "", ": ", message,
+      all_read_ ? "; every rank had applied the buckets it read before this failure (the others "
+                  "all of theirs)"
+                : "; weights of earlier buckets were already replaced");
 }
 
 void Pipeline::transfer(Slot& slot) {
@@ -324,7 +362,8 @@ void Pipeline::transfer(Slot& slot) {
 // This rank's view of the bucket, in the parameters' memory space.
 const std::byte* Pipeline::apply_source(Slot& slot) {
   const Bucket& bucket = plan_.buckets[slot.bucket];
-  const std::byte* view = !reader_         ? slot.recv
+  const std::byte* view = all_read_        ? slot.payload.data
+                          : !reader_       ? slot.recv
                           : bucket.scatter ? slot.send + bucket.ranges[rank_].offset
                                            : slot.payload.data;
   verify(slot, view, spaces_.device_transport);
@@ -339,18 +378,76 @@ const std::byte* Pipeline::apply_source(Slot& slot) {
 }
 
 void Pipeline::apply(Slot& slot) {
+  apply_writes(slot.bucket, applies_[slot.bucket], apply_source(slot));
+}
+
+// Bucket `bucket`'s writes from `src` (a bucket buffer), or, for a direct apply
+// (`src` null), each from the source tensor's rows it names: a plain copy of
+// contiguous rows is read straight into the parameter (the source merges reads
+// that follow each other in a file into one preadv), any other write copies out
+// of the source's view of the rows.
+void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src) {
   auto start = Clock::now();
-  const std::byte* src = apply_source(slot);
-  const BucketApply& a = applies_[slot.bucket];
-  for (const RowWrite& w : a.writes) sink_.write(w, src);
+  std::vector<ReadRequest> reads;
+  for (std::size_t i = 0; i < a.writes.size(); ++i) {
+    if (src) {
+      sink_.write(a.writes[i], src);
+      continue;
+    }
+    const WriteSource& from = a.sources[i];
+    if (const auto rows = sink_.host_rows(a.writes[i])) {
+      reads.push_back({from.tensor, {a.writes[i].src_offset, rows->size}, *rows});
+      continue;
+    }
+    const auto rows = source_->view(from.tensor, from.range);
+    if (!rows)
+      raise<CheckpointError>("tensor '", metadata_.tensors[from.tensor].name, "' has no view in ",
+                             metadata_.description);
+    // src_offset counts from the tensor's first byte; the view starts at the rows.
+    sink_.write(a.writes[i], rows->data - from.range.offset);
+  }
+  if (!reads.empty()) source_->read_many(reads);
   for (const RowZero& z : a.zeros) sink_.zero(z);
   // The slot is reused only once every write from it has landed.
   sink_.flush(options_.device_timeout);
   for (const auto& [param, shards] : a.completed) sink_.mark_loaded(param, shards);
   stats_.apply += since(start);
   start = Clock::now();
-  for (std::int64_t layer : plan_.buckets[slot.bucket].finished_layers) model_.finish_layer(layer);
+  for (std::int64_t layer : plan_.buckets[bucket].finished_layers) model_.finish_layer(layer);
   stats_.finish += since(start);
+}
+
+// Readers::kAll with a source that has views (mapped safetensors, tensors in
+// memory) and parameters in host memory: every write copies its rows straight
+// from the source into the parameter, the one copy a local load makes, with no
+// bucket buffer and no thread. Ranks only agree at the end.
+bool Pipeline::can_apply_direct() const {
+  if (!all_read_ || spaces_.device_params || direct_applies_.size() != plan_.buckets.size())
+    return false;
+  for (const BucketApply& a : direct_applies_)
+    for (const WriteSource& from : a.sources)
+      return source_->view(from.tensor, {from.range.offset, 0}).has_value();
+  return false;
+}
+
+void Pipeline::run_direct() {
+  std::size_t k = 0;
+  std::optional<std::string> read_error;  // the source's, as a staged read's would be
+  for (; k < plan_.buckets.size(); ++k) {
+    try {
+      apply_writes(k, direct_applies_[k], nullptr);
+    } catch (const CheckpointError& e) {
+      read_error = e.what();
+      break;
+    } catch (const std::exception& e) {
+      stats_.apply_error = e.what();
+      break;
+    }
+    if (reader_ && options_.progress) report_progress(k + 1, false);
+  }
+  if (reader_ && options_.progress && k == plan_.buckets.size())
+    report_progress(plan_.buckets.size(), true);
+  agree_on_read_status(k, read_error);
 }
 
 void Pipeline::apply_loop() {
@@ -420,30 +517,46 @@ void Pipeline::report_progress(std::size_t buckets_done, bool finished) {
 PipelineStats Pipeline::run() {
   // Staging may not fit on one rank (device or pinned memory): every rank stops alike.
   std::optional<std::string> problem;
+  const bool direct = can_apply_direct();  // needs no staging
   try {
-    allocate_slots();
+    if (!direct) allocate_slots();
   } catch (const std::exception& e) {
     problem = e.what();
   }
   agree_on_problem<CommError>(control_, problem, "allocating staging buffers");
   started_ = Clock::now();
-  if (reader_) reader_thread_ = std::thread([this] { reader_loop(); });
+  if (direct) {
+    run_direct();
+    return stats_;
+  }
+  if (reads_) reader_thread_ = std::thread([this] { reader_loop(); });
   apply_thread_ = std::thread([this] { apply_loop(); });
+  std::unique_ptr<Slot> failed_read;  // Readers::kAll: this rank's, agreed on at the end
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
-    std::optional<std::unique_ptr<Slot>> slot = reader_ ? next_filled(k) : free_.pop();
+    std::optional<std::unique_ptr<Slot>> slot = reads_ ? next_filled(k) : free_.pop();
     if (!slot)
       raise<Error>("rank ", rank_, "/", control_.size(), ": reload pipeline stopped before bucket ",
                    k + 1, " of ", plan_.buckets.size());
     (*slot)->bucket = k;
-    announce_read_status(**slot);
-    transfer(**slot);
+    if (all_read_) {
+      if ((*slot)->read_error) {
+        failed_read = std::move(*slot);
+        break;
+      }
+    } else {
+      announce_read_status(**slot);
+      transfer(**slot);
+    }
     to_apply_.push(std::move(*slot));
     if (reader_ && options_.progress) report_progress(k + 1, false);
   }
-  if (reader_ && options_.progress) report_progress(plan_.buckets.size(), true);
+  if (reader_ && options_.progress && !failed_read) report_progress(plan_.buckets.size(), true);
   to_apply_.close();
   if (apply_thread_.joinable()) apply_thread_.join();
   stop();
+  if (all_read_)
+    agree_on_read_status(failed_read ? failed_read->bucket : 0,
+                         failed_read ? failed_read->read_error : std::nullopt);
   if (files_) stats_.bytes_copied = files_->bytes_copied();
   return stats_;
 }

@@ -36,6 +36,9 @@ struct CachedPlan {
   SourceMetadata metadata;
   Plan plan;
   std::vector<BucketApply> applies;  // this rank's writes, per bucket
+  // Readers::kAll: the same writes straight out of the source's tensors, for a
+  // source with views and parameters in host memory (no bucket buffer at all).
+  std::vector<BucketApply> direct_applies;
 };
 
 // COLLECTIVE (control and data). Runs every bucket of `planned`. A read failure

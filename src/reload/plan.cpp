@@ -241,31 +241,61 @@ Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanO
 namespace {
 
 // This rank's part of one piece: the write, the padding and the completion mark.
+// `direct`: the write reads the tensor itself (rows in the tensor's coordinates,
+// offsets from its first byte) rather than the bucket buffer.
 void resolve_piece(const Plan& plan, const SourceMetadata& md, const ShardingRules& rules,
-                   const Bucket& bucket, const Piece& p, int world_rank, int tp_rank,
+                   const Bucket& bucket, const Piece& p, int world_rank, int tp_rank, bool direct,
                    BucketApply& out) {
   const PlannedTensor& t = plan.tensors[p.planned];
   if (!t.held_by(tp_rank)) return;
   const TensorInfo& info = md.tensors[t.index];
+  std::int64_t row0 = p.row_begin;
   std::int64_t rows = p.row_end - p.row_begin;
   std::uint64_t offset = p.offset;
+  bool presliced = bucket.scatter;
   if (bucket.scatter) {
     rows = std::max<std::int64_t>(0, std::min(p.row_end, t.rows_for(tp_rank)) - p.row_begin);
     offset = p.rank_offset[world_rank];
   }
+  WriteSource source;
+  if (direct) {
+    // A scattered slice's rows start at its placement's first row (a sliced
+    // column window spans every row).
+    if (bucket.scatter && !t.kernel() && t.placements[tp_rank].source_dim == 0)
+      row0 += t.placements[tp_rank].source_start;
+    const std::uint64_t row_bytes = shape_row_bytes(info.shape, info.dtype);
+    offset = static_cast<std::uint64_t>(row0) * row_bytes;
+    presliced = false;
+    source = {t.index,
+              {offset, static_cast<std::uint64_t>(std::max<std::int64_t>(rows, 0)) * row_bytes}};
+  }
+  auto add = [&](const RowWrite& w) {
+    out.writes.push_back(w);
+    if (direct) out.sources.push_back(source);
+  };
   if (t.kernel()) {
-    if (rows > 0)
-      out.writes.push_back(kernel_row_write(rules, t.slot, info.dtype, p.row_begin, rows, offset));
+    if (rows > 0) add(kernel_row_write(rules, t.slot, info.dtype, row0, rows, offset));
     if (p.last) out.completed.emplace_back(t.slot, ParameterSink::kAllShards);
     return;
   }
   const Placement& pl = t.placements[tp_rank];
-  if (auto w =
-          checkpoint_row_write(rules, pl, info.dtype, p.row_begin, rows, bucket.scatter, offset))
-    out.writes.push_back(*w);
+  if (auto w = checkpoint_row_write(rules, pl, info.dtype, row0, rows, presliced, offset)) add(*w);
   if (!p.last) return;
   if (auto z = padding_rows(rules, pl)) out.zeros.push_back(*z);
   out.completed.emplace_back(pl.slot, pl.shard);
+}
+
+std::vector<BucketApply> resolve_all(const Plan& plan, const SourceMetadata& md,
+                                     const ShardingRules& rules, const PlanOptions& o,
+                                     int world_rank, bool direct) {
+  if (world_rank < 0 || world_rank >= o.world_size)
+    raise<UsageError>("world rank ", world_rank, " is outside a world of ", o.world_size);
+  const int tp_rank = world_rank % o.tp_size;
+  std::vector<BucketApply> out(plan.buckets.size());
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+    for (const Piece& p : plan.buckets[b].pieces)
+      resolve_piece(plan, md, rules, plan.buckets[b], p, world_rank, tp_rank, direct, out[b]);
+  return out;
 }
 
 }  // namespace
@@ -273,14 +303,13 @@ void resolve_piece(const Plan& plan, const SourceMetadata& md, const ShardingRul
 std::vector<BucketApply> resolve_applies(const Plan& plan, const SourceMetadata& md,
                                          const ShardingRules& rules, const PlanOptions& o,
                                          int world_rank) {
-  if (world_rank < 0 || world_rank >= o.world_size)
-    raise<UsageError>("world rank ", world_rank, " is outside a world of ", o.world_size);
-  const int tp_rank = world_rank % o.tp_size;
-  std::vector<BucketApply> out(plan.buckets.size());
-  for (std::size_t b = 0; b < plan.buckets.size(); ++b)
-    for (const Piece& p : plan.buckets[b].pieces)
-      resolve_piece(plan, md, rules, plan.buckets[b], p, world_rank, tp_rank, out[b]);
-  return out;
+  return resolve_all(plan, md, rules, o, world_rank, false);
+}
+
+std::vector<BucketApply> resolve_direct_applies(const Plan& plan, const SourceMetadata& md,
+                                                const ShardingRules& rules, const PlanOptions& o,
+                                                int world_rank) {
+  return resolve_all(plan, md, rules, o, world_rank, true);
 }
 
 }  // namespace tpreload

@@ -148,6 +148,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
           {"the distribution", std::uint64_t(o.distribution)},
           {"the bucket size", o.bucket_bytes},
           {"the reader rank", std::uint64_t(o.reader_rank)},
+          {"the readers", std::uint64_t(o.readers)},
           {"zero-copy", std::uint64_t(o.zero_copy)},
           {"atomic", std::uint64_t(o.atomic)},
           {"require-complete", std::uint64_t(o.require_complete)},
@@ -234,6 +235,20 @@ std::uint64_t hash_bytes(const std::vector<std::uint8_t>& bytes) {
   return fnv(h, bytes.size());
 }
 
+}  // namespace
+
+std::string_view readers_name(Readers r) {
+  return r == Readers::kAll ? "all" : "one";
+}
+
+namespace {
+
+// Every rank reading its own bytes lays buckets out as scatter: each rank's
+// region is exactly what it keeps.
+Distribution effective_distribution(const ReloadOptions& o) {
+  return o.readers == Readers::kAll ? Distribution::kScatter : o.distribution;
+}
+
 // COLLECTIVE. The metadata and plan every rank uses, and its preflight. The reader
 // serializes its listing and broadcasts the listing's hash; when every rank's
 // workspace holds a plan made for that hash (and for the same model and options),
@@ -244,11 +259,16 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
                               const ReloadOptions& options, std::int64_t fingerprint,
                               ReloadWorkspace& workspace) {
   const int reader = options.reader_rank;
+  const bool all_read = options.readers == Readers::kAll;
   std::optional<std::string> problem;
   std::vector<std::uint8_t> payload;
-  if (world.rank() == reader) {
+  if (world.rank() == reader || all_read) {
     try {
-      if (!source) raise<UsageError>("no weight source was given to the reader rank");
+      if (!source)
+        raise<UsageError>(
+            "no weight source was given to ",
+            all_read ? detail::concat("rank ", world.rank(), " (--readers all: every rank reads)")
+                     : std::string("the reader rank"));
       payload =
           serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
     } catch (const std::exception& e) {
@@ -256,10 +276,20 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
     }
   }
   agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
-  std::int64_t listing[2] = {
-      static_cast<std::int64_t>(payload.size()),
-      static_cast<std::int64_t>(world.rank() == reader ? hash_bytes(payload) >> 1 : 0)};
+  const std::int64_t own_hash = payload.empty() ? 0 : hash_bytes(payload) >> 1;
+  std::int64_t listing[3] = {static_cast<std::int64_t>(payload.size()),
+                             world.rank() == reader ? own_hash : 0,
+                             static_cast<std::int64_t>(source ? source->tensors().size() : 0)};
   world.broadcast(MutableBytes(listing, sizeof listing), reader);
+  if (all_read) {  // every rank reads by the reader's tensor indices: same listing everywhere
+    std::optional<std::string> differs;
+    if (listing[0] != static_cast<std::int64_t>(payload.size()) || listing[1] != own_hash)
+      differs = detail::concat("rank ", world.rank(), " opened ", source->describe(), " (",
+                               source->tensors().size(), " tensors), which lists differently from ",
+                               "reader rank ", reader, "'s (", listing[2],
+                               " tensors): with --readers all every rank must open the same files");
+    agree_on_problem<CheckpointError>(world, differs, "comparing the ranks' listings");
+  }
   std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[1]), listing[0]),
                           static_cast<std::uint64_t>(fingerprint));
   key = fnv(fnv(fnv(key, world.size()), world.rank()), model.tp_rank());
@@ -278,8 +308,8 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   fresh->key = key;
   fresh->metadata = parse_metadata(payload);
   if (world.rank() == reader) fresh->listing = std::move(payload);
-  const PlanOptions plan_options{options.format, options.distribution, options.bucket_bytes,
-                                 world.size(), model.rules().tp_size()};
+  const PlanOptions plan_options{options.format, effective_distribution(options),
+                                 options.bucket_bytes, world.size(), model.rules().tp_size()};
   try {  // the same listing and rules on every rank: the same verdict everywhere
     fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
   } catch (const ValidationError& e) {
@@ -292,6 +322,9 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
       "preflight (nothing was reloaded)");
   fresh->applies =
       resolve_applies(fresh->plan, fresh->metadata, model.rules(), plan_options, world.rank());
+  if (all_read)
+    fresh->direct_applies = resolve_direct_applies(fresh->plan, fresh->metadata, model.rules(),
+                                                   plan_options, world.rank());
   workspace.keep_plan(std::move(fresh));
   return *workspace.cached_plan();
 }
@@ -453,7 +486,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   agree_on_problem<UsageError>(world, local_problem(options, world, data, model),
                                "checking the reload options and planes (nothing was reloaded)");
   const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
-  const bool reader = world.rank() == options.reader_rank;
+  const bool reader = world.rank() == options.reader_rank || options.readers == Readers::kAll;
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
   const CachedPlan& planned = plan_reload(world, source, model, options, fingerprint, kept);
   const SourceMetadata& md = planned.metadata;
@@ -468,7 +501,8 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   ReloadResult result;
   result.source = md.description;
   result.format = options.format;
-  result.distribution = options.distribution;
+  result.distribution = effective_distribution(options);
+  result.readers = options.readers;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
   result.transport = data.backend();
@@ -604,7 +638,7 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
   if (from.empty())
     raise<UsageError>("reload has no weights: no path was given and the model has no location");
   std::unique_ptr<WeightSource> opened;
-  if (world.rank() == options.reader_rank) {
+  if (world.rank() == options.reader_rank || options.readers == Readers::kAll) {
     try {
       opened = open_weight_source(from);
     } catch (const std::exception& e) {  // reaches every rank through the metadata exchange

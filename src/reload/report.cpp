@@ -79,6 +79,7 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
       {"format", format_name(r.format)},
       {"transport", r.transport.empty() ? ctx.transport : r.transport},
       {"distribution", distribution_name(r.distribution)},
+      {"readers", readers_name(r.readers)},
       {"source", r.source},
       {"bytes_read", r.bytes_read},
       {"bytes_transferred", r.bytes_transferred},
@@ -109,12 +110,14 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
 
 std::string summary_text(const ReloadResult& r) {
   std::ostringstream out;
-  const double gb = static_cast<double>(r.bytes_transferred) / 1e9;
+  // Every rank reading: nothing is transferred, each rank read its own share.
+  const double gb =
+      static_cast<double>(r.readers == Readers::kAll ? r.bytes_read : r.bytes_transferred) / 1e9;
   out.setf(std::ios::fixed);
   out.precision(3);
   out << "reloaded " << r.loaded.size() << " parameters from " << r.source << " ("
       << format_name(r.format) << " format, " << distribution_name(r.distribution) << ", "
-      << r.buckets << " buckets)\n"
+      << (r.readers == Readers::kAll ? "every rank reading, " : "") << r.buckets << " buckets)\n"
       << "  bytes read " << r.bytes_read << ", transferred " << r.bytes_transferred << " ("
       << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0) << " GB/s end to end) over "
       << (r.transport.empty() ? "?" : r.transport) << " into "

@@ -44,6 +44,7 @@ struct RunnerOptions {
   double bucket_mb = ReloadOptions{}.bucket_bytes / 1048576.0;
   int pipeline_depth = ReloadOptions{}.pipeline_depth;
   int reader_rank = 0;
+  std::string readers{readers_name(ReloadOptions{}.readers)};
   bool zero_copy = false;
   bool atomic = false;
   bool require_complete = false;
@@ -67,10 +68,11 @@ struct RunnerOptions {
         " quantization=", quantization.empty() ? "none" : quantization, " lora=", lora,
         " expert_parallel=", expert_parallel, " distribution=", distribution,
         " bucket_mb=", bucket_mb, " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
-        " zero_copy=", zero_copy, " atomic=", atomic, " require_complete=", require_complete,
-        " checksums=", !no_checksums, " compare_replicas=", !no_compare_replicas,
-        " read_timeout_s=", read_timeout_s, " repeat=", repeat, " report=", report, " demo=", demo,
-        " timeout_s=", timeout_s, " device=", device, " transport=", transport);
+        " readers=", readers, " zero_copy=", zero_copy, " atomic=", atomic,
+        " require_complete=", require_complete, " checksums=", !no_checksums,
+        " compare_replicas=", !no_compare_replicas, " read_timeout_s=", read_timeout_s,
+        " repeat=", repeat, " report=", report, " demo=", demo, " timeout_s=", timeout_s,
+        " device=", device, " transport=", transport);
   }
 };
 
@@ -110,6 +112,13 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option("--reader-rank", o.reader_rank, "World rank that reads the checkpoint")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--readers", o.readers,
+                 "Who reads the checkpoint. one: the reader rank reads it and sends each rank its "
+                 "part (when only one host sees the files). all: every rank opens the same path "
+                 "and reads only its own slices, nothing is sent (every node sees the files; "
+                 "fastest with a warm page cache; buckets are laid out as for scatter)")
+      ->check(CLI::IsMember({"one", "all"}))
+      ->capture_default_str();
   app.add_flag("--zero-copy", o.zero_copy,
                "Broadcast a bucket straight from the memory-mapped file when it is one run of "
                "it, instead of reading it into a send buffer (slower on a freshly opened "
@@ -131,7 +140,7 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                "parameters after each reload (by default ranks holding the same tp rank compare "
                "a CRC-32C of every parameter, and a difference is an error on every rank)");
   app.add_option("--read-timeout", o.read_timeout_s,
-                 "Seconds the reader rank may take to read one bucket before the job is ended "
+                 "Seconds a reading rank may take to read one bucket before the job is ended "
                  "(a hung file system)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -196,6 +205,7 @@ void agree_on_options(const RunnerOptions& o, Communicator& world) {
        {"--bucket-mb", text(std::to_string(o.bucket_mb))},
        {"--pipeline-depth", static_cast<std::uint64_t>(o.pipeline_depth)},
        {"--reader-rank", static_cast<std::uint64_t>(o.reader_rank)},
+       {"--readers", text(o.readers)},
        {"--zero-copy", o.zero_copy},
        {"--atomic", o.atomic},
        {"--require-complete", o.require_complete},
@@ -214,6 +224,7 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   r.bucket_bytes = static_cast<std::uint64_t>(o.bucket_mb * 1024 * 1024);
   r.pipeline_depth = o.pipeline_depth;
   r.reader_rank = o.reader_rank;
+  r.readers = o.readers == "all" ? Readers::kAll : Readers::kOne;
   r.zero_copy = o.zero_copy;
   r.atomic = o.atomic;
   r.require_complete = o.require_complete;

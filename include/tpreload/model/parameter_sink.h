@@ -26,11 +26,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tpreload/comm/device.h"
 #include "tpreload/comm/memory.h"
+#include "tpreload/core/span.h"
 #include "tpreload/model/row_writes.h"
 
 namespace tpreload {
@@ -63,6 +65,12 @@ class ParameterSink {
   // Throws ModelError when the rows fall outside the parameter (never for a write
   // resolved from a placement that passed preflight).
   void write(const RowWrite& w, const std::byte* src);
+  // For a write that is a plain copy of contiguous rows (kCopy, src_pitch equal
+  // to the parameter's row width) into host memory: where its rows go, for a
+  // caller that places the bytes there itself (a read straight from a file);
+  // nullopt for any other write. Counts as the write (the slot is touched);
+  // throws as write() does.
+  std::optional<MutableBytes> host_rows(const RowWrite& w);
   void zero(const RowZero& z);
   // Wait until every write so far landed (device); no-op on the host. Throws
   // CommTimeoutError naming the device after `timeout`.
@@ -113,6 +121,7 @@ class ParameterSink {
   std::uint32_t crc32c(const std::byte* data, std::uint64_t bytes, const std::string& what);
 
  private:
+  void begin_write(const RowWrite& w, const ParamSpec& param);
   void write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   void write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   DeviceStream& stream();

@@ -101,8 +101,17 @@ Plan make_plan(const SourceMetadata& metadata, const ShardingRules& rules,
 // from the start of this rank's view of the bucket: the whole bucket when it is
 // broadcast, this rank's region when it is scattered), vocab padding to zero,
 // and the shards it completes.
+// Where a write of a direct apply reads: bytes `range` of tensors()[tensor] (its
+// rows), and the write's src_offset counts from the tensor's first byte.
+struct WriteSource {
+  std::size_t tensor = 0;
+  ByteRange range;
+};
+
 struct BucketApply {
   std::vector<RowWrite> writes;
+  // Direct applies only (resolve_direct_applies): writes[i] reads sources[i].
+  std::vector<WriteSource> sources;
   std::vector<RowZero> zeros;
   // Shards completed: (slot, shard index), or ParameterSink::kAllShards (kernel format).
   std::vector<std::pair<ParamSlot, std::uint32_t>> completed;
@@ -114,5 +123,12 @@ struct BucketApply {
 std::vector<BucketApply> resolve_applies(const Plan& plan, const SourceMetadata& metadata,
                                          const ShardingRules& rules, const PlanOptions& options,
                                          int world_rank);
+
+// The same writes read straight out of the source's tensors instead of a bucket
+// buffer (Readers::kAll from a source with views): each write's src_offset
+// counts from its tensor's first byte and `sources` says which rows it reads.
+std::vector<BucketApply> resolve_direct_applies(const Plan& plan, const SourceMetadata& metadata,
+                                                const ShardingRules& rules,
+                                                const PlanOptions& options, int world_rank);
 
 }  // namespace tpreload

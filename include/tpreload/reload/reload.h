@@ -3,7 +3,8 @@
 // is_checkpoint_format) and get_parameter_for_reload(model, name).
 //
 // COLLECTIVE: every rank of `world` calls reload_weights() with the same options
-// and request (a WeightSource is needed on the reader rank only). The reader rank
+// and request (a WeightSource is needed on the reader rank only, or on every
+// rank with Readers::kAll). The reader rank
 // lists the source and broadcasts the tensor list; every rank derives the same
 // plan and resolves, once, which rows of which parameter slot each bucket fills;
 // a preflight checks every planned tensor against every rank's parameters before
@@ -53,6 +54,20 @@ struct ReloadProgress {
   bool finished = false;  // the last call of a reload
 };
 
+// Who reads the checkpoint.
+//   kOne: the reader rank reads every byte and sends each rank its part over the
+//         data plane (the only choice when one host sees the files).
+//   kAll: every rank opens the same checkpoint and reads exactly its own slices
+//         (one preadv per run of them); nothing moves over the data plane and
+//         no transfer is checksummed. The reader rank still lists the source for
+//         everyone, every rank checks that its own listing is the same, and
+//         preflight and validation run as for kOne. Buckets are laid out as for
+//         scatter whatever `distribution` says (each rank reads no byte it does
+//         not keep). For nodes that all see the files, and a warm page cache.
+enum class Readers { kOne, kAll };
+
+std::string_view readers_name(Readers r);
+
 struct ReloadOptions {
   WeightFormat format = WeightFormat::kCheckpoint;
   // Defaults chosen by scripts/sweep.sh (docs/PERFORMANCE.md, "Defaults"): on the
@@ -61,7 +76,10 @@ struct ReloadOptions {
   Distribution distribution = Distribution::kScatter;
   std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
   int pipeline_depth = 1;  // buffers per rank in flight (>= 1)
-  int reader_rank = 0;     // world rank that opens and reads the source
+  int reader_rank = 0;     // world rank that opens and reads the source (kOne)
+  // Who reads the checkpoint (see Readers): the reader rank alone, or every rank
+  // its own slices (each rank then needs a source of the same files).
+  Readers readers = Readers::kOne;
   // Broadcast a bucket straight from a memory-mapped source when it is one run of
   // the file. Off by default: a checkpoint opened for this reload is a fresh
   // mapping, and faulting it in page by page cost more than reading it into the
@@ -117,11 +135,12 @@ struct ReloadResult {
   std::string source;  // the source's description
   WeightFormat format = WeightFormat::kCheckpoint;
   Distribution distribution = Distribution::kBroadcast;
+  Readers readers = Readers::kOne;
   std::vector<std::string> loaded;  // expected names this rank loaded
   std::vector<std::string> not_loaded_on_all_ranks;
   std::map<std::string, std::vector<int>> not_loaded_on_some_ranks;  // name -> ranks missing it
   std::vector<std::string> skipped;          // source names with no parameter
-  std::uint64_t bytes_read = 0;              // by the reader rank
+  std::uint64_t bytes_read = 0;              // by the reader rank (kAll: by all ranks)
   std::uint64_t bytes_transferred = 0;       // bytes the reader rank sent
   std::uint64_t bytes_copied_on_reader = 0;  // bytes the reader read or copied into send buffers
   std::uint64_t peak_staging_bytes = 0;      // max over ranks of staging.total()

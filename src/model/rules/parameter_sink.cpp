@@ -58,9 +58,8 @@ DeviceStream& ParameterSink::stream() {
   return *stream_;
 }
 
-void ParameterSink::write(const RowWrite& w, const std::byte* src) {
-  const ParamSpec& param = rules_.params().at(w.slot);
-  if (w.rows <= 0) return;
+// Checks the write's rows against its parameter and marks what it touches.
+void ParameterSink::begin_write(const RowWrite& w, const ParamSpec& param) {
   if (w.dest_row < 0 || w.dest_row + w.rows > param_rows(param.shape))
     raise<ModelError>("write of rows [", w.dest_row, ", ", w.dest_row + w.rows,
                       ") into parameter '", param.name, "' of ", param_rows(param.shape), " rows");
@@ -68,6 +67,22 @@ void ParameterSink::write(const RowWrite& w, const std::byte* src) {
     raise<ModelError>("int8 write into parameter '", param.name, "', which has no weight_scale");
   touched_[w.slot] = true;
   if (w.kind == WriteKind::kQuantizeInt8) touched_[param.scale_slot] = true;
+}
+
+std::optional<MutableBytes> ParameterSink::host_rows(const RowWrite& w) {
+  const ParamSpec& param = rules_.params().at(w.slot);
+  const std::uint64_t width = param_row_bytes(param.shape, param.dtype);
+  if (device_ || w.kind != WriteKind::kCopy || w.src_pitch != width || w.rows <= 0)
+    return std::nullopt;
+  begin_write(w, param);
+  return MutableBytes(storage_[w.slot].data + static_cast<std::uint64_t>(w.dest_row) * width,
+                      static_cast<std::uint64_t>(w.rows) * width);
+}
+
+void ParameterSink::write(const RowWrite& w, const std::byte* src) {
+  const ParamSpec& param = rules_.params().at(w.slot);
+  if (w.rows <= 0) return;
+  begin_write(w, param);
   if (device_)
     write_device(w, param, src);
   else
