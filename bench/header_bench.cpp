@@ -1,8 +1,10 @@
 // header_bench: the cost of listing a safetensors file, the part of a small-tensor
 // reload that grows with the tensor count. Parses the header of FILE (already in
 // memory, so no I/O is timed) --reps times and prints the best time, per tensor.
+// --general times the general parser alone (any JSON; what every header went
+// through before the fast parser), without the layout check.
 //
-//   build/bench/header_bench /tmp/tpreload-bench/small-tensors/model.safetensors
+//   build/bench/header_bench /tmp/tpreload-bench/small-tensors/model.safetensors [--general]
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -18,8 +20,10 @@ int main(int argc, char** argv) {
   CLI::App app{"header_bench: safetensors header parse time (best of --reps)"};
   std::string path;
   int reps = 5;
+  bool general = false;
   app.add_option("file", path, "A .safetensors file")->required();
   app.add_option("--reps", reps, "Parses to time")->capture_default_str();
+  app.add_flag("--general", general, "Time the general (nlohmann SAX) parser alone");
   CLI11_PARSE(app, argc, argv);
   std::ifstream in(path, std::ios::binary);
   unsigned char len[8] = {};
@@ -43,7 +47,11 @@ int main(int argc, char** argv) {
   try {
     for (int r = 0; r < reps; ++r) {
       const auto start = std::chrono::steady_clock::now();
-      const auto header = tpreload::parse_safetensors_header(text, size, path);
+      tpreload::SafetensorsHeader header;
+      if (general)
+        tpreload::detail::parse_safetensors_entries_general(text, header, path);
+      else
+        header = tpreload::parse_safetensors_header(text, size, path);
       best = std::min(
           best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       tensors = header.tensors.size();
@@ -52,7 +60,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "header_bench: %s\n", e.what());
     return 1;
   }
-  std::printf("%zu tensors, %llu header bytes: best of %d %.1f ms, %.0f ns per tensor\n", tensors,
+  std::printf("%s: %zu tensors, %llu header bytes: best of %d %.1f ms, %.0f ns per tensor\n",
+              general ? "general parser" : "parse_safetensors_header", tensors,
               static_cast<unsigned long long>(n), reps, best * 1e3,
               tensors ? best * 1e9 / static_cast<double>(tensors) : 0.0);
   return 0;

@@ -199,6 +199,43 @@ struct Row {
   std::int64_t wrong = 0;
 };
 
+// This rank's model of the row, and its reference: its parameters loaded locally
+// from the same files, no transport.
+struct RankModel {
+  TensorParallelModel model;
+  std::map<std::string, at::Tensor> reference;
+
+  RankModel(const BenchOptions& o, const ModelConfig& config, const std::string& quant,
+            const std::string& path, Communicator& world)
+      : model(config, options(o, quant, world)) {
+    auto local = open_weight_source(path);
+    model.load_weights(*local);
+    for (const auto& [name, t] : model.named_parameters()) reference[name] = t.clone();
+  }
+  static ModelOptions options(const BenchOptions& o, const std::string& quant,
+                              Communicator& world) {
+    ModelOptions mo;
+    mo.tp_size = o.tp > 0 ? o.tp : world.size();
+    mo.tp_rank = world.rank() % mo.tp_size;
+    mo.quantization = quant;
+    mo.expert_parallel = o.expert_parallel;
+    return mo;
+  }
+  // Bytes that differ from the reference on any rank (collective).
+  std::int64_t wrong(Communicator& world) const {
+    std::int64_t n = wrong_bytes(model, reference);
+    world.allreduce_ints(&n, 1, IntOp::kSum);
+    return n;
+  }
+};
+
+// Before a timed read with --cold: the files leave the page cache. The cache is
+// per node: one rank drops them, the others wait.
+void cool(const BenchOptions& o, const std::string& path, Communicator& world) {
+  if (o.cold && world.rank() == 0) drop_from_page_cache(path);
+  world.barrier();
+}
+
 Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string& ckpt_dir, Row row,
             Communicator& world) {
   const int tp = o.tp > 0 ? o.tp : world.size();
@@ -207,19 +244,8 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   const std::string path =
       kernel ? prepare_kernel_shards(ckpt_dir, config, tp, quant, o.expert_parallel, world)
              : ckpt_dir;
-  ModelOptions mo;
-  mo.tp_size = tp;
-  mo.tp_rank = world.rank() % tp;
-  mo.quantization = quant;
-  mo.expert_parallel = o.expert_parallel;
-  TensorParallelModel model(config, mo);
-  // Reference: this rank's parameters loaded locally from the same files, no transport.
-  std::map<std::string, at::Tensor> reference;
-  {
-    auto local = open_weight_source(path);
-    model.load_weights(*local);
-    for (const auto& [name, t] : model.named_parameters()) reference[name] = t.clone();
-  }
+  RankModel rank_model(o, config, quant, path, world);
+  TensorParallelModel& model = rank_model.model;
   ReloadOptions ro;
   ro.format = kernel ? WeightFormat::kKernel : WeightFormat::kCheckpoint;
   ro.distribution =
@@ -235,14 +261,9 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   auto source = reads ? open_weight_source(path) : nullptr;
   ReloadWorkspace workspace;  // as a serving engine keeps it (ReloadableModel does)
   for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro, &workspace);
-  // The page cache is per node: one rank drops the files, the others wait.
-  auto cool = [&] {
-    if (o.cold && world.rank() == 0) drop_from_page_cache(path);
-    world.barrier();
-  };
   for (int i = 0; i < o.iters; ++i) {
     scramble(model);
-    cool();
+    cool(o, path, world);
     const auto start = Clock::now();
     if (!o.keep_open && reads) source = open_weight_source(path);
     const ReloadResult r = reload_weights(model, world, source.get(), ro, &workspace);
@@ -250,16 +271,10 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
         max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
     // Every rank reading: the bytes of its parameters (what it must place).
     row.bytes = all ? model.sink().total_bytes() : r.bytes_transferred;
-    if (getenv("BENCH_PHASES") && world.rank() == 0)
-      std::cerr << "phases total " << r.seconds.total << " read " << r.seconds.read << " transfer "
-                << r.seconds.transfer << " apply " << r.seconds.apply << " finish " << r.seconds.finish
-                << " validate " << r.seconds.validate << "\n";
     row.checksum += r.seconds.checksum;
     row.staging = std::max(row.staging, r.peak_staging_bytes);
     row.copied = r.bytes_copied_on_reader;
-    std::int64_t wrong = wrong_bytes(model, reference);
-    world.allreduce_ints(&wrong, 1, IntOp::kSum);
-    row.wrong += wrong;
+    row.wrong += rank_model.wrong(world);
   }
   row.seconds /= o.iters;
   row.checksum /= o.iters;
@@ -276,7 +291,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   const Plan plan =
       make_plan(md, model.rules(), {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp});
   for (int i = 0; i < o.iters; ++i) {
-    cool();
+    cool(o, path, world);
     row.bound += measure_bound(plan, md, source.get(), world, 0, all);
   }
   row.bound /= o.iters;
@@ -288,40 +303,24 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
 // keeping its slices. Its bound: every rank reading every byte of the files.
 Row run_whole_row(const BenchOptions& o, const ModelConfig& config, const std::string& ckpt_dir,
                   Row row, Communicator& world) {
-  const int tp = o.tp > 0 ? o.tp : world.size();
-  ModelOptions mo;
-  mo.tp_size = tp;
-  mo.tp_rank = world.rank() % tp;
-  mo.expert_parallel = o.expert_parallel;
-  TensorParallelModel model(config, mo);
-  std::map<std::string, at::Tensor> reference;
-  {
-    auto local = open_weight_source(ckpt_dir);
-    model.load_weights(*local);
-    for (const auto& [name, t] : model.named_parameters()) reference[name] = t.clone();
-  }
-  auto cool = [&] {
-    if (o.cold && world.rank() == 0) drop_from_page_cache(ckpt_dir);
-    world.barrier();
-  };
+  RankModel rank_model(o, config, "", ckpt_dir, world);
+  TensorParallelModel& model = rank_model.model;
   for (int i = 0; i < o.iters; ++i) {
     scramble(model);
-    cool();
+    cool(o, ckpt_dir, world);
     const auto start = Clock::now();
     auto source = open_weight_source(ckpt_dir);
     model.load_weights(*source);
     row.seconds +=
         max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
     row.bytes = source->bytes_read();
-    std::int64_t wrong = wrong_bytes(model, reference);
-    world.allreduce_ints(&wrong, 1, IntOp::kSum);
-    row.wrong += wrong;
+    row.wrong += rank_model.wrong(world);
   }
   row.seconds /= o.iters;
   auto source = open_weight_source(ckpt_dir);
   std::vector<std::byte> buffer;
   for (int i = 0; i < o.iters; ++i) {
-    cool();
+    cool(o, ckpt_dir, world);
     const auto start = Clock::now();
     for (std::size_t t = 0; t < source->tensors().size(); ++t) {
       const std::uint64_t n = source->tensors()[t].nbytes;

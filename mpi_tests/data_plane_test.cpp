@@ -15,6 +15,7 @@
 #include "../tests/support/tiny_models.h"
 #include "mpi_test_main.h"
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/core/error.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/model.h"
 #include "tpreload/reload/reload.h"
@@ -66,7 +67,9 @@ std::map<std::string, void*> pointers(const TensorParallelModel& m) {
 ReloadResult reload(TensorParallelModel& m, DataTransport& data,
                     const std::map<std::string, at::Tensor>& ckpt, const ReloadOptions& o,
                     ReloadWorkspace& ws) {
-  auto source = world().rank() == o.reader_rank ? testdata::memory_source(ckpt) : nullptr;
+  auto source = world().rank() == o.reader_rank || o.readers == Readers::kAll
+                    ? testdata::memory_source(ckpt)
+                    : nullptr;
   return reload_weights(m, world(), data, source.get(), o, &ws);
 }
 
@@ -79,11 +82,15 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
       if (world().size() % tp) continue;
       const auto want = testdata::expected_shards(config, v2, tp, world().rank() % tp);
       for (Plane p : {Plane::kMpiHost, Plane::kMpiPinnedToDevice, Plane::kDeviceTransport}) {
-        for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+        // Broadcast and scatter from the reader rank, and every rank reading
+        // (device parameters: through pinned staging, whatever the transport).
+        for (int mode = 0; mode < 3; ++mode) {
+          const Distribution d = mode == 0 ? Distribution::kBroadcast : Distribution::kScatter;
           PlaneSetup s = make_plane(p);
           TensorParallelModel model(config, model_options(tp, s));
           ReloadOptions o;
           o.distribution = d;
+          o.readers = mode == 2 ? Readers::kAll : Readers::kOne;
           o.bucket_bytes = 1500;
           o.pipeline_depth = 2;
           o.reader_rank = world().size() - 1;
@@ -92,7 +99,8 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
           const auto before = pointers(model);
           const ReloadResult r = reload(model, *s.data, v2, o, ws);
           const std::string what = std::string(config_name) + " tp " + std::to_string(tp) + ", " +
-                                   name_of(p) + ", " + std::string(distribution_name(d));
+                                   name_of(p) + ", " + std::string(distribution_name(d)) +
+                                   " readers " + std::string(readers_name(o.readers));
           EXPECT_TRUE(r.complete()) << what;
           for (const auto& [name, t] : want)
             EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
@@ -167,6 +175,55 @@ TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
 
 // Staging per memory space stays bucket-sized (pipeline depth x send + receive),
 // counted both by the report and by the device's own allocation counters.
+// A stalled apply in a job: one rank's device never finishes its bucket's work.
+// That rank's wait times out, every rank raises the same ModelError naming the
+// device (none hangs), and the job goes on: the next reload, with the device
+// working again, loads every parameter on every rank. Host transport (over a
+// device transport the stuck device stalls the transfer itself, which ends the
+// job at its deadline like any stalled transfer), default and atomic mode.
+TEST(DataPlane, AStalledDeviceOnOneRankIsTheSameErrorOnEveryRankAndTheJobGoesOn) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 1300);
+  const int tp = world().size();
+  const int stuck = world().size() - 1;
+  const auto want = testdata::expected_shards(config, ckpt, tp, world().rank());
+  for (Plane p : {Plane::kMpiPinnedToDevice}) {
+    for (bool atomic : {false, true}) {
+      PlaneSetup s = make_plane(p);
+      TensorParallelModel model(config, model_options(tp, s));
+      ReloadOptions o;
+      o.device_timeout = std::chrono::milliseconds(300);
+      o.atomic = atomic;
+      o.bucket_bytes = 4096;
+      const std::string what = std::string(name_of(p)) + (atomic ? " atomic" : "");
+      ReloadWorkspace ws;
+      if (world().rank() == stuck) s.device->stall(true);
+      const auto start = Clock::now();
+      std::string error;
+      try {
+        reload(model, *s.data, ckpt, o, ws);
+        ADD_FAILURE() << what << ": a stalled device went unnoticed";
+      } catch (const ModelError& e) {
+        error = e.what();
+      }
+      EXPECT_LT(Clock::now() - start, std::chrono::seconds(20)) << what;
+      EXPECT_NE(error.find("within 300 ms"), std::string::npos) << what << ": " << error;
+      EXPECT_NE(error.find("emulated device"), std::string::npos) << what << ": " << error;
+      EXPECT_TRUE(mpitest::same_on_every_rank(error)) << what << ": " << error;
+      s.device->stall(false);
+      world().barrier();
+      ReloadWorkspace fresh;  // the stuck rank abandoned its staging
+      const ReloadResult r = reload(model, *s.data, ckpt, o, fresh);
+      EXPECT_TRUE(r.complete()) << what;
+      for (const auto& [name, t] : want)
+        EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
+            << what << ": " << name;
+    }
+  }
+}
+
 TEST(DataPlane, StagingPerMemorySpaceIsBoundedByTheBucket) {
   const ModelConfig config = parse_model_config(R"({"architectures":["LlamaForCausalLM"],
     "hidden_size":128,"intermediate_size":512,"num_hidden_layers":8,"num_attention_heads":8,

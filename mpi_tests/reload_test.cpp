@@ -425,14 +425,24 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 700);
   const int last = world().size() - 1;
-  std::vector<std::pair<ReadMode, bool>> cases;  // (mode, whether the failing source has views)
-  for (const ReadMode& mode : kReadModes) cases.emplace_back(mode, true);
-  cases.emplace_back(ReadMode{Readers::kAll, Distribution::kScatter}, false);
-  for (const auto& [mode, views] : cases) {
+  struct Case {
+    ReadMode mode;
+    bool views;   // whether the failing source has views
+    bool atomic;  // then every parameter must be as it was
+  };
+  std::vector<Case> cases;
+  for (const ReadMode& mode : kReadModes) cases.push_back({mode, true, false});
+  for (bool views : {false, true})
+    cases.push_back({ReadMode{Readers::kAll, Distribution::kScatter}, views, true});
+  cases.push_back({ReadMode{Readers::kAll, Distribution::kScatter}, false, false});
+  for (const auto& [mode, views, atomic] : cases) {
     TensorParallelModel model(config, options_for({world().size(), "", false}));
+    std::map<std::string, at::Tensor> before;
+    for (const auto& [name, t] : model.named_parameters()) before[name] = t.clone();
     ReloadOptions o;
     o.distribution = mode.distribution;
     o.readers = mode.readers;
+    o.atomic = atomic;
     o.bucket_bytes = 4096;
     // One reader: rank 0 fails. Every rank reading: only the last rank's source fails.
     const bool all = mode.readers == Readers::kAll;
@@ -458,6 +468,10 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find(expected), std::string::npos) << mode_name(mode) << ": " << msg;
     }
+    if (atomic)
+      for (const auto& [name, t] : model.named_parameters())
+        EXPECT_TRUE(testdata::same_bytes(t, before.at(name)))
+            << mode_name(mode) << (views ? " views" : "") << " atomic: " << name << " changed";
     world().barrier();  // every rank is out of the reload and in step again
   }
 }

@@ -90,6 +90,7 @@ class ReloadResult:
     ``skipped``: source tensors that have no parameter.
     ``seconds``: total, read, transfer, apply, finish, validate (max over ranks).
     ``bytes_transferred``, ``bytes_read``, ``buckets``, ``staging`` (bytes per memory space).
+    ``readers``: "one" or "all" (who read the weights).
     ``fingerprint``: one hex string for the whole model across ranks (with
     ``fingerprint=True``, else None).
     ``crc32``: parameter name -> CRC-32 per world rank (with ``fingerprint=True``).

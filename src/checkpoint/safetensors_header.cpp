@@ -206,7 +206,177 @@ class HeaderBuilder final : public nlohmann::json_sax<json> {
   std::string duplicate_;
 };
 
+// The fast path: a cursor over the header text that accepts only the common
+// shape (see parse_safetensors_entries_fast) and gives up (false) at the first
+// byte outside it, leaving every message to the general parser.
+class FastHeader {
+ public:
+  explicit FastHeader(std::string_view text) : p_(text.data()), end_(text.data() + text.size()) {}
+
+  bool parse(SafetensorsHeader& out) {
+    if (peek() != '{') return false;  // (the general parser names what is there)
+    ++p_;
+    std::unordered_set<std::string_view> names;
+    names.reserve(static_cast<std::size_t>(end_ - p_) / 64);  // ~100 header bytes per tensor
+    space();
+    if (peek() == '}') return finish_object();
+    for (;;) {
+      std::string_view name;
+      if (!string(name) || !take(':')) return false;
+      if (!names.insert(name).second) return false;
+      if (name == "__metadata__") {
+        if (!metadata(out.metadata)) return false;
+      } else {
+        out.tensors.emplace_back();
+        if (!tensor(name, out.tensors.back())) return false;
+      }
+      space();
+      if (peek() == ',') {
+        ++p_;
+        continue;
+      }
+      return finish_object();
+    }
+  }
+
+ private:
+  char peek() const { return p_ < end_ ? *p_ : '\0'; }
+  void space() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+  bool take(char c) {
+    space();
+    if (peek() != c) return false;
+    ++p_;
+    return true;
+  }
+  // The closing brace of the header, then only whitespace.
+  bool finish_object() {
+    if (!take('}')) return false;
+    space();
+    return p_ == end_;
+  }
+  // An ASCII string without escapes or control characters (escapes, and UTF-8
+  // that must be checked: the general parser).
+  bool string(std::string_view& out) {
+    if (!take('"')) return false;
+    const char* start = p_;
+    while (p_ < end_ && *p_ != '"') {
+      const auto c = static_cast<unsigned char>(*p_);
+      if (c == '\\' || c < 0x20 || c >= 0x80) return false;
+      ++p_;
+    }
+    if (p_ == end_) return false;
+    out = std::string_view(start, static_cast<std::size_t>(p_ - start));
+    ++p_;
+    return true;
+  }
+  // A non-negative integer in plain form (no sign, fraction, exponent or leading
+  // zero) that fits 63 bits (shape dimensions) or 64 bits (offsets).
+  bool integer(std::uint64_t& out, std::uint64_t limit) {
+    space();
+    if (p_ == end_ || *p_ < '0' || *p_ > '9') return false;
+    if (*p_ == '0' && p_ + 1 < end_ && p_[1] >= '0' && p_[1] <= '9') return false;
+    std::uint64_t v = 0;
+    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
+      const std::uint64_t d = static_cast<std::uint64_t>(*p_ - '0');
+      if (v > (limit - d) / 10) return false;
+      v = v * 10 + d;
+      ++p_;
+    }
+    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) return false;
+    out = v;
+    return true;
+  }
+  bool metadata(std::map<std::string, std::string>& out) {
+    if (!take('{')) return false;
+    space();
+    if (peek() == '}') return ++p_, true;
+    for (;;) {
+      std::string_view key, value;
+      if (!string(key) || !take(':') || !string(value)) return false;
+      if (!out.emplace(key, value).second) return false;  // a key twice: the general parser's
+      space();
+      if (peek() == ',') {
+        ++p_;
+        continue;
+      }
+      return take('}');
+    }
+  }
+  bool tensor(std::string_view name, SafetensorsEntry& e) {
+    if (!take('{')) return false;
+    bool dtype = false, shape = false, offsets = false;
+    std::uint64_t begin = 0, end = 0;
+    for (int fields = 0; fields < 3; ++fields) {
+      if (fields > 0 && !take(',')) return false;
+      std::string_view key;
+      if (!string(key) || !take(':')) return false;
+      if (key == "dtype" && !dtype) {
+        std::string_view text;
+        if (!string(text)) return false;
+        const auto d = dtype_from_safetensors(text);
+        if (!d) return false;
+        e.dtype = *d;
+        dtype = true;
+      } else if (key == "shape" && !shape) {
+        if (!take('[')) return false;
+        space();
+        if (peek() == ']') {
+          ++p_;
+        } else {
+          for (;;) {
+            std::uint64_t dim = 0;
+            if (!integer(dim, static_cast<std::uint64_t>(INT64_MAX))) return false;
+            e.shape.push_back(static_cast<std::int64_t>(dim));
+            space();
+            if (peek() == ',') {
+              ++p_;
+              continue;
+            }
+            if (!take(']')) return false;
+            break;
+          }
+        }
+        shape = true;
+      } else if (key == "data_offsets" && !offsets) {
+        if (!take('[') || !integer(begin, UINT64_MAX) || !take(',') || !integer(end, UINT64_MAX) ||
+            !take(']'))
+          return false;
+        offsets = true;
+      } else {
+        return false;  // another key, or one twice
+      }
+    }
+    if (!take('}') || end < begin) return false;
+    e.name = std::string(name);
+    e.data = {begin, end - begin};
+    const auto want = detail::checked_nbytes(e.shape, e.dtype);
+    return want && *want == e.data.length;
+  }
+
+  const char* p_;
+  const char* end_;
+};
+
 }  // namespace
+
+namespace detail {
+
+bool parse_safetensors_entries_fast(std::string_view json_text, SafetensorsHeader& out) {
+  return FastHeader(json_text).parse(out);
+}
+
+void parse_safetensors_entries_general(std::string_view json_text, SafetensorsHeader& out,
+                                       const std::string& origin) {
+  if (json_text.empty() || json_text.front() != '{')
+    fail(origin, "header does not start with '{' (not a JSON object)");
+  HeaderBuilder builder(out, origin);
+  json::sax_parse(json_text.begin(), json_text.end(), &builder);
+  builder.finish();
+}
+
+}  // namespace detail
 
 SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint64_t file_size,
                                            const std::string& origin) {
@@ -217,11 +387,11 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
     fail(origin, "header of ", h.header_bytes, " bytes runs past the end of the ", file_size,
          "-byte file");
   h.data_bytes = file_size - h.data_start;
-  if (json_text.empty() || json_text.front() != '{')
-    fail(origin, "header does not start with '{' (not a JSON object)");
-  HeaderBuilder builder(h, origin);
-  json::sax_parse(json_text.begin(), json_text.end(), &builder);
-  builder.finish();
+  if (!detail::parse_safetensors_entries_fast(json_text, h)) {
+    h.tensors.clear();
+    h.metadata.clear();
+    detail::parse_safetensors_entries_general(json_text, h, origin);
+  }
   std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) {
     return a.data.offset != b.data.offset ? a.data.offset < b.data.offset
                                           : a.data.end() < b.data.end();

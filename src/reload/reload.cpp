@@ -510,18 +510,24 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   result.atomic = options.atomic;
   struct ShadowGuard {  // an atomic reload that does not commit leaves the parameters alone
     ParameterSink& sink;
-    ~ShadowGuard() { sink.discard_shadow(); }
-  } guard{sink};
+    std::chrono::milliseconds timeout;
+    ~ShadowGuard() { sink.discard_shadow(timeout); }
+  } guard{sink, options.device_timeout};
   if (options.atomic) {
-    std::optional<std::string> problem;
+    std::optional<std::string> problem, stuck;
     try {
-      sink.begin_shadow();
+      sink.begin_shadow(options.device_timeout);
+    } catch (const CommTimeoutError& e) {
+      stuck = e.what();  // the device, not the memory
     } catch (const std::exception& e) {
       problem = detail::concat("--atomic needs a second copy of this rank's parameters (",
                                sink.total_bytes(), " bytes of ",
                                sink.device() ? sink.device()->describe() : "host memory",
                                "), which cannot be had: ", e.what());
     }
+    agree_on_problem<ModelError>(world, stuck,
+                                 "copying the parameters for the atomic reload (nothing was "
+                                 "reloaded)");
     agree_on_problem<UsageError>(world, problem,
                                  "preparing the atomic reload (nothing was reloaded)");
   }

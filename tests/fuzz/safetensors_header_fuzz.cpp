@@ -1,10 +1,30 @@
 // libFuzzer target: the safetensors header parser. Input: 4 bytes of data-section
 // length (little-endian, modulo 1 MiB), then the header's JSON text.
+//
+// Differential: the fast parser may only accept what the general parser accepts,
+// with the same entries, so that parse_safetensors_header's answer (value or
+// error text) never depends on which of the two read the header.
 #include <cstring>
 #include <string_view>
 
 #include "fuzz_util.h"
 #include "tpreload/checkpoint/safetensors.h"
+
+namespace {
+
+bool same_entries(const tpreload::SafetensorsHeader& a, const tpreload::SafetensorsHeader& b) {
+  if (a.tensors.size() != b.tensors.size() || a.metadata != b.metadata) return false;
+  for (std::size_t i = 0; i < a.tensors.size(); ++i) {
+    const auto& x = a.tensors[i];
+    const auto& y = b.tensors[i];
+    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape ||
+        x.data.offset != y.data.offset || x.data.length != y.data.length)
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 4) return 0;
@@ -12,6 +32,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::memcpy(&data_bytes, data, 4);
   data_bytes %= 1u << 20;
   const std::string_view text(reinterpret_cast<const char*>(data + 4), size - 4);
+  tpreload::SafetensorsHeader fast;
+  if (tpreload::detail::parse_safetensors_entries_fast(text, fast)) {
+    tpreload::SafetensorsHeader general;
+    try {
+      tpreload::detail::parse_safetensors_entries_general(text, general, "fuzz");
+    } catch (const tpreload::Error&) {
+      abort();  // the fast parser took a header the general one refuses
+    }
+    if (!same_entries(fast, general)) abort();
+  }
   tpreload::fuzz::expect_only_our_errors([&] {
     const auto h = tpreload::parse_safetensors_header(text, 8 + text.size() + data_bytes, "fuzz");
     // What it accepted must be consistent: every tensor inside the data section.

@@ -21,8 +21,8 @@ def assert_holds(params, want, what):
         assert torch.equal(params[name].view(torch.int16), t.view(torch.int16)), "%s: %s differs" % (what, name)
 
 
-@pytest.mark.parametrize("distribution", ["scatter", "broadcast"])
-def test_reload_in_place_from_safetensors(world, shared_dir, distribution):
+@pytest.mark.parametrize("distribution,readers", [("scatter", "one"), ("broadcast", "one"), ("scatter", "all")])
+def test_reload_in_place_from_safetensors(world, shared_dir, distribution, readers):
     tp = world.size
     v1, v2 = checkpoint(1), checkpoint(2)
     if world.rank == 0:
@@ -32,17 +32,18 @@ def test_reload_in_place_from_safetensors(world, shared_dir, distribution):
     params = zeros_like_shards(world, tp)
     pointers = {n: t.data_ptr() for n, t in params.items()}
     r = tpreload.reload_weights(params, os.path.join(shared_dir, "v1"), world=world, distribution=distribution,
-                                bucket_mb=0.01)
+                                bucket_mb=0.01, readers=readers)
     assert r.complete and not r.skipped
     assert_holds(params, expected_shards(v1, tp, world.rank), "v1")
     assert r.fingerprint is None and not r.crc32, "fingerprints are opt-in"
     r = tpreload.reload_weights(params, os.path.join(shared_dir, "v1", "config.json"), world=world,
                                 weights_path=os.path.join(shared_dir, "v2"), distribution=distribution,
-                                fingerprint=True)
+                                fingerprint=True, readers=readers)
     assert r.complete
     assert_holds(params, expected_shards(v2, tp, world.rank), "v2")
     assert {n: t.data_ptr() for n, t in params.items()} == pointers, "a parameter moved"
-    assert r.seconds["total"] > 0 and r.bytes_transferred > 0
+    assert r.seconds["total"] > 0 and r.readers == readers
+    assert (r.bytes_transferred > 0) == (readers == "one"), "every rank reading sends nothing"
     # Every rank's CRC of every parameter, against zlib over the test's own shards of v2.
     want = {n: [zlib.crc32(raw_bytes(expected_shards(v2, tp, q)[n])) for q in range(world.size)]
             for n in params}

@@ -53,6 +53,19 @@ struct SafetensorsHeader {
 SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint64_t file_size,
                                            const std::string& origin);
 
+namespace detail {
+// The two parsers behind parse_safetensors_header (for tests). The fast one
+// takes only headers of the shape writers produce (names and metadata without
+// escapes; per tensor exactly "dtype", "shape" and "data_offsets", plain
+// integers; every entry valid, no name twice) straight into `out.tensors` and
+// `out.metadata`, and returns false for anything else, valid or not, which the
+// general parser (any JSON, every problem named) then takes. Neither sorts nor
+// checks the layout; parse_safetensors_header does both after either.
+bool parse_safetensors_entries_fast(std::string_view json_text, SafetensorsHeader& out);
+void parse_safetensors_entries_general(std::string_view json_text, SafetensorsHeader& out,
+                                       const std::string& origin);
+}  // namespace detail
+
 // Read (with pread: no tensor data is touched) and validate the header of `path`.
 // Throws CheckpointError.
 SafetensorsHeader read_safetensors_header(const std::string& path);

@@ -96,14 +96,18 @@ class ParameterSink {
   std::uint64_t total_bytes() const;
   // Allocates the shadow in the sink's memory space and copies the parameters
   // into it. Throws CommError (from the allocator) naming the memory when it
-  // cannot be had; the sink is then unchanged.
-  void begin_shadow();
+  // cannot be had, CommTimeoutError when the device does not finish the copy
+  // within `timeout` (the shadow is then abandoned, never freed, as the device
+  // may still write it); the sink is then unchanged.
+  void begin_shadow(std::chrono::milliseconds timeout = std::chrono::minutes(5));
   bool shadowed() const { return static_cast<bool>(shadow_); }
   // Copies the shadow over the parameters (waiting for the device copies up to
   // `timeout`) and frees it.
   void commit_shadow(std::chrono::milliseconds timeout = std::chrono::minutes(5));
   // Frees the shadow: the parameters hold what they held at begin_shadow().
-  void discard_shadow() noexcept;
+  // Device writes still queued into it must land first; when they do not
+  // within `timeout` (a stuck device) it is abandoned instead of freed.
+  void discard_shadow(std::chrono::milliseconds timeout = std::chrono::minutes(5)) noexcept;
 
   // zlib CRC-32 of a parameter's bytes; device memory is copied back through a
   // pinned buffer of at most `chunk_bytes` at a time.

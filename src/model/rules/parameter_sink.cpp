@@ -200,7 +200,7 @@ void ParameterSink::copy_all(const std::vector<ParamStorage>& from,
   }
 }
 
-void ParameterSink::begin_shadow() {
+void ParameterSink::begin_shadow(std::chrono::milliseconds timeout) {
   if (shadow_) raise<UsageError>("parameter sink: a shadow copy is already open");
   Allocator& memory = device_ ? device_->memory() : host_allocator();
   Buffer shadow = memory.allocate(total_bytes());  // throws CommError naming the memory
@@ -211,7 +211,12 @@ void ParameterSink::begin_shadow() {
     at += (s.bytes + 255) / 256 * 256;
   }
   copy_all(params_, copy);
-  flush();
+  try {
+    flush(timeout);
+  } catch (const CommTimeoutError&) {
+    shadow.release();  // copies into it may still be running on the stuck device
+    throw;
+  }
   shadow_ = std::move(shadow);
   storage_ = std::move(copy);
 }
@@ -225,10 +230,10 @@ void ParameterSink::commit_shadow(std::chrono::milliseconds timeout) {
   shadow_.reset();
 }
 
-void ParameterSink::discard_shadow() noexcept {
+void ParameterSink::discard_shadow(std::chrono::milliseconds timeout) noexcept {
   if (!shadow_) return;
   try {
-    flush();  // device writes still queued into the shadow must land before it is freed
+    flush(timeout);  // device writes still queued into the shadow must land before it is freed
     storage_ = params_;
     shadow_.reset();
   } catch (...) {  // the device is stuck: leak the shadow rather than free memory in use
