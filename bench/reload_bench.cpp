@@ -246,6 +246,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
              : ckpt_dir;
   RankModel rank_model(o, config, quant, path, world);
   TensorParallelModel& model = rank_model.model;
+  if (row.readers == "all") row.distribution = "scatter";  // its one layout (and the bound's)
   ReloadOptions ro;
   ro.format = kernel ? WeightFormat::kKernel : WeightFormat::kCheckpoint;
   ro.distribution =
@@ -256,7 +257,6 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   ro.checksums = !o.no_checksums;
   ro.readers = row.readers == "all" ? Readers::kAll : Readers::kOne;
   const bool all = ro.readers == Readers::kAll;
-  if (all) row.distribution = "scatter";  // every rank reading lays buckets out as scatter
   const bool reads = world.rank() == 0 || all;
   auto source = reads ? open_weight_source(path) : nullptr;
   ReloadWorkspace workspace;  // as a serving engine keeps it (ReloadableModel does)
@@ -318,16 +318,14 @@ Row run_whole_row(const BenchOptions& o, const ModelConfig& config, const std::s
   }
   row.seconds /= o.iters;
   auto source = open_weight_source(ckpt_dir);
-  std::vector<std::byte> buffer;
+  std::uint64_t largest = 0;
+  for (const TensorInfo& t : source->tensors()) largest = std::max(largest, t.nbytes);
+  std::vector<std::byte> buffer(largest);  // zeroed here: warm before the clock starts
   for (int i = 0; i < o.iters; ++i) {
     cool(o, ckpt_dir, world);
     const auto start = Clock::now();
     for (std::size_t t = 0; t < source->tensors().size(); ++t) {
       const std::uint64_t n = source->tensors()[t].nbytes;
-      if (buffer.size() < n) {
-        buffer.resize(n);
-        std::memset(buffer.data(), 0, n);  // warm
-      }
       source->read(t, {0, n}, MutableBytes(buffer.data(), n));
     }
     row.bound += max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());

@@ -104,8 +104,9 @@ TEST(Integrity, AFlippedBitIsCaughtWhereItLandedAndNeverWritten) {
       EXPECT_NE(error.find("; none of it was applied"), std::string::npos) << error;
       EXPECT_TRUE(neither(model, v).empty())
           << where << ": a corrupted parameter was written: " << neither(model, v).front();
-      if (atomic)
+      if (atomic) {
         EXPECT_TRUE(not_v1(model, v).empty()) << where << ": " << not_v1(model, v).front();
+      }
       world().barrier();
     }
   }

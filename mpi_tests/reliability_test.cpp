@@ -308,9 +308,10 @@ void run_row(const Row& row, bool atomic) {
   std::string fragment = row.fragment;
   if (const auto at = fragment.find("{dir}"); at != std::string::npos)
     fragment.replace(at, 5, dir.path());
-  if (!row.kind.empty())
+  if (!row.kind.empty()) {
     EXPECT_NE(out.error.find(fragment), std::string::npos)
         << what << ": the error does not name '" << fragment << "': " << out.error;
+  }
   const auto not_v1 = differing(model, v.config, v.v1, tp);
   const auto not_v2 = differing(model, v.config, v.v2, tp);
   const State state = atomic && !row.kind.empty() ? State::kUnchanged : row.state;
@@ -321,9 +322,10 @@ void run_row(const Row& row, bool atomic) {
     case State::kNamed:
       // The error says how many may be mixed and names the first; the callbacks
       // get this rank's whole list.
-      if (!not_v1.empty())
+      if (!not_v1.empty()) {
         EXPECT_NE(out.error.find(" may hold a mix of old and new weights: "), std::string::npos)
             << what << ": " << out.error;
+      }
       for (const auto& name : not_v1)
         EXPECT_EQ(std::count(possibly_mixed.begin(), possibly_mixed.end(), name), 1)
             << what << ": '" << name << "' changed but is not among the possibly mixed";
@@ -338,8 +340,9 @@ void run_row(const Row& row, bool atomic) {
       EXPECT_EQ(out.result.not_loaded_on_all_ranks, std::vector<std::string>{kLast}) << what;
       break;
   }
-  if (row.name.rfind("empty checkpoint", 0) == 0)
+  if (row.name.rfind("empty checkpoint", 0) == 0) {
     EXPECT_EQ(out.result.loaded.size(), 0u) << what << ": nothing should have loaded";
+  }
 }
 
 class Matrix : public ::testing::TestWithParam<int> {};

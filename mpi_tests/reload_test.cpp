@@ -468,10 +468,12 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
       const std::string msg = e.what();
       EXPECT_NE(msg.find(expected), std::string::npos) << mode_name(mode) << ": " << msg;
     }
-    if (atomic)
-      for (const auto& [name, t] : model.named_parameters())
+    if (atomic) {
+      for (const auto& [name, t] : model.named_parameters()) {
         EXPECT_TRUE(testdata::same_bytes(t, before.at(name)))
             << mode_name(mode) << (views ? " views" : "") << " atomic: " << name << " changed";
+      }
+    }
     world().barrier();  // every rank is out of the reload and in step again
   }
 }

@@ -100,6 +100,9 @@ class Pipeline {
   PipelineStats run();
 
  private:
+  // Bucket CRC-32Cs are computed and checked: asked for, and something is sent
+  // (a world of one rank sends nothing).
+  bool summed() const { return options_.checksums && control_.size() > 1; }
   std::uint64_t view_bytes(const Bucket& b) const {
     return b.scatter ? b.ranges[rank_].length : b.bytes;
   }
@@ -185,7 +188,7 @@ void Pipeline::allocate_slots() {
     slot->recv = take(i, kRecv, recv, spaces_.transport());
     if (read_stage) slot->read_stage = take(i, kReadStage, send, spaces_.host());
     if (apply_stage) slot->apply_stage = take(i, kApplyStage, view, spaces_.device->memory());
-    if (options_.checksums && !reader_ && spaces_.device_transport)
+    if (summed() && !reader_ && spaces_.device_transport)
       slot->block_sums = reinterpret_cast<std::uint32_t*>(
           take(i, kBlockSums, crc32c_blocks(view) * sizeof(std::uint32_t), spaces_.host()));
     free_.push(std::move(slot));
@@ -220,12 +223,15 @@ void Pipeline::fill(Slot& slot) {
 // Reader thread: what each rank will receive, summed from the bytes as read.
 void Pipeline::checksum(Slot& slot, const std::byte* host_bytes) {
   slot.sums.clear();
-  if (!options_.checksums) return;
+  if (!summed()) return;
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const auto start = Clock::now();
-  if (bucket.scatter)
-    for (const ByteRange& r : bucket.ranges)
-      slot.sums.push_back(crc32c(host_bytes + r.offset, r.length));
+  if (bucket.scatter)  // the reader's own range is never sent (it receives it in place)
+    for (std::size_t w = 0; w < bucket.ranges.size(); ++w)
+      slot.sums.push_back(
+          static_cast<int>(w) == rank_
+              ? 0
+              : crc32c(host_bytes + bucket.ranges[w].offset, bucket.ranges[w].length));
   else
     slot.sums.push_back(crc32c(host_bytes, bucket.bytes));
   stats_.checksum += since(start);
@@ -294,7 +300,7 @@ void Pipeline::announce_read_status(Slot& slot) {
   if (reader_) problem = slot.read_error;
   // [status, then the CRC-32C of what each rank receives]: one broadcast.
   const Bucket& bucket = plan_.buckets[slot.bucket];
-  const std::size_t sums = options_.checksums ? (bucket.scatter ? bucket.ranges.size() : 1) : 0;
+  const std::size_t sums = summed() ? (bucket.scatter ? bucket.ranges.size() : 1) : 0;
   std::vector<std::int64_t> message_head(1 + sums, 0);
   message_head[0] = problem ? 1 : 0;
   if (reader_ && !problem)

@@ -6,6 +6,8 @@
 // sees, as a fault on one link would.
 #pragma once
 
+#include <cstdlib>
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -96,7 +98,10 @@ class FaultyCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     return inner_.split(color, key);
   }
-  [[noreturn]] void abort(int code) noexcept override { inner_.abort(code); }
+  [[noreturn]] void abort(int code) noexcept override {
+    inner_.abort(code);
+    std::abort();  // (never reached: the inner abort ends the job)
+  }
   int collectives() const { return count_; }
 
  private:

@@ -111,7 +111,8 @@ struct ReloadOptions {
   // The reader sends the CRC-32C of what each rank receives of every bucket, and
   // every receiver checks its bytes against it before applying any of them: a
   // mismatch fails the reload (CommError naming the bucket, its tensors and the
-  // rank) with nothing of that bucket written.
+  // rank) with nothing of that bucket written. Nothing is summed where nothing
+  // is sent: a world of one rank, the reader's own share, Readers::kAll.
   bool checksums = true;
   // When the world holds several replicas (world size > tp size), the ranks that
   // hold the same tp rank compare a CRC-32C of every parameter after the reload;
