@@ -412,9 +412,9 @@ class FailingSource final : public WeightSource {
   const std::map<std::string, std::string>& metadata() const override { return inner_->metadata(); }
 
  private:
-  void check(std::size_t i) const {
-    if (inner_->tensors()[i].name == bad_)
-      throw CheckpointError("I/O error reading '" + bad_ + "'");
+  void check(std::size_t i) const {  // `bad_` "*": every tensor fails
+    const std::string& name = inner_->tensors()[i].name;
+    if (bad_ == "*" || name == bad_) throw CheckpointError("I/O error reading '" + name + "'");
   }
   std::unique_ptr<WeightSource> inner_;
   std::string bad_;
@@ -475,6 +475,31 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
       }
     }
     world().barrier();  // every rank is out of the reload and in step again
+  }
+}
+
+// Every rank reading, a source whose every read fails, through views too (the
+// first view a reload takes, to choose its path, fails as well): the same error
+// on every rank, naming the failing rank.
+TEST(Reload, ReadersAllWithASourceThatFailsFromItsFirstByte) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 705);
+  const int last = world().size() - 1;
+  TensorParallelModel model(config, options_for({world().size(), "", false}));
+  ReloadOptions o;
+  o.readers = Readers::kAll;
+  std::unique_ptr<WeightSource> source = testdata::memory_source(ckpt);
+  if (world().rank() == last) source = std::make_unique<FailingSource>(std::move(source), "*");
+  try {
+    reload_weights(model, world(), source.get(), o);
+    FAIL() << "failing reads went unnoticed";
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("failed on rank " + std::to_string(last) +
+                       " (--readers all: each rank reads its own slices): I/O error reading '"),
+              std::string::npos)
+        << msg;
+    EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << msg;
   }
 }
 

@@ -430,9 +430,12 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
 bool Pipeline::can_apply_direct() const {
   if (!all_read_ || spaces_.device_params || direct_applies_.size() != plan_.buckets.size())
     return false;
-  for (const BucketApply& a : direct_applies_)
-    for (const WriteSource& from : a.sources)
-      return source_->view(from.tensor, {from.range.offset, 0}).has_value();
+  try {  // (a source that fails here fails again, and is reported, on the staged path)
+    for (const BucketApply& a : direct_applies_)
+      for (const WriteSource& from : a.sources)
+        return source_->view(from.tensor, {from.range.offset, 0}).has_value();
+  } catch (const std::exception&) {
+  }
   return false;
 }
 

@@ -277,9 +277,9 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   }
   agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
   const std::int64_t own_hash = payload.empty() ? 0 : hash_bytes(payload) >> 1;
-  std::int64_t listing[3] = {static_cast<std::int64_t>(payload.size()),
-                             world.rank() == reader ? own_hash : 0,
-                             static_cast<std::int64_t>(source ? source->tensors().size() : 0)};
+  std::int64_t listing[3] = {
+      static_cast<std::int64_t>(payload.size()), world.rank() == reader ? own_hash : 0,
+      static_cast<std::int64_t>(payload.empty() ? 0 : source->tensors().size())};
   world.broadcast(MutableBytes(listing, sizeof listing), reader);
   if (all_read) {  // every rank reads by the reader's tensor indices: same listing everywhere
     std::optional<std::string> differs;
