@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "../tests/support/emulated_device.h"
+#include "../tests/support/faults.h"
 #include "../tests/support/tiny_models.h"
 #include "mpi_test_main.h"
 #include "tpreload/checkpoint/weight_source.h"
@@ -222,6 +223,48 @@ TEST(DataPlane, AStalledDeviceOnOneRankIsTheSameErrorOnEveryRankAndTheJobGoesOn)
             << what << ": " << name;
     }
   }
+}
+
+// Every rank reading, device parameters: one rank's device gets stuck while
+// another rank's read fails. The read failure is what every rank raises, and the
+// stuck rank still abandons the staging its device may touch instead of
+// keeping it for the next reload (or freeing it).
+TEST(DataPlane, AStuckDeviceAbandonsItsStagingAlsoWhenAReadFailureIsRaised) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 1400);
+  const int stuck = world().size() - 1;
+  PlaneSetup s = make_plane(Plane::kMpiPinnedToDevice);
+  TensorParallelModel model(config, model_options(world().size(), s));
+  ReloadOptions o;
+  o.readers = Readers::kAll;
+  o.device_timeout = std::chrono::milliseconds(300);
+  o.bucket_bytes = 4096;
+  std::unique_ptr<WeightSource> source = testdata::memory_source(ckpt);
+  if (world().rank() == 0) {
+    std::uint64_t total = 0;
+    for (const auto& t : source->tensors()) total += t.nbytes;
+    // Half way through rank 0's own share (about 1 / world size of the bytes).
+    source = std::make_unique<testing::FaultySource>(
+        std::move(source), total / (2 * world().size()), testing::FaultySource::Fault::kFail);
+  }
+  if (world().rank() == stuck) s.device->stall(true);
+  ReloadWorkspace ws;
+  std::string error;
+  try {
+    reload_weights(model, world(), *s.data, source.get(), o, &ws);
+    ADD_FAILURE() << "a failed read went unnoticed";
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("failed on rank 0 (--readers all"), std::string::npos) << error;
+  EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  if (world().rank() == stuck) {
+    EXPECT_EQ(ws.bytes(), 0u) << "the stuck rank kept staging its device may still use";
+    EXPECT_GT(s.device->live_bytes(MemoryKind::kPinnedHost), 0u) << "it was freed, not abandoned";
+  }
+  s.device->stall(false);
+  world().barrier();
 }
 
 TEST(DataPlane, StagingPerMemorySpaceIsBoundedByTheBucket) {

@@ -98,6 +98,8 @@ class Pipeline {
   ~Pipeline() { stop(); }
 
   PipelineStats run();
+  void stop();
+  bool device_stuck() const { return stats_.device_stuck; }
 
  private:
   // Bucket CRC-32Cs are computed and checked: asked for, and something is sent
@@ -113,7 +115,7 @@ class Pipeline {
   void transfer(Slot& slot);
   const std::byte* apply_source(Slot& slot);
   void apply(Slot& slot);
-  void apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src);
+  void apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src, bool direct);
   bool can_apply_direct() const;
   void run_direct();
   void announce_read_status(Slot& slot);
@@ -125,7 +127,6 @@ class Pipeline {
   std::string bucket_tensors(std::size_t bucket) const;
   std::optional<std::unique_ptr<Slot>> next_filled(std::size_t k);
   void report_progress(std::size_t buckets_done, bool finished);
-  void stop();
 
   const Plan& plan_;
   const SourceMetadata& metadata_;
@@ -384,25 +385,29 @@ const std::byte* Pipeline::apply_source(Slot& slot) {
 }
 
 void Pipeline::apply(Slot& slot) {
-  apply_writes(slot.bucket, applies_[slot.bucket], apply_source(slot));
+  apply_writes(slot.bucket, applies_[slot.bucket], apply_source(slot), false);
 }
 
-// Bucket `bucket`'s writes from `src` (a bucket buffer), or, for a direct apply
-// (`src` null), each from the source tensor's rows it names: a plain copy of
-// contiguous rows is read straight into the parameter (the source merges reads
-// that follow each other in a file into one preadv), any other write copies out
-// of the source's view of the rows.
-void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src) {
+// Bucket `bucket`'s writes from `src` (a bucket buffer), or, for a direct apply,
+// each from the source tensor's rows it names: a plain copy of contiguous rows
+// is read straight into the parameter (the source merges reads that follow each
+// other in a file into one preadv), any other write copies out of the source's
+// view of the rows (through an aligned copy of them when the file leaves its
+// elements unaligned, as converting and quantizing read them as numbers).
+void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src,
+                            bool direct) {
   auto start = Clock::now();
   std::vector<ReadRequest> reads;
+  std::vector<std::byte> aligned;
   for (std::size_t i = 0; i < a.writes.size(); ++i) {
-    if (src) {
-      sink_.write(a.writes[i], src);
+    const RowWrite& w = a.writes[i];
+    if (!direct) {
+      sink_.write(w, src);
       continue;
     }
-    const WriteSource& from = a.sources[i];
-    if (const auto rows = sink_.host_rows(a.writes[i])) {
-      reads.push_back({from.tensor, {a.writes[i].src_offset, rows->size}, *rows});
+    const WriteSource& from = a.sources.at(i);
+    if (const auto rows = sink_.host_rows(w)) {
+      reads.push_back({from.tensor, {w.src_offset, rows->size}, *rows});
       continue;
     }
     const auto rows = source_->view(from.tensor, from.range);
@@ -410,7 +415,12 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
       raise<CheckpointError>("tensor '", metadata_.tensors[from.tensor].name, "' has no view in ",
                              metadata_.description);
     // src_offset counts from the tensor's first byte; the view starts at the rows.
-    sink_.write(a.writes[i], rows->data - from.range.offset);
+    const std::byte* base = rows->data - from.range.offset;
+    if (reinterpret_cast<std::uintptr_t>(base + w.src_offset) % dtype_size(w.src_dtype) != 0) {
+      aligned.assign(rows->data, rows->data + rows->size);  // (new[] aligns for any dtype)
+      base = aligned.data() - from.range.offset;
+    }
+    sink_.write(w, base);
   }
   if (!reads.empty()) source_->read_many(reads);
   for (const RowZero& z : a.zeros) sink_.zero(z);
@@ -444,7 +454,7 @@ void Pipeline::run_direct() {
   std::optional<std::string> read_error;  // the source's, as a staged read's would be
   for (; k < plan_.buckets.size(); ++k) {
     try {
-      apply_writes(k, direct_applies_[k], nullptr);
+      apply_writes(k, direct_applies_[k], nullptr, true);
     } catch (const CheckpointError& e) {
       read_error = e.what();
       break;
@@ -575,18 +585,28 @@ PipelineStats Pipeline::run() {
 PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model, Communicator& control,
                            DataTransport& data, WeightSource* source, const ReloadOptions& options,
                            ReloadWorkspace& workspace) {
-  PipelineStats stats;
-  {
-    Pipeline pipeline(planned, model, control, data, source, options, workspace);
-    stats = pipeline.run();
-  }
-  if (stats.device_stuck) {
+  // Staging that device work which never finished may still touch is abandoned
+  // (never freed), also when the run ends in an agreed error raised after it.
+  auto abandon_if_stuck = [&](bool stuck) {
+    if (!stuck) return;
     log().error(
         "the device did not finish a bucket's work in time; abandoning {} bytes of staging "
         "buffers it may still access (not freed)",
         workspace.bytes());
     workspace.abandon_buffers();
+  };
+  PipelineStats stats;
+  {
+    Pipeline pipeline(planned, model, control, data, source, options, workspace);
+    try {
+      stats = pipeline.run();
+    } catch (...) {
+      pipeline.stop();  // (joins the threads: the flag below is final)
+      abandon_if_stuck(pipeline.device_stuck());
+      throw;
+    }
   }
+  abandon_if_stuck(stats.device_stuck);
   return stats;
 }
 

@@ -519,6 +519,8 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
       sink.begin_shadow(options.device_timeout);
     } catch (const CommTimeoutError& e) {
       stuck = e.what();  // the device, not the memory
+    } catch (const ModelError& e) {
+      stuck = e.what();
     } catch (const std::exception& e) {
       problem = detail::concat("--atomic needs a second copy of this rank's parameters (",
                                sink.total_bytes(), " bytes of ",

@@ -110,7 +110,7 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
 
 std::string summary_text(const ReloadResult& r) {
   std::ostringstream out;
-  // Every rank reading: nothing is transferred, each rank read its own share.
+  // Every rank reading: nothing is transferred; the busiest rank's read share.
   const double gb =
       static_cast<double>(r.readers == Readers::kAll ? r.bytes_read : r.bytes_transferred) / 1e9;
   out.setf(std::ios::fixed);
@@ -119,7 +119,9 @@ std::string summary_text(const ReloadResult& r) {
       << format_name(r.format) << " format, " << distribution_name(r.distribution) << ", "
       << (r.readers == Readers::kAll ? "every rank reading, " : "") << r.buckets << " buckets)\n"
       << "  bytes read " << r.bytes_read << ", transferred " << r.bytes_transferred << " ("
-      << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0) << " GB/s end to end) over "
+      << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0)
+      << (r.readers == Readers::kAll ? " GB/s read by the busiest rank) over "
+                                     : " GB/s end to end) over ")
       << (r.transport.empty() ? "?" : r.transport) << " into "
       << (r.parameter_memory.empty() ? "?" : r.parameter_memory) << " memory\n  peak staging "
       << r.peak_staging_bytes << " bytes per rank (host " << r.staging.host << ", pinned "

@@ -98,7 +98,7 @@ class ParameterSink {
   // into it. Throws CommError (from the allocator) naming the memory when it
   // cannot be had, CommTimeoutError when the device does not finish the copy
   // within `timeout` (the shadow is then abandoned, never freed, as the device
-  // may still write it); the sink is then unchanged.
+  // may still write it), ModelError when a copy fails; the sink is then unchanged.
   void begin_shadow(std::chrono::milliseconds timeout = std::chrono::minutes(5));
   bool shadowed() const { return static_cast<bool>(shadow_); }
   // Copies the shadow over the parameters (waiting for the device copies up to

@@ -141,7 +141,7 @@ struct ReloadResult {
   std::vector<std::string> not_loaded_on_all_ranks;
   std::map<std::string, std::vector<int>> not_loaded_on_some_ranks;  // name -> ranks missing it
   std::vector<std::string> skipped;          // source names with no parameter
-  std::uint64_t bytes_read = 0;              // by the reader rank (kAll: by all ranks)
+  std::uint64_t bytes_read = 0;              // by the reader rank (kAll: the most any rank read)
   std::uint64_t bytes_transferred = 0;       // bytes the reader rank sent
   std::uint64_t bytes_copied_on_reader = 0;  // bytes the reader read or copied into send buffers
   std::uint64_t peak_staging_bytes = 0;      // max over ranks of staging.total()

@@ -210,12 +210,23 @@ void ParameterSink::begin_shadow(std::chrono::milliseconds timeout) {
     copy.push_back({shadow.data() + at, s.bytes});
     at += (s.bytes + 255) / 256 * 256;
   }
-  copy_all(params_, copy);
   try {
+    copy_all(params_, copy);
     flush(timeout);
   } catch (const CommTimeoutError&) {
     shadow.release();  // copies into it may still be running on the stuck device
     throw;
+  } catch (const std::exception& e) {
+    // A copy that could not be queued: those queued before it must land before
+    // the shadow is freed, or it is abandoned.
+    try {
+      flush(timeout);
+    } catch (...) {
+      shadow.release();
+    }
+    raise<ModelError>("copying the parameters into their second copy on ",
+                      device_ ? device_->describe() : std::string("the host"),
+                      " failed: ", e.what());
   }
   shadow_ = std::move(shadow);
   storage_ = std::move(copy);
