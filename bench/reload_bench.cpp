@@ -49,10 +49,12 @@ struct BenchOptions {
   std::vector<std::string> formats = {"checkpoint", "kernel"};
   std::vector<std::string> quantizations = {"none"};
   std::vector<std::string> distributions = {"broadcast", "scatter"};
-  // one: the reader rank reads and sends; all: every rank reads its own slices.
+  // one: the reader rank reads and sends; node: a reader per node sends within
+  // it; all: every rank reads its own slices.
   std::vector<std::string> readers = {"one"};
-  bool baseline = false;  // also time every rank reading the whole checkpoint
-  bool cold = false;      // drop the checkpoint from the page cache before each timed read
+  int ranks_per_node = 0;  // readers node: world ranks per node (0: MPI's nodes)
+  bool baseline = false;   // also time every rank reading the whole checkpoint
+  bool cold = false;       // drop the checkpoint from the page cache before each timed read
   std::vector<double> bucket_mb = {ReloadOptions{}.bucket_bytes / 1048576.0};
   int pipeline_depth = ReloadOptions{}.pipeline_depth;
   int warmup = 1;
@@ -192,7 +194,8 @@ void scramble(TensorParallelModel& model) {
 struct Row {
   std::string format, quantization, distribution;
   double bucket_mb;
-  std::string readers = "one";  // one, all, or "whole": every rank loads the whole checkpoint
+  std::string readers = "one";  // one, node, all, or "whole": every rank loads the whole checkpoint
+  int nodes = 1;                // readers node: how many
   double seconds = 0, bound = 0;
   double checksum = 0;  // of `seconds`: computing and verifying CRC-32Cs (max over ranks)
   std::uint64_t bytes = 0, staging = 0, copied = 0;
@@ -255,9 +258,10 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   ro.pipeline_depth = o.pipeline_depth;
   ro.zero_copy = o.zero_copy;
   ro.checksums = !o.no_checksums;
-  ro.readers = row.readers == "all" ? Readers::kAll : Readers::kOne;
+  ro.readers = parse_readers(row.readers).value_or(Readers::kOne);
+  ro.ranks_per_node = o.ranks_per_node;
   const bool all = ro.readers == Readers::kAll;
-  const bool reads = world.rank() == 0 || all;
+  const bool reads = opens_source(ro, world.rank());
   auto source = reads ? open_weight_source(path) : nullptr;
   ReloadWorkspace workspace;  // as a serving engine keeps it (ReloadableModel does)
   for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro, &workspace);
@@ -290,9 +294,17 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   md = parse_metadata(payload);
   const Plan plan =
       make_plan(md, model.rules(), {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp});
+  // A reader per node: the one reader's bound shared by the node readers.
+  if (ro.readers == Readers::kNode) {
+    std::int64_t leader = o.ranks_per_node > 0 ? world.rank() / o.ranks_per_node * o.ranks_per_node
+                                               : world.node_leader();
+    std::int64_t readers = leader == world.rank();
+    world.allreduce_ints(&readers, 1, IntOp::kSum);
+    row.nodes = static_cast<int>(readers);
+  }
   for (int i = 0; i < o.iters; ++i) {
     cool(o, path, world);
-    row.bound += measure_bound(plan, md, source.get(), world, 0, all);
+    row.bound += measure_bound(plan, md, source.get(), world, 0, all) / row.nodes;
   }
   row.bound /= o.iters;
   return row;
@@ -390,15 +402,15 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
     if (r.readers == "whole") continue;
     const std::string what =
         r.format + " " + r.quantization + " " + r.distribution + " readers " + r.readers;
-    if (r.readers == "all") {
-      std::cout << "#   readers all within 1.2x its bound, " << what << ": "
+    if (r.readers == "all" || r.readers == "node") {
+      std::cout << "#   readers " << r.readers << " within 1.2x its bound, " << what << ": "
                 << verdict(r.seconds / r.bound, 1.2) << "\n";
       for (const Row& one : rows)
         if (one.readers == "one" && one.format == r.format && one.quantization == r.quantization &&
             one.bucket_mb == r.bucket_mb)
-          std::cout << "#   readers all >= 1.5x faster than one (" << one.distribution << "), "
-                    << what << ": " << verdict(r.seconds / one.seconds, 1 / 1.5)
-                    << " of its time\n";
+          std::cout << "#   readers " << r.readers << " >= 1.5x faster than one ("
+                    << one.distribution << "), " << what << ": "
+                    << verdict(r.seconds / one.seconds, 1 / 1.5) << " of its time\n";
     }
     if (whole && r.quantization == "none" && r.format == "checkpoint")
       std::cout << "#   no slower than every rank loading the whole checkpoint"
@@ -414,7 +426,7 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
     const double limit_mb = 2 * r.bucket_mb + 64;
     std::cout << "#   extra memory <= " << limit_mb << " MB (2 x bucket + 64), " << what << ": "
               << verdict(r.staging / 1048576.0, limit_mb, " MB") << "\n";
-    if (!o.no_checksums && r.readers == "one")
+    if (!o.no_checksums && (r.readers == "one" || r.readers == "node"))
       std::cout << "#   checksums <= 5% of the reload, " << what << ": "
                 << verdict(100 * r.checksum / r.seconds, 5.0, "%") << "\n";
     if (r.readers == "one")
@@ -449,9 +461,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket sizes in MiB")->capture_default_str();
   app.add_option("--readers", o.readers,
-                 "one (the reader rank reads and sends) and/or all (every rank reads its own "
-                 "slices; one row per format, laid out as scatter)")
-      ->check(CLI::IsMember({"one", "all"}))
+                 "one (the reader rank reads and sends), node (a reader per node sends within its "
+                 "node; bound: one reader's divided by the node readers) and/or all (every rank "
+                 "reads its own slices; one row per format, laid out as scatter)")
+      ->check(CLI::IsMember({"one", "node", "all"}))
+      ->capture_default_str();
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "readers node: world ranks per node (default 0: the ranks MPI says share memory; "
+                 "N > 0 emulates nodes of N ranks on one machine)")
       ->capture_default_str();
   app.add_flag("--baseline", o.baseline,
                "Also time what users run without tpreload: every rank opens the whole "

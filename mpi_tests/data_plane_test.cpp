@@ -68,7 +68,7 @@ std::map<std::string, void*> pointers(const TensorParallelModel& m) {
 ReloadResult reload(TensorParallelModel& m, DataTransport& data,
                     const std::map<std::string, at::Tensor>& ckpt, const ReloadOptions& o,
                     ReloadWorkspace& ws) {
-  auto source = world().rank() == o.reader_rank || o.readers == Readers::kAll
+  auto source = world().rank() == o.reader_rank || o.readers != Readers::kOne
                     ? testdata::memory_source(ckpt)
                     : nullptr;
   return reload_weights(m, world(), data, source.get(), o, &ws);
@@ -83,15 +83,19 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
       if (world().size() % tp) continue;
       const auto want = testdata::expected_shards(config, v2, tp, world().rank() % tp);
       for (Plane p : {Plane::kMpiHost, Plane::kMpiPinnedToDevice, Plane::kDeviceTransport}) {
-        // Broadcast and scatter from the reader rank, and every rank reading
-        // (device parameters: through pinned staging, whatever the transport).
-        for (int mode = 0; mode < 3; ++mode) {
-          const Distribution d = mode == 0 ? Distribution::kBroadcast : Distribution::kScatter;
+        // Broadcast and scatter from the reader rank, every rank reading
+        // (device parameters: through pinned staging, whatever the transport),
+        // and a reader per node (nodes of half the world, each transport split)
+        // with both distributions.
+        for (int mode = 0; mode < 5; ++mode) {
+          const Distribution d =
+              mode == 0 || mode == 3 ? Distribution::kBroadcast : Distribution::kScatter;
           PlaneSetup s = make_plane(p);
           TensorParallelModel model(config, model_options(tp, s));
           ReloadOptions o;
           o.distribution = d;
-          o.readers = mode == 2 ? Readers::kAll : Readers::kOne;
+          o.readers = mode == 2 ? Readers::kAll : mode >= 3 ? Readers::kNode : Readers::kOne;
+          o.ranks_per_node = std::max(1, world().size() / 2);
           o.bucket_bytes = 1500;
           o.pipeline_depth = 2;
           o.reader_rank = world().size() - 1;

@@ -8,7 +8,8 @@
 #   1. each rank reports its host and node-local rank;
 #   2. mpi_reload_tests reload models with a tp group spanning both hosts, in both
 #      distributions and both formats, and replicas across them, checking every
-#      byte against their independent slicing;
+#      byte against their independent slicing; with --readers node each host is a
+#      node with its own reader;
 #   3. launch/multinode.sh runs reload_runner --demo (which checks its logits
 #      against a fresh load); without --tp it takes tp 2 (the ranks per node):
 #      one tp group per host, the hosts replicas.
@@ -88,10 +89,10 @@ want=$'host-a rank 0 local 0/2\nhost-a rank 1 local 1/2\nhost-b rank 2 local 0/2
 [ "$places" = "$want" ] || fail "the ranks are not two per host"
 
 tests=$(across "$build/mpi_tests/mpi_reload_tests" --gtest_color=no \
-  --gtest_filter='Reload.CheckpointFormatEverySourceAndDistribution:Reload.KernelFormat*:Reload.TwoReplicasOfHalfTheWorld' 2>&1) ||
+  --gtest_filter='Reload.CheckpointFormatEverySourceAndDistribution:Reload.KernelFormat*:Reload.TwoReplicasOfHalfTheWorld:Reload.ReadersNodeGroupsTheRanksOfAHost' 2>&1) ||
   { echo "$tests"; fail "mpi_reload_tests across the hosts"; }
 grep -E "^\[       OK \]|mpi verdict" <<<"$tests"
-[ "$(grep -c '^\[       OK \]' <<<"$tests")" -eq 4 ] || fail "expected 4 tests to pass (rank 0 prints; the verdict counts every rank)"
+[ "$(grep -c '^\[       OK \]' <<<"$tests")" -eq 5 ] || fail "expected 5 tests to pass (rank 0 prints; the verdict counts every rank)"
 grep -q "mpi verdict: 0 of 4 ranks had failures" <<<"$tests" || fail "a rank failed"
 
 # The user's way: launch/multinode.sh with the MCA settings in the environment.

@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <thread>
 
+#include "../src/reload/pipeline.h"
 #include "../tests/support/tiny_models.h"
 #include "mpi_test_main.h"
 #include "tpreload/checkpoint/kernel_format.h"
 #include "tpreload/checkpoint/writers.h"
+#include "tpreload/comm/mpi_communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/model.h"
@@ -115,24 +117,43 @@ Sources write_sources(const std::map<std::string, at::Tensor>& ckpt, const std::
 ReloadResult reload_from(TensorParallelModel& model, const std::string& path,
                          const std::map<std::string, at::Tensor>* memory, const ReloadOptions& o) {
   std::unique_ptr<WeightSource> source;
-  if (world().rank() == o.reader_rank || o.readers == Readers::kAll)
+  if (world().rank() == o.reader_rank || o.readers != Readers::kOne)
     source = memory ? testdata::memory_source(*memory) : open_weight_source(path);
   return reload_weights(model, world(), source.get(), o);
 }
 
-// Every way of reading: the reader rank with each distribution, and every rank
-// reading its own slices (laid out as scatter whatever the distribution).
+// Every way of reading: the reader rank with each distribution, every rank
+// reading its own slices (laid out as scatter whatever the distribution), and a
+// reader per "node", nodes being blocks of world ranks: two halves of the world
+// (at 2 ranks a node per rank), or all ranks but the last and the last alone
+// (a node holding replicas and a node without a tp rank of its own).
 struct ReadMode {
   Readers readers;
   Distribution distribution;
+  enum Nodes { kHalves, kAllButLast } nodes = kHalves;
+
+  int ranks_per_node() const {
+    const int n = world().size();
+    return std::max(1, nodes == kHalves ? n / 2 : n - 1);
+  }
+  void apply(ReloadOptions& o) const {
+    o.readers = readers;
+    o.distribution = distribution;
+    if (readers == Readers::kNode) o.ranks_per_node = ranks_per_node();
+  }
 };
-const std::vector<ReadMode> kReadModes = {{Readers::kOne, Distribution::kBroadcast},
-                                          {Readers::kOne, Distribution::kScatter},
-                                          {Readers::kAll, Distribution::kBroadcast}};
+const std::vector<ReadMode> kReadModes = {
+    {Readers::kOne, Distribution::kBroadcast},
+    {Readers::kOne, Distribution::kScatter},
+    {Readers::kAll, Distribution::kBroadcast},
+    {Readers::kNode, Distribution::kScatter, ReadMode::kHalves},
+    {Readers::kNode, Distribution::kBroadcast, ReadMode::kAllButLast}};
 
 std::string mode_name(const ReadMode& m) {
   return std::string(distribution_name(m.distribution)) + " readers " +
-         std::string(readers_name(m.readers));
+         std::string(readers_name(m.readers)) +
+         (m.readers == Readers::kNode ? " of " + std::to_string(m.ranks_per_node()) + " ranks"
+                                      : "");
 }
 
 void run_checkpoint_matrix(const std::string& config_name, const Variant& setup) {
@@ -151,8 +172,7 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
                                  " bucket " + std::to_string(bucket);
         TensorParallelModel model(config, options_for(setup));
         ReloadOptions o;
-        o.distribution = mode.distribution;
-        o.readers = mode.readers;
+        mode.apply(o);
         o.bucket_bytes = bucket;
         o.zero_copy = bucket > 700;  // both ways of filling a broadcast bucket
         o.reader_rank = world().size() - 1;
@@ -224,8 +244,7 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
       const auto before = layout_of(model);
       ReloadOptions o;
       o.format = WeightFormat::kKernel;
-      o.distribution = mode.distribution;
-      o.readers = mode.readers;
+      mode.apply(o);
       o.bucket_bytes = 1000;
       const ReloadResult r = reload_from(model, kdir, nullptr, o);
       EXPECT_TRUE(r.complete());
@@ -321,6 +340,104 @@ TEST(Reload, WorkspaceReusesThePlanOnlyForTheSameListingAndOptions) {
   EXPECT_EQ(workspace.cached_plan(), nullptr) << "a refused plan is not kept";
   ASSERT_TRUE(reload(v2, other).complete());
   expect_params(model, expected_params(config, setup, v2), "v2 after a refused reload");
+}
+
+// Every rank's host name, gathered rank by rank (not through node_leader()).
+std::vector<std::string> host_names() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  std::vector<std::string> names;
+  for (int r = 0; r < world().size(); ++r) {
+    std::string name = r == world().rank() ? std::string(host) : std::string();
+    std::int64_t n = static_cast<std::int64_t>(name.size());
+    world().broadcast(MutableBytes(&n, sizeof n), r);
+    name.resize(static_cast<std::size_t>(n));
+    world().broadcast(MutableBytes(name.data(), name.size()), r);
+    names.push_back(name);
+  }
+  return names;
+}
+
+// Forwards every collective to the world but keeps Communicator's own
+// node_leader() (ranks grouped by host name).
+class ByHostName final : public Communicator {
+ public:
+  int rank() const override { return world().rank(); }
+  int size() const override { return world().size(); }
+  std::string backend() const override { return world().backend(); }
+  void broadcast(MutableBytes b, int root) override { world().broadcast(b, root); }
+  void scatterv(ConstBytes send, const std::vector<ByteRange>& ranges, MutableBytes recv,
+                int root) override {
+    world().scatterv(send, ranges, recv, root);
+  }
+  void allreduce_bits(std::uint64_t* w, std::size_t n, BitOp op) override {
+    world().allreduce_bits(w, n, op);
+  }
+  void allreduce_ints(std::int64_t* v, std::size_t n, IntOp op) override {
+    world().allreduce_ints(v, n, op);
+  }
+  void allreduce_floats(float* v, std::size_t n) override { world().allreduce_floats(v, n); }
+  void barrier() override { world().barrier(); }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    return world().split(color, key);
+  }
+  [[noreturn]] void abort(int code) noexcept override {
+    world().abort(code);
+    std::abort();  // (never reached)
+  }
+};
+
+// A reader per node: the ranks of one host form a node (MPI's shared-memory
+// domains and the host-name default agree with the host names gathered here),
+// the reader rank first on its node; ranks_per_node makes blocks of world ranks
+// instead. The node planes are kept for the next reload with the same grouping
+// and made again for another. Across the hosts of mpi_tests/multihost.sh the
+// nodes are the hosts.
+TEST(Reload, ReadersNodeGroupsTheRanksOfAHost) {
+  const std::vector<std::string> hosts = host_names();
+  const int me = world().rank(), n = world().size(), reader = n - 1;
+  int first = 0;
+  while (hosts[first] != hosts[me]) ++first;
+  EXPECT_EQ(mpitest::mpi_world().node_leader(), first);
+  ByHostName by_name;
+  EXPECT_EQ(by_name.node_leader(), first);
+
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 520);
+  const Variant setup{n, "", false};
+  TensorParallelModel model(config, options_for(setup));
+  ReloadWorkspace workspace;
+  ReloadOptions o;
+  o.readers = Readers::kNode;
+  o.reader_rank = reader;
+  o.bucket_bytes = 4096;
+  auto reload = [&](const ReloadOptions& opts) {
+    auto source = testdata::memory_source(ckpt);
+    return reload_weights(model, world(), source.get(), opts, &workspace);
+  };
+  auto expect_node = [&](const std::vector<int>& node, const std::string& what) {
+    std::vector<int> want;  // the reader rank first, then the others in world order
+    if (std::find(node.begin(), node.end(), reader) != node.end()) want.push_back(reader);
+    for (int r : node)
+      if (r != reader) want.push_back(r);
+    ASSERT_NE(workspace.node_planes(), nullptr) << what;
+    EXPECT_EQ(workspace.node_planes()->members, want) << what;
+    expect_params(model, expected_params(config, setup, ckpt), what);
+  };
+  std::vector<int> same_host;
+  for (int r = 0; r < n; ++r)
+    if (hosts[r] == hosts[me]) same_host.push_back(r);
+  ASSERT_TRUE(reload(o).complete());
+  expect_node(same_host, "nodes by host");
+  const auto* kept = workspace.node_planes();
+  ASSERT_TRUE(reload(o).complete());
+  EXPECT_EQ(workspace.node_planes(), kept) << "the same grouping: the node planes are kept";
+
+  o.ranks_per_node = 2;
+  ASSERT_TRUE(reload(o).complete());
+  std::vector<int> block;
+  for (int r = me / 2 * 2; r < std::min(n, me / 2 * 2 + 2); ++r) block.push_back(r);
+  expect_node(block, "nodes of 2 ranks");
 }
 
 TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
@@ -440,27 +557,34 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
     std::map<std::string, at::Tensor> before;
     for (const auto& [name, t] : model.named_parameters()) before[name] = t.clone();
     ReloadOptions o;
-    o.distribution = mode.distribution;
-    o.readers = mode.readers;
+    mode.apply(o);
     o.atomic = atomic;
     o.bucket_bytes = 4096;
-    // One reader: rank 0 fails. Every rank reading: only the last rank's source fails.
-    const bool all = mode.readers == Readers::kAll;
-    const int failing = all ? last : 0;
+    // One reader: rank 0 fails. Every rank reading: only the last rank's source
+    // fails. A reader per node: the last node's reader (its first rank).
+    const bool all = mode.readers == Readers::kAll, node = mode.readers == Readers::kNode;
+    const int failing = all    ? last
+                        : node ? (last / mode.ranks_per_node()) * mode.ranks_per_node()
+                               : 0;
     std::unique_ptr<WeightSource> source;
     if (world().rank() == failing)
       source = std::make_unique<FailingSource>(testdata::memory_source(ckpt),
                                                "model.layers.1.mlp.down_proj.weight", views);
-    else if (all)
+    else if (all || node)
       source = testdata::memory_source(ckpt);
     const std::string expected =
         all ? "failed on rank " + std::to_string(last) +
                   " (--readers all: each rank reads its own slices): I/O error reading "
                   "'model.layers.1.mlp.down_proj.weight'; every rank had applied the buckets it "
                   "read before this failure (the others all of theirs)"
-            : "failed on reader rank 0: I/O error reading "
-              "'model.layers.1.mlp.down_proj.weight'; weights of earlier buckets were already "
-              "replaced";
+        : node ? "failed on reader rank " + std::to_string(failing) +
+                     " (--readers node: each node's reader reads for the ranks of its node): I/O "
+                     "error reading 'model.layers.1.mlp.down_proj.weight'; the ranks of that node "
+                     "had applied the buckets before it, the ranks of every other node all of "
+                     "theirs"
+               : "failed on reader rank 0: I/O error reading "
+                 "'model.layers.1.mlp.down_proj.weight'; weights of earlier buckets were already "
+                 "replaced";
     try {
       reload_weights(model, world(), source.get(), o);
       FAIL() << "a failed read went unnoticed: " << mode_name(mode);
@@ -474,6 +598,10 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
             << mode_name(mode) << (views ? " views" : "") << " atomic: " << name << " changed";
       }
     }
+    // The other nodes' readers read on: their ranks hold every new weight.
+    if (node && world().rank() / mode.ranks_per_node() != failing / mode.ranks_per_node())
+      expect_params(model, expected_params(config, {world().size(), "", false}, ckpt),
+                    mode_name(mode) + ": a node whose reader did not fail");
     world().barrier();  // every rank is out of the reload and in step again
   }
 }
@@ -540,7 +668,7 @@ TEST(Reload, ReadersAllRefusesARankThatSeesOtherFiles) {
   } catch (const CheckpointError& e) {
     EXPECT_NE(
         std::string(e.what()).find("no weight source was given to rank " + std::to_string(last) +
-                                   " (--readers all: every rank reads)"),
+                                   " (--readers all: every rank opens the checkpoint)"),
         std::string::npos)
         << e.what();
   }

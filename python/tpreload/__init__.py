@@ -90,7 +90,7 @@ class ReloadResult:
     ``skipped``: source tensors that have no parameter.
     ``seconds``: total, read, transfer, apply, finish, validate (max over ranks).
     ``bytes_transferred``, ``bytes_read``, ``buckets``, ``staging`` (bytes per memory space).
-    ``readers``: "one" or "all" (who read the weights).
+    ``readers``: "one", "node" or "all" (who read the weights).
     ``fingerprint``: one hex string for the whole model across ranks (with
     ``fingerprint=True``, else None).
     ``crc32``: parameter name -> CRC-32 per world rank (with ``fingerprint=True``).
@@ -157,11 +157,11 @@ def _describe(name, tensor, *extra):
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
                    distribution="scatter", bucket_mb=16, pipeline_depth=1, reader_rank=0,
-                   readers="one", transport="mpi", workspace=None, fingerprint=False, atomic=False,
+                   readers="one", ranks_per_node=0, transport="mpi", workspace=None, fingerprint=False, atomic=False,
                    require_complete=False, checksums=True):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
     same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only,
-    or every rank with ``readers="all"``).
+    or every rank with ``readers="node"`` or ``"all"``).
 
     params: this rank's parameters, a dict (or iterable of pairs) name -> tensor,
         named as vLLM names them ("model.layers.0.self_attn.qkv_proj.weight", with
@@ -184,9 +184,13 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         format (already processed and sharded: copied by name).
     quantization: None or "int8"; lora, expert_parallel: the model's layout.
     distribution: "scatter" (each rank gets its slice) or "broadcast".
-    readers: "one" (the reader rank reads and sends each rank its part) or "all"
-        (every rank opens the same weights_path, or is given the same
-        weights_iterator, and reads only its own slices; nothing is sent).
+    readers: "one" (the reader rank reads and sends each rank its part), "node"
+        (one reader per node reads for the ranks of its node and sends within
+        it; nothing crosses nodes) or "all" (every rank reads only its own
+        slices; nothing is sent). With "node" and "all" every rank opens the
+        same weights_path, or is given the same weights_iterator.
+    ranks_per_node: with readers="node", world ranks [k*n, (k+1)*n) form node k;
+        0 (default) asks MPI which ranks share memory.
     transport: "mpi", or "nccl" for CUDA parameters (device buffers).
     workspace: a Workspace kept between reloads (staging buffers and the plan).
     atomic: all or nothing: every rank receives its whole shard into a second copy
@@ -229,6 +233,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         request.pipeline_depth = int(pipeline_depth)
         request.reader_rank = int(reader_rank)
         request.readers = str(readers)
+        request.ranks_per_node = int(ranks_per_node)
         request.transport = str(transport)
         request.fingerprint = bool(fingerprint)
         request.atomic = bool(atomic)

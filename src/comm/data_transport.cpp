@@ -56,12 +56,21 @@ class CommunicatorTransport final : public DataTransport {
     comm_.scatterv(send, ranges, recv, root);
     return completed_transfer(detail::concat("scatter of ", recv.size, " bytes to rank ", rank()));
   }
+  // The group's own collectives carry its data.
+  std::unique_ptr<DataTransport> split(Communicator& group, int, int) override {
+    return std::make_unique<CommunicatorTransport>(group);
+  }
 
  private:
   Communicator& comm_;
 };
 
 }  // namespace
+
+std::unique_ptr<DataTransport> DataTransport::split(Communicator&, int, int) {
+  raise<UsageError>("the ", backend(),
+                    " data transport cannot be split into groups (as --readers node needs)");
+}
 
 std::unique_ptr<Transfer> completed_transfer(std::string what) {
   return std::make_unique<CompletedTransfer>(std::move(what));

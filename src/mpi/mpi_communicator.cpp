@@ -342,6 +342,12 @@ class MpiDataTransport final : public DataTransport {
                                     MutableBytes recv, int root) override {
     return comm_->post_scatterv(send, ranges, recv, root);
   }
+  // Over a split of this transport's own communicator (never the control one).
+  std::unique_ptr<DataTransport> split(Communicator&, int color, int key) override {
+    std::unique_ptr<Communicator> sub = comm_->split(color, key);
+    return std::make_unique<MpiDataTransport>(
+        std::unique_ptr<MpiCommunicator>(static_cast<MpiCommunicator*>(sub.release())));
+  }
 
  private:
   std::unique_ptr<MpiCommunicator> comm_;
@@ -356,6 +362,17 @@ std::unique_ptr<DataTransport> MpiCommunicator::make_data_transport() {
   MPI_CHECK(MPI_Comm_dup(comm_, &dup));
   return std::make_unique<MpiDataTransport>(std::unique_ptr<MpiCommunicator>(
       new MpiCommunicator(MpiCommHandle(dup), options_, label_ + "/data")));
+}
+
+int MpiCommunicator::node_leader() {
+  check_usable("node_leader");
+  barrier();  // MPI_Comm_split_type and the blocking reduce below have no deadline
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_CHECK(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node));
+  MpiCommHandle owner(node);
+  int leader = rank_;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node));
+  return leader;
 }
 
 std::pair<int, int> MpiCommunicator::node_rank_and_size() {

@@ -84,12 +84,13 @@ class NcclTransfer final : public Transfer {
 class NcclTransport final : public DataTransport {
  public:
   NcclTransport(std::shared_ptr<Device> device, NcclComm comm, int rank, int size,
-                std::chrono::milliseconds timeout)
+                NcclOptions options)
       : device_(std::move(device)),
         comm_(std::move(comm)),
         rank_(rank),
         size_(size),
-        timeout_(timeout),
+        options_(std::move(options)),
+        timeout_(options_.timeout),
         stream_(device_->make_stream()) {}
 
   int rank() const override { return rank_; }
@@ -145,6 +146,12 @@ class NcclTransport final : public DataTransport {
     return std::make_unique<NcclTransfer>(*this, stream_->record(), what, deadline);
   }
 
+  // A communicator of the group's own, joined over its control plane as this
+  // one was over the world's (a fresh unique id, the same deadlines).
+  std::unique_ptr<DataTransport> split(Communicator& group, int, int) override {
+    return make_nccl_transport(group, device_, options_);
+  }
+
   // The communicator's asynchronous state: throws (after aborting) on an error.
   bool pending(const std::string& what) {
     ncclResult_t state = ncclSuccess;
@@ -196,6 +203,7 @@ class NcclTransport final : public DataTransport {
   std::shared_ptr<Device> device_;
   NcclComm comm_;
   int rank_, size_;
+  NcclOptions options_;
   std::chrono::milliseconds timeout_;
   std::unique_ptr<DeviceStream> stream_;
   bool broken_ = false;
@@ -284,7 +292,7 @@ std::unique_ptr<DataTransport> make_nccl_transport(Communicator& control,
   agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
   log().debug("NCCL communicator of {} ranks on {}", control.size(), device->describe());
   return std::make_unique<NcclTransport>(std::move(device), std::move(comm), control.rank(),
-                                         control.size(), options.timeout);
+                                         control.size(), options);
 }
 
 }  // namespace tpreload

@@ -174,6 +174,7 @@ struct Request {
   double bucket_mb = 16;
   int pipeline_depth = 1, reader_rank = 0;
   std::string readers = "one";
+  int ranks_per_node = 0;
   std::string transport = "mpi";
   bool fingerprint = false;
   bool atomic = false, require_complete = false;
@@ -191,9 +192,10 @@ ReloadOptions reload_options(const Request& q) {
   o.bucket_bytes = static_cast<std::uint64_t>(q.bucket_mb * 1048576);
   o.pipeline_depth = q.pipeline_depth;
   o.reader_rank = q.reader_rank;
-  if (q.readers != "one" && q.readers != "all")
-    raise<UsageError>("readers must be 'one' or 'all', got '", q.readers, "'");
-  o.readers = q.readers == "all" ? Readers::kAll : Readers::kOne;
+  const std::optional<Readers> readers = parse_readers(q.readers);
+  if (!readers) raise<UsageError>("readers must be 'one', 'node' or 'all', got '", q.readers, "'");
+  o.readers = *readers;
+  o.ranks_per_node = q.ranks_per_node;
   o.atomic = q.atomic;
   o.require_complete = q.require_complete;
   o.checksums = q.checksums;
@@ -253,7 +255,7 @@ py::dict result_dict(const ReloadResult& r,
 // any parameter is written.
 py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
                 ReloadWorkspace* workspace) {
-  const bool reader = world.rank() == q.reader_rank || q.readers == "all";
+  const bool reader = world.rank() == q.reader_rank || q.readers != "one";
   std::optional<std::string> problem = q.problem;
   ReloadOptions options;
   std::vector<BorrowedTensor> tensors;
@@ -407,6 +409,7 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("pipeline_depth", &Request::pipeline_depth)
       .def_readwrite("reader_rank", &Request::reader_rank)
       .def_readwrite("readers", &Request::readers)
+      .def_readwrite("ranks_per_node", &Request::ranks_per_node)
       .def_readwrite("transport", &Request::transport);
 
   m.def("reload", &reload, py::arg("world"), py::arg("params"), py::arg("request"),

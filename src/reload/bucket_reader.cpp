@@ -224,4 +224,23 @@ ConstBytes BucketReader::fill(std::size_t index, std::byte* send) {
   return ConstBytes(send, bucket.bytes);
 }
 
+ConstBytes BucketReader::fill_ranks(std::size_t index, const std::vector<int>& ranks,
+                                    std::byte* send) {
+  const Bucket& bucket = plan_.buckets.at(index);
+  if (!bucket.scatter || static_cast<int>(ranks.size()) == world_size_) return fill(index, send);
+  std::vector<int> filled_by(static_cast<std::size_t>(tp_size_), -1);  // tp rank -> world rank
+  for (int w : ranks) {
+    int& first = filled_by[static_cast<std::size_t>(w % tp_size_)];
+    std::byte* region = send + bucket.ranges[w].offset;
+    if (first < 0) {
+      fill_own(index, w, region);
+      first = w;
+    } else {  // a replica's region is laid out as its tp rank's (layout_scatter)
+      std::memcpy(region, send + bucket.ranges[first].offset, bucket.ranges[w].length);
+      copied_ += bucket.ranges[w].length;
+    }
+  }
+  return ConstBytes(send, bucket.bytes);
+}
+
 }  // namespace tpreload::detail

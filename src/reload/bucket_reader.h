@@ -5,10 +5,12 @@
 // of the file with one split read per row-parallel piece (the read is the
 // slicing) and merged reads for contiguous rows; replicas copy what their tp rank
 // got. With Readers::kAll each rank fills its own region the same way
-// (fill_own). No torch, no transport here.
+// (fill_own); with Readers::kNode a node's reader fills its node's regions
+// (fill_ranks). No torch, no transport here.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/reload/plan.h"
@@ -37,6 +39,12 @@ class BucketReader {
   // memory of at least that many bytes). Returns the bytes: `dst`, or a view of
   // the mapping as fill() does. Throws CheckpointError as the source does.
   ConstBytes fill_own(std::size_t index, int world_rank, std::byte* dst);
+
+  // Readers::kNode: bucket `index` as fill() lays it out, with only the scatter
+  // regions of world ranks `ranks` (a node's) filled; a rank whose tp rank an
+  // earlier one of `ranks` holds gets a copy of that rank's region. All ranks:
+  // fill().
+  ConstBytes fill_ranks(std::size_t index, const std::vector<int>& ranks, std::byte* send);
 
   // Bytes read or copied into send buffers so far.
   std::uint64_t bytes_copied() const { return copied_; }

@@ -70,7 +70,7 @@ class Pipeline {
  public:
   Pipeline(const CachedPlan& planned, ReloadTarget& model, Communicator& control,
            DataTransport& data, WeightSource* source, const ReloadOptions& options,
-           ReloadWorkspace& workspace)
+           ReloadWorkspace& workspace, NodePlanes* node)
       : plan_(planned.plan),
         metadata_(planned.metadata),
         applies_(planned.applies),
@@ -78,13 +78,18 @@ class Pipeline {
         model_(model),
         sink_(model.sink()),
         control_(control),
-        data_(data),
+        group_(node ? *node->control : control),
+        data_(node ? *node->transport : data),
         source_(source),
         options_(options),
         workspace_(workspace),
         rank_(control.rank()),
-        reader_(control.rank() == options.reader_rank),
+        group_rank_(group_.rank()),
+        root_(node ? 0 : options.reader_rank),
+        members_(node ? node->members : std::vector<int>()),
+        reader_(group_rank_ == root_),
         all_read_(options.readers == Readers::kAll),
+        node_read_(node != nullptr),
         reads_(reader_ || all_read_) {
     spaces_.device = sink_.device();
     spaces_.device_params = sink_.memory() == MemoryKind::kDevice;
@@ -103,8 +108,12 @@ class Pipeline {
 
  private:
   // Bucket CRC-32Cs are computed and checked: asked for, and something is sent
-  // (a world of one rank sends nothing).
-  bool summed() const { return options_.checksums && control_.size() > 1; }
+  // (a group of one rank sends nothing).
+  bool summed() const { return options_.checksums && group_.size() > 1; }
+  // Progress goes to the world's reader rank.
+  bool reports() const { return rank_ == options_.reader_rank && options_.progress != nullptr; }
+  // A scatter bucket's ranges for the ranks of the group, in group order.
+  std::vector<ByteRange> group_ranges(const Bucket& b) const;
   std::uint64_t view_bytes(const Bucket& b) const {
     return b.scatter ? b.ranges[rank_].length : b.bytes;
   }
@@ -118,7 +127,7 @@ class Pipeline {
   void apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src, bool direct);
   bool can_apply_direct() const;
   void run_direct();
-  void announce_read_status(Slot& slot);
+  bool announce_read_status(Slot& slot);
   void agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error);
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
                                        const std::optional<std::string>& mine);
@@ -134,15 +143,20 @@ class Pipeline {
   const std::vector<BucketApply>& direct_applies_;
   ReloadTarget& model_;
   ParameterSink& sink_;
-  Communicator& control_;
-  DataTransport& data_;
-  WeightSource* source_;  // the reader's
+  Communicator& control_;  // the world's control plane
+  Communicator& group_;    // the reader's group: the world, or (kNode) this rank's node
+  DataTransport& data_;    // the group's data plane
+  WeightSource* source_;   // the reader's
   const ReloadOptions& options_;
   ReloadWorkspace& workspace_;
-  const int rank_;
-  const bool reader_;    // the reader rank (Readers::kOne: the only one that reads)
-  const bool all_read_;  // Readers::kAll: every rank reads its own region, nothing is sent
-  const bool reads_;     // this rank reads the source
+  const int rank_;                  // in the world
+  const int group_rank_;            // in the group
+  const int root_;                  // the group's reader, a group rank
+  const std::vector<int> members_;  // kNode: the group's world ranks (else the world's, in order)
+  const bool reader_;               // the group's reader (Readers::kOne: the only one that reads)
+  const bool all_read_;   // Readers::kAll: every rank reads its own region, nothing is sent
+  const bool node_read_;  // Readers::kNode: a reader per node, transfers within the node
+  const bool reads_;      // this rank reads the source
   Spaces spaces_;
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
@@ -203,10 +217,12 @@ void Pipeline::fill(Slot& slot) {
   if (all_read_) {  // nothing is sent, so nothing is summed
     slot.payload = files_->fill_own(slot.bucket, rank_, slot.recv);
   } else if (!spaces_.device_transport) {
-    slot.payload = files_->fill(slot.bucket, slot.send);
+    slot.payload = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.send)
+                              : files_->fill(slot.bucket, slot.send);
     checksum(slot, bucket.scatter ? slot.send : slot.payload.data);
   } else {
-    const ConstBytes host = files_->fill(slot.bucket, slot.read_stage);
+    const ConstBytes host = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.read_stage)
+                                       : files_->fill(slot.bucket, slot.read_stage);
     checksum(slot, host.data);
     if (!read_stream_) read_stream_ = spaces_.device->make_stream();
     if (host.size) read_stream_->copy(slot.send, host.data, host.size, CopyKind::kHostToDevice);
@@ -227,15 +243,24 @@ void Pipeline::checksum(Slot& slot, const std::byte* host_bytes) {
   if (!summed()) return;
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const auto start = Clock::now();
-  if (bucket.scatter)  // the reader's own range is never sent (it receives it in place)
-    for (std::size_t w = 0; w < bucket.ranges.size(); ++w)
-      slot.sums.push_back(
-          static_cast<int>(w) == rank_
-              ? 0
-              : crc32c(host_bytes + bucket.ranges[w].offset, bucket.ranges[w].length));
-  else
+  if (bucket.scatter) {  // the reader's own range is never sent (it receives it in place)
+    const std::vector<ByteRange> ranges = group_ranges(bucket);
+    for (std::size_t g = 0; g < ranges.size(); ++g)
+      slot.sums.push_back(static_cast<int>(g) == group_rank_
+                              ? 0
+                              : crc32c(host_bytes + ranges[g].offset, ranges[g].length));
+  } else {
     slot.sums.push_back(crc32c(host_bytes, bucket.bytes));
+  }
   stats_.checksum += since(start);
+}
+
+std::vector<ByteRange> Pipeline::group_ranges(const Bucket& b) const {
+  if (!node_read_) return b.ranges;
+  std::vector<ByteRange> ranges;
+  ranges.reserve(members_.size());
+  for (int w : members_) ranges.push_back(b.ranges[static_cast<std::size_t>(w)]);
+  return ranges;
 }
 
 std::string Pipeline::bucket_tensors(std::size_t bucket) const {
@@ -296,29 +321,36 @@ void Pipeline::reader_loop() {
   }
 }
 
-void Pipeline::announce_read_status(Slot& slot) {
+// COLLECTIVE over the group. Whether the group's reader read the bucket, with
+// the CRC-32Cs of what each rank receives. A failed read is raised at once
+// (Readers::kOne), or (kNode) false is returned on every rank of the node and
+// the failure is agreed on over the world once every node has run.
+bool Pipeline::announce_read_status(Slot& slot) {
   std::optional<std::string> problem;
   if (reader_) problem = slot.read_error;
   // [status, then the CRC-32C of what each rank receives]: one broadcast.
   const Bucket& bucket = plan_.buckets[slot.bucket];
-  const std::size_t sums = summed() ? (bucket.scatter ? bucket.ranges.size() : 1) : 0;
+  const std::size_t sums =
+      summed() ? (bucket.scatter ? static_cast<std::size_t>(group_.size()) : 1) : 0;
   std::vector<std::int64_t> message_head(1 + sums, 0);
   message_head[0] = problem ? 1 : 0;
   if (reader_ && !problem)
     for (std::size_t i = 0; i < sums; ++i) message_head[1 + i] = slot.sums.at(i);
-  control_.broadcast(MutableBytes(message_head.data(), message_head.size() * sizeof(std::int64_t)),
-                     options_.reader_rank);
+  group_.broadcast(MutableBytes(message_head.data(), message_head.size() * sizeof(std::int64_t)),
+                   root_);
   const std::int64_t status = message_head[0];
   slot.expected.reset();
   if (status == 0 && sums && !reader_)
-    slot.expected = static_cast<std::uint32_t>(message_head[1 + (bucket.scatter ? rank_ : 0)]);
-  if (status != 0) raise_read_failure(slot.bucket, options_.reader_rank, problem);
+    slot.expected =
+        static_cast<std::uint32_t>(message_head[1 + (bucket.scatter ? group_rank_ : 0)]);
+  if (status != 0 && !node_read_) raise_read_failure(slot.bucket, options_.reader_rank, problem);
+  return status == 0;
 }
 
-// COLLECTIVE, Readers::kAll, once every rank has applied what it read: ranks
-// read on their own, with no collective per bucket, so a failed read stops
-// only the rank that hit it. Every rank then raises the lowest failing rank's
-// error (none: returns).
+// COLLECTIVE, Readers::kAll and kNode, once every rank has applied what it
+// read: ranks (nodes) read on their own, with no world collective per bucket,
+// so a failed read stops only the rank (node) that hit it. Every rank then
+// raises the lowest failing reader's error (none: returns).
 void Pipeline::agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error) {
   const int n = control_.size();
   std::int64_t lowest = error ? n - rank_ : 0;
@@ -340,29 +372,41 @@ void Pipeline::raise_read_failure(std::size_t bucket, int rank,
   raise<Agreed<CheckpointError>>(
       "reading bucket ", head[0] + 1, " of ", plan_.buckets.size(),
       all_read_ ? " failed on rank " : " failed on reader rank ", rank,
-      all_read_ ? " (--readers all: each rank reads its own slices)" : "", ": ", message,
-      all_read_ ? "; every rank had applied the buckets it read before this failure (the others "
-                  "all of theirs)"
-                : "; weights of earlier buckets were already replaced");
+      all_read_    ? " (--readers all: each rank reads its own slices)"
+      : node_read_ ? " (--readers node: each node's reader reads for the ranks of its node)"
+                   : "",
+      ": ", message,
+      all_read_    ? "; every rank had applied the buckets it read before this failure (the others "
+                     "all of theirs)"
+      : node_read_ ? "; the ranks of that node had applied the buckets before it, the ranks of "
+                     "every other node all of theirs"
+                   : "; weights of earlier buckets were already replaced");
 }
 
 void Pipeline::transfer(Slot& slot) {
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const auto start = Clock::now();
   std::unique_ptr<Transfer> t;
+  std::uint64_t sent = bucket.bytes;
   if (bucket.scatter) {
+    const std::vector<ByteRange> ranges = group_ranges(bucket);
     const ConstBytes send = reader_ ? ConstBytes(slot.send, bucket.bytes) : ConstBytes();
     std::byte* into = reader_ ? slot.send + bucket.ranges[rank_].offset : slot.recv;
-    t = data_.scatter(send, bucket.ranges, MutableBytes(into, bucket.ranges[rank_].length),
-                      options_.reader_rank);
+    t = data_.scatter(send, ranges, MutableBytes(into, bucket.ranges[rank_].length), root_);
+    if (node_read_) {  // what left the reader for the other ranks of its node
+      sent = 0;
+      for (std::size_t g = 0; g < ranges.size(); ++g)
+        if (static_cast<int>(g) != group_rank_) sent += ranges[g].length;
+    }
   } else if (reader_) {
     t = data_.broadcast(MutableBytes(const_cast<std::byte*>(slot.payload.data), slot.payload.size),
-                        options_.reader_rank);
+                        root_);
+    if (node_read_ && group_.size() == 1) sent = 0;
   } else {
-    t = data_.broadcast(MutableBytes(slot.recv, bucket.bytes), options_.reader_rank);
+    t = data_.broadcast(MutableBytes(slot.recv, bucket.bytes), root_);
   }
   t->wait();
-  if (reader_) stats_.bytes_sent += bucket.bytes;
+  if (reader_) stats_.bytes_sent += sent;
   stats_.transfer += since(start);
 }
 
@@ -462,10 +506,9 @@ void Pipeline::run_direct() {
       stats_.apply_error = e.what();
       break;
     }
-    if (reader_ && options_.progress) report_progress(k + 1, false);
+    if (reports()) report_progress(k + 1, false);
   }
-  if (reader_ && options_.progress && k == plan_.buckets.size())
-    report_progress(plan_.buckets.size(), true);
+  if (reports() && k == plan_.buckets.size()) report_progress(plan_.buckets.size(), true);
   agree_on_read_status(k, read_error);
 }
 
@@ -550,7 +593,7 @@ PipelineStats Pipeline::run() {
   }
   if (reads_) reader_thread_ = std::thread([this] { reader_loop(); });
   apply_thread_ = std::thread([this] { apply_loop(); });
-  std::unique_ptr<Slot> failed_read;  // Readers::kAll: this rank's, agreed on at the end
+  std::unique_ptr<Slot> failed_read;  // kAll: this rank's, kNode: its node's; agreed on at the end
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
     std::optional<std::unique_ptr<Slot>> slot = reads_ ? next_filled(k) : free_.pop();
     if (!slot)
@@ -563,17 +606,20 @@ PipelineStats Pipeline::run() {
         break;
       }
     } else {
-      announce_read_status(**slot);
+      if (!announce_read_status(**slot)) {  // (kNode: agreed on over the world below)
+        failed_read = std::move(*slot);
+        break;
+      }
       transfer(**slot);
     }
     to_apply_.push(std::move(*slot));
-    if (reader_ && options_.progress) report_progress(k + 1, false);
+    if (reports()) report_progress(k + 1, false);
   }
-  if (reader_ && options_.progress && !failed_read) report_progress(plan_.buckets.size(), true);
+  if (reports() && !failed_read) report_progress(plan_.buckets.size(), true);
   to_apply_.close();
   if (apply_thread_.joinable()) apply_thread_.join();
   stop();
-  if (all_read_)
+  if (all_read_ || node_read_)  // (only the rank that failed to read holds the error)
     agree_on_read_status(failed_read ? failed_read->bucket : 0,
                          failed_read ? failed_read->read_error : std::nullopt);
   if (files_) stats_.bytes_copied = files_->bytes_copied();
@@ -584,7 +630,7 @@ PipelineStats Pipeline::run() {
 
 PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model, Communicator& control,
                            DataTransport& data, WeightSource* source, const ReloadOptions& options,
-                           ReloadWorkspace& workspace) {
+                           ReloadWorkspace& workspace, NodePlanes* node) {
   // Staging that device work which never finished may still touch is abandoned
   // (never freed), also when the run ends in an agreed error raised after it.
   auto abandon_if_stuck = [&](bool stuck) {
@@ -597,7 +643,7 @@ PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model, Commu
   };
   PipelineStats stats;
   {
-    Pipeline pipeline(planned, model, control, data, source, options, workspace);
+    Pipeline pipeline(planned, model, control, data, source, options, workspace, node);
     try {
       stats = pipeline.run();
     } catch (...) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/data_transport.h"
@@ -41,12 +42,30 @@ struct CachedPlan {
   std::vector<BucketApply> direct_applies;
 };
 
+// Readers::kNode: this rank's node, as a control communicator and a data
+// transport of its own (ranks in node order, the node's reader first), kept in
+// a ReloadWorkspace while it was made for the same planes and grouping.
+struct NodePlanes {
+  // What it was made for: the world, and the kind of data plane (not the
+  // transport object: reload_weights() without one makes a new one per call).
+  const Communicator* world = nullptr;
+  std::string data_backend;
+  MemoryKind data_memory = MemoryKind::kHost;
+  const Device* data_device = nullptr;
+  int ranks_per_node = 0, reader_rank = 0;
+  std::unique_ptr<Communicator> control;  // (declared first: outlives `transport`)
+  std::unique_ptr<DataTransport> transport;
+  std::vector<int> members;  // world ranks, in node order
+};
+
 // COLLECTIVE (control and data). Runs every bucket of `planned`. A read failure
 // on the reader rank is announced with the bucket it hit and raised as the same
-// CheckpointError on every rank; a transfer failure throws from the transport;
-// apply failures are returned (for the caller to agree on), never thrown.
+// CheckpointError on every rank (Readers::kNode, kAll: once every rank has run
+// what it could, the lowest failing rank's); a transfer failure throws from the
+// transport; apply failures are returned (for the caller to agree on), never
+// thrown. `node` (Readers::kNode only) carries the node's transfers.
 PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model, Communicator& control,
                            DataTransport& data, WeightSource* source, const ReloadOptions& options,
-                           ReloadWorkspace& workspace);
+                           ReloadWorkspace& workspace, NodePlanes* node = nullptr);
 
 }  // namespace tpreload::detail

@@ -149,6 +149,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
           {"the bucket size", o.bucket_bytes},
           {"the reader rank", std::uint64_t(o.reader_rank)},
           {"the readers", std::uint64_t(o.readers)},
+          {"the ranks per node", std::uint64_t(o.ranks_per_node)},
           {"zero-copy", std::uint64_t(o.zero_copy)},
           {"atomic", std::uint64_t(o.atomic)},
           {"require-complete", std::uint64_t(o.require_complete)},
@@ -238,7 +239,17 @@ std::uint64_t hash_bytes(const std::vector<std::uint8_t>& bytes) {
 }  // namespace
 
 std::string_view readers_name(Readers r) {
-  return r == Readers::kAll ? "all" : "one";
+  return r == Readers::kAll ? "all" : r == Readers::kNode ? "node" : "one";
+}
+
+std::optional<Readers> parse_readers(std::string_view name) {
+  for (Readers r : {Readers::kOne, Readers::kNode, Readers::kAll})
+    if (name == readers_name(r)) return r;
+  return std::nullopt;
+}
+
+bool opens_source(const ReloadOptions& options, int rank) {
+  return rank == options.reader_rank || options.readers != Readers::kOne;
 }
 
 namespace {
@@ -260,15 +271,17 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
                               ReloadWorkspace& workspace) {
   const int reader = options.reader_rank;
   const bool all_read = options.readers == Readers::kAll;
+  const bool many = options.readers != Readers::kOne;  // every rank opens the source
   std::optional<std::string> problem;
   std::vector<std::uint8_t> payload;
-  if (world.rank() == reader || all_read) {
+  if (opens_source(options, world.rank())) {
     try {
       if (!source)
-        raise<UsageError>(
-            "no weight source was given to ",
-            all_read ? detail::concat("rank ", world.rank(), " (--readers all: every rank reads)")
-                     : std::string("the reader rank"));
+        raise<UsageError>("no weight source was given to ",
+                          many ? detail::concat("rank ", world.rank(), " (--readers ",
+                                                readers_name(options.readers),
+                                                ": every rank opens the checkpoint)")
+                               : std::string("the reader rank"));
       payload =
           serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
     } catch (const std::exception& e) {
@@ -281,13 +294,14 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
       static_cast<std::int64_t>(payload.size()), world.rank() == reader ? own_hash : 0,
       static_cast<std::int64_t>(payload.empty() ? 0 : source->tensors().size())};
   world.broadcast(MutableBytes(listing, sizeof listing), reader);
-  if (all_read) {  // every rank reads by the reader's tensor indices: same listing everywhere
+  if (many) {  // ranks read by the reader's tensor indices: same listing everywhere
     std::optional<std::string> differs;
     if (listing[0] != static_cast<std::int64_t>(payload.size()) || listing[1] != own_hash)
-      differs = detail::concat("rank ", world.rank(), " opened ", source->describe(), " (",
-                               source->tensors().size(), " tensors), which lists differently from ",
-                               "reader rank ", reader, "'s (", listing[2],
-                               " tensors): with --readers all every rank must open the same files");
+      differs =
+          detail::concat("rank ", world.rank(), " opened ", source->describe(), " (",
+                         source->tensors().size(), " tensors), which lists differently from ",
+                         "reader rank ", reader, "'s (", listing[2], " tensors): with --readers ",
+                         readers_name(options.readers), " every rank must open the same files");
     agree_on_problem<CheckpointError>(world, differs, "comparing the ranks' listings");
   }
   std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[1]), listing[0]),
@@ -412,6 +426,42 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
       if (!has[k * n + r]) result.not_loaded_on_some_ranks[expected[partial[k]]].push_back(r);
 }
 
+// COLLECTIVE. Readers::kNode: this rank's node planes. Ranks group by
+// ranks_per_node, else by what the communicator says shares memory; the reader
+// rank comes first on its node (key 0), the others in world order. Kept in the
+// workspace for the next reload with the same planes and grouping (every rank
+// must have kept them: splitting is collective).
+detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const ReloadOptions& o,
+                                ReloadWorkspace& workspace) {
+  const detail::NodePlanes* kept = workspace.node_planes();
+  std::int64_t all_kept =
+      kept && kept->world == &world && kept->data_backend == data.backend() &&
+      kept->data_memory == data.memory() && kept->data_device == data.device() &&
+      kept->ranks_per_node == o.ranks_per_node && kept->reader_rank == o.reader_rank;
+  world.allreduce_ints(&all_kept, 1, IntOp::kMin);
+  if (all_kept) return *workspace.node_planes();
+  workspace.keep_node_planes(nullptr);
+  const int color = o.ranks_per_node > 0 ? world.rank() / o.ranks_per_node : world.node_leader();
+  const int key = world.rank() == o.reader_rank ? 0 : world.rank() + 1;
+  auto planes = std::make_unique<detail::NodePlanes>();
+  planes->world = &world;
+  planes->data_backend = data.backend();
+  planes->data_memory = data.memory();
+  planes->data_device = data.device();
+  planes->ranks_per_node = o.ranks_per_node;
+  planes->reader_rank = o.reader_rank;
+  planes->control = world.split(color, key);
+  planes->transport = data.split(*planes->control, color, key);
+  std::vector<std::int64_t> members(static_cast<std::size_t>(planes->control->size()), 0);
+  members[static_cast<std::size_t>(planes->control->rank())] = world.rank();
+  allreduce_ints(*planes->control, members, IntOp::kSum);
+  planes->members.assign(members.begin(), members.end());
+  log().debug("--readers node: rank {} is rank {} of the {} ranks of its node (reader: rank {})",
+              world.rank(), planes->control->rank(), members.size(), members.front());
+  workspace.keep_node_planes(std::move(planes));
+  return *workspace.node_planes();
+}
+
 void reduce_figures(Communicator& world, ReloadResult& r, const detail::PipelineStats& stats,
                     std::uint64_t read_bytes) {
   auto us = [](double s) { return static_cast<std::int64_t>(s * 1e6); };
@@ -451,6 +501,9 @@ std::optional<std::string> local_problem(const ReloadOptions& o, const Communica
                           control.size(), "-rank world");
   if (o.bucket_bytes == 0) return who + "bucket size must be positive";
   if (o.pipeline_depth < 1) return who + "pipeline depth must be at least 1";
+  if (o.ranks_per_node < 0)
+    return detail::concat(who, "ranks per node must be 0 (ask MPI) or positive, not ",
+                          o.ranks_per_node);
   if (data.size() != control.size() || data.rank() != control.rank())
     return detail::concat(who, "the data transport is rank ", data.rank(), "/", data.size(),
                           " (it must span the control ranks in order)");
@@ -486,7 +539,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   agree_on_problem<UsageError>(world, local_problem(options, world, data, model),
                                "checking the reload options and planes (nothing was reloaded)");
   const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
-  const bool reader = world.rank() == options.reader_rank || options.readers == Readers::kAll;
+  const bool reader = opens_source(options, world.rank());
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
   const CachedPlan& planned = plan_reload(world, source, model, options, fingerprint, kept);
   const SourceMetadata& md = planned.metadata;
@@ -544,7 +597,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     agree_on_problem<ModelError>(world, finish_problem, "post-load processing (finish)");
   };
   try {
-    stats = detail::run_pipeline(planned, model, world, data, source, options, kept);
+    detail::NodePlanes* node =
+        options.readers == Readers::kNode ? &node_planes(world, data, options, kept) : nullptr;
+    stats = detail::run_pipeline(planned, model, world, data, source, options, kept, node);
     // Zero-copy buckets went out of the mapping during the transfer: were they
     // all still backed by the file?
     std::optional<std::string> mapping_problem;
@@ -646,7 +701,7 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
   if (from.empty())
     raise<UsageError>("reload has no weights: no path was given and the model has no location");
   std::unique_ptr<WeightSource> opened;
-  if (world.rank() == options.reader_rank || options.readers == Readers::kAll) {
+  if (opens_source(options, world.rank())) {
     try {
       opened = open_weight_source(from);
     } catch (const std::exception& e) {  // reaches every rank through the metadata exchange

@@ -117,7 +117,10 @@ std::string summary_text(const ReloadResult& r) {
   out.precision(3);
   out << "reloaded " << r.loaded.size() << " parameters from " << r.source << " ("
       << format_name(r.format) << " format, " << distribution_name(r.distribution) << ", "
-      << (r.readers == Readers::kAll ? "every rank reading, " : "") << r.buckets << " buckets)\n"
+      << (r.readers == Readers::kAll    ? "every rank reading, "
+          : r.readers == Readers::kNode ? "a reader per node, "
+                                        : "")
+      << r.buckets << " buckets)\n"
       << "  bytes read " << r.bytes_read << ", transferred " << r.bytes_transferred << " ("
       << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0)
       << (r.readers == Readers::kAll ? " GB/s read by the busiest rank) over "

@@ -12,6 +12,7 @@ ReloadWorkspace& ReloadWorkspace::operator=(ReloadWorkspace&&) noexcept = defaul
 void ReloadWorkspace::release() {
   buffers_.clear();
   plan_.reset();
+  nodes_.reset();
 }
 
 void ReloadWorkspace::abandon_buffers() {
@@ -25,6 +26,10 @@ std::uint64_t ReloadWorkspace::cached_plan_key() const {
 
 void ReloadWorkspace::keep_plan(std::unique_ptr<detail::CachedPlan> plan) {
   plan_ = std::move(plan);
+}
+
+void ReloadWorkspace::keep_node_planes(std::unique_ptr<detail::NodePlanes> planes) {
+  nodes_ = std::move(planes);
 }
 
 std::uint64_t ReloadWorkspace::bytes(MemoryKind kind) const {

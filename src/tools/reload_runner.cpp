@@ -45,6 +45,7 @@ struct RunnerOptions {
   int pipeline_depth = ReloadOptions{}.pipeline_depth;
   int reader_rank = 0;
   std::string readers{readers_name(ReloadOptions{}.readers)};
+  int ranks_per_node = 0;
   bool zero_copy = false;
   bool atomic = false;
   bool require_complete = false;
@@ -68,8 +69,8 @@ struct RunnerOptions {
         " quantization=", quantization.empty() ? "none" : quantization, " lora=", lora,
         " expert_parallel=", expert_parallel, " distribution=", distribution,
         " bucket_mb=", bucket_mb, " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
-        " readers=", readers, " zero_copy=", zero_copy, " atomic=", atomic,
-        " require_complete=", require_complete, " checksums=", !no_checksums,
+        " readers=", readers, " ranks_per_node=", ranks_per_node, " zero_copy=", zero_copy,
+        " atomic=", atomic, " require_complete=", require_complete, " checksums=", !no_checksums,
         " compare_replicas=", !no_compare_replicas, " read_timeout_s=", read_timeout_s,
         " repeat=", repeat, " report=", report, " demo=", demo, " timeout_s=", timeout_s,
         " device=", device, " transport=", transport);
@@ -114,11 +115,19 @@ void add_options(CLI::App& app, RunnerOptions& o) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--readers", o.readers,
                  "Who reads the checkpoint. one: the reader rank reads it and sends each rank its "
-                 "part (when only one host sees the files). all: every rank opens the same path "
-                 "and reads only its own slices, nothing is sent (every node sees the files; "
-                 "fastest with a warm page cache; buckets are laid out as for scatter)")
-      ->check(CLI::IsMember({"one", "all"}))
+                 "part (when only one host sees the files). node: one rank per node reads what "
+                 "the ranks of its node need and sends it within the node, nothing crosses "
+                 "nodes (every node sees the files; storage that throttles per client). all: "
+                 "every rank opens the same path and reads only its own slices, nothing is sent "
+                 "(every node sees the files; fastest with a warm page cache; buckets are laid "
+                 "out as for scatter)")
+      ->check(CLI::IsMember({"one", "node", "all"}))
       ->capture_default_str();
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "With --readers node: world ranks [k*N, (k+1)*N) form node k (default 0: the "
+                 "ranks MPI says share memory)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--zero-copy", o.zero_copy,
                "Broadcast a bucket straight from the memory-mapped file when it is one run of "
                "it, instead of reading it into a send buffer (slower on a freshly opened "
@@ -206,6 +215,7 @@ void agree_on_options(const RunnerOptions& o, Communicator& world) {
        {"--pipeline-depth", static_cast<std::uint64_t>(o.pipeline_depth)},
        {"--reader-rank", static_cast<std::uint64_t>(o.reader_rank)},
        {"--readers", text(o.readers)},
+       {"--ranks-per-node", static_cast<std::uint64_t>(o.ranks_per_node)},
        {"--zero-copy", o.zero_copy},
        {"--atomic", o.atomic},
        {"--require-complete", o.require_complete},
@@ -224,7 +234,8 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   r.bucket_bytes = static_cast<std::uint64_t>(o.bucket_mb * 1024 * 1024);
   r.pipeline_depth = o.pipeline_depth;
   r.reader_rank = o.reader_rank;
-  r.readers = o.readers == "all" ? Readers::kAll : Readers::kOne;
+  r.readers = parse_readers(o.readers).value_or(Readers::kOne);  // (checked by CLI11)
+  r.ranks_per_node = o.ranks_per_node;
   r.zero_copy = o.zero_copy;
   r.atomic = o.atomic;
   r.require_complete = o.require_complete;

@@ -21,7 +21,9 @@ def assert_holds(params, want, what):
         assert torch.equal(params[name].view(torch.int16), t.view(torch.int16)), "%s: %s differs" % (what, name)
 
 
-@pytest.mark.parametrize("distribution,readers", [("scatter", "one"), ("broadcast", "one"), ("scatter", "all")])
+# readers="node" with a node per rank: each rank reads for itself, nothing is sent.
+@pytest.mark.parametrize("distribution,readers", [("scatter", "one"), ("broadcast", "one"), ("scatter", "all"),
+                                                  ("broadcast", "node")])
 def test_reload_in_place_from_safetensors(world, shared_dir, distribution, readers):
     tp = world.size
     v1, v2 = checkpoint(1), checkpoint(2)
@@ -32,13 +34,13 @@ def test_reload_in_place_from_safetensors(world, shared_dir, distribution, reade
     params = zeros_like_shards(world, tp)
     pointers = {n: t.data_ptr() for n, t in params.items()}
     r = tpreload.reload_weights(params, os.path.join(shared_dir, "v1"), world=world, distribution=distribution,
-                                bucket_mb=0.01, readers=readers)
+                                bucket_mb=0.01, readers=readers, ranks_per_node=1)
     assert r.complete and not r.skipped
     assert_holds(params, expected_shards(v1, tp, world.rank), "v1")
     assert r.fingerprint is None and not r.crc32, "fingerprints are opt-in"
     r = tpreload.reload_weights(params, os.path.join(shared_dir, "v1", "config.json"), world=world,
                                 weights_path=os.path.join(shared_dir, "v2"), distribution=distribution,
-                                fingerprint=True, readers=readers)
+                                fingerprint=True, readers=readers, ranks_per_node=1)
     assert r.complete
     assert_holds(params, expected_shards(v2, tp, world.rank), "v2")
     assert {n: t.data_ptr() for n, t in params.items()} == pointers, "a parameter moved"

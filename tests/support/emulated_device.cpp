@@ -259,6 +259,9 @@ class EmulatedDeviceTransport final : public DataTransport {
     host_->scatter(send, ranges, MutableBytes(t->staged.data(), t->staged.size()), root)->wait();
     return t;
   }
+  std::unique_ptr<DataTransport> split(Communicator& group, int color, int key) override {
+    return std::make_unique<EmulatedDeviceTransport>(host_->split(group, color, key), device_);
+  }
 
  private:
   void require(const void* p, std::uint64_t n, const char* what) const {

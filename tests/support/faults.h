@@ -40,6 +40,10 @@ class FaultyTransport final : public DataTransport {
   std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override;
   std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
                                     MutableBytes recv, int root) override;
+  // (the group's transport is the inner one's, without faults)
+  std::unique_ptr<DataTransport> split(Communicator& group, int color, int key) override {
+    return inner_->split(group, color, key);
+  }
   int transfers() const { return count_; }
 
  private:
@@ -98,6 +102,7 @@ class FaultyCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key) override {
     return inner_.split(color, key);
   }
+  int node_leader() override { return inner_.node_leader(); }
   [[noreturn]] void abort(int code) noexcept override {
     inner_.abort(code);
     std::abort();  // (never reached: the inner abort ends the job)

@@ -57,8 +57,8 @@ class Communicator {
   // entries and is identical on every rank; ranges may be empty, uneven, in any
   // order and over 2 GiB. `send` is read on the root only. On the root, `recv`
   // may be the root's own range of `send` (received in place, no copy).
-  virtual void scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
-                        MutableBytes recv, int root) = 0;
+  virtual void scatterv(ConstBytes send, const std::vector<ByteRange>& ranges, MutableBytes recv,
+                        int root) = 0;
 
   // Element-wise OR/AND of `count` 64-bit words across ranks, in place.
   virtual void allreduce_bits(std::uint64_t* words, std::size_t count, BitOp op) = 0;
@@ -75,6 +75,12 @@ class Communicator {
 
   // Ranks with the same `color` form a new group, ordered by (key, rank).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // COLLECTIVE. The lowest rank of this communicator that runs on this rank's
+  // node (shares its memory): the same on every rank of a node, different on
+  // each node. The default groups ranks by host name; MPI asks
+  // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED).
+  virtual int node_leader();
 
   // Ends the whole job (every rank of every group) with `code`. Not collective:
   // this is how a rank that hit an error stops peers that wait on it.

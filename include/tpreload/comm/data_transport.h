@@ -89,6 +89,12 @@ class DataTransport {
   // of `send` (in place).
   virtual std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
                                             MutableBytes recv, int root) = 0;
+
+  // COLLECTIVE. A transport of the same kind over the ranks that share `color`,
+  // ordered by (key, rank): `group` is the control communicator split the same
+  // way (Communicator::split(color, key)), which must outlive the result.
+  // Throws UsageError for a backend that cannot be split.
+  virtual std::unique_ptr<DataTransport> split(Communicator& group, int color, int key);
 };
 
 // A host-memory transport over `comm`'s own blocking collectives (each transfer is

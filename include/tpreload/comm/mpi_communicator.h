@@ -87,6 +87,7 @@ class MpiCommunicator final : public Communicator {
   void allreduce_floats(float* values, std::size_t count) override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key) override;
+  int node_leader() override;  // MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)
   [[noreturn]] void abort(int code) noexcept override;
 
   // The non-blocking forms: post and return the transfer in flight (the blocking

@@ -31,6 +31,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,25 @@ struct ReloadProgress {
 //         preflight and validation run as for kOne. Buckets are laid out as for
 //         scatter whatever `distribution` says (each rank reads no byte it does
 //         not keep). For nodes that all see the files, and a warm page cache.
-enum class Readers { kOne, kAll };
+//   kNode: one reader per node (ranks that share memory: MPI_COMM_TYPE_SHARED,
+//         or ReloadOptions::ranks_per_node), the node's lowest rank (the reader
+//         rank on its own node); it reads what the ranks of its node need and
+//         scatters or broadcasts it to them over a data transport of the node
+//         (DataTransport::split), so that no byte is read twice on a node and
+//         none crosses nodes. Every node must see the files. Each rank passes a
+//         source, as for kAll (only the node readers read from theirs); the
+//         reader rank lists it for everyone and every rank checks its listing.
+//         On one node it is kOne.
+enum class Readers { kOne, kNode, kAll };
 
 std::string_view readers_name(Readers r);
+// "one", "node", "all" (nullopt for another name).
+std::optional<Readers> parse_readers(std::string_view name);
+
+struct ReloadOptions;
+// Whether world rank `rank` must pass a WeightSource to reload_weights(): the
+// reader rank, or every rank when more than one reads.
+bool opens_source(const ReloadOptions& options, int rank);
 
 struct ReloadOptions {
   WeightFormat format = WeightFormat::kCheckpoint;
@@ -77,9 +94,13 @@ struct ReloadOptions {
   std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
   int pipeline_depth = 1;  // buffers per rank in flight (>= 1)
   int reader_rank = 0;     // world rank that opens and reads the source (kOne)
-  // Who reads the checkpoint (see Readers): the reader rank alone, or every rank
-  // its own slices (each rank then needs a source of the same files).
+  // Who reads the checkpoint (see Readers): the reader rank alone, one rank per
+  // node, or every rank its own slices (with kNode and kAll each rank needs a
+  // source of the same files: opens_source()).
   Readers readers = Readers::kOne;
+  // Readers::kNode: ranks per node, world ranks [k * n, (k + 1) * n) forming
+  // node k; 0 (the default) asks the communicator which ranks share memory.
+  int ranks_per_node = 0;
   // Broadcast a bucket straight from a memory-mapped source when it is one run of
   // the file. Off by default: a checkpoint opened for this reload is a fresh
   // mapping, and faulting it in page by page cost more than reading it into the
@@ -140,9 +161,10 @@ struct ReloadResult {
   std::vector<std::string> loaded;  // expected names this rank loaded
   std::vector<std::string> not_loaded_on_all_ranks;
   std::map<std::string, std::vector<int>> not_loaded_on_some_ranks;  // name -> ranks missing it
-  std::vector<std::string> skipped;          // source names with no parameter
-  std::uint64_t bytes_read = 0;              // by the reader rank (kAll: the most any rank read)
-  std::uint64_t bytes_transferred = 0;       // bytes the reader rank sent
+  std::vector<std::string> skipped;     // source names with no parameter
+  std::uint64_t bytes_read = 0;         // by the reader rank (kNode, kAll: the most any rank read)
+  std::uint64_t bytes_transferred = 0;  // bytes the reader rank sent (kNode: the most a node's
+                                        // reader sent to the other ranks of its node)
   std::uint64_t bytes_copied_on_reader = 0;  // bytes the reader read or copied into send buffers
   std::uint64_t peak_staging_bytes = 0;      // max over ranks of staging.total()
   StagingBytes staging;                      // per memory space, each the max over ranks

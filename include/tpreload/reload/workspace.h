@@ -11,7 +11,8 @@ namespace tpreload {
 
 namespace detail {
 struct CachedPlan;
-}
+struct NodePlanes;
+}  // namespace detail
 
 // What a reload keeps for the next one:
 //  - staging buffers, in the memory space each role needs (pageable or pinned
@@ -24,8 +25,9 @@ struct CachedPlan;
 //    bucket's resolved writes. The next reload reuses it when every rank holds a
 //    plan for the same listing (a 64-bit hash of the reader's serialized metadata,
 //    the model layout and the options), which spares a checkpoint of 20,000 small
-//    tensors its per-reload metadata exchange, planning and preflight.
-// release() frees both. Not thread-safe: one reload at a time per workspace.
+//    tensors its per-reload metadata exchange, planning and preflight;
+//  - with Readers::kNode, the communicator and data transport of this rank's node.
+// release() frees all of them. Not thread-safe: one reload at a time per workspace.
 class ReloadWorkspace {
  public:
   ReloadWorkspace();
@@ -53,9 +55,14 @@ class ReloadWorkspace {
   std::uint64_t cached_plan_key() const;
   void keep_plan(std::unique_ptr<detail::CachedPlan> plan);
 
+  // Readers::kNode: the node's control and data planes (null when none).
+  detail::NodePlanes* node_planes() const { return nodes_.get(); }
+  void keep_node_planes(std::unique_ptr<detail::NodePlanes> planes);
+
  private:
   std::vector<Buffer> buffers_;
   std::unique_ptr<detail::CachedPlan> plan_;
+  std::unique_ptr<detail::NodePlanes> nodes_;
 };
 
 }  // namespace tpreload
