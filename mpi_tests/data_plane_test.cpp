@@ -271,6 +271,59 @@ TEST(DataPlane, AStuckDeviceAbandonsItsStagingAlsoWhenAReadFailureIsRaised) {
   world().barrier();
 }
 
+// A reader per node, the last node's data transport failing on every rank of
+// it: the other nodes run on, and then every rank raises the same CommError
+// naming that node's first rank; the failed planes are dropped, so the next
+// reload (here over a sound transport) makes new ones and completes. Atomic:
+// no parameter on any rank changed.
+TEST(DataPlane, ANodeWhoseTransportFailsIsOneErrorOnEveryRankAndTheNextReloadWorks) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 1500),
+             v2 = testdata::random_checkpoint(config, 1501);
+  const int n = world().size(), per_node = std::max(1, n / 2);
+  const int last_node = (n - 1) / per_node * per_node;  // its first rank
+  const auto want_v1 = testdata::expected_shards(config, v1, n, world().rank());
+  const auto want_v2 = testdata::expected_shards(config, v2, n, world().rank());
+  for (bool atomic : {false, true}) {
+    PlaneSetup s = make_plane(Plane::kMpiHost);
+    std::unique_ptr<DataTransport> faulty = mpi_world().make_data_transport();
+    if (world().rank() >= last_node)
+      faulty = std::make_unique<testing::FaultyTransport>(std::move(faulty), 2,
+                                                          testing::FaultyTransport::Fault::kFail);
+    TensorParallelModel model(config, model_options(n, s));
+    ReloadOptions o;
+    o.readers = Readers::kNode;
+    o.ranks_per_node = per_node;
+    o.bucket_bytes = 4096;
+    o.atomic = atomic;
+    ReloadWorkspace ws;
+    ASSERT_TRUE(reload(model, *s.data, v1, o, ws).complete());
+    std::string error;
+    try {
+      reload(model, *faulty, v2, o, ws);
+      ADD_FAILURE() << "a failed node transfer went unnoticed";
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("a transfer within a node (--readers node; ranks of that node may hold a "
+                         "mix of old and new weights) failed on rank " +
+                         std::to_string(last_node) + "/" + std::to_string(n)),
+              std::string::npos)
+        << error;
+    EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+    EXPECT_EQ(ws.node_planes(), nullptr) << "planes a failure may have broken were kept";
+    if (atomic) {
+      for (const auto& [name, t] : want_v1)
+        EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
+            << "atomic: " << name << " changed";
+    }
+    ASSERT_TRUE(reload(model, *s.data, v2, o, ws).complete());
+    for (const auto& [name, t] : want_v2)
+      EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << name;
+  }
+}
+
 TEST(DataPlane, StagingPerMemorySpaceIsBoundedByTheBucket) {
   const ModelConfig config = parse_model_config(R"({"architectures":["LlamaForCausalLM"],
     "hidden_size":128,"intermediate_size":512,"num_hidden_layers":8,"num_attention_heads":8,

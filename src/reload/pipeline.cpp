@@ -594,6 +594,7 @@ PipelineStats Pipeline::run() {
   if (reads_) reader_thread_ = std::thread([this] { reader_loop(); });
   apply_thread_ = std::thread([this] { apply_loop(); });
   std::unique_ptr<Slot> failed_read;  // kAll: this rank's, kNode: its node's; agreed on at the end
+  std::optional<std::string> node_error;  // kNode: this rank's failed node collective
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
     std::optional<std::unique_ptr<Slot>> slot = reads_ ? next_filled(k) : free_.pop();
     if (!slot)
@@ -605,12 +606,22 @@ PipelineStats Pipeline::run() {
         failed_read = std::move(*slot);
         break;
       }
+    } else if (!node_read_) {
+      announce_read_status(**slot);
+      transfer(**slot);
     } else {
-      if (!announce_read_status(**slot)) {  // (kNode: agreed on over the world below)
-        failed_read = std::move(*slot);
+      // A node's announcement or transfer that fails stops that node only: the
+      // other nodes run on, and the world agrees on the failure at the end.
+      try {
+        if (!announce_read_status(**slot)) {
+          failed_read = std::move(*slot);
+          break;
+        }
+        transfer(**slot);
+      } catch (const std::exception& e) {
+        node_error = e.what();
         break;
       }
-      transfer(**slot);
     }
     to_apply_.push(std::move(*slot));
     if (reports()) report_progress(k + 1, false);
@@ -619,6 +630,10 @@ PipelineStats Pipeline::run() {
   to_apply_.close();
   if (apply_thread_.joinable()) apply_thread_.join();
   stop();
+  if (node_read_)
+    agree_on_problem<CommError>(control_, node_error,
+                                "a transfer within a node (--readers node; ranks of that node "
+                                "may hold a mix of old and new weights)");
   if (all_read_ || node_read_)  // (only the rank that failed to read holds the error)
     agree_on_read_status(failed_read ? failed_read->bucket : 0,
                          failed_read ? failed_read->read_error : std::nullopt);

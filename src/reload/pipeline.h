@@ -46,9 +46,11 @@ struct CachedPlan {
 // transport of its own (ranks in node order, the node's reader first), kept in
 // a ReloadWorkspace while it was made for the same planes and grouping.
 struct NodePlanes {
-  // What it was made for: the world, and the kind of data plane (not the
-  // transport object: reload_weights() without one makes a new one per call).
+  // What it was made for: the world and the data plane (the transport object,
+  // except for a transport over the control plane's own collectives, which
+  // reload_weights() without one makes anew for every call).
   const Communicator* world = nullptr;
+  const DataTransport* data = nullptr;  // null for a control-plane transport
   std::string data_backend;
   MemoryKind data_memory = MemoryKind::kHost;
   const Device* data_device = nullptr;
@@ -56,6 +58,7 @@ struct NodePlanes {
   std::unique_ptr<Communicator> control;  // (declared first: outlives `transport`)
   std::unique_ptr<DataTransport> transport;
   std::vector<int> members;  // world ranks, in node order
+  std::uint64_t serial = 0;  // which making of planes in this process (tests tell them apart)
 };
 
 // COLLECTIVE (control and data). Runs every bucket of `planned`. A read failure

@@ -1,6 +1,7 @@
 #include "tpreload/reload/reload.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -434,10 +435,12 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
 detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const ReloadOptions& o,
                                 ReloadWorkspace& workspace) {
   const detail::NodePlanes* kept = workspace.node_planes();
+  const DataTransport* identity = data.backend().rfind("control:", 0) == 0 ? nullptr : &data;
   std::int64_t all_kept =
-      kept && kept->world == &world && kept->data_backend == data.backend() &&
-      kept->data_memory == data.memory() && kept->data_device == data.device() &&
-      kept->ranks_per_node == o.ranks_per_node && kept->reader_rank == o.reader_rank;
+      kept && kept->world == &world && kept->data == identity &&
+      kept->data_backend == data.backend() && kept->data_memory == data.memory() &&
+      kept->data_device == data.device() && kept->ranks_per_node == o.ranks_per_node &&
+      kept->reader_rank == o.reader_rank;
   world.allreduce_ints(&all_kept, 1, IntOp::kMin);
   if (all_kept) return *workspace.node_planes();
   workspace.keep_node_planes(nullptr);
@@ -445,19 +448,32 @@ detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const 
   const int key = world.rank() == o.reader_rank ? 0 : world.rank() + 1;
   auto planes = std::make_unique<detail::NodePlanes>();
   planes->world = &world;
+  planes->data = identity;
   planes->data_backend = data.backend();
   planes->data_memory = data.memory();
   planes->data_device = data.device();
   planes->ranks_per_node = o.ranks_per_node;
   planes->reader_rank = o.reader_rank;
-  planes->control = world.split(color, key);
-  planes->transport = data.split(*planes->control, color, key);
-  std::vector<std::int64_t> members(static_cast<std::size_t>(planes->control->size()), 0);
-  members[static_cast<std::size_t>(planes->control->rank())] = world.rank();
-  allreduce_ints(*planes->control, members, IntOp::kSum);
-  planes->members.assign(members.begin(), members.end());
+  // A split that fails on one node (a transport that cannot be split, NCCL
+  // failing to join) is agreed on over the world, not only within the node.
+  std::optional<std::string> problem;
+  try {
+    planes->control = world.split(color, key);
+    planes->transport = data.split(*planes->control, color, key);
+    std::vector<std::int64_t> members(static_cast<std::size_t>(planes->control->size()), 0);
+    members[static_cast<std::size_t>(planes->control->rank())] = world.rank();
+    allreduce_ints(*planes->control, members, IntOp::kSum);
+    planes->members.assign(members.begin(), members.end());
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  agree_on_problem<CommError>(world, problem,
+                              "making the node planes for --readers node (nothing was reloaded)");
+  static std::atomic<std::uint64_t> made{0};
+  planes->serial = ++made;
   log().debug("--readers node: rank {} is rank {} of the {} ranks of its node (reader: rank {})",
-              world.rank(), planes->control->rank(), members.size(), members.front());
+              world.rank(), planes->control->rank(), planes->members.size(),
+              planes->members.front());
   workspace.keep_node_planes(std::move(planes));
   return *workspace.node_planes();
 }
@@ -622,6 +638,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     if (options.compare_replicas) compare_replicas(world, model);
     result.seconds.validate = since(t);
   } catch (const std::exception& e) {
+    // Node planes a failed transfer may have broken are made again next time
+    // (every rank drops them: the next reload agrees none kept them).
+    kept.keep_node_planes(nullptr);
     if (options.atomic)
       rethrow_with(e, "; atomic reload: every parameter is as it was before the reload");
     rethrow_after_writes(e, world, sink);

@@ -40,9 +40,10 @@ class FaultyTransport final : public DataTransport {
   std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override;
   std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
                                     MutableBytes recv, int root) override;
-  // (the group's transport is the inner one's, without faults)
+  // The group's transport has the same fault, counting its own transfers.
   std::unique_ptr<DataTransport> split(Communicator& group, int color, int key) override {
-    return inner_->split(group, color, key);
+    return std::make_unique<FaultyTransport>(inner_->split(group, color, key), nth_, fault_,
+                                             timeout_, bit_);
   }
   int transfers() const { return count_; }
 

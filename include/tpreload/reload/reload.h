@@ -73,8 +73,9 @@ struct ReloadProgress {
 //         none crosses nodes. Every node must see the files. Each rank passes a
 //         source, as for kAll (only the node readers read from theirs); the
 //         reader rank lists it for everyone and every rank checks its listing.
-//         On one node it is kOne.
-enum class Readers { kOne, kNode, kAll };
+//         On one node it reads and sends as kOne does (every rank still
+//         opens the checkpoint, and the node's planes are split once).
+enum class Readers { kOne, kAll, kNode };
 
 std::string_view readers_name(Readers r);
 // "one", "node", "all" (nullopt for another name).
