@@ -106,9 +106,10 @@ ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket,
 
 // Row-parallel: each full row is [one rank's window | the next rank's | ...]. When
 // the windows tile the row, one split read cuts every rank's slice out of the file
-// straight into the send buffer. False (nothing read) when they do not.
+// straight into the send buffer, tp rank r's into world rank home[r]'s region.
+// False (nothing read) when they do not.
 bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
-                                    std::byte* send) {
+                                    const std::vector<int>& home, std::byte* send) {
   const TensorInfo& info = md_.tensors[t.index];
   std::vector<int> order(tp_size_);
   std::iota(order.begin(), order.end(), 0);
@@ -127,13 +128,26 @@ bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const 
   for (std::int64_t i = 0; i < rows; ++i)
     for (int r : order) {
       const std::uint64_t width = window_bytes(t, info, r);
-      parts.emplace_back(send + bucket.ranges[r].offset + p.rank_offset[r] + i * width, width);
+      const int w = home[r];
+      parts.emplace_back(send + bucket.ranges[w].offset + p.rank_offset[w] + i * width, width);
     }
   source_.read_split(t.index, rows_range(t.index, p.row_begin, p.row_end), parts);
   return true;
 }
 
-void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send) {
+// The regions of the world ranks in `wanted` (null: all of them). Each tp rank's
+// slice is read once, into the region of the first wanted world rank that holds
+// it (its home); other wanted ranks with that tp rank (replicas) copy it. A split
+// read of a row-parallel piece reads every tp rank's window, into its home or,
+// for a tp rank no wanted rank holds, into world rank r's region (never sent).
+void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
+                                const std::vector<bool>* wanted) {
+  std::vector<int> home(tp_size_, -1);
+  for (int w = 0; w < world_size_; ++w)
+    if ((!wanted || (*wanted)[w]) && home[w % tp_size_] < 0) home[w % tp_size_] = w;
+  std::vector<int> split_home(home);
+  for (int r = 0; r < tp_size_; ++r)
+    if (split_home[r] < 0) split_home[r] = r;
   std::vector<std::byte> scratch;
   std::vector<ReadRequest> reads;  // contiguous rows, merged by the source where adjacent
   struct Replica {
@@ -146,19 +160,20 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
     const bool windows = row_parallel(t, info);
-    const bool split = windows && read_row_windows(bucket, p, t, send);
+    const bool split = windows && read_row_windows(bucket, p, t, split_home, send);
     // Otherwise row-parallel slices all come from the same full rows: read them once.
     ConstBytes shared_rows;
     if (windows && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);
     for (int w = 0; w < world_size_; ++w) {
+      if (wanted && !(*wanted)[w]) continue;
       const int r = w % tp_size_;
       const std::int64_t end = std::min(p.row_end, t.rows_for(r));
       if (end <= p.row_begin) continue;
       std::byte* dst = send + bucket.ranges[w].offset + p.rank_offset[w];
       const std::uint64_t n =
           static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
-      if (w >= tp_size_) {  // a replica: same bytes as world rank r
-        replicas.push_back({dst, send + bucket.ranges[r].offset + p.rank_offset[r], n});
+      if (w != home[r]) {  // a replica: same bytes as its tp rank's home
+        replicas.push_back({dst, send + bucket.ranges[home[r]].offset + p.rank_offset[home[r]], n});
       } else if (split) {    // read above
       } else if (windows) {  // each full row contributes its column window
         const std::uint64_t full = shape_row_bytes(info.shape, info.dtype);
@@ -220,26 +235,17 @@ ConstBytes BucketReader::fill_own(std::size_t index, int world_rank, std::byte* 
 ConstBytes BucketReader::fill(std::size_t index, std::byte* send) {
   const Bucket& bucket = plan_.buckets.at(index);
   if (!bucket.scatter) return fill_broadcast(index, bucket, send);
-  fill_scatter(bucket, send);
+  fill_scatter(bucket, send, nullptr);
   return ConstBytes(send, bucket.bytes);
 }
 
 ConstBytes BucketReader::fill_ranks(std::size_t index, const std::vector<int>& ranks,
                                     std::byte* send) {
   const Bucket& bucket = plan_.buckets.at(index);
-  if (!bucket.scatter || static_cast<int>(ranks.size()) == world_size_) return fill(index, send);
-  std::vector<int> filled_by(static_cast<std::size_t>(tp_size_), -1);  // tp rank -> world rank
-  for (int w : ranks) {
-    int& first = filled_by[static_cast<std::size_t>(w % tp_size_)];
-    std::byte* region = send + bucket.ranges[w].offset;
-    if (first < 0) {
-      fill_own(index, w, region);
-      first = w;
-    } else {  // a replica's region is laid out as its tp rank's (layout_scatter)
-      std::memcpy(region, send + bucket.ranges[first].offset, bucket.ranges[w].length);
-      copied_ += bucket.ranges[w].length;
-    }
-  }
+  if (!bucket.scatter) return fill_broadcast(index, bucket, send);
+  std::vector<bool> wanted(static_cast<std::size_t>(world_size_), false);
+  for (int w : ranks) wanted[static_cast<std::size_t>(w)] = true;
+  fill_scatter(bucket, send, &wanted);
   return ConstBytes(send, bucket.bytes);
 }
 

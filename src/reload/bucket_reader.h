@@ -41,9 +41,8 @@ class BucketReader {
   ConstBytes fill_own(std::size_t index, int world_rank, std::byte* dst);
 
   // Readers::kNode: bucket `index` as fill() lays it out, with only the scatter
-  // regions of world ranks `ranks` (a node's) filled; a rank whose tp rank an
-  // earlier one of `ranks` holds gets a copy of that rank's region. All ranks:
-  // fill().
+  // regions of world ranks `ranks` (a node's) filled, each tp rank's slice read
+  // once (a rank whose tp rank an earlier one of `ranks` holds gets a copy).
   ConstBytes fill_ranks(std::size_t index, const std::vector<int>& ranks, std::byte* send);
 
   // Bytes read or copied into send buffers so far.
@@ -52,9 +51,9 @@ class BucketReader {
  private:
   ConstBytes fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send);
   bool send_mapped(std::size_t index, const Bucket& bucket, ConstBytes& payload);
-  void fill_scatter(const Bucket& bucket, std::byte* send);
+  void fill_scatter(const Bucket& bucket, std::byte* send, const std::vector<bool>* wanted);
   bool read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
-                        std::byte* send);
+                        const std::vector<int>& home, std::byte* send);
   ConstBytes full_rows(std::size_t tensor, std::int64_t a, std::int64_t b,
                        std::vector<std::byte>& scratch);
   ByteRange rows_range(std::size_t tensor, std::int64_t a, std::int64_t b) const;
