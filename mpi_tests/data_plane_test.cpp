@@ -324,6 +324,70 @@ TEST(DataPlane, ANodeWhoseTransportFailsIsOneErrorOnEveryRankAndTheNextReloadWor
   }
 }
 
+// A transport whose split fails on the ranks from `from` on (as NCCL failing to
+// join a node's communicator would), and otherwise is `inner`.
+class SplitFailsFrom final : public DataTransport {
+ public:
+  SplitFailsFrom(DataTransport& inner, int from) : inner_(inner), from_(from) {}
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend() const override { return inner_.backend(); }
+  MemoryKind memory() const override { return inner_.memory(); }
+  std::unique_ptr<Transfer> broadcast(MutableBytes buffer, int root) override {
+    return inner_.broadcast(buffer, root);
+  }
+  std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
+                                    MutableBytes recv, int root) override {
+    return inner_.scatter(send, ranges, recv, root);
+  }
+  // (after taking part in the inner split, which is collective, as a failed NCCL
+  // join fails after its collective steps)
+  std::unique_ptr<DataTransport> split(Communicator& group, int color, int key) override {
+    auto split = inner_.split(group, color, key);
+    if (rank() >= from_) raise<CommError>("rank ", rank(), " could not join its node's transport");
+    return split;
+  }
+
+ private:
+  DataTransport& inner_;
+  int from_;
+};
+
+// Making the node planes fails on the last node only: every rank raises the same
+// error, before anything is read, and no parameter changed.
+TEST(DataPlane, ANodeThatCannotMakeItsPlanesIsOneErrorBeforeAnyRead) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 1510),
+             v2 = testdata::random_checkpoint(config, 1511);
+  const int n = world().size(), per_node = std::max(1, n / 2);
+  const int last_node = (n - 1) / per_node * per_node;
+  PlaneSetup s = make_plane(Plane::kMpiHost);
+  SplitFailsFrom data(*s.data, last_node);
+  TensorParallelModel model(config, model_options(n, s));
+  ReloadOptions o;
+  ReloadWorkspace ws;
+  ASSERT_TRUE(reload(model, *s.data, v1, o, ws).complete());  // one reader: no split
+  o.readers = Readers::kNode;
+  o.ranks_per_node = per_node;
+  std::string error;
+  try {
+    reload(model, data, v2, o, ws);
+    ADD_FAILURE() << "a failed split went unnoticed";
+  } catch (const CommError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("making the node planes for --readers node (nothing was reloaded) failed "
+                       "on rank " +
+                       std::to_string(last_node) + "/" + std::to_string(n) + ": rank " +
+                       std::to_string(last_node) + " could not join its node's transport"),
+            std::string::npos)
+      << error;
+  EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  for (const auto& [name, t] : testdata::expected_shards(config, v1, n, world().rank()))
+    EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << name << " changed";
+}
+
 TEST(DataPlane, StagingPerMemorySpaceIsBoundedByTheBucket) {
   const ModelConfig config = parse_model_config(R"({"architectures":["LlamaForCausalLM"],
     "hidden_size":128,"intermediate_size":512,"num_hidden_layers":8,"num_attention_heads":8,

@@ -93,7 +93,9 @@ class DataTransport {
   // COLLECTIVE. A transport of the same kind over the ranks that share `color`,
   // ordered by (key, rank): `group` is the control communicator split the same
   // way (Communicator::split(color, key)), which must outlive the result.
-  // Throws UsageError for a backend that cannot be split.
+  // Collective over this transport's ranks (MPI) or the group's (NCCL): a rank
+  // that fails does so after taking part. Throws UsageError for a backend that
+  // cannot be split.
   virtual std::unique_ptr<DataTransport> split(Communicator& group, int color, int key);
 };
 
