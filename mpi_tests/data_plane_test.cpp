@@ -384,8 +384,12 @@ TEST(DataPlane, ANodeThatCannotMakeItsPlanesIsOneErrorBeforeAnyRead) {
             std::string::npos)
       << error;
   EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  EXPECT_EQ(ws.node_planes(), nullptr) << "half-made planes were kept";
   for (const auto& [name, t] : testdata::expected_shards(config, v1, n, world().rank()))
     EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << name << " changed";
+  ASSERT_TRUE(reload(model, *s.data, v2, o, ws).complete()) << "over a transport that splits";
+  for (const auto& [name, t] : testdata::expected_shards(config, v2, n, world().rank()))
+    EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << name;
 }
 
 TEST(DataPlane, StagingPerMemorySpaceIsBoundedByTheBucket) {

@@ -161,6 +161,10 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
     const TensorInfo& info = md_.tensors[t.index];
     const bool windows = row_parallel(t, info);
     const bool split = windows && read_row_windows(bucket, p, t, split_home, send);
+    if (split)  // windows of tp ranks no wanted rank holds are read too (not copied below)
+      for (int r = 0; r < tp_size_; ++r)
+        if (home[r] < 0)
+          copied_ += static_cast<std::uint64_t>(p.row_end - p.row_begin) * window_bytes(t, info, r);
     // Otherwise row-parallel slices all come from the same full rows: read them once.
     ConstBytes shared_rows;
     if (windows && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);

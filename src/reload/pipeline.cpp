@@ -626,7 +626,7 @@ PipelineStats Pipeline::run() {
     to_apply_.push(std::move(*slot));
     if (reports()) report_progress(k + 1, false);
   }
-  if (reports() && !failed_read) report_progress(plan_.buckets.size(), true);
+  if (reports() && !failed_read && !node_error) report_progress(plan_.buckets.size(), true);
   to_apply_.close();
   if (apply_thread_.joinable()) apply_thread_.join();
   stop();

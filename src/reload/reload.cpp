@@ -459,11 +459,13 @@ detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const 
   std::optional<std::string> problem;
   try {
     planes->control = world.split(color, key);
-    planes->transport = data.split(*planes->control, color, key);
     std::vector<std::int64_t> members(static_cast<std::size_t>(planes->control->size()), 0);
     members[static_cast<std::size_t>(planes->control->rank())] = world.rank();
     allreduce_ints(*planes->control, members, IntOp::kSum);
     planes->members.assign(members.begin(), members.end());
+    // Last: a rank whose split fails goes on to the world agreement, and no
+    // collective of its node is left after it.
+    planes->transport = data.split(*planes->control, color, key);
   } catch (const std::exception& e) {
     problem = e.what();
   }
