@@ -78,11 +78,15 @@ void drop_from_page_cache(const std::string& path) {
   auto drop = [](const fs::path& file) {
     const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-      raise<CheckpointError>("cannot open '", file.string(), "' to drop it from the cache");
-    ::fdatasync(fd);
+      raise<CheckpointError>("cannot open '", file.string(),
+                             "' to drop it from the cache: ", std::strerror(errno));
+    if (::fdatasync(fd) != 0)
+      raise<CheckpointError>("fdatasync of '", file.string(), "' failed: ", std::strerror(errno));
     const int rc = ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
-    if (rc != 0) raise<CheckpointError>("posix_fadvise(DONTNEED) failed on '", file.string(), "'");
+    if (rc != 0)
+      raise<CheckpointError>("posix_fadvise(DONTNEED) failed on '", file.string(),
+                             "': ", std::strerror(rc));
   };
   if (fs::is_regular_file(path)) return drop(path);
   for (const auto& e : fs::recursive_directory_iterator(path))
@@ -240,9 +244,10 @@ struct RankModel {
 };
 
 // Before a timed read with --cold: the files leave the page cache. The cache is
-// per node: one rank drops them, the others wait.
+// per node: one rank of each node drops them, the others wait.
 void cool(const BenchOptions& o, const std::string& path, Communicator& world) {
-  if (o.cold && world.rank() == 0) drop_from_page_cache(path);
+  if (!o.cold) return;
+  if (world.node_leader() == world.rank()) drop_from_page_cache(path);
   world.barrier();
 }
 
@@ -306,11 +311,9 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   // all of it for broadcast buckets, or nodes that each hold a whole tp group).
   double share = 1;
   if (ro.readers == Readers::kNode) {
-    const int leader = o.ranks_per_node > 0 ? world.rank() / o.ranks_per_node * o.ranks_per_node
-                                            : world.node_leader();
-    std::vector<std::int64_t> node_of(world.size(), 0);
-    node_of[world.rank()] = leader;
-    allreduce_ints(world, node_of, IntOp::kSum);
+    std::vector<std::int64_t> node(world.size(), 0);
+    node[world.rank()] = node_of(world, ro);
+    allreduce_ints(world, node, IntOp::kSum);
     auto reads = [&](auto in_node) {  // bytes a reader of these ranks reads
       std::uint64_t n = 0;
       for (const Bucket& b : plan.buckets) {
@@ -329,8 +332,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     };
     std::uint64_t busiest = 0;
     for (int w = 0; w < world.size(); ++w)
-      if (node_of[w] == w)
-        busiest = std::max(busiest, reads([&](int v) { return node_of[v] == w; }));
+      if (node[w] == w) busiest = std::max(busiest, reads([&](int v) { return node[v] == w; }));
     std::uint64_t one = 0;  // what the one reader's bound reads: every region, replicas too
     for (const Bucket& b : plan.buckets) one += b.bytes;
     share = one ? double(busiest) / one : 1.0;

@@ -255,14 +255,15 @@ py::dict result_dict(const ReloadResult& r,
 // any parameter is written.
 py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
                 ReloadWorkspace* workspace) {
-  const bool reader = world.rank() == q.reader_rank || q.readers != "one";
   std::optional<std::string> problem = q.problem;
   ReloadOptions options;
+  bool reader = false;  // passes a source (opens_source), once the options are read
   std::vector<BorrowedTensor> tensors;
   std::vector<InMemoryTensor> memory;
   if (!problem) {
     try {  // with the GIL: descriptors are Python objects
       options = reload_options(q);
+      reader = opens_source(options, world.rank());
       q.tp_size = q.tp_size > 0 ? q.tp_size : world.size();
       if (world.size() % q.tp_size != 0)
         raise<UsageError>("tp_size ", q.tp_size, " does not divide the world size ", world.size());

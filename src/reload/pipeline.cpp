@@ -95,6 +95,12 @@ class Pipeline {
     spaces_.device_params = sink_.memory() == MemoryKind::kDevice;
     // Every rank reading its own bytes moves nothing over the data plane.
     spaces_.device_transport = data.memory() == MemoryKind::kDevice && !all_read_;
+    if (node_read_)
+      for (const Bucket& b : plan_.buckets) {
+        auto& ranges = node_ranges_.emplace_back();
+        if (b.scatter)
+          for (int w : members_) ranges.push_back(b.ranges[static_cast<std::size_t>(w)]);
+      }
     if (reads_)
       files_ = std::make_unique<BucketReader>(plan_, planned.metadata, *source, control.size(),
                                               model.rules().tp_size(), options.zero_copy);
@@ -113,7 +119,9 @@ class Pipeline {
   // Progress goes to the world's reader rank.
   bool reports() const { return rank_ == options_.reader_rank && options_.progress != nullptr; }
   // A scatter bucket's ranges for the ranks of the group, in group order.
-  std::vector<ByteRange> group_ranges(const Bucket& b) const;
+  const std::vector<ByteRange>& group_ranges(std::size_t bucket) const {
+    return node_read_ ? node_ranges_[bucket] : plan_.buckets[bucket].ranges;
+  }
   std::uint64_t view_bytes(const Bucket& b) const {
     return b.scatter ? b.ranges[rank_].length : b.bytes;
   }
@@ -157,6 +165,8 @@ class Pipeline {
   const bool all_read_;   // Readers::kAll: every rank reads its own region, nothing is sent
   const bool node_read_;  // Readers::kNode: a reader per node, transfers within the node
   const bool reads_;      // this rank reads the source
+  // kNode: each scatter bucket's ranges of the node's ranks, in node order.
+  std::vector<std::vector<ByteRange>> node_ranges_;
   Spaces spaces_;
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
@@ -244,7 +254,7 @@ void Pipeline::checksum(Slot& slot, const std::byte* host_bytes) {
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const auto start = Clock::now();
   if (bucket.scatter) {  // the reader's own range is never sent (it receives it in place)
-    const std::vector<ByteRange> ranges = group_ranges(bucket);
+    const std::vector<ByteRange>& ranges = group_ranges(slot.bucket);
     for (std::size_t g = 0; g < ranges.size(); ++g)
       slot.sums.push_back(static_cast<int>(g) == group_rank_
                               ? 0
@@ -253,14 +263,6 @@ void Pipeline::checksum(Slot& slot, const std::byte* host_bytes) {
     slot.sums.push_back(crc32c(host_bytes, bucket.bytes));
   }
   stats_.checksum += since(start);
-}
-
-std::vector<ByteRange> Pipeline::group_ranges(const Bucket& b) const {
-  if (!node_read_) return b.ranges;
-  std::vector<ByteRange> ranges;
-  ranges.reserve(members_.size());
-  for (int w : members_) ranges.push_back(b.ranges[static_cast<std::size_t>(w)]);
-  return ranges;
 }
 
 std::string Pipeline::bucket_tensors(std::size_t bucket) const {
@@ -389,7 +391,7 @@ void Pipeline::transfer(Slot& slot) {
   std::unique_ptr<Transfer> t;
   std::uint64_t sent = bucket.bytes;
   if (bucket.scatter) {
-    const std::vector<ByteRange> ranges = group_ranges(bucket);
+    const std::vector<ByteRange>& ranges = group_ranges(slot.bucket);
     const ConstBytes send = reader_ ? ConstBytes(slot.send, bucket.bytes) : ConstBytes();
     std::byte* into = reader_ ? slot.send + bucket.ranges[rank_].offset : slot.recv;
     t = data_.scatter(send, ranges, MutableBytes(into, bucket.ranges[rank_].length), root_);
@@ -484,13 +486,16 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
 bool Pipeline::can_apply_direct() const {
   if (!all_read_ || spaces_.device_params || direct_applies_.size() != plan_.buckets.size())
     return false;
+  // The first write's source says whether the source has views (all or none).
+  const WriteSource* first = nullptr;
+  for (const BucketApply& a : direct_applies_)
+    if (!first && !a.sources.empty()) first = &a.sources.front();
+  if (!first) return false;
   try {  // (a source that fails here fails again, and is reported, on the staged path)
-    for (const BucketApply& a : direct_applies_)
-      for (const WriteSource& from : a.sources)
-        return source_->view(from.tensor, {from.range.offset, 0}).has_value();
+    return source_->view(first->tensor, {first->range.offset, 0}).has_value();
   } catch (const std::exception&) {
+    return false;
   }
-  return false;
 }
 
 void Pipeline::run_direct() {

@@ -51,9 +51,7 @@ struct NodePlanes {
   // reload_weights() without one makes anew for every call).
   const Communicator* world = nullptr;
   const DataTransport* data = nullptr;  // null for a control-plane transport
-  std::string data_backend;
-  MemoryKind data_memory = MemoryKind::kHost;
-  const Device* data_device = nullptr;
+  std::string data_backend;             // (tells control-plane transports of other backends apart)
   int ranks_per_node = 0, reader_rank = 0;
   std::unique_ptr<Communicator> control;  // (declared first: outlives `transport`)
   std::unique_ptr<DataTransport> transport;

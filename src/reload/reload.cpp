@@ -249,6 +249,11 @@ std::optional<Readers> parse_readers(std::string_view name) {
   return std::nullopt;
 }
 
+int node_of(Communicator& world, const ReloadOptions& options) {
+  const int n = options.ranks_per_node;
+  return n > 0 ? world.rank() / n * n : world.node_leader();
+}
+
 bool opens_source(const ReloadOptions& options, int rank) {
   return rank == options.reader_rank || options.readers != Readers::kOne;
 }
@@ -436,22 +441,19 @@ detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const 
                                 ReloadWorkspace& workspace) {
   const detail::NodePlanes* kept = workspace.node_planes();
   const DataTransport* identity = data.backend().rfind("control:", 0) == 0 ? nullptr : &data;
-  std::int64_t all_kept =
-      kept && kept->world == &world && kept->data == identity &&
-      kept->data_backend == data.backend() && kept->data_memory == data.memory() &&
-      kept->data_device == data.device() && kept->ranks_per_node == o.ranks_per_node &&
-      kept->reader_rank == o.reader_rank;
+  std::int64_t all_kept = kept && kept->world == &world && kept->data == identity &&
+                          kept->data_backend == data.backend() &&
+                          kept->ranks_per_node == o.ranks_per_node &&
+                          kept->reader_rank == o.reader_rank;
   world.allreduce_ints(&all_kept, 1, IntOp::kMin);
   if (all_kept) return *workspace.node_planes();
   workspace.keep_node_planes(nullptr);
-  const int color = o.ranks_per_node > 0 ? world.rank() / o.ranks_per_node : world.node_leader();
+  const int color = node_of(world, o);
   const int key = world.rank() == o.reader_rank ? 0 : world.rank() + 1;
   auto planes = std::make_unique<detail::NodePlanes>();
   planes->world = &world;
   planes->data = identity;
   planes->data_backend = data.backend();
-  planes->data_memory = data.memory();
-  planes->data_device = data.device();
   planes->ranks_per_node = o.ranks_per_node;
   planes->reader_rank = o.reader_rank;
   // A split that fails on one node (a transport that cannot be split, NCCL

@@ -96,11 +96,6 @@ struct Plan {
 Plan make_plan(const SourceMetadata& metadata, const ShardingRules& rules,
                const PlanOptions& options);
 
-// What one rank does with one bucket once its bytes arrived, resolved when the
-// reload is planned: row writes into its parameter slots (source offsets count
-// from the start of this rank's view of the bucket: the whole bucket when it is
-// broadcast, this rank's region when it is scattered), vocab padding to zero,
-// and the shards it completes.
 // Where a write of a direct apply reads: bytes `range` of tensors()[tensor] (its
 // rows), and the write's src_offset counts from the tensor's first byte.
 struct WriteSource {
@@ -108,6 +103,11 @@ struct WriteSource {
   ByteRange range;
 };
 
+// What one rank does with one bucket once its bytes arrived, resolved when the
+// reload is planned: row writes into its parameter slots (source offsets count
+// from the start of this rank's view of the bucket: the whole bucket when it is
+// broadcast, this rank's region when it is scattered), vocab padding to zero,
+// and the shards it completes.
 struct BucketApply {
   std::vector<RowWrite> writes;
   // Direct applies only (resolve_direct_applies): writes[i] reads sources[i].

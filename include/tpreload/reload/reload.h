@@ -85,6 +85,10 @@ struct ReloadOptions;
 // Whether world rank `rank` must pass a WeightSource to reload_weights(): the
 // reader rank, or every rank when more than one reads.
 bool opens_source(const ReloadOptions& options, int rank);
+// COLLECTIVE when options.ranks_per_node is 0. Readers::kNode's grouping: the
+// lowest world rank of this rank's node (Communicator::node_leader(), or the
+// first rank of its block of ranks_per_node).
+int node_of(Communicator& world, const ReloadOptions& options);
 
 struct ReloadOptions {
   WeightFormat format = WeightFormat::kCheckpoint;
