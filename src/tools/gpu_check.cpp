@@ -187,13 +187,22 @@ int run_checks(const Options& o) {
     cuda_options.device = device;
     std::cout << "\n[" << (quant.empty() ? "bf16" : "int8") << "] host reload " << cpu.seconds
               << " s\n";
-    for (DataTransport* data : {nccl_data.get(), host_data.get()}) {
+    // NCCL, host transport, and NCCL with a reader per node (the node's own NCCL
+    // communicator, joined over its control plane: DataTransport::split).
+    const std::pair<DataTransport*, Readers> paths[] = {{nccl_data.get(), Readers::kOne},
+                                                        {host_data.get(), Readers::kOne},
+                                                        {nccl_data.get(), Readers::kNode}};
+    for (const auto& [data, readers] : paths) {
       TensorParallelModel gpu(
           config, cuda_options);  // a fresh model per path: zeros, not the last run's bytes
       const auto before = pointers(gpu);
-      const Run run = reload(gpu, *control, *data, dir, ro, o.iters);
+      ReloadOptions path_options = ro;
+      path_options.readers = readers;
+      path_options.ranks_per_node = 1;
+      const Run run = reload(gpu, *control, *data, dir, path_options, o.iters);
       const auto got = crcs(gpu);
-      std::cout << "cuda parameters over " << data->backend() << ": " << run.seconds << " s, "
+      std::cout << "cuda parameters over " << data->backend() << ", readers "
+                << readers_name(readers) << ": " << run.seconds << " s, "
                 << run.last.bytes_transferred / run.seconds / 1e9 << " GB/s, staging host "
                 << run.last.staging.host << " pinned " << run.last.staging.pinned << " device "
                 << run.last.staging.device << " bytes\n";
@@ -204,7 +213,7 @@ int run_checks(const Options& o) {
                        .c_str(),
                    want == got);
       ok &= report("parameter pointers unchanged", pointers(gpu) == before);
-      if (quant.empty() && data == nccl_data.get()) {
+      if (quant.empty() && data == nccl_data.get() && readers == Readers::kOne) {
         const double bound = pinned_copy_seconds(*device, run.last.bytes_transferred, o.iters);
         std::cout << "bench: scenario " << o.scenario << ", " << run.last.bytes_transferred
                   << " bytes, reload " << run.seconds << " s ("
