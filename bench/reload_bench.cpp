@@ -298,7 +298,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   SourceMetadata md;
   std::vector<std::uint8_t> payload;
   if (world.rank() == 0)
-    payload = serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
+    payload = serialize_metadata(source->describe(), source->tensors(), source->kernel_format());
   std::int64_t size = payload.size();
   world.broadcast(MutableBytes(&size, 8), 0);
   payload.resize(size);

@@ -29,8 +29,32 @@ void WeightSource::read_split(std::size_t index, ByteRange range,
   }
 }
 
+// Requests that continue each other within one tensor (a row-parallel piece's
+// column windows, row after row) are one read_split: one read of the rows for
+// sources that read tensor by tensor (HDF5), not one per window.
 void WeightSource::read_many(const std::vector<ReadRequest>& requests) {
-  for (const ReadRequest& r : requests) read(r.index, r.range, r.dst);
+  std::vector<MutableBytes> parts;
+  for (std::size_t i = 0; i < requests.size();) {
+    const ReadRequest& first = requests[i];
+    std::size_t j = i + 1;
+    while (j < requests.size() && requests[j].index == first.index &&
+           requests[j].range.offset == requests[j - 1].range.end())
+      ++j;
+    for (std::size_t k = i; k < j; ++k)
+      if (requests[k].dst.size != requests[k].range.length)
+        raise<UsageError>("tensor '", tensors().at(requests[k].index).name, "': read of ",
+                          requests[k].range.length, " bytes into a ", requests[k].dst.size,
+                          "-byte buffer");
+    if (j == i + 1) {
+      read(first.index, first.range, first.dst);
+    } else {
+      parts.clear();
+      for (std::size_t k = i; k < j; ++k) parts.push_back(requests[k].dst);
+      read_split(first.index,
+                 {first.range.offset, requests[j - 1].range.end() - first.range.offset}, parts);
+    }
+    i = j;
+  }
 }
 
 namespace {

@@ -364,7 +364,10 @@ class FastHeader {
 namespace detail {
 
 bool parse_safetensors_entries_fast(std::string_view json_text, SafetensorsHeader& out) {
-  return FastHeader(json_text).parse(out);
+  if (FastHeader(json_text).parse(out)) return true;
+  out.tensors.clear();  // nothing half-filled for the general parser
+  out.metadata.clear();
+  return false;
 }
 
 void parse_safetensors_entries_general(std::string_view json_text, SafetensorsHeader& out,
@@ -387,11 +390,8 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
     fail(origin, "header of ", h.header_bytes, " bytes runs past the end of the ", file_size,
          "-byte file");
   h.data_bytes = file_size - h.data_start;
-  if (!detail::parse_safetensors_entries_fast(json_text, h)) {
-    h.tensors.clear();
-    h.metadata.clear();
+  if (!detail::parse_safetensors_entries_fast(json_text, h))
     detail::parse_safetensors_entries_general(json_text, h, origin);
-  }
   std::sort(h.tensors.begin(), h.tensors.end(), [](const auto& a, const auto& b) {
     return a.data.offset != b.data.offset ? a.data.offset < b.data.offset
                                           : a.data.end() < b.data.end();

@@ -2,6 +2,7 @@
 #include "safetensors_source.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -30,7 +31,10 @@ class SafetensorsSource final : public WeightSource {
  public:
   SafetensorsSource(const std::vector<SafetensorsShard>& shards, SafetensorsSourceOptions options)
       : options_(std::move(options)) {
-    for (const auto& shard : shards) add_shard(shard);
+    // Which file holds each (tp rank, name): only needed to refuse a name that
+    // two files hold (one file's header already refuses a name twice).
+    std::map<std::pair<int, std::string>, std::string> owner;
+    for (const auto& shard : shards) add_shard(shard, shards.size() > 1 ? &owner : nullptr);
     for (auto& [key, value] : options_.extra_metadata) metadata_[key] = value;
   }
 
@@ -69,16 +73,20 @@ class SafetensorsSource final : public WeightSource {
     bytes_read_ += range.length;
   }
 
+  // Requests that follow each other in one file, or leave at most kReadThrough
+  // bytes between them (read into a discarded scratch page: cheaper than another
+  // system call), are one preadv.
   void read_many(const std::vector<ReadRequest>& requests) override {
     std::vector<MutableBytes> run;  // destinations of file-adjacent requests
     std::size_t shard = 0;
-    std::uint64_t start = 0, end = 0;
+    std::uint64_t start = 0, end = 0, wanted = 0;
     auto flush = [&] {
       if (run.empty()) return;
       const MappedFile& map = shards_[shard].map;
       preadv_exact(map.fd(), run, start, map.path());
-      bytes_read_ += end - start;
+      bytes_read_ += wanted;
       run.clear();
+      wanted = 0;
     };
     for (const ReadRequest& r : requests) {
       if (r.dst.size != r.range.length)
@@ -87,13 +95,16 @@ class SafetensorsSource final : public WeightSource {
       const ConstBytes bytes = locate(r.index, r.range);
       const std::size_t s = locations_[r.index].shard;
       const auto offset = static_cast<std::uint64_t>(bytes.data - shards_[s].map.data());
-      if (run.empty() || s != shard || offset != end) {
+      if (!run.empty() && s == shard && offset > end && offset - end <= kReadThrough) {
+        run.emplace_back(gap_.data(), offset - end);
+      } else if (run.empty() || s != shard || offset != end) {
         flush();
         shard = s;
         start = offset;
       }
       run.push_back(r.dst);
       end = offset + r.range.length;
+      wanted += r.range.length;
     }
     flush();
   }
@@ -106,22 +117,28 @@ class SafetensorsSource final : public WeightSource {
   }
 
  private:
-  void add_shard(const SafetensorsShard& shard) {
+  void add_shard(const SafetensorsShard& shard,
+                 std::map<std::pair<int, std::string>, std::string>* owner) {
     MappedShard m{shard, read_safetensors_header(shard.path), MappedFile::open(shard.path)};
     if (m.map.size() != m.header.data_start + m.header.data_bytes)
       raise<CheckpointError>("safetensors file '", shard.path, "' changed size while opening");
     if (shard.tp_rank >= 0) check_rank_metadata(shard, m.header.metadata);
-    for (const auto& t : m.header.tensors) {
-      const auto key = std::make_pair(shard.tp_rank, t.name);
-      const auto [it, inserted] = owner_.emplace(key, shard.path);
-      if (!inserted)
-        raise<CheckpointError>("safetensors file '", shard.path, "': tensor '", t.name,
-                               "' is also in '", it->second, "'");
-      infos_.push_back({t.name, t.dtype, t.shape, t.data.length, shard.path,
+    infos_.reserve(infos_.size() + m.header.tensors.size());
+    locations_.reserve(locations_.size() + m.header.tensors.size());
+    for (auto& t : m.header.tensors) {  // moved into the listing: the header's copy is not kept
+      if (owner) {
+        const auto [it, inserted] =
+            owner->emplace(std::make_pair(shard.tp_rank, t.name), shard.path);
+        if (!inserted)
+          raise<CheckpointError>("safetensors file '", shard.path, "': tensor '", t.name,
+                                 "' is also in '", it->second, "'");
+      }
+      infos_.push_back({std::move(t.name), t.dtype, std::move(t.shape), t.data.length, shard.path,
                         m.header.data_start + t.data.offset, shard.tp_rank});
       locations_.push_back({shards_.size(), t.data});
     }
     for (const auto& [key, value] : m.header.metadata) metadata_.emplace(key, value);
+    m.header.tensors = {};
     shards_.push_back(std::move(m));
   }
 
@@ -163,9 +180,10 @@ class SafetensorsSource final : public WeightSource {
   std::vector<MappedShard> shards_;
   std::vector<TensorInfo> infos_;
   std::vector<Location> locations_;
-  std::map<std::pair<int, std::string>, std::string> owner_;
   std::map<std::string, std::string> metadata_;
   std::atomic<std::uint64_t> bytes_read_{0};
+  static constexpr std::uint64_t kReadThrough = 4096;
+  std::array<std::byte, kReadThrough> gap_;  // where read_many reads the bytes between requests
 };
 
 }  // namespace

@@ -238,7 +238,7 @@ py::dict result_dict(const ReloadResult& r,
       py::dict(py::arg("total") = r.seconds.total, py::arg("read") = r.seconds.read,
                py::arg("transfer") = r.seconds.transfer, py::arg("apply") = r.seconds.apply,
                py::arg("finish") = r.seconds.finish, py::arg("validate") = r.seconds.validate,
-               py::arg("checksum") = r.seconds.checksum);
+               py::arg("checksum") = r.seconds.checksum, py::arg("prepare") = r.seconds.prepare);
   d["atomic"] = r.atomic;
   d["fingerprint"] =
       fingerprints ? py::object(py::str(model_fingerprint(*fingerprints))) : py::none();

@@ -105,11 +105,14 @@ ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket,
 }
 
 // Row-parallel: each full row is [one rank's window | the next rank's | ...]. When
-// the windows tile the row, one split read cuts every rank's slice out of the file
-// straight into the send buffer, tp rank r's into world rank home[r]'s region.
-// False (nothing read) when they do not.
+// the windows tile the row, a request per window, in file order, cuts every
+// rank's slice out of the file straight into the send buffer, tp rank r's into
+// world rank home[r]'s region (the source reads them as one split read, merged
+// with the requests before and after it). False (nothing requested) when they
+// do not tile.
 bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
-                                    const std::vector<int>& home, std::byte* send) {
+                                    const std::vector<int>& home, std::byte* send,
+                                    std::vector<ReadRequest>& reads) {
   const TensorInfo& info = md_.tensors[t.index];
   std::vector<int> order(tp_size_);
   std::iota(order.begin(), order.end(), 0);
@@ -123,15 +126,18 @@ bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const 
   }
   if (col != info.shape[1]) return false;
   const std::int64_t rows = p.row_end - p.row_begin;
-  std::vector<MutableBytes> parts;
-  parts.reserve(static_cast<std::size_t>(rows) * tp_size_);
+  std::uint64_t at = rows_range(t.index, p.row_begin, p.row_end).offset;
+  reads.reserve(reads.size() + static_cast<std::size_t>(rows) * tp_size_);
   for (std::int64_t i = 0; i < rows; ++i)
     for (int r : order) {
       const std::uint64_t width = window_bytes(t, info, r);
       const int w = home[r];
-      parts.emplace_back(send + bucket.ranges[w].offset + p.rank_offset[w] + i * width, width);
+      reads.push_back(
+          {t.index,
+           {at, width},
+           MutableBytes(send + bucket.ranges[w].offset + p.rank_offset[w] + i * width, width)});
+      at += width;
     }
-  source_.read_split(t.index, rows_range(t.index, p.row_begin, p.row_end), parts);
   return true;
 }
 
@@ -159,8 +165,9 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
+    const std::size_t piece_reads = reads.size();  // where this piece's requests start
     const bool windows = row_parallel(t, info);
-    const bool split = windows && read_row_windows(bucket, p, t, split_home, send);
+    const bool split = windows && read_row_windows(bucket, p, t, split_home, send, reads);
     if (split)  // windows of tp ranks no wanted rank holds are read too (not copied below)
       for (int r = 0; r < tp_size_; ++r)
         if (home[r] < 0)
@@ -186,7 +193,17 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
         for (std::int64_t i = 0; i < end - p.row_begin; ++i)
           std::memcpy(dst + i * width, shared_rows.data + i * full + skip, width);
       } else {  // column-parallel or kernel format: contiguous full rows
-        reads.push_back({t.index, contiguous_rows(t, r, p.row_begin, end), MutableBytes(dst, n)});
+        const ByteRange range = contiguous_rows(t, r, p.row_begin, end);
+        // Rows an earlier tp rank reads too (a replicated tensor: every rank
+        // holds all of it) are read once: a second read of the same bytes would
+        // also break the run of file-adjacent requests the source merges.
+        const auto same = std::find_if(
+            reads.begin() + static_cast<std::ptrdiff_t>(piece_reads), reads.end(),
+            [&](const ReadRequest& q) { return q.index == t.index && q.range == range; });
+        if (same != reads.end())
+          replicas.push_back({dst, same->dst.data, n});
+        else
+          reads.push_back({t.index, range, MutableBytes(dst, n)});
       }
       copied_ += n;
     }

@@ -2,10 +2,11 @@
 // into a host send buffer, exactly as the plan lays them out. Broadcast buckets
 // are runs of tensor rows (read with merged reads, or sent from the source's
 // mapping with zero_copy); scatter buckets are one region per world rank, cut out
-// of the file with one split read per row-parallel piece (the read is the
-// slicing) and merged reads for contiguous rows; replicas copy what their tp rank
-// got. With Readers::kAll each rank fills its own region the same way
-// (fill_own); with Readers::kNode a node's reader fills its node's regions
+// of the file by the read itself: a request per column window of a row-parallel
+// piece and per rank's contiguous rows, in file order, which the source merges
+// into a few preadv calls per bucket; bytes two ranks hold (replicated tensors,
+// replicas of a tp rank) are read once and copied. With Readers::kAll each rank fills its own
+// region the same way (fill_own); with Readers::kNode a node's reader fills its node's regions
 // (fill_ranks). No torch, no transport here.
 #pragma once
 
@@ -53,7 +54,8 @@ class BucketReader {
   bool send_mapped(std::size_t index, const Bucket& bucket, ConstBytes& payload);
   void fill_scatter(const Bucket& bucket, std::byte* send, const std::vector<bool>* wanted);
   bool read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
-                        const std::vector<int>& home, std::byte* send);
+                        const std::vector<int>& home, std::byte* send,
+                        std::vector<ReadRequest>& reads);
   ConstBytes full_rows(std::size_t tensor, std::int64_t a, std::int64_t b,
                        std::vector<std::byte>& scratch);
   ByteRange rows_range(std::size_t tensor, std::int64_t a, std::int64_t b) const;

@@ -10,21 +10,85 @@
 namespace tpreload {
 namespace {
 
+// Writes the wire format; with Counting = true, only counts its bytes (the first
+// of two passes, so that the output is allocated once, at its size).
+template <bool Counting>
 class Writer {
  public:
+  explicit Writer(std::size_t size = 0) : out_(Counting ? 0 : size) {}
   template <typename T>
   void put(T value) {
-    const auto* p = reinterpret_cast<const std::uint8_t*>(&value);
-    out_.insert(out_.end(), p, p + sizeof(T));
+    bytes(&value, sizeof(T));
   }
   void put(const std::string& s) {
     put<std::uint64_t>(s.size());
-    out_.insert(out_.end(), s.begin(), s.end());
+    bytes(s.data(), s.size());
   }
+  std::size_t size() const { return at_; }
   std::vector<std::uint8_t> take() { return std::move(out_); }
 
  private:
+  void bytes(const void* p, std::size_t n) {
+    if (!Counting && n) std::memcpy(out_.data() + at_, p, n);
+    at_ += n;
+  }
   std::vector<std::uint8_t> out_;
+  std::size_t at_ = 0;
+};
+
+// Every field of a listing, in wire order, to `sink` (a Writer or a Hasher).
+template <typename Sink>
+void put_listing(Sink& w, const std::string& description, const std::vector<TensorInfo>& tensors,
+                 const std::optional<KernelFormatInfo>& kernel) {
+  w.put(description);
+  w.template put<std::uint64_t>(tensors.size());
+  for (const TensorInfo& t : tensors) {
+    w.put(t.name);
+    w.template put<std::uint8_t>(static_cast<std::uint8_t>(t.dtype));
+    w.template put<std::uint32_t>(static_cast<std::uint32_t>(t.shape.size()));
+    for (auto d : t.shape) w.template put<std::int64_t>(d);
+    w.template put<std::uint64_t>(t.nbytes);
+    w.put(t.file);
+    w.template put<std::uint64_t>(t.file_offset);
+    w.template put<std::int32_t>(t.tp_rank);
+  }
+  w.template put<std::uint8_t>(kernel.has_value());
+  if (kernel) {
+    w.template put<std::int32_t>(kernel->tp_size);
+    w.template put<std::uint8_t>(static_cast<std::uint8_t>(kernel->dtype));
+    w.put(kernel->quantization);
+    w.template put<std::uint8_t>(kernel->expert_parallel);
+    w.put(kernel->config_json);
+  }
+}
+
+// FNV-1a-style mixing, a 64-bit word at a time (strings too: 8 bytes per step).
+class Hasher {
+ public:
+  template <typename T>
+  void put(T value) {
+    word(static_cast<std::uint64_t>(value));
+  }
+  void put(const std::string& s) {
+    word(s.size());
+    std::size_t i = 0;
+    for (; i + 8 <= s.size(); i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, s.data() + i, 8);
+      word(w);
+    }
+    std::uint64_t tail = 0;
+    std::memcpy(&tail, s.data() + i, s.size() - i);
+    word(tail);
+  }
+  std::uint64_t value() const { return h_; }
+
+ private:
+  void word(std::uint64_t w) {
+    h_ = (h_ ^ w) * 0x100000001b3ull;
+    h_ ^= h_ >> 29;
+  }
+  std::uint64_t h_ = 1469598103934665603ull;
 };
 
 class Reader {
@@ -70,29 +134,31 @@ class Reader {
 
 }  // namespace
 
-std::vector<std::uint8_t> serialize_metadata(const SourceMetadata& m) {
-  Writer w;
-  w.put(m.description);
-  w.put<std::uint64_t>(m.tensors.size());
-  for (const TensorInfo& t : m.tensors) {
-    w.put(t.name);
-    w.put<std::uint8_t>(static_cast<std::uint8_t>(t.dtype));
-    w.put<std::uint32_t>(static_cast<std::uint32_t>(t.shape.size()));
-    for (auto d : t.shape) w.put<std::int64_t>(d);
-    w.put<std::uint64_t>(t.nbytes);
-    w.put(t.file);
-    w.put<std::uint64_t>(t.file_offset);
-    w.put<std::int32_t>(t.tp_rank);
-  }
-  w.put<std::uint8_t>(m.kernel.has_value());
-  if (m.kernel) {
-    w.put<std::int32_t>(m.kernel->tp_size);
-    w.put<std::uint8_t>(static_cast<std::uint8_t>(m.kernel->dtype));
-    w.put(m.kernel->quantization);
-    w.put<std::uint8_t>(m.kernel->expert_parallel);
-    w.put(m.kernel->config_json);
-  }
+std::vector<std::uint8_t> serialize_metadata(const std::string& description,
+                                             const std::vector<TensorInfo>& tensors,
+                                             const std::optional<KernelFormatInfo>& kernel) {
+  Writer<true> count;
+  put_listing(count, description, tensors, kernel);
+  Writer<false> w(count.size());
+  put_listing(w, description, tensors, kernel);
   return w.take();
+}
+
+std::vector<std::uint8_t> serialize_metadata(const SourceMetadata& m) {
+  return serialize_metadata(m.description, m.tensors, m.kernel);
+}
+
+std::uint64_t listing_hash(const std::string& description, const std::vector<TensorInfo>& tensors,
+                           const std::optional<KernelFormatInfo>& kernel) {
+  Hasher h;
+  put_listing(h, description, tensors, kernel);
+  return h.value();
+}
+
+bool same_listing(const SourceMetadata& m, const std::string& description,
+                  const std::vector<TensorInfo>& tensors,
+                  const std::optional<KernelFormatInfo>& kernel) {
+  return m.description == description && m.tensors == tensors && m.kernel == kernel;
 }
 
 SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes) {

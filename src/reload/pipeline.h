@@ -32,8 +32,7 @@ struct PipelineStats {
 
 // A plan a ReloadWorkspace keeps for the next reload (see ReloadWorkspace).
 struct CachedPlan {
-  std::uint64_t key = 0;              // listing hash, model layout, options, this rank's place
-  std::vector<std::uint8_t> listing;  // the reader's serialized metadata (reader only)
+  std::uint64_t key = 0;  // listing hash, model layout, options, this rank's place
   SourceMetadata metadata;
   Plan plan;
   std::vector<BucketApply> applies;  // this rank's writes, per bucket

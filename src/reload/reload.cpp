@@ -224,19 +224,6 @@ std::optional<std::string> unplanned_problem(const Plan& plan, const ReloadTarge
                         " parameters of tp rank ", tp_rank, ": ", name_list(missing, 12));
 }
 
-std::uint64_t hash_bytes(const std::vector<std::uint8_t>& bytes) {
-  std::uint64_t h = 1469598103934665603ull;
-  std::size_t i = 0;
-  for (; i + 8 <= bytes.size(); i += 8) {
-    std::uint64_t word;
-    std::memcpy(&word, bytes.data() + i, sizeof word);
-    h = fnv(h, word);
-    h ^= h >> 29;
-  }
-  for (; i < bytes.size(); ++i) h = fnv(h, bytes[i]);
-  return fnv(h, bytes.size());
-}
-
 }  // namespace
 
 std::string_view readers_name(Readers r) {
@@ -279,7 +266,10 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   const bool all_read = options.readers == Readers::kAll;
   const bool many = options.readers != Readers::kOne;  // every rank opens the source
   std::optional<std::string> problem;
-  std::vector<std::uint8_t> payload;
+  // The listing is hashed field by field where it is (a copy or serialization
+  // of 20,000 tensors costs more than the rest of a small reload); it is
+  // serialized and sent only when no kept plan matches it.
+  std::int64_t own_hash = 0, own_count = 0;
   if (opens_source(options, world.rank())) {
     try {
       if (!source)
@@ -288,46 +278,55 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
                                                 readers_name(options.readers),
                                                 ": every rank opens the checkpoint)")
                                : std::string("the reader rank"));
-      payload =
-          serialize_metadata({source->describe(), source->tensors(), source->kernel_format()});
+      own_hash = static_cast<std::int64_t>(
+          listing_hash(source->describe(), source->tensors(), source->kernel_format()) >> 1);
+      own_count = static_cast<std::int64_t>(source->tensors().size());
     } catch (const std::exception& e) {
       problem = e.what();
     }
   }
   agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
-  const std::int64_t own_hash = payload.empty() ? 0 : hash_bytes(payload) >> 1;
-  std::int64_t listing[3] = {
-      static_cast<std::int64_t>(payload.size()), world.rank() == reader ? own_hash : 0,
-      static_cast<std::int64_t>(payload.empty() ? 0 : source->tensors().size())};
+  std::int64_t listing[2] = {world.rank() == reader ? own_hash : 0,
+                             world.rank() == reader ? own_count : 0};
   world.broadcast(MutableBytes(listing, sizeof listing), reader);
   if (many) {  // ranks read by the reader's tensor indices: same listing everywhere
     std::optional<std::string> differs;
-    if (listing[0] != static_cast<std::int64_t>(payload.size()) || listing[1] != own_hash)
+    if (listing[0] != own_hash || listing[1] != own_count)
       differs =
           detail::concat("rank ", world.rank(), " opened ", source->describe(), " (",
                          source->tensors().size(), " tensors), which lists differently from ",
-                         "reader rank ", reader, "'s (", listing[2], " tensors): with --readers ",
+                         "reader rank ", reader, "'s (", listing[1], " tensors): with --readers ",
                          readers_name(options.readers), " every rank must open the same files");
     agree_on_problem<CheckpointError>(world, differs, "comparing the ranks' listings");
   }
-  std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[1]), listing[0]),
+  std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[0]), listing[1]),
                           static_cast<std::uint64_t>(fingerprint));
   key = fnv(fnv(fnv(key, world.size()), world.rank()), model.tp_rank());
   // The hash picks the plan; the reader, which holds both listings, also compares
-  // them byte for byte, so that no listing can pass for another.
+  // them field by field, so that no listing can pass for another.
   const CachedPlan* cached = workspace.cached_plan();
   std::int64_t all_cached =
-      cached && cached->key == key && (world.rank() != reader || cached->listing == payload);
+      cached && cached->key == key &&
+      (world.rank() != reader || same_listing(cached->metadata, source->describe(),
+                                              source->tensors(), source->kernel_format()));
   world.allreduce_ints(&all_cached, 1, IntOp::kMin);
   if (all_cached) return *cached;
 
   workspace.keep_plan(nullptr);  // a plan that fails preflight is not kept
-  payload.resize(static_cast<std::size_t>(listing[0]));
+  std::vector<std::uint8_t> payload;
+  if (world.rank() == reader) try {
+      payload = serialize_metadata(source->describe(), source->tensors(), source->kernel_format());
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  agree_on_problem<CheckpointError>(world, problem, "listing the weight source");
+  std::int64_t payload_bytes = static_cast<std::int64_t>(payload.size());
+  world.broadcast(MutableBytes(&payload_bytes, sizeof payload_bytes), reader);
+  payload.resize(static_cast<std::size_t>(payload_bytes));
   world.broadcast(MutableBytes(payload.data(), payload.size()), reader);
   auto fresh = std::make_unique<CachedPlan>();
   fresh->key = key;
   fresh->metadata = parse_metadata(payload);
-  if (world.rank() == reader) fresh->listing = std::move(payload);
   const PlanOptions plan_options{options.format, effective_distribution(options),
                                  options.bucket_bytes, world.size(), model.rules().tp_size()};
   try {  // the same listing and rules on every rank: the same verdict everywhere
@@ -492,6 +491,7 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
                                  us(r.seconds.finish),
                                  us(r.seconds.validate),
                                  us(r.seconds.checksum),
+                                 us(r.seconds.prepare),
                                  static_cast<std::int64_t>(read_bytes),
                                  static_cast<std::int64_t>(stats.bytes_sent),
                                  static_cast<std::int64_t>(stats.bytes_copied),
@@ -500,13 +500,14 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
                                  static_cast<std::int64_t>(stats.staging.pinned),
                                  static_cast<std::int64_t>(stats.staging.device)};
   allreduce_ints(world, v, IntOp::kMax);
-  r.seconds = {v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6, v[4] / 1e6, v[5] / 1e6, v[6] / 1e6};
-  r.bytes_read = v[7];
-  r.bytes_transferred = v[8];
-  r.bytes_copied_on_reader = v[9];
-  r.peak_staging_bytes = v[10];
-  r.staging = {static_cast<std::uint64_t>(v[11]), static_cast<std::uint64_t>(v[12]),
-               static_cast<std::uint64_t>(v[13])};
+  r.seconds = {v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6,
+               v[4] / 1e6, v[5] / 1e6, v[6] / 1e6, v[7] / 1e6};
+  r.bytes_read = v[8];
+  r.bytes_transferred = v[9];
+  r.bytes_copied_on_reader = v[10];
+  r.peak_staging_bytes = v[11];
+  r.staging = {static_cast<std::uint64_t>(v[12]), static_cast<std::uint64_t>(v[13]),
+               static_cast<std::uint64_t>(v[14])};
 }
 
 // This rank's objection to its options and planes, if any: a reader rank in the
@@ -606,6 +607,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     agree_on_problem<UsageError>(world, problem,
                                  "preparing the atomic reload (nothing was reloaded)");
   }
+  result.seconds.prepare = since(start);
   detail::PipelineStats stats;
   auto run_finish = [&] {
     std::optional<std::string> finish_problem;

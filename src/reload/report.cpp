@@ -92,7 +92,8 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
         {"apply", r.seconds.apply},
         {"finish", r.seconds.finish},
         {"validate", r.seconds.validate},
-        {"checksum", r.seconds.checksum}}},
+        {"checksum", r.seconds.checksum},
+        {"prepare", r.seconds.prepare}}},
       {"peak_staging_bytes", r.peak_staging_bytes},
       {"staging_bytes",
        {{"host", r.staging.host}, {"pinned_host", r.staging.pinned}, {"device", r.staging.device}}},
@@ -129,9 +130,10 @@ std::string summary_text(const ReloadResult& r) {
       << (r.parameter_memory.empty() ? "?" : r.parameter_memory) << " memory\n  peak staging "
       << r.peak_staging_bytes << " bytes per rank (host " << r.staging.host << ", pinned "
       << r.staging.pinned << ", device " << r.staging.device << ")\n"
-      << "  seconds: total " << r.seconds.total << ", read " << r.seconds.read << ", transfer "
-      << r.seconds.transfer << ", apply " << r.seconds.apply << ", finish " << r.seconds.finish
-      << ", validate " << r.seconds.validate << " (checksums " << r.seconds.checksum << ")\n";
+      << "  seconds: total " << r.seconds.total << ", prepare " << r.seconds.prepare << ", read "
+      << r.seconds.read << ", transfer " << r.seconds.transfer << ", apply " << r.seconds.apply
+      << ", finish " << r.seconds.finish << ", validate " << r.seconds.validate << " (checksums "
+      << r.seconds.checksum << ")\n";
   if (!r.skipped.empty()) {
     out << "  " << r.skipped.size() << " source tensors have no parameter (skipped):";
     for (const auto& n : r.skipped) out << " " << n;

@@ -5,6 +5,8 @@
 
 #include <unistd.h>
 
+#include <cstring>
+#include <map>
 #include <numeric>
 
 #include "test_util.h"
@@ -63,9 +65,9 @@ std::vector<std::uint8_t> pattern(std::size_t n) {
 TEST(ReadSplit, SafetensorsReadsManyPartsStraightFromTheFile) {
   TempDir dir;
   const auto bytes = pattern(6000);
-  write_safetensors(dir / "w.safetensors",
-                    std::vector<InMemoryTensor>{{"w", DType::kUInt8, {6000}, ConstBytes(bytes), nullptr}},
-                    {});
+  write_safetensors(
+      dir / "w.safetensors",
+      std::vector<InMemoryTensor>{{"w", DType::kUInt8, {6000}, ConstBytes(bytes), nullptr}}, {});
   auto source = open_safetensors(dir / "w.safetensors");
   expect_split_reads(*source, bytes);
 }
@@ -73,7 +75,8 @@ TEST(ReadSplit, SafetensorsReadsManyPartsStraightFromTheFile) {
 TEST(ReadSplit, Hdf5AndInMemorySourcesSplitThroughTheDefault) {
   TempDir dir;
   const auto bytes = pattern(6000);
-  const std::vector<InMemoryTensor> tensors{{"w", DType::kUInt8, {6000}, ConstBytes(bytes), nullptr}};
+  const std::vector<InMemoryTensor> tensors{
+      {"w", DType::kUInt8, {6000}, ConstBytes(bytes), nullptr}};
   write_hdf5(dir / "w.h5", tensors);
   auto h5 = open_hdf5(dir / "w.h5");
   expect_split_reads(*h5, bytes);
@@ -88,10 +91,10 @@ void expect_read_many_matches_read(WeightSource& source) {
   for (std::size_t i = 0; i < source.tensors().size(); ++i) {
     const std::uint64_t n = source.tensors()[i].nbytes;
     wanted.push_back({i, {0, n / 3}});
-    wanted.push_back({i, {n / 3, n / 3}});        // follows the previous request
-    wanted.push_back({i, {n - n / 4, n / 4}});   // skips a gap
+    wanted.push_back({i, {n / 3, n / 3}});      // follows the previous request
+    wanted.push_back({i, {n - n / 4, n / 4}});  // skips a gap
   }
-  wanted.push_back({0, {1, 2}});                  // backwards, into another tensor
+  wanted.push_back({0, {1, 2}});  // backwards, into another tensor
   std::uint64_t total = 0;
   for (const auto& [i, r] : wanted) total += r.length;
   std::vector<std::uint8_t> got(total, 0xEE), want(total, 0);
@@ -127,12 +130,78 @@ TEST(ReadMany, MergedReadsEqualSingleReadsInEverySource) {
   expect_read_many_matches_read(*memory);
 }
 
+// A source without views that counts its reads (HDF5 reads like this: a read
+// per call, whatever its size).
+class CountingSource final : public WeightSource {
+ public:
+  explicit CountingSource(std::vector<std::uint8_t> bytes) : bytes_(std::move(bytes)) {
+    infos_.push_back({"w",
+                      DType::kUInt8,
+                      {static_cast<std::int64_t>(bytes_.size())},
+                      bytes_.size(),
+                      "counting",
+                      0,
+                      -1});
+    infos_.push_back({"v",
+                      DType::kUInt8,
+                      {static_cast<std::int64_t>(bytes_.size())},
+                      bytes_.size(),
+                      "counting",
+                      0,
+                      -1});
+  }
+  std::string describe() const override { return "counting"; }
+  const std::vector<TensorInfo>& tensors() const override { return infos_; }
+  std::optional<ConstBytes> view(std::size_t, ByteRange) override { return std::nullopt; }
+  void read(std::size_t, ByteRange range, MutableBytes dst) override {
+    ASSERT_LE(range.end(), bytes_.size());
+    std::memcpy(dst.data, bytes_.data() + range.offset, range.length);
+    ++reads;
+  }
+  std::uint64_t bytes_read() const override { return 0; }
+  const std::map<std::string, std::string>& metadata() const override { return metadata_; }
+  int reads = 0;
+
+ private:
+  std::vector<std::uint8_t> bytes_;
+  std::vector<TensorInfo> infos_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Requests that continue each other within one tensor (a row-parallel piece's
+// windows, row after row) are one read of the source, not one per window.
+TEST(ReadMany, RequestsThatContinueEachOtherInATensorAreOneReadByDefault) {
+  const auto bytes = pattern(1000);
+  CountingSource source(bytes);
+  std::vector<std::uint8_t> out(1000, 0xEE);
+  // Tensor 0: [0,100) [100,250) [250,260) continue each other: one read. Then a
+  // gap ([300,400): a read), then tensor 1 at [400,500), which continues tensor
+  // 0's range but is another tensor (a read), then tensor 1 backwards (a read).
+  const std::vector<std::pair<std::size_t, ByteRange>> wanted = {{0, {0, 100}},   {0, {100, 150}},
+                                                                 {0, {250, 10}},  {0, {300, 100}},
+                                                                 {1, {400, 100}}, {1, {10, 20}}};
+  std::vector<ReadRequest> requests;
+  std::uint64_t at = 0;
+  for (const auto& [i, r] : wanted) {
+    requests.push_back({i, r, MutableBytes(out.data() + at, r.length)});
+    at += r.length;
+  }
+  source.read_many(requests);
+  EXPECT_EQ(source.reads, 4);
+  at = 0;
+  for (const auto& [i, r] : wanted) {  // both tensors hold the same bytes
+    for (std::uint64_t k = 0; k < r.length; ++k)
+      ASSERT_EQ(out[at + k], bytes[r.offset + k]) << "request at " << r.offset << ", byte " << k;
+    at += r.length;
+  }
+}
+
 TEST(ReadMany, AFileCutShortAfterOpeningNamesTheFileAndHowFarItGot) {
   TempDir dir;
   const auto bytes = pattern(4000);
-  write_safetensors(dir / "w.safetensors",
-                    std::vector<InMemoryTensor>{{"w", DType::kUInt8, {4000}, ConstBytes(bytes), nullptr}},
-                    {});
+  write_safetensors(
+      dir / "w.safetensors",
+      std::vector<InMemoryTensor>{{"w", DType::kUInt8, {4000}, ConstBytes(bytes), nullptr}}, {});
   auto source = open_safetensors(dir / "w.safetensors");
   const std::uint64_t data_start = source->tensors()[0].file_offset;
   ASSERT_EQ(::truncate((dir / "w.safetensors").c_str(), static_cast<off_t>(data_start + 1000)), 0);

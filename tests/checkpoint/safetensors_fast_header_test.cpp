@@ -90,6 +90,7 @@ TEST(SafetensorsFastHeader, HandsUnusualButValidHeadersToTheGeneralParser) {
        }) {
     SafetensorsHeader fast;
     EXPECT_FALSE(detail::parse_safetensors_entries_fast(c.text, fast)) << c.text;
+    EXPECT_TRUE(fast.tensors.empty() && fast.metadata.empty()) << c.text;
     if (c.name.empty()) {
       EXPECT_THROW(parse_safetensors_header(c.text, 8 + c.text.size() + 4, "t"), CheckpointError);
       continue;
@@ -137,6 +138,8 @@ TEST(SafetensorsFastHeader, RefusesWhatTheGeneralParserMustName) {
        }) {
     SafetensorsHeader fast;
     EXPECT_FALSE(detail::parse_safetensors_entries_fast(text, fast)) << text;
+    // Nothing half-filled is left behind (the name-twice case had read one entry).
+    EXPECT_TRUE(fast.tensors.empty() && fast.metadata.empty()) << text;
     EXPECT_THROW(general(text), CheckpointError) << text;
   }
 }

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <set>
 
@@ -68,6 +69,49 @@ TEST(Metadata, RoundTripsEveryField) {
   auto bytes = serialize_metadata(md);
   bytes.pop_back();
   EXPECT_THROW(parse_metadata(bytes), CommError);
+}
+
+// What picks a kept plan and tells ranks with different listings apart: a change
+// in any one field changes the hash and fails the comparison.
+TEST(Metadata, ListingHashAndComparisonSeeEveryField) {
+  SourceMetadata base = metadata(config());
+  base.kernel = KernelFormatInfo{4, DType::kFloat16, "int8", "{\"a\": 1}", true};
+  auto hash = [](const SourceMetadata& m) {
+    return listing_hash(m.description, m.tensors, m.kernel);
+  };
+  const std::uint64_t h = hash(base);
+  EXPECT_EQ(hash(base), h);
+  EXPECT_TRUE(same_listing(base, base.description, base.tensors, base.kernel));
+  std::vector<std::pair<std::string, std::function<void(SourceMetadata&)>>> changes = {
+      {"description", [](SourceMetadata& m) { m.description += "x"; }},
+      {"a tensor less", [](SourceMetadata& m) { m.tensors.pop_back(); }},
+      {"name", [](SourceMetadata& m) { m.tensors[5].name.back() = 'X'; }},
+      {"name split differently",
+       [](SourceMetadata& m) {  // the same characters, one moved to the next string
+         m.tensors[5].name.pop_back();
+         m.tensors[5].file = "t" + m.tensors[5].file;
+       }},
+      {"dtype", [](SourceMetadata& m) { m.tensors[2].dtype = DType::kFloat16; }},
+      {"shape", [](SourceMetadata& m) { m.tensors[2].shape.back() += 1; }},
+      {"nbytes", [](SourceMetadata& m) { m.tensors[2].nbytes += 1; }},
+      {"file", [](SourceMetadata& m) { m.tensors[7].file = "other.safetensors"; }},
+      {"file offset", [](SourceMetadata& m) { m.tensors[7].file_offset += 4096; }},
+      {"tp rank", [](SourceMetadata& m) { m.tensors[0].tp_rank = 1; }},
+      {"no kernel format", [](SourceMetadata& m) { m.kernel.reset(); }},
+      {"kernel tp size", [](SourceMetadata& m) { m.kernel->tp_size = 8; }},
+      {"kernel dtype", [](SourceMetadata& m) { m.kernel->dtype = DType::kBFloat16; }},
+      {"quantization", [](SourceMetadata& m) { m.kernel->quantization = ""; }},
+      {"config", [](SourceMetadata& m) { m.kernel->config_json = "{}"; }},
+      {"expert parallel", [](SourceMetadata& m) { m.kernel->expert_parallel = false; }},
+  };
+  for (const auto& [what, change] : changes) {
+    SourceMetadata m = base;
+    change(m);
+    EXPECT_NE(hash(m), h) << what;
+    EXPECT_FALSE(same_listing(base, m.description, m.tensors, m.kernel)) << what;
+    // And the wire format tells them apart too.
+    EXPECT_NE(serialize_metadata(m), serialize_metadata(base)) << what;
+  }
 }
 
 // Inputs the metadata fuzzer found accepted though serialize_metadata never

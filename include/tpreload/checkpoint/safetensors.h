@@ -36,6 +36,11 @@ struct SafetensorsEntry {
   DType dtype = DType::kFloat32;
   std::vector<std::int64_t> shape;
   ByteRange data;  // relative to the start of the data section
+
+  friend bool operator==(const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.data == b.data;
+  }
+  friend bool operator!=(const SafetensorsEntry& a, const SafetensorsEntry& b) { return !(a == b); }
 };
 
 // A parsed and validated header.
@@ -59,7 +64,8 @@ namespace detail {
 // escapes; per tensor exactly "dtype", "shape" and "data_offsets", plain
 // integers; every entry valid, no name twice) straight into `out.tensors` and
 // `out.metadata`, and returns false for anything else, valid or not, which the
-// general parser (any JSON, every problem named) then takes. Neither sorts nor
+// general parser (any JSON, every problem named) then takes; on false both are
+// left empty. Neither sorts nor
 // checks the layout; parse_safetensors_header does both after either.
 bool parse_safetensors_entries_fast(std::string_view json_text, SafetensorsHeader& out);
 void parse_safetensors_entries_general(std::string_view json_text, SafetensorsHeader& out,

@@ -33,6 +33,12 @@ struct TensorInfo {
   // For kernel-format shards: the tensor-parallel rank this tensor belongs to.
   // -1 for an ordinary (unsharded, checkpoint-format) tensor.
   int tp_rank = -1;
+
+  friend bool operator==(const TensorInfo& a, const TensorInfo& b) {
+    return a.name == b.name && a.dtype == b.dtype && a.shape == b.shape && a.nbytes == b.nbytes &&
+           a.file == b.file && a.file_offset == b.file_offset && a.tp_rank == b.tp_rank;
+  }
+  friend bool operator!=(const TensorInfo& a, const TensorInfo& b) { return !(a == b); }
 };
 
 // Description of a kernel-format directory (`kernel_format.json`).
@@ -42,6 +48,12 @@ struct KernelFormatInfo {
   std::string quantization;       // "" or "int8"
   std::string config_json;        // the model config.json it was made for, verbatim
   bool expert_parallel = false;   // experts split whole over the ranks (MoE models)
+
+  friend bool operator==(const KernelFormatInfo& a, const KernelFormatInfo& b) {
+    return a.tp_size == b.tp_size && a.dtype == b.dtype && a.quantization == b.quantization &&
+           a.config_json == b.config_json && a.expert_parallel == b.expert_parallel;
+  }
+  friend bool operator!=(const KernelFormatInfo& a, const KernelFormatInfo& b) { return !(a == b); }
 };
 
 // One read of WeightSource::read_many: bytes `range` of tensors()[index] into `dst`.
@@ -81,7 +93,9 @@ class WeightSource {
 
   // read() of each request, in order. File sources merge requests whose bytes
   // follow each other in one file into one preadv, so that a bucket of 2,000
-  // small tensors costs a few system calls, not 2,000. Throws as read() does.
+  // small tensors costs a few system calls, not 2,000; the default makes
+  // requests that continue each other within one tensor one read_split(). Throws
+  // as read() does.
   virtual void read_many(const std::vector<ReadRequest>& requests);
 
   // Tensor data bytes read or viewed so far (headers and metadata excluded).

@@ -28,9 +28,22 @@ struct SourceMetadata {
 };
 
 // Serialise / parse for the metadata broadcast. parse throws CommError on a
-// malformed payload.
+// malformed payload. The second form serializes a source's listing in place
+// (no copy of its tensor list).
 std::vector<std::uint8_t> serialize_metadata(const SourceMetadata& metadata);
+std::vector<std::uint8_t> serialize_metadata(const std::string& description,
+                                             const std::vector<TensorInfo>& tensors,
+                                             const std::optional<KernelFormatInfo>& kernel);
 SourceMetadata parse_metadata(const std::vector<std::uint8_t>& bytes);
+
+// A 64-bit hash of a listing, field by field (no serialization): what the ranks
+// compare to agree that they list the same checkpoint, and what picks a kept plan.
+std::uint64_t listing_hash(const std::string& description, const std::vector<TensorInfo>& tensors,
+                           const std::optional<KernelFormatInfo>& kernel);
+// Whether `metadata` is exactly that listing (every field of every tensor).
+bool same_listing(const SourceMetadata& metadata, const std::string& description,
+                  const std::vector<TensorInfo>& tensors,
+                  const std::optional<KernelFormatInfo>& kernel);
 
 struct PlanOptions {
   WeightFormat format = WeightFormat::kCheckpoint;

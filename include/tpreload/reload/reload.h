@@ -150,6 +150,9 @@ struct ReloadOptions {
 struct PhaseSeconds {
   double total = 0, read = 0, transfer = 0, apply = 0, finish = 0, validate = 0;
   double checksum = 0;  // bucket CRC-32Cs: computed by the reader, verified by receivers
+  // Before the first bucket: the ranks' agreement on the options, the listing
+  // shared, the plan made (or reused), the atomic mode's second copy.
+  double prepare = 0;
 };
 
 // Staging bytes per memory space (buffers of the pipeline, not parameters).
