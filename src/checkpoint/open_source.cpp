@@ -29,16 +29,20 @@ void WeightSource::read_split(std::size_t index, ByteRange range,
   }
 }
 
-// Requests that continue each other within one tensor (a row-parallel piece's
-// column windows, row after row) are one read_split: one read of the rows for
-// sources that read tensor by tensor (HDF5), not one per window.
+// Small requests that continue each other within one tensor (a row-parallel
+// piece's column windows, row after row) are one read_split: one read of the
+// rows for sources that read tensor by tensor (HDF5), not one per window. Large
+// requests are read straight into their destinations (a read_split without a
+// view would read them into a scratch buffer and copy them).
 void WeightSource::read_many(const std::vector<ReadRequest>& requests) {
+  constexpr std::uint64_t kSmall = 64 * 1024;
   std::vector<MutableBytes> parts;
   for (std::size_t i = 0; i < requests.size();) {
     const ReadRequest& first = requests[i];
     std::size_t j = i + 1;
     while (j < requests.size() && requests[j].index == first.index &&
-           requests[j].range.offset == requests[j - 1].range.end())
+           requests[j].range.offset == requests[j - 1].range.end() &&
+           requests[j - 1].range.length < kSmall && requests[j].range.length < kSmall)
       ++j;
     for (std::size_t k = i; k < j; ++k)
       if (requests[k].dst.size != requests[k].range.length)

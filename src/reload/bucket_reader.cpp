@@ -127,7 +127,6 @@ bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const 
   if (col != info.shape[1]) return false;
   const std::int64_t rows = p.row_end - p.row_begin;
   std::uint64_t at = rows_range(t.index, p.row_begin, p.row_end).offset;
-  reads.reserve(reads.size() + static_cast<std::size_t>(rows) * tp_size_);
   for (std::int64_t i = 0; i < rows; ++i)
     for (int r : order) {
       const std::uint64_t width = window_bytes(t, info, r);

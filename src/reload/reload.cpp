@@ -305,10 +305,13 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   // The hash picks the plan; the reader, which holds both listings, also compares
   // them field by field, so that no listing can pass for another.
   const CachedPlan* cached = workspace.cached_plan();
-  std::int64_t all_cached =
-      cached && cached->key == key &&
-      (world.rank() != reader || same_listing(cached->metadata, source->describe(),
-                                              source->tensors(), source->kernel_format()));
+  std::int64_t all_cached = cached && cached->key == key;
+  if (all_cached && world.rank() == reader) try {  // (a throw here would leave the others waiting)
+      all_cached = same_listing(cached->metadata, source->describe(), source->tensors(),
+                                source->kernel_format());
+    } catch (const std::exception&) {
+      all_cached = 0;  // planned afresh: the listing's own failure is agreed on there
+    }
   world.allreduce_ints(&all_cached, 1, IntOp::kMin);
   if (all_cached) return *cached;
 

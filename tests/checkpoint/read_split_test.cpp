@@ -134,6 +134,7 @@ TEST(ReadMany, MergedReadsEqualSingleReadsInEverySource) {
 // per call, whatever its size).
 class CountingSource final : public WeightSource {
  public:
+  // Tensor 0 holds `bytes`, tensor 1 the same bytes each plus 1.
   explicit CountingSource(std::vector<std::uint8_t> bytes) : bytes_(std::move(bytes)) {
     infos_.push_back({"w",
                       DType::kUInt8,
@@ -153,9 +154,10 @@ class CountingSource final : public WeightSource {
   std::string describe() const override { return "counting"; }
   const std::vector<TensorInfo>& tensors() const override { return infos_; }
   std::optional<ConstBytes> view(std::size_t, ByteRange) override { return std::nullopt; }
-  void read(std::size_t, ByteRange range, MutableBytes dst) override {
+  void read(std::size_t index, ByteRange range, MutableBytes dst) override {
     ASSERT_LE(range.end(), bytes_.size());
-    std::memcpy(dst.data, bytes_.data() + range.offset, range.length);
+    for (std::uint64_t k = 0; k < range.length; ++k)
+      dst.data[k] = static_cast<std::byte>(bytes_[range.offset + k] + index);
     ++reads;
   }
   std::uint64_t bytes_read() const override { return 0; }
@@ -189,11 +191,21 @@ TEST(ReadMany, RequestsThatContinueEachOtherInATensorAreOneReadByDefault) {
   source.read_many(requests);
   EXPECT_EQ(source.reads, 4);
   at = 0;
-  for (const auto& [i, r] : wanted) {  // both tensors hold the same bytes
+  for (const auto& [i, r] : wanted) {
     for (std::uint64_t k = 0; k < r.length; ++k)
-      ASSERT_EQ(out[at + k], bytes[r.offset + k]) << "request at " << r.offset << ", byte " << k;
+      ASSERT_EQ(out[at + k], static_cast<std::uint8_t>(bytes[r.offset + k] + i))
+          << "tensor " << i << ", request at " << r.offset << ", byte " << k;
     at += r.length;
   }
+  // Large requests (64 KiB and more) are read straight into their destinations,
+  // each its own read, though they continue each other.
+  const auto big = pattern(200000);
+  CountingSource large(big);
+  std::vector<std::uint8_t> into(200000, 0xEE);
+  large.read_many({{0, {0, 100000}, MutableBytes(into.data(), 100000)},
+                   {0, {100000, 100000}, MutableBytes(into.data() + 100000, 100000)}});
+  EXPECT_EQ(large.reads, 2);
+  EXPECT_EQ(into, big);
 }
 
 TEST(ReadMany, AFileCutShortAfterOpeningNamesTheFileAndHowFarItGot) {

@@ -82,6 +82,10 @@ TEST(Metadata, ListingHashAndComparisonSeeEveryField) {
   const std::uint64_t h = hash(base);
   EXPECT_EQ(hash(base), h);
   EXPECT_TRUE(same_listing(base, base.description, base.tensors, base.kernel));
+  // A kept plan's listing is the parsed broadcast: it must compare equal to the
+  // source's own, or no plan would ever be reused.
+  EXPECT_TRUE(same_listing(parse_metadata(serialize_metadata(base)), base.description, base.tensors,
+                           base.kernel));
   std::vector<std::pair<std::string, std::function<void(SourceMetadata&)>>> changes = {
       {"description", [](SourceMetadata& m) { m.description += "x"; }},
       {"a tensor less", [](SourceMetadata& m) { m.tensors.pop_back(); }},
