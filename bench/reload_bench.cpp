@@ -58,12 +58,14 @@ struct BenchOptions {
   bool cold = false;       // drop the checkpoint from the page cache before each timed read
   std::vector<double> bucket_mb = {ReloadOptions{}.bucket_bytes / 1048576.0};
   int pipeline_depth = ReloadOptions{}.pipeline_depth;
+  std::uint64_t scatter_replicated_bytes = ReloadOptions{}.scatter_replicated_bytes;
   int warmup = 1;
   int iters = 3;
   bool keep_open = false;
   bool zero_copy = false;
   bool no_checksums = false;
   bool expert_parallel = false;
+  bool retain_freed_memory = false;  // as reload_runner does (retain_freed_memory())
 };
 
 double max_over_ranks(Communicator& world, double seconds) {
@@ -268,6 +270,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
       row.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
   ro.bucket_bytes = static_cast<std::uint64_t>(row.bucket_mb * 1024 * 1024);
   ro.pipeline_depth = o.pipeline_depth;
+  ro.scatter_replicated_bytes = o.scatter_replicated_bytes;
   ro.zero_copy = o.zero_copy;
   ro.checksums = !o.no_checksums;
   ro.readers = parse_readers(row.readers).value_or(Readers::kOne);
@@ -304,8 +307,9 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   payload.resize(size);
   world.broadcast(MutableBytes(payload.data(), payload.size()), 0);
   md = parse_metadata(payload);
-  const Plan plan =
-      make_plan(md, model.rules(), {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp});
+  const Plan plan = make_plan(
+      md, model.rules(),
+      {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp, ro.scatter_replicated_bytes});
   // A reader per node: the one reader's bound scaled by the share of its bytes
   // the busiest node reader reads (1 / nodes when the tp group spans the nodes;
   // all of it for broadcast buckets, or nodes that each hold a whole tp group).
@@ -390,7 +394,7 @@ void print_header(const BenchOptions& o, const ModelConfig& c, Communicator& wor
             << " hidden=" << c.hidden_size << " world=" << world.size()
             << " tp=" << (o.tp > 0 ? o.tp : world.size())
             << (o.expert_parallel ? " experts=expert-parallel" : "") << " warmup=" << o.warmup
-            << " iters=" << o.iters
+            << " iters=" << o.iters << (o.retain_freed_memory ? " malloc=retain" : "")
             << "\n# busbw: broadcast factor 1, scatter (n-1)/n; bound = same bytes, same "
                "collectives, no model\n"
             << std::left << std::setw(11) << "# format" << std::setw(6) << "quant" << std::setw(10)
@@ -525,6 +529,15 @@ int main(int argc, char** argv) {
                "as a reload of a new checkpoint does");
   app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")
       ->capture_default_str();
+  app.add_option("--scatter-replicated-bytes", o.scatter_replicated_bytes,
+                 "Scatter: replicated tensors whose copies for every rank come to at most this "
+                 "many bytes travel in the scatter buckets (0: every replicated tensor is "
+                 "broadcast; ReloadOptions::scatter_replicated_bytes)")
+      ->capture_default_str();
+  app.add_flag("--retain-freed-memory", o.retain_freed_memory,
+               "Keep the memory the process frees instead of returning it to the kernel, as "
+               "reload_runner does (retain_freed_memory()); off by default, so that rows measure "
+               "the library in a process that does not");
   app.add_flag("--expert-parallel", o.expert_parallel,
                "MoE scenarios: whole experts per rank instead of every expert split by tp");
   app.add_option("--warmup", o.warmup, "Untimed reloads per row")->capture_default_str();
@@ -534,6 +547,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  if (o.retain_freed_memory) retain_freed_memory();
   return run_mpi_program(&argc, &argv, "warn", CommOptions{}, [&](MpiCommunicator& world) {
     const ModelConfig config = scenario_config(o.scenario);
     const std::string dir = prepare_checkpoint(o, config, world);

@@ -131,6 +131,9 @@ struct ReadMode {
   Readers readers;
   Distribution distribution;
   enum Nodes { kHalves, kAllButLast } nodes = kHalves;
+  // Scatter: small replicated tensors travel scattered (the default) or every
+  // replicated tensor is broadcast (0).
+  std::uint64_t scatter_replicated_bytes = PlanOptions::kScatterReplicatedBytes;
 
   int ranks_per_node() const {
     const int n = world().size();
@@ -139,18 +142,22 @@ struct ReadMode {
   void apply(ReloadOptions& o) const {
     o.readers = readers;
     o.distribution = distribution;
+    o.scatter_replicated_bytes = scatter_replicated_bytes;
     if (readers == Readers::kNode) o.ranks_per_node = ranks_per_node();
   }
 };
 const std::vector<ReadMode> kReadModes = {
     {Readers::kOne, Distribution::kBroadcast},
     {Readers::kOne, Distribution::kScatter},
+    {Readers::kOne, Distribution::kScatter, ReadMode::kHalves, 0},
     {Readers::kAll, Distribution::kBroadcast},
-    {Readers::kNode, Distribution::kScatter, ReadMode::kHalves},
+    {Readers::kNode, Distribution::kScatter, ReadMode::kHalves, 0},
+    {Readers::kNode, Distribution::kScatter, ReadMode::kAllButLast},
     {Readers::kNode, Distribution::kBroadcast, ReadMode::kAllButLast}};
 
 std::string mode_name(const ReadMode& m) {
-  return std::string(distribution_name(m.distribution)) + " readers " +
+  return std::string(distribution_name(m.distribution)) +
+         (m.scatter_replicated_bytes == 0 ? " (replicated broadcast)" : "") + " readers " +
          std::string(readers_name(m.readers)) +
          (m.readers == Readers::kNode ? " of " + std::to_string(m.ranks_per_node()) + " ranks"
                                       : "");

@@ -77,7 +77,8 @@ class SafetensorsSource final : public WeightSource {
   // bytes between them (read into a discarded scratch page: cheaper than another
   // system call), are one preadv.
   void read_many(const std::vector<ReadRequest>& requests) override {
-    std::vector<MutableBytes> run;  // destinations of file-adjacent requests
+    std::vector<MutableBytes>& run = run_;  // destinations of file-adjacent requests
+    run.clear();
     std::size_t shard = 0;
     std::uint64_t start = 0, end = 0, wanted = 0;
     auto flush = [&] {
@@ -184,6 +185,7 @@ class SafetensorsSource final : public WeightSource {
   std::atomic<std::uint64_t> bytes_read_{0};
   static constexpr std::uint64_t kReadThrough = 4096;
   std::array<std::byte, kReadThrough> gap_;  // where read_many reads the bytes between requests
+  std::vector<MutableBytes> run_;  // read_many's current run (kept: no allocation per run)
 };
 
 }  // namespace

@@ -92,8 +92,8 @@ bool BucketReader::send_mapped(std::size_t index, const Bucket& bucket, ConstByt
 ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send) {
   ConstBytes payload;
   if (zero_copy_ && send_mapped(index, bucket, payload)) return payload;
-  std::vector<ReadRequest> reads;
-  reads.reserve(bucket.pieces.size());
+  std::vector<ReadRequest>& reads = reads_;
+  reads.clear();
   for (const Piece& p : bucket.pieces) {
     const std::size_t tensor = plan_.tensors[p.planned].index;
     const ByteRange range = rows_range(tensor, p.row_begin, p.row_end);
@@ -153,14 +153,10 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
   std::vector<int> split_home(home);
   for (int r = 0; r < tp_size_; ++r)
     if (split_home[r] < 0) split_home[r] = r;
-  std::vector<std::byte> scratch;
-  std::vector<ReadRequest> reads;  // contiguous rows, merged by the source where adjacent
-  struct Replica {
-    std::byte* dst;
-    const std::byte* src;
-    std::uint64_t n;
-  };
-  std::vector<Replica> replicas;  // copied once the rows they repeat are read
+  std::vector<ReadRequest>& reads = reads_;    // contiguous rows, merged by the source
+  std::vector<Replica>& replicas = replicas_;  // copied once the rows they repeat are read
+  reads.clear();
+  replicas.clear();
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
@@ -173,7 +169,7 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
           copied_ += static_cast<std::uint64_t>(p.row_end - p.row_begin) * window_bytes(t, info, r);
     // Otherwise row-parallel slices all come from the same full rows: read them once.
     ConstBytes shared_rows;
-    if (windows && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch);
+    if (windows && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch_);
     for (int w = 0; w < world_size_; ++w) {
       if (wanted && !(*wanted)[w]) continue;
       const int r = w % tp_size_;
@@ -220,7 +216,8 @@ ConstBytes BucketReader::fill_own(std::size_t index, int world_rank, std::byte* 
   const Bucket& bucket = plan_.buckets.at(index);
   if (!bucket.scatter) return fill_broadcast(index, bucket, dst);
   const int r = world_rank % tp_size_;
-  std::vector<ReadRequest> reads;
+  std::vector<ReadRequest>& reads = reads_;
+  reads.clear();
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];

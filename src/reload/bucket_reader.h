@@ -68,6 +68,17 @@ class BucketReader {
   const int world_size_, tp_size_;
   const bool zero_copy_;
   std::uint64_t copied_ = 0;
+  // A bucket's requests and the copies of bytes several ranks hold, kept from
+  // bucket to bucket: a small-tensor bucket makes thousands of them, and memory
+  // freshly allocated per bucket costs its page faults again.
+  struct Replica {
+    std::byte* dst;
+    const std::byte* src;
+    std::uint64_t n;
+  };
+  std::vector<ReadRequest> reads_;
+  std::vector<Replica> replicas_;
+  std::vector<std::byte> scratch_;
 };
 
 }  // namespace tpreload::detail

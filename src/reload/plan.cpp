@@ -50,10 +50,13 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
         continue;
       }
       t.layer = layer_of(t.placements[0].param);
-      // Replicated tensors are always broadcast; a tensor that some ranks do not
+      // Replicated tensors are broadcast, except small ones when scattering (see
+      // PlanOptions::scatter_replicated_bytes); a tensor that some ranks do not
       // hold (an expert under expert parallelism) is always scattered, so that it
       // never reaches them.
-      t.scatter = (scatter && sliced) || !everywhere;
+      const bool small =
+          info.nbytes * static_cast<std::uint64_t>(o.world_size) <= o.scatter_replicated_bytes;
+      t.scatter = (scatter && (sliced || small)) || !everywhere;
       t.rejected = info.shape != t.placements[0].source_shape;
       if (t.scatter && !t.rejected) {
         t.rows = 0;
@@ -88,34 +91,47 @@ std::uint64_t row_cost(const PlannedTensor& t, const TensorInfo& info, const Pla
   return cost;
 }
 
-// Lay out a closed scatter bucket: each world rank's rows form one contiguous region.
-// Lay out a closed scatter bucket: each world rank's rows form one region; every
-// piece starts at a multiple of its element size and every region at a multiple
-// of 8, so that kernels reading elements in place (conversion, int8) never see a
-// misaligned address when a checkpoint mixes dtypes.
+// A scatter bucket gives each world rank one region: every piece starts at a
+// multiple of its element size and every region at a multiple of 8, so that
+// kernels reading elements in place (conversion, int8) never see a misaligned
+// address when a checkpoint mixes dtypes.
+//
+// Grows each world rank's region by rows [a, b) of `t`; returns where each
+// rank's part of them starts.
+std::vector<std::uint64_t> grow_regions(const PlannedTensor& t, const TensorInfo& info,
+                                        std::int64_t a, std::int64_t b, const PlanOptions& o,
+                                        std::vector<std::uint64_t>& region) {
+  std::vector<std::uint64_t> starts(o.world_size, 0);
+  for (int w = 0; w < o.world_size; ++w) {
+    const int tp = w % o.tp_size;
+    const std::int64_t rows = std::max<std::int64_t>(0, std::min(b, t.rows_for(tp)) - a);
+    if (rows > 0) region[w] = align_up(region[w], dtype_size(info.dtype));
+    starts[w] = region[w];
+    region[w] += static_cast<std::uint64_t>(rows) * t.row_bytes_for(tp, info);
+  }
+  return starts;
+}
+
+// The ranks' regions placed one after the other; returns the bucket's bytes.
+std::uint64_t place_regions(const std::vector<std::uint64_t>& region,
+                            std::vector<ByteRange>* ranges = nullptr) {
+  std::uint64_t at = 0;
+  for (std::size_t w = 0; w < region.size(); ++w) {
+    at = align_up(at, kRegionAlignment);
+    if (ranges) ranges->push_back({at, region[w]});
+    at += region[w];
+  }
+  return at;
+}
+
 void layout_scatter(const Plan& plan, const SourceMetadata& md, const PlanOptions& o, Bucket& b) {
   std::vector<std::uint64_t> region(o.world_size, 0);
   for (Piece& p : b.pieces) {
     const PlannedTensor& t = plan.tensors[p.planned];
-    const TensorInfo& info = md.tensors[t.index];
-    p.rank_offset.assign(o.world_size, 0);
-    for (int w = 0; w < o.world_size; ++w) {
-      const int tp = w % o.tp_size;
-      const std::int64_t rows =
-          std::max<std::int64_t>(0, std::min(p.row_end, t.rows_for(tp)) - p.row_begin);
-      if (rows > 0) region[w] = align_up(region[w], dtype_size(info.dtype));
-      p.rank_offset[w] = region[w];
-      region[w] += static_cast<std::uint64_t>(rows) * t.row_bytes_for(tp, info);
-    }
+    p.rank_offset = grow_regions(t, md.tensors[t.index], p.row_begin, p.row_end, o, region);
   }
-  b.ranges.resize(o.world_size);
-  std::uint64_t at = 0;
-  for (int w = 0; w < o.world_size; ++w) {
-    at = align_up(at, kRegionAlignment);
-    b.ranges[w] = {at, region[w]};
-    at += region[w];
-  }
-  b.bytes = at;
+  b.ranges.clear();
+  b.bytes = place_regions(region, &b.ranges);
 }
 
 void close_bucket(Plan& plan, const SourceMetadata& md, const PlanOptions& o, Bucket& b) {
@@ -126,33 +142,55 @@ void close_bucket(Plan& plan, const SourceMetadata& md, const PlanOptions& o, Bu
   b = Bucket{};
 }
 
+// Buckets of at most o.bucket_bytes each, alignment padding included (a single
+// row larger than that is a bucket of its own).
 void plan_buckets(const SourceMetadata& md, const PlanOptions& o, Plan& plan) {
   Bucket open;
+  std::vector<std::uint64_t> region(o.world_size, 0);  // scatter: the open bucket's regions
+  auto close = [&] {
+    close_bucket(plan, md, o, open);
+    region.assign(o.world_size, 0);
+  };
   for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
     const PlannedTensor& t = plan.tensors[i];
     if (t.rejected) continue;
-    if (!open.pieces.empty() && open.scatter != t.scatter) close_bucket(plan, md, o, open);
-    open.scatter = t.scatter;
-    const std::uint64_t cost = std::max<std::uint64_t>(1, row_cost(t, md.tensors[t.index], o));
+    if (!open.pieces.empty() && open.scatter != t.scatter) close();
+    const TensorInfo& info = md.tensors[t.index];
+    const std::uint64_t cost = std::max<std::uint64_t>(1, row_cost(t, info, o));
     std::int64_t row = 0;
+    // The open bucket's bytes with rows [row, row + n) of `t` added.
+    auto bytes_with = [&](std::int64_t n) {
+      if (!t.scatter)  // broadcast pieces start at a multiple of their element size
+        return align_up(open.bytes, dtype_size(info.dtype)) + static_cast<std::uint64_t>(n) * cost;
+      std::vector<std::uint64_t> grown = region;
+      grow_regions(t, info, row, row + n, o, grown);
+      return place_regions(grown);
+    };
     do {
-      std::uint64_t room = o.bucket_bytes > open.bytes ? o.bucket_bytes - open.bytes : 0;
-      if (room < cost && !open.pieces.empty()) {
-        close_bucket(plan, md, o, open);
-        open.scatter = t.scatter;
-        room = o.bucket_bytes;
-      }
-      const std::int64_t fit = std::max<std::int64_t>(1, static_cast<std::int64_t>(room / cost));
-      const std::int64_t end = std::min(t.rows, row + fit);
-      // Broadcast pieces start at a multiple of their element size (see layout_scatter).
-      if (!t.scatter) open.bytes = align_up(open.bytes, dtype_size(md.tensors[t.index].dtype));
+      if (!open.pieces.empty() && bytes_with(1) > o.bucket_bytes) close();
+      open.scatter = t.scatter;
+      const std::uint64_t used = bytes_with(0);
+      std::int64_t fit = std::min<std::int64_t>(
+          t.rows - row,
+          std::max<std::uint64_t>(1, (o.bucket_bytes > used ? o.bucket_bytes - used : 0) / cost));
+      // Padding the estimate did not count: fewer rows until they fit.
+      for (std::uint64_t over; fit > 1 && (over = bytes_with(fit)) > o.bucket_bytes;)
+        fit -= std::min<std::int64_t>(
+            fit - 1, std::max<std::uint64_t>(1, (over - o.bucket_bytes + cost - 1) / cost));
+      const std::int64_t end = row + fit;
+      if (!t.scatter) open.bytes = align_up(open.bytes, dtype_size(info.dtype));
       Piece piece{i, row, end, end == t.rows, open.bytes, {}};
-      open.bytes += static_cast<std::uint64_t>(end - row) * cost;
+      if (t.scatter) {
+        grow_regions(t, info, row, end, o, region);
+        open.bytes = place_regions(region);
+      } else {
+        open.bytes += static_cast<std::uint64_t>(fit) * cost;
+      }
       open.pieces.push_back(std::move(piece));
       row = end;
     } while (row < t.rows);
   }
-  close_bucket(plan, md, o, open);
+  close();
 }
 
 void mark_finished_layers(Plan& plan) {

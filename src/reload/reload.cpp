@@ -148,6 +148,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
           {"the format", std::uint64_t(o.format)},
           {"the distribution", std::uint64_t(o.distribution)},
           {"the bucket size", o.bucket_bytes},
+          {"the scattered replicated bytes", o.scatter_replicated_bytes},
           {"the reader rank", std::uint64_t(o.reader_rank)},
           {"the readers", std::uint64_t(o.readers)},
           {"the ranks per node", std::uint64_t(o.ranks_per_node)},
@@ -330,8 +331,9 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   auto fresh = std::make_unique<CachedPlan>();
   fresh->key = key;
   fresh->metadata = parse_metadata(payload);
-  const PlanOptions plan_options{options.format, effective_distribution(options),
-                                 options.bucket_bytes, world.size(), model.rules().tp_size()};
+  const PlanOptions plan_options{options.format,          effective_distribution(options),
+                                 options.bucket_bytes,    world.size(),
+                                 model.rules().tp_size(), options.scatter_replicated_bytes};
   try {  // the same listing and rules on every rank: the same verdict everywhere
     fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
   } catch (const ValidationError& e) {

@@ -2,10 +2,25 @@
 
 #include <memory>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "tpreload/comm/agreement.h"
 #include "tpreload/core/log.h"
 
 namespace tpreload {
+
+bool retain_freed_memory() {
+#if defined(__GLIBC__)
+  // Fixed thresholds also turn off glibc's own adjustment of them.
+  return mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1 &&
+         mallopt(M_TRIM_THRESHOLD, static_cast<int>(kRetainedFreeBytes)) == 1 &&
+         mallopt(M_TOP_PAD, 64 << 20) == 1;
+#else
+  return false;
+#endif
+}
 
 int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
                     const CommOptions& options,

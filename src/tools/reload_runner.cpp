@@ -448,9 +448,12 @@ int main(int argc, char** argv) {
   CommOptions comm_options;
   comm_options.timeout = std::chrono::seconds(options.timeout_s);
   if (options.quiet && options.log_level == "info") options.log_level = "warn";
+  const bool retained = retain_freed_memory();  // the runner reloads again and again
   return run_mpi_program(
       &argc, &argv, options.log_level, comm_options, [&](MpiCommunicator& world) {
         if (world.rank() == 0) log().info("reload_runner options: {}", options.describe());
+        log().debug("keeping freed memory for the next reload (up to {} MiB): {}",
+                    kRetainedFreeBytes >> 20, retained ? "yes" : "not on this C library");
         agree_on_options(options, world);
         const DataPlane plane =
             open_data_plane(world, {options.device, options.transport, comm_options});

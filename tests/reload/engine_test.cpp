@@ -238,6 +238,7 @@ TEST(Engine, ASlowApplyIsNotAStalledRead) {
   ReloadOptions o;
   o.read_stall_timeout = std::chrono::seconds(1);
   o.bucket_bytes = 1 << 20;  // broadcasts, then scatters: two buckets
+  o.scatter_replicated_bytes = 0;
   auto source = testdata::memory_source(f.v2);
   const ReloadResult r = reload_weights(model, *f.control, source.get(), o);
   EXPECT_GE(r.buckets, 2u);

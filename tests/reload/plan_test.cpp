@@ -193,13 +193,45 @@ TEST(Plan, CoversEveryRowOnceForEveryBucketSize) {
     }
 }
 
-TEST(Plan, ReplicatedTensorsAreBroadcastEvenWhenScattering) {
+// Replicated tensors are broadcast unless scattering and their copies for the
+// whole world fit the limit; sliced tensors follow the distribution.
+TEST(Plan, SmallReplicatedTensorsJoinTheScatterBucketsLargerOnesAreBroadcast) {
+  const ModelConfig c = config();  // norms: 64 bf16 = 128 bytes; embeddings 100 x 64 x 2
+  const SourceMetadata md = metadata(c);
+  for (const auto& [world, tp] : {std::pair{2, 2}, std::pair{4, 2}})
+    for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter})
+      for (std::uint64_t limit : {std::uint64_t{0}, std::uint64_t{128} * world - 1,
+                                  std::uint64_t{128} * world, std::uint64_t{1} << 30}) {
+        const Plan plan = make_plan(md, ShardingRules(c, tp),
+                                    {WeightFormat::kCheckpoint, d, 1 << 20, world, tp, limit});
+        for (const PlannedTensor& t : plan.tensors) {
+          const TensorInfo& info = md.tensors[t.index];
+          std::uint64_t bytes = 2;
+          for (std::int64_t n : info.shape) bytes *= static_cast<std::uint64_t>(n);
+          const bool replicated = t.placements[0].source_dim < 0;
+          const bool want = d == Distribution::kScatter &&
+                            (!replicated || bytes * static_cast<std::uint64_t>(world) <= limit);
+          EXPECT_EQ(t.scatter, want) << info.name << " world " << world << " limit " << limit;
+        }
+        check_coverage(plan, md, 1 << 20);
+      }
+}
+
+// With every replicated tensor small, a scatter plan is one run of the file:
+// norms sit between the sliced tensors around them, in file order.
+TEST(Plan, ScatterPlanWithSmallReplicatedTensorsFollowsTheFile) {
   const ModelConfig c = config();
-  const Plan plan = make_plan(metadata(c), ShardingRules(c, 2),
-                              {WeightFormat::kCheckpoint, Distribution::kScatter, 1 << 20, 2, 2});
-  for (const PlannedTensor& t : plan.tensors) {
-    const bool replicated = t.placements[0].source_dim < 0;
-    EXPECT_EQ(t.scatter, !replicated) << t.placements[0].checkpoint_name;
+  const SourceMetadata md = metadata(c);
+  const Plan plan = make_plan(md, ShardingRules(c, 2),
+                              {WeightFormat::kCheckpoint, Distribution::kScatter,
+                               std::uint64_t{1} << 30, 2, 2, std::uint64_t{1} << 30});
+  ASSERT_EQ(plan.buckets.size(), 1u);
+  EXPECT_TRUE(plan.buckets[0].scatter);
+  ASSERT_EQ(plan.buckets[0].pieces.size(), md.tensors.size());
+  for (std::size_t i = 0; i < md.tensors.size(); ++i) {
+    const Piece& p = plan.buckets[0].pieces[i];
+    EXPECT_EQ(md.tensors[plan.tensors[p.planned].index].file_offset, md.tensors[i].file_offset)
+        << i;  // the metadata lists the tensors in file order
   }
 }
 
@@ -226,8 +258,9 @@ TEST(Plan, FinishesEachLayerOnceAfterItsLastPieceWhateverTheFileOrder) {
 TEST(Plan, BroadcastBucketsFollowTheFileAndKindsDoNotAlternate) {
   const ModelConfig c = config();
   const SourceMetadata md = metadata(c);
-  const Plan plan = make_plan(md, ShardingRules(c, 2),
-                              {WeightFormat::kCheckpoint, Distribution::kScatter, 1 << 20, 2, 2});
+  const Plan plan =
+      make_plan(md, ShardingRules(c, 2),
+                {WeightFormat::kCheckpoint, Distribution::kScatter, 1 << 20, 2, 2, 0});
   ASSERT_EQ(plan.buckets.size(), 2u);  // all broadcasts, then all scatters
   EXPECT_FALSE(plan.buckets[0].scatter);
   EXPECT_TRUE(plan.buckets[1].scatter);

@@ -81,16 +81,21 @@ TEST(Resolution, CheckpointFormatOnEverySimulatedRank) {
     for (auto [world, tp] :
          std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 4}, {4, 2}, {8, 4}, {8, 8}}) {
       for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
-        for (std::uint64_t bucket : {std::uint64_t{300}, std::uint64_t{1} << 30}) {
-          auto source = testdata::memory_source(ckpt);
-          const std::string what = std::string(name) + " world " + std::to_string(world) + " tp " +
-                                   std::to_string(tp) + " " + std::string(distribution_name(d)) +
-                                   " bucket " + std::to_string(bucket);
-          const auto models =
-              simulate(config, *source, {WeightFormat::kCheckpoint, d, bucket, world, tp}, "");
-          expect_equal_to(
-              models, [&](int r) { return testdata::expected_shards(config, ckpt, tp, r); },
-              WeightFormat::kCheckpoint, what);
+        // Scatter with replicated tensors broadcast, or scattered (each rank its copy).
+        for (std::uint64_t replicated : {std::uint64_t{0}, std::uint64_t{1} << 30}) {
+          for (std::uint64_t bucket : {std::uint64_t{300}, std::uint64_t{1} << 30}) {
+            auto source = testdata::memory_source(ckpt);
+            const std::string what = std::string(name) + " world " + std::to_string(world) +
+                                     " tp " + std::to_string(tp) + " " +
+                                     std::string(distribution_name(d)) + " bucket " +
+                                     std::to_string(bucket) + " replicated scattered up to " +
+                                     std::to_string(replicated);
+            const auto models = simulate(
+                config, *source, {WeightFormat::kCheckpoint, d, bucket, world, tp, replicated}, "");
+            expect_equal_to(
+                models, [&](int r) { return testdata::expected_shards(config, ckpt, tp, r); },
+                WeightFormat::kCheckpoint, what);
+          }
         }
       }
     }

@@ -51,6 +51,14 @@ struct PlanOptions {
   std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
   int world_size = 1;
   int tp_size = 1;  // world rank w has tensor-parallel rank w % tp_size
+  // Scatter: a replicated tensor whose copies for every rank (its bytes times the
+  // world size) come to at most this many bytes joins the scatter buckets, read
+  // with the sliced tensors around it in the file, rather than a broadcast bucket
+  // where each such tensor is a read of its own (a model's norm weights). 0: every
+  // replicated tensor is broadcast.
+  std::uint64_t scatter_replicated_bytes = kScatterReplicatedBytes;
+
+  static constexpr std::uint64_t kScatterReplicatedBytes = std::uint64_t{64} << 10;
 };
 
 // One checkpoint (or kernel-format) tensor that moves.

@@ -97,6 +97,12 @@ struct ReloadOptions {
   // was fastest; sweep again on a machine with cores to spare for the pipeline.
   Distribution distribution = Distribution::kScatter;
   std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
+  // Scatter: replicated tensors whose copies for the whole world come to at most
+  // this many bytes (norm weights) travel in the scatter buckets, each rank
+  // receiving its copy, so that the reader reads them with the sliced tensors
+  // around them in the file instead of one read each (PlanOptions); 0 broadcasts
+  // every replicated tensor.
+  std::uint64_t scatter_replicated_bytes = PlanOptions::kScatterReplicatedBytes;
   int pipeline_depth = 1;  // buffers per rank in flight (>= 1)
   int reader_rank = 0;     // world rank that opens and reads the source (kOne)
   // Who reads the checkpoint (see Readers): the reader rank alone, one rank per

@@ -3,6 +3,7 @@
 // library, tpreload_runtime, which links MPI; the reload engine does not.
 #pragma once
 
+#include <cstddef>
 #include <functional>
 #include <string>
 
@@ -19,5 +20,17 @@ namespace tpreload {
 int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
                     const CommOptions& options,
                     const std::function<int(MpiCommunicator& world)>& body);
+
+// For a process that reloads again and again: the C library keeps the memory the
+// process frees (up to kRetainedFreeBytes at the top of its heap, blocks up to
+// 32 MiB taken from the heap rather than mapped one by one) instead of handing
+// it back to the kernel, so that the next reload does not fault it in again
+// page by page. A reload of a 20,000-tensor checkpoint allocates its listing
+// afresh when it opens the files; on machines where a page fault is dear that is
+// a third of a small reload (docs/PERFORMANCE.md, change 24). Process-wide, so
+// the library never does it on its own: reload_runner and the benchmark do, and
+// a serving process may. glibc only; returns false where it changed nothing.
+inline constexpr std::size_t kRetainedFreeBytes = std::size_t{256} << 20;
+bool retain_freed_memory();
 
 }  // namespace tpreload
