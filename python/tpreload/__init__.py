@@ -250,6 +250,15 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
     return ReloadResult(result)
 
 
+def retain_freed_memory():
+    """Keep the memory this process frees instead of handing it back to the kernel
+    (glibc's trim and mmap thresholds), so that the next reload does not fault its
+    buffers and the checkpoint's listing in again page by page. Process-wide: call
+    it once in a process that reloads often. Returns False where the C library is
+    not glibc (nothing changed)."""
+    return _tpreload.retain_freed_memory()
+
+
 def built_with_cuda():
     """Whether this build has the CUDA device and the NCCL transport."""
     return _tpreload.built_with_cuda()

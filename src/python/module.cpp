@@ -23,6 +23,7 @@
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
 #include "tpreload/runtime/data_plane.h"
+#include "tpreload/runtime/program.h"
 
 namespace py = pybind11;
 using namespace tpreload;
@@ -416,6 +417,7 @@ PYBIND11_MODULE(_tpreload, m) {
   m.def("reload", &reload, py::arg("world"), py::arg("params"), py::arg("request"),
         py::arg("workspace") = nullptr);
   m.def("built_with_cuda", &built_with_cuda);
+  m.def("retain_freed_memory", &retain_freed_memory);
   m.def("set_log_level",
         [](World& w, const std::string& level) { init_logging(w.rank(), w.size(), level); });
 }

@@ -52,6 +52,22 @@ def test_reload_in_place_from_safetensors(world, shared_dir, distribution, reade
     assert r.crc32 == want
 
 
+def test_reloads_after_keeping_freed_memory(world, shared_dir):
+    # The allocator setting holds on this glibc system, and reloads stay exact after it.
+    assert tpreload.retain_freed_memory() is True
+    tp = world.size
+    for version in (4, 5):
+        ckpt = checkpoint(version)
+        path = os.path.join(shared_dir, "v%d" % version)
+        if world.rank == 0:
+            write_model_dir(path, ckpt)
+        world.barrier()
+        params = zeros_like_shards(world, tp)
+        r = tpreload.reload_weights(params, path, world=world, bucket_mb=0.01)
+        assert r.complete
+        assert_holds(params, expected_shards(ckpt, tp, world.rank), "v%d" % version)
+
+
 def test_reload_from_hdf5(world, shared_dir):
     h5py = pytest.importorskip("h5py")
     tp = world.size
