@@ -32,7 +32,8 @@ struct PipelineStats {
 
 // A plan a ReloadWorkspace keeps for the next reload (see ReloadWorkspace).
 struct CachedPlan {
-  std::uint64_t key = 0;  // listing hash, model layout, options, this rank's place
+  std::uint64_t key = 0;          // listing hash, model layout, options, this rank's place
+  std::int64_t listing_hash = 0;  // of `metadata` (63 bits), what the reader broadcast
   SourceMetadata metadata;
   Plan plan;
   std::vector<BucketApply> applies;  // this rank's writes, per bucket

@@ -271,6 +271,8 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   // of 20,000 tensors costs more than the rest of a small reload); it is
   // serialized and sent only when no kept plan matches it.
   std::int64_t own_hash = 0, own_count = 0;
+  const CachedPlan* cached = workspace.cached_plan();
+  bool same_as_kept = false;  // this rank's listing is, field by field, the kept plan's
   if (opens_source(options, world.rank())) {
     try {
       if (!source)
@@ -279,8 +281,15 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
                                                 readers_name(options.readers),
                                                 ": every rank opens the checkpoint)")
                                : std::string("the reader rank"));
-      own_hash = static_cast<std::int64_t>(
-          listing_hash(source->describe(), source->tensors(), source->kernel_format()) >> 1);
+      // The kept plan's listing compared field by field gives its hash without
+      // hashing (one pass over 20,000 tensors instead of two).
+      same_as_kept = cached && same_listing(cached->metadata, source->describe(), source->tensors(),
+                                            source->kernel_format());
+      own_hash = same_as_kept
+                     ? cached->listing_hash
+                     : static_cast<std::int64_t>(listing_hash(source->describe(), source->tensors(),
+                                                              source->kernel_format()) >>
+                                                 1);
       own_count = static_cast<std::int64_t>(source->tensors().size());
     } catch (const std::exception& e) {
       problem = e.what();
@@ -303,16 +312,10 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[0]), listing[1]),
                           static_cast<std::uint64_t>(fingerprint));
   key = fnv(fnv(fnv(key, world.size()), world.rank()), model.tp_rank());
-  // The hash picks the plan; the reader, which holds both listings, also compares
-  // them field by field, so that no listing can pass for another.
-  const CachedPlan* cached = workspace.cached_plan();
+  // The hash picks the plan; the reader, which holds both listings, compared
+  // them field by field above, so that no listing can pass for another.
   std::int64_t all_cached = cached && cached->key == key;
-  if (all_cached && world.rank() == reader) try {  // (a throw here would leave the others waiting)
-      all_cached = same_listing(cached->metadata, source->describe(), source->tensors(),
-                                source->kernel_format());
-    } catch (const std::exception&) {
-      all_cached = 0;  // planned afresh: the listing's own failure is agreed on there
-    }
+  if (world.rank() == reader) all_cached = all_cached && same_as_kept;
   world.allreduce_ints(&all_cached, 1, IntOp::kMin);
   if (all_cached) return *cached;
 
@@ -330,6 +333,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   world.broadcast(MutableBytes(payload.data(), payload.size()), reader);
   auto fresh = std::make_unique<CachedPlan>();
   fresh->key = key;
+  fresh->listing_hash = listing[0];
   fresh->metadata = parse_metadata(payload);
   const PlanOptions plan_options{options.format,          effective_distribution(options),
                                  options.bucket_bytes,    world.size(),
@@ -403,16 +407,18 @@ void compare_replicas(Communicator& world, ReloadTarget& model) {
 }
 
 // COLLECTIVE. Bitsets of loaded names: OR says someone loaded it, AND that all did.
+// Bit i: the i-th expected parameter (in slot order) by slot, no names copied.
 void validate(Communicator& world, const ReloadTarget& model, WeightFormat format,
               ReloadResult& result) {
-  const auto expected = model.sink().expected_names(format);
-  const auto loaded = model.sink().loaded_names(format);
+  const ParameterSink& sink = model.sink();
+  const std::vector<ParamSpec>& params = model.rules().params();
+  std::vector<ParamSlot> expected;
+  for (ParamSlot s = 0; s < params.size(); ++s)
+    if (format == WeightFormat::kKernel || params[s].from_checkpoint) expected.push_back(s);
   const std::size_t words = (expected.size() + 63) / 64;
   std::vector<std::uint64_t> mine(words, 0);
-  for (std::size_t i = 0, j = 0; i < expected.size(); ++i) {
-    while (j < loaded.size() && loaded[j] < expected[i]) ++j;
-    if (j < loaded.size() && loaded[j] == expected[i]) mine[i / 64] |= 1ull << (i % 64);
-  }
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    if (sink.loaded(expected[i])) mine[i / 64] |= 1ull << (i % 64);
   auto any = mine, all = mine;
   allreduce_bits(world, any, BitOp::kOr);
   allreduce_bits(world, all, BitOp::kAnd);
@@ -420,7 +426,7 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
   for (std::size_t i = 0; i < expected.size(); ++i) {
     const std::uint64_t bit = 1ull << (i % 64);
     if (!(any[i / 64] & bit))
-      result.not_loaded_on_all_ranks.push_back(expected[i]);
+      result.not_loaded_on_all_ranks.push_back(params[expected[i]].name);
     else if (!(all[i / 64] & bit))
       partial.push_back(i);
   }
@@ -433,7 +439,8 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
   allreduce_ints(world, has, IntOp::kSum);
   for (std::size_t k = 0; k < partial.size(); ++k)
     for (int r = 0; r < n; ++r)
-      if (!has[k * n + r]) result.not_loaded_on_some_ranks[expected[partial[k]]].push_back(r);
+      if (!has[k * n + r])
+        result.not_loaded_on_some_ranks[params[expected[partial[k]]].name].push_back(r);
 }
 
 // COLLECTIVE. Readers::kNode: this rank's node planes. Ranks group by
