@@ -66,6 +66,7 @@ struct BenchOptions {
   bool no_checksums = false;
   bool expert_parallel = false;
   bool retain_freed_memory = false;  // as reload_runner does (retain_freed_memory())
+  bool retained = false;             // ... and glibc took the settings
 };
 
 double max_over_ranks(Communicator& world, double seconds) {
@@ -394,7 +395,7 @@ void print_header(const BenchOptions& o, const ModelConfig& c, Communicator& wor
             << " hidden=" << c.hidden_size << " world=" << world.size()
             << " tp=" << (o.tp > 0 ? o.tp : world.size())
             << (o.expert_parallel ? " experts=expert-parallel" : "") << " warmup=" << o.warmup
-            << " iters=" << o.iters << (o.retain_freed_memory ? " malloc=retain" : "")
+            << " iters=" << o.iters << (o.retained ? " malloc=retain" : "")
             << "\n# busbw: broadcast factor 1, scatter (n-1)/n; bound = same bytes, same "
                "collectives, no model\n"
             << std::left << std::setw(11) << "# format" << std::setw(6) << "quant" << std::setw(10)
@@ -547,7 +548,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  if (o.retain_freed_memory) retain_freed_memory();
+  o.retained = o.retain_freed_memory && retain_freed_memory();
   return run_mpi_program(&argc, &argv, "warn", CommOptions{}, [&](MpiCommunicator& world) {
     const ModelConfig config = scenario_config(o.scenario);
     const std::string dir = prepare_checkpoint(o, config, world);

@@ -151,6 +151,7 @@ const std::vector<ReadMode> kReadModes = {
     {Readers::kOne, Distribution::kScatter},
     {Readers::kOne, Distribution::kScatter, ReadMode::kHalves, 0},
     {Readers::kAll, Distribution::kBroadcast},
+    {Readers::kAll, Distribution::kBroadcast, ReadMode::kHalves, 0},
     {Readers::kNode, Distribution::kScatter, ReadMode::kHalves, 0},
     {Readers::kNode, Distribution::kScatter, ReadMode::kAllButLast},
     {Readers::kNode, Distribution::kBroadcast, ReadMode::kAllButLast}};

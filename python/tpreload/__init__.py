@@ -29,7 +29,8 @@ from ._tpreload import (  # noqa: F401  (re-exported)
 
 __all__ = [
     "World", "Workspace", "ReloadResult", "reload_weights", "Error", "CheckpointError", "CommError",
-    "CommTimeoutError", "ModelError", "UsageError", "ValidationError",
+    "CommTimeoutError", "ModelError", "UsageError", "ValidationError", "retain_freed_memory",
+    "built_with_cuda",
 ]
 
 _default_world = None

@@ -218,7 +218,9 @@ class FastHeader {
     ++p_;
     // ~100 header bytes per tensor: room for all of them up front (growing the
     // list by doubling moved every entry ~15 times for 20,000 tensors).
-    const auto most = static_cast<std::size_t>(end_ - p_) / 64;
+    // (at most a million up front: a header that is mostly __metadata__ must not
+    // reserve more than its own size)
+    const auto most = std::min<std::size_t>(static_cast<std::size_t>(end_ - p_) / 64, 1 << 20);
     std::unordered_set<std::string_view> names;
     names.reserve(most);
     out.tensors.reserve(most);

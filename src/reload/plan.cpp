@@ -55,6 +55,7 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
       // hold (an expert under expert parallelism) is always scattered, so that it
       // never reaches them.
       const bool small =
+          o.scatter_replicated_bytes > 0 &&
           info.nbytes * static_cast<std::uint64_t>(o.world_size) <= o.scatter_replicated_bytes;
       t.scatter = (scatter && (sliced || small)) || !everywhere;
       t.rejected = info.shape != t.placements[0].source_shape;
@@ -96,20 +97,19 @@ std::uint64_t row_cost(const PlannedTensor& t, const TensorInfo& info, const Pla
 // kernels reading elements in place (conversion, int8) never see a misaligned
 // address when a checkpoint mixes dtypes.
 //
-// Grows each world rank's region by rows [a, b) of `t`; returns where each
-// rank's part of them starts.
-std::vector<std::uint64_t> grow_regions(const PlannedTensor& t, const TensorInfo& info,
-                                        std::int64_t a, std::int64_t b, const PlanOptions& o,
-                                        std::vector<std::uint64_t>& region) {
-  std::vector<std::uint64_t> starts(o.world_size, 0);
+// Grows each world rank's region by rows [a, b) of `t`; with `starts`, records
+// where each rank's part of them starts.
+void grow_regions(const PlannedTensor& t, const TensorInfo& info, std::int64_t a, std::int64_t b,
+                  const PlanOptions& o, std::vector<std::uint64_t>& region,
+                  std::vector<std::uint64_t>* starts = nullptr) {
+  if (starts) starts->assign(o.world_size, 0);
   for (int w = 0; w < o.world_size; ++w) {
     const int tp = w % o.tp_size;
     const std::int64_t rows = std::max<std::int64_t>(0, std::min(b, t.rows_for(tp)) - a);
     if (rows > 0) region[w] = align_up(region[w], dtype_size(info.dtype));
-    starts[w] = region[w];
+    if (starts) (*starts)[w] = region[w];
     region[w] += static_cast<std::uint64_t>(rows) * t.row_bytes_for(tp, info);
   }
-  return starts;
 }
 
 // The ranks' regions placed one after the other; returns the bucket's bytes.
@@ -128,7 +128,7 @@ void layout_scatter(const Plan& plan, const SourceMetadata& md, const PlanOption
   std::vector<std::uint64_t> region(o.world_size, 0);
   for (Piece& p : b.pieces) {
     const PlannedTensor& t = plan.tensors[p.planned];
-    p.rank_offset = grow_regions(t, md.tensors[t.index], p.row_begin, p.row_end, o, region);
+    grow_regions(t, md.tensors[t.index], p.row_begin, p.row_end, o, region, &p.rank_offset);
   }
   b.ranges.clear();
   b.bytes = place_regions(region, &b.ranges);
@@ -147,6 +147,7 @@ void close_bucket(Plan& plan, const SourceMetadata& md, const PlanOptions& o, Bu
 void plan_buckets(const SourceMetadata& md, const PlanOptions& o, Plan& plan) {
   Bucket open;
   std::vector<std::uint64_t> region(o.world_size, 0);  // scatter: the open bucket's regions
+  std::vector<std::uint64_t> grown;                    // (scratch: regions with rows added)
   auto close = [&] {
     close_bucket(plan, md, o, open);
     region.assign(o.world_size, 0);
@@ -162,7 +163,7 @@ void plan_buckets(const SourceMetadata& md, const PlanOptions& o, Plan& plan) {
     auto bytes_with = [&](std::int64_t n) {
       if (!t.scatter)  // broadcast pieces start at a multiple of their element size
         return align_up(open.bytes, dtype_size(info.dtype)) + static_cast<std::uint64_t>(n) * cost;
-      std::vector<std::uint64_t> grown = region;
+      grown = region;
       grow_regions(t, info, row, row + n, o, grown);
       return place_regions(grown);
     };
@@ -170,21 +171,23 @@ void plan_buckets(const SourceMetadata& md, const PlanOptions& o, Plan& plan) {
       if (!open.pieces.empty() && bytes_with(1) > o.bucket_bytes) close();
       open.scatter = t.scatter;
       const std::uint64_t used = bytes_with(0);
-      std::int64_t fit = std::min<std::int64_t>(
-          t.rows - row,
+      // Clamped while unsigned (a bucket of 2^63 bytes or more must not wrap).
+      std::uint64_t fit = std::min<std::uint64_t>(
+          static_cast<std::uint64_t>(t.rows - row),
           std::max<std::uint64_t>(1, (o.bucket_bytes > used ? o.bucket_bytes - used : 0) / cost));
       // Padding the estimate did not count: fewer rows until they fit.
-      for (std::uint64_t over; fit > 1 && (over = bytes_with(fit)) > o.bucket_bytes;)
-        fit -= std::min<std::int64_t>(
+      for (std::uint64_t over;
+           fit > 1 && (over = bytes_with(static_cast<std::int64_t>(fit))) > o.bucket_bytes;)
+        fit -= std::min<std::uint64_t>(
             fit - 1, std::max<std::uint64_t>(1, (over - o.bucket_bytes + cost - 1) / cost));
-      const std::int64_t end = row + fit;
+      const std::int64_t end = row + static_cast<std::int64_t>(fit);
       if (!t.scatter) open.bytes = align_up(open.bytes, dtype_size(info.dtype));
       Piece piece{i, row, end, end == t.rows, open.bytes, {}};
       if (t.scatter) {
         grow_regions(t, info, row, end, o, region);
         open.bytes = place_regions(region);
       } else {
-        open.bytes += static_cast<std::uint64_t>(fit) * cost;
+        open.bytes += fit * cost;
       }
       open.pieces.push_back(std::move(piece));
       row = end;

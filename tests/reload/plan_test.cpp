@@ -217,6 +217,47 @@ TEST(Plan, SmallReplicatedTensorsJoinTheScatterBucketsLargerOnesAreBroadcast) {
       }
 }
 
+// Mixed element sizes (1-byte norms, 4-byte embeddings): every piece of a
+// scatter bucket starts at a multiple of its element size in each rank's
+// region, every region at a multiple of 8, and no bucket of more than one row
+// exceeds the bucket size with that padding counted.
+TEST(Plan, MixedElementSizesArePaddedWithinTheBucketSize) {
+  const ModelConfig c = config();
+  SourceMetadata md;
+  md.description = "mixed";
+  std::uint64_t offset = 8;
+  for (const auto& s : checkpoint_tensor_specs(c)) {
+    const DType dtype = s.shape.size() == 1                         ? DType::kInt8
+                        : s.name.find("embed") != std::string::npos ? DType::kFloat32
+                                                                    : DType::kBFloat16;
+    std::uint64_t n = dtype == DType::kInt8 ? 1 : dtype == DType::kFloat32 ? 4 : 2;
+    for (auto d : s.shape) n *= static_cast<std::uint64_t>(d);
+    md.tensors.push_back({s.name, dtype, s.shape, n, "model.safetensors", offset, -1});
+    offset += n;
+  }
+  for (const auto& [world, tp] : {std::pair{2, 1}, std::pair{4, 2}, std::pair{8, 4}})
+    for (std::uint64_t bucket : {std::uint64_t{1}, std::uint64_t{37}, std::uint64_t{301},
+                                 std::uint64_t{4099}, std::uint64_t{1} << 40}) {
+      const Plan plan = make_plan(md, ShardingRules(c, tp),
+                                  {WeightFormat::kCheckpoint, Distribution::kScatter, bucket, world,
+                                   tp, std::uint64_t{1} << 30});
+      check_coverage(plan, md, bucket);
+      for (const Bucket& b : plan.buckets)
+        for (const Piece& p : b.pieces) {
+          const PlannedTensor& t = plan.tensors[p.planned];
+          const TensorInfo& info = md.tensors[t.index];
+          const std::uint64_t element = info.dtype == DType::kInt8      ? 1
+                                        : info.dtype == DType::kFloat32 ? 4
+                                                                        : 2;
+          for (int w = 0; w < world; ++w) {
+            if (std::min(p.row_end, t.rows_for(w % tp)) <= p.row_begin) continue;  // none its own
+            EXPECT_EQ((b.ranges[w].offset + p.rank_offset[w]) % element, 0u)
+                << info.name << " world rank " << w << " bucket size " << bucket;
+          }
+        }
+    }
+}
+
 // With every replicated tensor small, a scatter plan is one run of the file:
 // norms sit between the sliced tensors around them, in file order.
 TEST(Plan, ScatterPlanWithSmallReplicatedTensorsFollowsTheFile) {
