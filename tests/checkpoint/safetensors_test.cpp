@@ -171,6 +171,26 @@ TEST(Safetensors, RangesAreCheckedAndCounted) {
                 "': tensor 'a': range [36, 44) exceeds its 40 bytes");
 }
 
+// A view of many pages holds the file's bytes, whole and at an offset inside
+// the tensor that is not a page boundary.
+TEST(Safetensors, LargeViewsHoldTheFilesBytes) {
+  TempDir dir;
+  const std::string path = dir / "a.safetensors";
+  const std::vector<test::OwnedTensor> tensors = {
+      test::random_tensor("big", DType::kFloat32, {256, 1024}, 9)};  // 1 MiB
+  write_safetensors(path, test::as_memory(tensors));
+  auto source = open_weight_source(path);
+  const std::uint64_t n = tensors[0].bytes.size();
+  for (const ByteRange range : {ByteRange{0, n}, ByteRange{4097, n - 4097 - 3}}) {
+    const auto view = source->view(0, range);
+    ASSERT_TRUE(view.has_value());
+    ASSERT_EQ(view->size, range.length);
+    EXPECT_EQ(std::memcmp(view->data, tensors[0].bytes.data() + range.offset, range.length), 0)
+        << range.offset;
+  }
+  source->check_mapped_reads();
+}
+
 // A file cut short after it was opened: reads through its mapping would raise
 // SIGBUS; they read zeros instead and the source names the file.
 TEST(Safetensors, AFileCutShortUnderItsMappingIsAnErrorNotACrash) {
