@@ -135,6 +135,7 @@ class Pipeline {
   void apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src, bool direct);
   bool can_apply_direct() const;
   void run_direct();
+  void write_in_chunks(const RowWrite& w, const WriteSource& from);
   bool announce_read_status(Slot& slot);
   void agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error);
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
@@ -149,6 +150,7 @@ class Pipeline {
   const SourceMetadata& metadata_;
   const std::vector<BucketApply>& applies_;
   const std::vector<BucketApply>& direct_applies_;
+  std::vector<std::byte> chunk_;  // direct applies: full rows read for a write
   ReloadTarget& model_;
   ParameterSink& sink_;
   Communicator& control_;  // the world's control plane
@@ -437,14 +439,15 @@ void Pipeline::apply(Slot& slot) {
 // Bucket `bucket`'s writes from `src` (a bucket buffer), or, for a direct apply,
 // each from the source tensor's rows it names: a plain copy of contiguous rows
 // is read straight into the parameter (the source merges reads that follow each
-// other in a file into one preadv), any other write copies out of the source's
-// view of the rows (through an aligned copy of them when the file leaves its
-// elements unaligned, as converting and quantizing read them as numbers).
+// other in a file into one preadv); any other write (a row-parallel window out
+// of full rows, a conversion, int8) reads its full rows a chunk at a time into
+// an aligned scratch buffer and writes from there. Reading the rows, even at tp
+// times the bytes for a window, cost less than copying out of a freshly opened
+// mapping (docs/PERFORMANCE.md, change 26).
 void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src,
                             bool direct) {
   auto start = Clock::now();
   std::vector<ReadRequest> reads;
-  std::vector<std::byte> aligned;
   for (std::size_t i = 0; i < a.writes.size(); ++i) {
     const RowWrite& w = a.writes[i];
     if (!direct) {
@@ -456,17 +459,7 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
       reads.push_back({from.tensor, {w.src_offset, rows->size}, *rows});
       continue;
     }
-    const auto rows = source_->view(from.tensor, from.range);
-    if (!rows)
-      raise<CheckpointError>("tensor '", metadata_.tensors[from.tensor].name, "' has no view in ",
-                             metadata_.description);
-    // src_offset counts from the tensor's first byte; the view starts at the rows.
-    const std::byte* base = rows->data - from.range.offset;
-    if (reinterpret_cast<std::uintptr_t>(base + w.src_offset) % dtype_size(w.src_dtype) != 0) {
-      aligned.assign(rows->data, rows->data + rows->size);  // (new[] aligns for any dtype)
-      base = aligned.data() - from.range.offset;
-    }
-    sink_.write(w, base);
+    write_in_chunks(w, from);
   }
   if (!reads.empty()) source_->read_many(reads);
   for (const RowZero& z : a.zeros) sink_.zero(z);
@@ -477,6 +470,32 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
   start = Clock::now();
   for (std::int64_t layer : plan_.buckets[bucket].finished_layers) model_.finish_layer(layer);
   stats_.finish += since(start);
+}
+
+// A direct write from full rows of its tensor: the rows read a chunk of about
+// kChunkBytes at a time into `chunk_` (aligned for any element), each chunk's
+// rows written from there. src_offset counts from the tensor's first byte and
+// the rows start at from.range.offset, one every src_pitch bytes.
+void Pipeline::write_in_chunks(const RowWrite& w, const WriteSource& from) {
+  constexpr std::uint64_t kChunkBytes = std::uint64_t{1} << 20;
+  if (w.rows <= 0) return;
+  const std::uint64_t pitch = w.src_pitch;
+  // (rows that do not tile the range exactly: read it whole, as one chunk)
+  const bool tiles = pitch > 0 && from.range.length == static_cast<std::uint64_t>(w.rows) * pitch;
+  const std::int64_t per_chunk =
+      tiles ? static_cast<std::int64_t>(std::max<std::uint64_t>(1, kChunkBytes / pitch)) : w.rows;
+  for (std::int64_t r = 0; r < w.rows; r += per_chunk) {
+    const std::int64_t n = std::min(per_chunk, w.rows - r);
+    const std::uint64_t at = from.range.offset + static_cast<std::uint64_t>(r) * pitch;
+    const std::uint64_t bytes = tiles ? static_cast<std::uint64_t>(n) * pitch : from.range.length;
+    if (chunk_.size() < bytes) chunk_.resize(bytes);
+    source_->read(from.tensor, {at, bytes}, MutableBytes(chunk_.data(), bytes));
+    RowWrite part = w;
+    part.dest_row = w.dest_row + r;
+    part.rows = n;
+    part.src_offset = w.src_offset + static_cast<std::uint64_t>(r) * pitch;
+    sink_.write(part, chunk_.data() - at);
+  }
 }
 
 // Readers::kAll with a source that has views (mapped safetensors, tensors in
