@@ -472,22 +472,20 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
   stats_.finish += since(start);
 }
 
-// A direct write from full rows of its tensor: the rows read a chunk of about
-// kChunkBytes at a time into `chunk_` (aligned for any element), each chunk's
-// rows written from there. src_offset counts from the tensor's first byte and
-// the rows start at from.range.offset, one every src_pitch bytes.
+// A direct write from full rows of its tensor: from.range is the write's
+// w.rows full rows (resolve_direct_applies), read a chunk of about kChunkBytes
+// at a time into `chunk_` (aligned for any element), each chunk's rows written
+// from there. src_offset counts from the tensor's first byte.
 void Pipeline::write_in_chunks(const RowWrite& w, const WriteSource& from) {
   constexpr std::uint64_t kChunkBytes = std::uint64_t{1} << 20;
   if (w.rows <= 0) return;
-  const std::uint64_t pitch = w.src_pitch;
-  // (rows that do not tile the range exactly: read it whole, as one chunk)
-  const bool tiles = pitch > 0 && from.range.length == static_cast<std::uint64_t>(w.rows) * pitch;
-  const std::int64_t per_chunk =
-      tiles ? static_cast<std::int64_t>(std::max<std::uint64_t>(1, kChunkBytes / pitch)) : w.rows;
+  const std::uint64_t pitch = from.range.length / static_cast<std::uint64_t>(w.rows);
+  const auto per_chunk = static_cast<std::int64_t>(
+      std::max<std::uint64_t>(1, kChunkBytes / std::max<std::uint64_t>(1, pitch)));
   for (std::int64_t r = 0; r < w.rows; r += per_chunk) {
     const std::int64_t n = std::min(per_chunk, w.rows - r);
     const std::uint64_t at = from.range.offset + static_cast<std::uint64_t>(r) * pitch;
-    const std::uint64_t bytes = tiles ? static_cast<std::uint64_t>(n) * pitch : from.range.length;
+    const std::uint64_t bytes = static_cast<std::uint64_t>(n) * pitch;
     if (chunk_.size() < bytes) chunk_.resize(bytes);
     source_->read(from.tensor, {at, bytes}, MutableBytes(chunk_.data(), bytes));
     RowWrite part = w;
@@ -498,23 +496,12 @@ void Pipeline::write_in_chunks(const RowWrite& w, const WriteSource& from) {
   }
 }
 
-// Readers::kAll with a source that has views (mapped safetensors, tensors in
-// memory) and parameters in host memory: every write copies its rows straight
-// from the source into the parameter, the one copy a local load makes, with no
-// bucket buffer and no thread. Ranks only agree at the end.
+// Readers::kAll with parameters in host memory: every write takes its rows
+// straight from the source (read into the parameter, or through a chunk of full
+// rows), the one copy a local load makes, with no bucket buffer and no thread,
+// whatever the source. Ranks only agree at the end.
 bool Pipeline::can_apply_direct() const {
-  if (!all_read_ || spaces_.device_params || direct_applies_.size() != plan_.buckets.size())
-    return false;
-  // The first write's source says whether the source has views (all or none).
-  const WriteSource* first = nullptr;
-  for (const BucketApply& a : direct_applies_)
-    if (!first && !a.sources.empty()) first = &a.sources.front();
-  if (!first) return false;
-  try {  // (a source that fails here fails again, and is reported, on the staged path)
-    return source_->view(first->tensor, {first->range.offset, 0}).has_value();
-  } catch (const std::exception&) {
-    return false;
-  }
+  return all_read_ && !spaces_.device_params && direct_applies_.size() == plan_.buckets.size();
 }
 
 void Pipeline::run_direct() {

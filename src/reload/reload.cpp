@@ -412,9 +412,7 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
               ReloadResult& result) {
   const ParameterSink& sink = model.sink();
   const std::vector<ParamSpec>& params = model.rules().params();
-  std::vector<ParamSlot> expected;
-  for (ParamSlot s = 0; s < params.size(); ++s)
-    if (format == WeightFormat::kKernel || params[s].from_checkpoint) expected.push_back(s);
+  const std::vector<ParamSlot> expected = sink.expected_slots(format);
   const std::size_t words = (expected.size() + 63) / 64;
   std::vector<std::uint64_t> mine(words, 0);
   for (std::size_t i = 0; i < expected.size(); ++i)
@@ -739,11 +737,14 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
     raise<UsageError>("reload has no weights: no path was given and the model has no location");
   std::unique_ptr<WeightSource> opened;
   if (opens_source(options, world.rank())) {
+    const auto start = Clock::now();
     try {
       opened = open_weight_source(from);
     } catch (const std::exception& e) {  // reaches every rank through the metadata exchange
       opened = std::make_unique<FailedSource>(e.what());
     }
+    // (before the reload's own clock: the other ranks wait for it in `prepare`)
+    log().debug("opening '{}' took {:.1f} ms", from, since(start) * 1e3);
   }
   ReloadResult result = run(world, options, opened.get());
   // A partial reload changed some weights (callbacks must still drop derived

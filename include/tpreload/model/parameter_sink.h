@@ -82,7 +82,10 @@ class ParameterSink {
   // Shard `shard` of the parameter arrived (kAllShards: the whole of it).
   void mark_loaded(ParamSlot slot, std::uint32_t shard);
   bool loaded(ParamSlot slot) const;
-  // Names a load in `format` must fill (sorted): weight_scale only in kernel format.
+  // Slots a load in `format` must fill, in slot order (which is name order):
+  // weight_scale only in kernel format.
+  std::vector<ParamSlot> expected_slots(WeightFormat format) const;
+  // Their names (sorted).
   std::vector<std::string> expected_names(WeightFormat format) const;
   // Expected names filled since begin_load() (sorted).
   std::vector<std::string> loaded_names(WeightFormat format) const;

@@ -21,18 +21,19 @@ int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
                     const CommOptions& options,
                     const std::function<int(MpiCommunicator& world)>& body);
 
-// For a process that reloads again and again: the C library keeps the memory the
-// process frees instead of handing it back to the kernel, so that the next
+// For a process that reloads again and again: the C library keeps the memory
+// the process frees instead of handing it back to the kernel, so that the next
 // reload does not fault it in again page by page. glibc then trims the top of
 // the main heap only when more than kRetainedFreeBytes are free there, takes
 // blocks of up to 32 MiB from the heap rather than mapping each, and grows the
 // heap 64 MiB at a time; a thread's own arena keeps what it grew to. Resident
-// memory can stay higher after a peak (by what was freed), which is the point. A reload of a
-// 20,000-tensor checkpoint allocates its listing afresh when it opens the files; on machines where
-// a page fault is dear that is a third of a small reload (docs/PERFORMANCE.md, change 24).
-// Process-wide, so the library never does it on its own: reload_runner and the benchmark do, and a
-// serving process may. glibc only; false when a setting was refused (or the C library is not
-// glibc).
+// memory can stay higher after a peak (by what was freed), which is the point.
+// A reload of a 20,000-tensor checkpoint allocates its listing afresh when it
+// opens the files; where a page fault is dear that is a third of a small
+// reload (docs/PERFORMANCE.md, change 24). Process-wide, so the library never
+// does it on its own: reload_runner does, the benchmark on request, and a
+// serving process may. glibc only; false when a setting was refused (or the C
+// library is not glibc).
 inline constexpr std::size_t kRetainedFreeBytes = std::size_t{256} << 20;
 bool retain_freed_memory();
 

@@ -269,20 +269,23 @@ bool ParameterSink::loaded(ParamSlot slot) const {
   return true;
 }
 
+std::vector<ParamSlot> ParameterSink::expected_slots(WeightFormat format) const {
+  std::vector<ParamSlot> slots;
+  for (ParamSlot s = 0; s < storage_.size(); ++s)
+    if (format == WeightFormat::kKernel || rules_.params()[s].from_checkpoint) slots.push_back(s);
+  return slots;
+}
+
 std::vector<std::string> ParameterSink::expected_names(WeightFormat format) const {
   std::vector<std::string> names;
-  for (const ParamSpec& spec : rules_.params())
-    if (format == WeightFormat::kKernel || spec.from_checkpoint) names.push_back(spec.name);
+  for (ParamSlot s : expected_slots(format)) names.push_back(rules_.params()[s].name);
   return names;
 }
 
 std::vector<std::string> ParameterSink::loaded_names(WeightFormat format) const {
   std::vector<std::string> names;
-  for (ParamSlot s = 0; s < storage_.size(); ++s) {
-    const ParamSpec& spec = rules_.params()[s];
-    if ((format == WeightFormat::kKernel || spec.from_checkpoint) && loaded(s))
-      names.push_back(spec.name);
-  }
+  for (ParamSlot s : expected_slots(format))
+    if (loaded(s)) names.push_back(rules_.params()[s].name);
   return names;
 }
 
