@@ -4,9 +4,13 @@
 // --general times the general parser alone (any JSON; what every header went
 // through before the fast parser), without the layout check. --open times what a
 // reload pays to list the checkpoint instead: open_weight_source() on FILE (the
-// header read, parsed, the tensor list built, the file mapped) and closing it.
+// header read, parsed, the tensor list built, the file mapped) and closing it;
+// with --known, each open is given the listing of an earlier open of the same
+// file (what a reload with a kept plan does: the header is read and compared,
+// not parsed).
 //
-//   build/bench/header_bench /tmp/tpreload-bench/small-tensors/model.safetensors [--general|--open]
+//   build/bench/header_bench FILE [--general|--open [--known]], FILE e.g.
+//   /tmp/tpreload-bench/small-tensors/model.safetensors
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -26,18 +30,21 @@ int main(int argc, char** argv) {
   bool general = false;
   app.add_option("file", path, "A .safetensors file")->required();
   app.add_option("--reps", reps, "Parses to time")->capture_default_str();
-  bool open = false;
+  bool open = false, known = false;
   app.add_flag("--general", general, "Time the general (nlohmann SAX) parser alone");
   app.add_flag("--open", open, "Time opening and closing the file as a weight source");
+  app.add_flag("--known", known,
+               "With --open: give each open the listing of an earlier open of FILE");
   CLI11_PARSE(app, argc, argv);
   if (open) {
     using Clock = std::chrono::steady_clock;
     double best_open = 1e30, best_close = 1e30;
     std::size_t tensors = 0;
     try {
+      const auto earlier = known ? tpreload::open_weight_source(path)->known_listing() : nullptr;
       for (int r = 0; r < reps; ++r) {
         const auto start = Clock::now();
-        auto source = tpreload::open_weight_source(path);
+        auto source = tpreload::open_weight_source(path, earlier);
         const auto opened = Clock::now();
         tensors = source->tensors().size();
         source.reset();
@@ -50,9 +57,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf(
-        "open_weight_source: %zu tensors: best of %d open %.1f ms (%.0f ns per tensor), "
+        "open_weight_source%s: %zu tensors: best of %d open %.1f ms (%.0f ns per tensor), "
         "close %.1f ms\n",
-        tensors, reps, best_open * 1e3,
+        known ? " with the known listing" : "", tensors, reps, best_open * 1e3,
         tensors ? best_open * 1e9 / static_cast<double>(tensors) : 0.0, best_close * 1e3);
     return 0;
   }

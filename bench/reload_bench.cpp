@@ -62,6 +62,7 @@ struct BenchOptions {
   int warmup = 1;
   int iters = 3;
   bool keep_open = false;
+  bool parse_every_open = false;
   bool zero_copy = false;
   bool no_checksums = false;
   bool expert_parallel = false;
@@ -285,7 +286,8 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     scramble(model);
     cool(o, path, world);
     const auto start = Clock::now();
-    if (!o.keep_open && reads) source = open_weight_source(path);
+    if (!o.keep_open && reads)
+      source = open_weight_source(path, o.parse_every_open ? nullptr : workspace.known_listing());
     const ReloadResult r = reload_weights(model, world, source.get(), ro, &workspace);
     row.seconds +=
         max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
@@ -527,7 +529,10 @@ int main(int argc, char** argv) {
                "Reload without the CRC-32C of the transferred bytes (ReloadOptions::checksums)");
   app.add_flag("--keep-open", o.keep_open,
                "Open the checkpoint once and reuse it; by default each timed reload opens it, "
-               "as a reload of a new checkpoint does");
+               "as a reload of a new checkpoint does, given the listing the workspace kept");
+  app.add_flag("--parse-every-open", o.parse_every_open,
+               "Open the checkpoint without the workspace's known listing: every open parses "
+               "the headers again");
   app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")
       ->capture_default_str();
   app.add_option("--scatter-replicated-bytes", o.scatter_replicated_bytes,

@@ -350,6 +350,50 @@ TEST(Reload, WorkspaceReusesThePlanOnlyForTheSameListingAndOptions) {
   expect_params(model, expected_params(config, setup, v2), "v2 after a refused reload");
 }
 
+// A ReloadableModel's reload of unchanged files takes the listing its
+// workspace kept, on every rank that opens them (no header parsed again); new
+// bytes under the same headers load through it; files whose headers changed
+// are listed again.
+TEST(Reload, ReopenedFilesTakeTheKeptListingWhileTheirHeadersAreUnchanged) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 520),
+             v2 = testdata::random_checkpoint(config, 521);
+  const Variant setup{world().size(), "", false};
+  for (const Readers readers : {Readers::kOne, Readers::kAll}) {
+    const std::string mode(readers_name(readers));
+    SharedDir dir;
+    const Sources files = write_sources(v1, dir.path());
+    TensorParallelModel model(config, options_for(setup));
+    ReloadableModel served(model, {files.sharded, "", ""});
+    ReloadOptions o;
+    o.readers = readers;
+    o.bucket_bytes = 8192;
+    const bool opens = opens_source(o, world().rank());
+    ASSERT_TRUE(served.reload(world(), o).complete()) << mode;
+    const auto known = served.workspace().known_listing();
+    EXPECT_EQ(known != nullptr, opens) << mode;
+    ASSERT_TRUE(served.reload(world(), o).complete()) << mode;
+    EXPECT_EQ(served.workspace().known_listing(), known) << mode << ": unchanged files";
+    write_sources(v2, dir.path());
+    ASSERT_TRUE(served.reload(world(), o).complete()) << mode;
+    EXPECT_EQ(served.workspace().known_listing(), known) << mode << ": new bytes, same headers";
+    expect_params(model, expected_params(config, setup, v2),
+                  mode + ": v2 through the kept listing");
+    auto fewer = v1;
+    fewer.erase("model.norm.weight");
+    write_sources(fewer, dir.path());
+    const ReloadResult partial = served.reload(world(), o);
+    EXPECT_EQ(partial.not_loaded_on_all_ranks, std::vector<std::string>{"model.norm.weight"})
+        << mode;
+    if (opens) {
+      EXPECT_NE(served.workspace().known_listing(), known) << mode << ": headers changed";
+    }
+    auto want = expected_params(config, setup, v1);
+    want.at("model.norm.weight") = expected_params(config, setup, v2).at("model.norm.weight");
+    expect_params(model, want, mode + ": v1 without model.norm.weight");
+  }
+}
+
 // Every rank's host name, gathered rank by rank (not through node_leader()).
 std::vector<std::string> host_names() {
   char host[256] = {};

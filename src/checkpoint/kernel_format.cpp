@@ -116,7 +116,8 @@ KernelFormatInfo read_kernel_format_info(const std::string& dir) {
   return info_from_json(parse_info_json(file), file);
 }
 
-std::unique_ptr<WeightSource> open_kernel_format(const std::string& dir) {
+std::unique_ptr<WeightSource> open_kernel_format(const std::string& dir,
+                                                 std::shared_ptr<const KnownListing> known) {
   const KernelFormatInfo info = read_kernel_format_info(dir);
   const std::string file = detail::join_path(dir, kKernelFormatFile);
   check_rank_files(dir, file, info.tp_size);
@@ -124,12 +125,14 @@ std::unique_ptr<WeightSource> open_kernel_format(const std::string& dir) {
   for (int r = 0; r < info.tp_size; ++r)
     shards.push_back({detail::join_path(dir, kernel_format_shard_name(r, info.tp_size)), r});
   return detail::make_safetensors_source(
-      shards, {detail::concat("kernel format '", dir, "' (tp_size ", info.tp_size, ", ",
-                              dtype_name(info.dtype),
-                              info.quantization.empty() ? "" : ", " + info.quantization,
-                              info.expert_parallel ? ", expert parallel" : "", ")"),
-               {},
-               info});
+      shards,
+      {detail::concat("kernel format '", dir, "' (tp_size ", info.tp_size, ", ",
+                      dtype_name(info.dtype),
+                      info.quantization.empty() ? "" : ", " + info.quantization,
+                      info.expert_parallel ? ", expert parallel" : "", ")"),
+       {},
+       info},
+      known);
 }
 
 void write_kernel_format(const std::string& dir, const KernelFormatInfo& info,

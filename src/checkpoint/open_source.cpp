@@ -67,12 +67,13 @@ bool has_hdf5_extension(const std::string& path) {
   return detail::ends_with(path, ".h5") || detail::ends_with(path, ".hdf5");
 }
 
-std::unique_ptr<WeightSource> open_directory(const std::string& dir) {
+std::unique_ptr<WeightSource> open_directory(const std::string& dir,
+                                             const std::shared_ptr<const KnownListing>& known) {
   if (detail::is_regular_file(detail::join_path(dir, kKernelFormatFile)))
-    return open_kernel_format(dir);
+    return open_kernel_format(dir, known);
   if (detail::is_regular_file(detail::join_path(dir, "model.safetensors.index.json")) ||
       !detail::list_files(dir, ".safetensors").empty())
-    return open_safetensors(dir);
+    return open_safetensors(dir, known);
   auto h5 = detail::list_files(dir, ".h5");
   for (auto& name : detail::list_files(dir, ".hdf5")) h5.push_back(name);
   if (h5.size() == 1) return open_hdf5(detail::join_path(dir, h5.front()));
@@ -96,14 +97,15 @@ std::string parent_dir(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<WeightSource> open_weight_source(const std::string& path) {
-  if (detail::is_directory(path)) return open_directory(path);
+std::unique_ptr<WeightSource> open_weight_source(const std::string& path,
+                                                 std::shared_ptr<const KnownListing> known) {
+  if (detail::is_directory(path)) return open_directory(path, known);
   if (!detail::is_regular_file(path))
     raise<CheckpointError>("checkpoint '", path, "': no such file or directory");
   const std::string base = base_name(path);
   if (base == kKernelFormatFile || base == "model.safetensors.index.json")
-    return open_directory(parent_dir(path));
-  if (detail::ends_with(path, ".safetensors")) return open_safetensors(path);
+    return open_directory(parent_dir(path), known);
+  if (detail::ends_with(path, ".safetensors")) return open_safetensors(path, known);
   if (has_hdf5_extension(path) || is_hdf5_file(path)) return open_hdf5(path);
   raise<CheckpointError>("checkpoint '", path,
                          "': not a .safetensors, .h5/.hdf5 or HDF5 file, nor a checkpoint "

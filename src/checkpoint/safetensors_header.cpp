@@ -406,7 +406,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
   return h;
 }
 
-SafetensorsHeader read_safetensors_header(const std::string& path) {
+namespace detail {
+
+SafetensorsHeaderText read_safetensors_header_text(const std::string& path) {
   detail::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) fail(path, "cannot open: ", std::strerror(errno));
   const std::uint64_t size = detail::file_size(path);
@@ -419,9 +421,16 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
     fail(path, "header length ", n, " exceeds the limit of ", kSafetensorsMaxHeaderBytes, " bytes");
   if (n > size - 8)
     fail(path, "header length ", n, " runs past the end of the ", size, "-byte file");
-  std::string text(n, '\0');
-  detail::pread_exact(fd.get(), text.data(), n, 8, path);
-  return parse_safetensors_header(text, size, path);
+  SafetensorsHeaderText out{size, std::string(n, '\0')};
+  detail::pread_exact(fd.get(), out.text.data(), n, 8, path);
+  return out;
+}
+
+}  // namespace detail
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  const detail::SafetensorsHeaderText h = detail::read_safetensors_header_text(path);
+  return parse_safetensors_header(h.text, h.file_size, path);
 }
 
 }  // namespace tpreload

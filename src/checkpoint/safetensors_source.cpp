@@ -16,32 +16,66 @@
 namespace tpreload::detail {
 namespace {
 
-struct MappedShard {
-  SafetensorsShard shard;
-  SafetensorsHeader header;
-  MappedFile map;
-};
-
 struct Location {
   std::size_t shard = 0;
   ByteRange data;  // relative to the data section
 };
 
+// One file as it was when listed.
+struct ListedFile {
+  std::string path;
+  int tp_rank = -1;
+  std::uint64_t size = 0;
+  std::string header;  // the raw JSON text
+  friend bool operator==(const ListedFile& a, const ListedFile& b) {
+    return a.tp_rank == b.tp_rank && a.size == b.size && a.path == b.path && a.header == b.header;
+  }
+};
+
+// The listing of a set of files, and the files as they were: the listing is a
+// function of `files` and `tp_size` alone, so a later open whose files compare
+// equal takes it as it is.
+struct SafetensorsListing final : KnownListing {
+  std::vector<ListedFile> files;
+  int tp_size = 0;  // kernel_format.json's, which each rank file's metadata was checked against
+  std::vector<TensorInfo> tensors;
+  std::vector<Location> locations;
+  std::map<std::string, std::string> metadata;  // the files' "__metadata__", first file wins
+};
+
 class SafetensorsSource final : public WeightSource {
  public:
-  SafetensorsSource(const std::vector<SafetensorsShard>& shards, SafetensorsSourceOptions options)
+  SafetensorsSource(const std::vector<SafetensorsShard>& shards, SafetensorsSourceOptions options,
+                    const std::shared_ptr<const KnownListing>& known)
       : options_(std::move(options)) {
-    // Which file holds each (tp rank, name): only needed to refuse a name that
-    // two files hold (one file's header already refuses a name twice).
-    std::map<std::pair<int, std::string>, std::string> owner;
-    for (const auto& shard : shards) add_shard(shard, shards.size() > 1 ? &owner : nullptr);
+    std::vector<ListedFile> files;
+    files.reserve(shards.size());
+    for (const auto& shard : shards) {
+      SafetensorsHeaderText h = read_safetensors_header_text(shard.path);
+      files.push_back({shard.path, shard.tp_rank, h.file_size, std::move(h.text)});
+    }
+    const int tp_size = options_.kernel_format ? options_.kernel_format->tp_size : 0;
+    const auto* same = dynamic_cast<const SafetensorsListing*>(known.get());
+    if (same && same->tp_size == tp_size && same->files == files)
+      listing_ = std::static_pointer_cast<const SafetensorsListing>(known);
+    else
+      listing_ = list(std::move(files), tp_size);
+    maps_.reserve(listing_->files.size());
+    for (const ListedFile& f : listing_->files) {
+      maps_.push_back(MappedFile::open(f.path));
+      if (maps_.back().size() != f.size)
+        raise<CheckpointError>("safetensors file '", f.path, "' changed size while opening");
+    }
+    metadata_ = listing_->metadata;
     for (auto& [key, value] : options_.extra_metadata) metadata_[key] = value;
   }
 
   std::string describe() const override {
-    return concat(options_.label, ": ", shards_.size(), " file(s), ", infos_.size(), " tensors");
+    return concat(options_.label, ": ", maps_.size(), " file(s), ", listing_->tensors.size(),
+                  " tensors");
   }
-  const std::vector<TensorInfo>& tensors() const override { return infos_; }
+  const std::vector<TensorInfo>& tensors() const override { return listing_->tensors; }
+  std::shared_ptr<const KnownListing> known_listing() const override { return listing_; }
 
   std::optional<ConstBytes> view(std::size_t index, ByteRange range) override {
     const ConstBytes bytes = locate(index, range);
@@ -51,13 +85,13 @@ class SafetensorsSource final : public WeightSource {
 
   void read(std::size_t index, ByteRange range, MutableBytes dst) override {
     if (dst.size != range.length)
-      raise<UsageError>("tensor '", infos_.at(index).name, "': read of ", range.length,
+      raise<UsageError>("tensor '", listing_->tensors.at(index).name, "': read of ", range.length,
                         " bytes into a ", dst.size, "-byte buffer");
     // pread, not a copy out of the mapping: the kernel copies from the page cache
     // through its own large-page map, while a copy out of a fresh mapping takes a
     // page fault and a TLB miss per 4 KiB (4x slower for a 2 GB checkpoint).
     const ConstBytes bytes = locate(index, range);
-    const MappedFile& map = shards_[locations_[index].shard].map;
+    const MappedFile& map = maps_[listing_->locations[index].shard];
     if (bytes.size > 0)
       pread_exact(map.fd(), dst.data, bytes.size,
                   static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
@@ -66,9 +100,9 @@ class SafetensorsSource final : public WeightSource {
 
   void read_split(std::size_t index, ByteRange range,
                   const std::vector<MutableBytes>& parts) override {
-    check_split(infos_.at(index).name, range, parts);
+    check_split(listing_->tensors.at(index).name, range, parts);
     const ConstBytes bytes = locate(index, range);
-    const MappedFile& map = shards_[locations_[index].shard].map;
+    const MappedFile& map = maps_[listing_->locations[index].shard];
     preadv_exact(map.fd(), parts, static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
     bytes_read_ += range.length;
   }
@@ -83,7 +117,7 @@ class SafetensorsSource final : public WeightSource {
     std::uint64_t start = 0, end = 0, wanted = 0;
     auto flush = [&] {
       if (run.empty()) return;
-      const MappedFile& map = shards_[shard].map;
+      const MappedFile& map = maps_[shard];
       preadv_exact(map.fd(), run, start, map.path());
       bytes_read_ += wanted;
       run.clear();
@@ -91,11 +125,11 @@ class SafetensorsSource final : public WeightSource {
     };
     for (const ReadRequest& r : requests) {
       if (r.dst.size != r.range.length)
-        raise<UsageError>("tensor '", infos_.at(r.index).name, "': read of ", r.range.length,
-                          " bytes into a ", r.dst.size, "-byte buffer");
+        raise<UsageError>("tensor '", listing_->tensors.at(r.index).name, "': read of ",
+                          r.range.length, " bytes into a ", r.dst.size, "-byte buffer");
       const ConstBytes bytes = locate(r.index, r.range);
-      const std::size_t s = locations_[r.index].shard;
-      const auto offset = static_cast<std::uint64_t>(bytes.data - shards_[s].map.data());
+      const std::size_t s = listing_->locations[r.index].shard;
+      const auto offset = static_cast<std::uint64_t>(bytes.data - maps_[s].data());
       if (!run.empty() && s == shard && offset > end && offset - end <= kReadThrough) {
         run.emplace_back(gap_.data(), offset - end);
       } else if (run.empty() || s != shard || offset != end) {
@@ -114,41 +148,46 @@ class SafetensorsSource final : public WeightSource {
   const std::map<std::string, std::string>& metadata() const override { return metadata_; }
   std::optional<KernelFormatInfo> kernel_format() const override { return options_.kernel_format; }
   void check_mapped_reads() const override {
-    for (const MappedShard& s : shards_) s.map.check_intact();
+    for (const MappedFile& map : maps_) map.check_intact();
   }
 
  private:
-  void add_shard(const SafetensorsShard& shard,
-                 std::map<std::pair<int, std::string>, std::string>* owner) {
-    MappedShard m{shard, read_safetensors_header(shard.path), MappedFile::open(shard.path)};
-    if (m.map.size() != m.header.data_start + m.header.data_bytes)
-      raise<CheckpointError>("safetensors file '", shard.path, "' changed size while opening");
-    if (shard.tp_rank >= 0) check_rank_metadata(shard, m.header.metadata);
-    infos_.reserve(infos_.size() + m.header.tensors.size());
-    locations_.reserve(locations_.size() + m.header.tensors.size());
-    for (auto& t : m.header.tensors) {  // moved into the listing: the header's copy is not kept
-      if (owner) {
-        const auto [it, inserted] =
-            owner->emplace(std::make_pair(shard.tp_rank, t.name), shard.path);
-        if (!inserted)
-          raise<CheckpointError>("safetensors file '", shard.path, "': tensor '", t.name,
-                                 "' is also in '", it->second, "'");
+  // Parses and validates every file's header into a listing. Names must be
+  // unique per tp rank across files (one file's header already refuses a name
+  // twice).
+  std::shared_ptr<const SafetensorsListing> list(std::vector<ListedFile> files, int tp_size) const {
+    auto out = std::make_shared<SafetensorsListing>();
+    out->tp_size = tp_size;
+    std::map<std::pair<int, std::string>, std::string> owner;  // only when there are several files
+    for (std::size_t f = 0; f < files.size(); ++f) {
+      const ListedFile& file = files[f];
+      SafetensorsHeader header = parse_safetensors_header(file.header, file.size, file.path);
+      if (file.tp_rank >= 0) check_rank_metadata(file, tp_size, header.metadata);
+      out->tensors.reserve(out->tensors.size() + header.tensors.size());
+      out->locations.reserve(out->locations.size() + header.tensors.size());
+      for (auto& t : header.tensors) {  // moved into the listing: the header's copy is not kept
+        if (files.size() > 1) {
+          const auto [it, inserted] =
+              owner.emplace(std::make_pair(file.tp_rank, t.name), file.path);
+          if (!inserted)
+            raise<CheckpointError>("safetensors file '", file.path, "': tensor '", t.name,
+                                   "' is also in '", it->second, "'");
+        }
+        out->tensors.push_back({std::move(t.name), t.dtype, std::move(t.shape), t.data.length,
+                                file.path, header.data_start + t.data.offset, file.tp_rank});
+        out->locations.push_back({f, t.data});
       }
-      infos_.push_back({std::move(t.name), t.dtype, std::move(t.shape), t.data.length, shard.path,
-                        m.header.data_start + t.data.offset, shard.tp_rank});
-      locations_.push_back({shards_.size(), t.data});
+      for (const auto& [key, value] : header.metadata) out->metadata.emplace(key, value);
     }
-    for (const auto& [key, value] : m.header.metadata) metadata_.emplace(key, value);
-    m.header.tensors = {};
-    shards_.push_back(std::move(m));
+    out->files = std::move(files);
+    return out;
   }
 
   // A kernel-format rank file says in its own metadata which rank of which tp size
   // it holds: a file renamed or copied over another rank's is refused here,
   // before any byte of it is sent.
-  void check_rank_metadata(const SafetensorsShard& shard,
+  void check_rank_metadata(const ListedFile& shard, int tp_size,
                            const std::map<std::string, std::string>& metadata) const {
-    const int tp_size = options_.kernel_format ? options_.kernel_format->tp_size : 0;
     auto field = [&](const char* key) {
       const auto it = metadata.find(key);
       return it == metadata.end() ? std::string("(none)") : "'" + it->second + "'";
@@ -166,21 +205,21 @@ class SafetensorsSource final : public WeightSource {
   }
 
   ConstBytes locate(std::size_t index, ByteRange range) const {
-    if (index >= infos_.size())
-      raise<UsageError>(options_.label, ": tensor index ", index, " out of ", infos_.size());
-    const TensorInfo& info = infos_[index];
+    const std::vector<TensorInfo>& infos = listing_->tensors;
+    if (index >= infos.size())
+      raise<UsageError>(options_.label, ": tensor index ", index, " out of ", infos.size());
+    const TensorInfo& info = infos[index];
     if (range.end() < range.offset || range.end() > info.nbytes)
       raise<CheckpointError>("safetensors file '", info.file, "': tensor '", info.name,
                              "': range [", range.offset, ", ", range.offset + range.length,
                              ") exceeds its ", info.nbytes, " bytes");
-    const MappedShard& shard = shards_[locations_[index].shard];
-    return {shard.map.data() + info.file_offset + range.offset, range.length};
+    return {maps_[listing_->locations[index].shard].data() + info.file_offset + range.offset,
+            range.length};
   }
 
   SafetensorsSourceOptions options_;
-  std::vector<MappedShard> shards_;
-  std::vector<TensorInfo> infos_;
-  std::vector<Location> locations_;
+  std::shared_ptr<const SafetensorsListing> listing_;
+  std::vector<MappedFile> maps_;  // one per listing_->files
   std::map<std::string, std::string> metadata_;
   std::atomic<std::uint64_t> bytes_read_{0};
   static constexpr std::uint64_t kReadThrough = 4096;
@@ -190,9 +229,10 @@ class SafetensorsSource final : public WeightSource {
 
 }  // namespace
 
-std::unique_ptr<WeightSource> make_safetensors_source(const std::vector<SafetensorsShard>& shards,
-                                                      SafetensorsSourceOptions options) {
-  return std::make_unique<SafetensorsSource>(shards, std::move(options));
+std::unique_ptr<WeightSource> make_safetensors_source(
+    const std::vector<SafetensorsShard>& shards, SafetensorsSourceOptions options,
+    const std::shared_ptr<const KnownListing>& known) {
+  return std::make_unique<SafetensorsSource>(shards, std::move(options), known);
 }
 
 }  // namespace tpreload::detail
@@ -267,34 +307,38 @@ void check_index(const WeightSource& source, const std::string& path, const json
       index_fail(path, "tensor '", name, "' in '", file, "' is missing from the weight_map");
 }
 
-std::unique_ptr<WeightSource> open_indexed(const std::string& dir) {
+std::unique_ptr<WeightSource> open_indexed(const std::string& dir,
+                                           const std::shared_ptr<const KnownListing>& known) {
   const std::string path = detail::join_path(dir, kIndexName);
   const json j = parse_index(path);
   std::vector<detail::SafetensorsShard> shards;
   for (const auto& f : index_files(dir, path, j["weight_map"]))
     shards.push_back({detail::join_path(dir, f), -1});
   auto source = detail::make_safetensors_source(
-      shards, {detail::concat("safetensors '", dir, "' (sharded, index)"), index_metadata(j),
-               std::nullopt});
+      shards,
+      {detail::concat("safetensors '", dir, "' (sharded, index)"), index_metadata(j), std::nullopt},
+      known);
   check_index(*source, path, j["weight_map"]);
   return source;
 }
 
 }  // namespace
 
-std::unique_ptr<WeightSource> open_safetensors(const std::string& path) {
+std::unique_ptr<WeightSource> open_safetensors(const std::string& path,
+                                               std::shared_ptr<const KnownListing> known) {
   if (!detail::is_directory(path))
-    return detail::make_safetensors_source({{path, -1}},
-                                           {detail::concat("safetensors '", path, "'"), {}, {}});
-  if (detail::is_regular_file(detail::join_path(path, kIndexName))) return open_indexed(path);
+    return detail::make_safetensors_source(
+        {{path, -1}}, {detail::concat("safetensors '", path, "'"), {}, {}}, known);
+  if (detail::is_regular_file(detail::join_path(path, kIndexName)))
+    return open_indexed(path, known);
   const auto names = detail::list_files(path, ".safetensors");
   if (names.empty())
     raise<CheckpointError>("directory '", path, "' holds no .safetensors files and no ",
                            kIndexName);
   std::vector<detail::SafetensorsShard> shards;
   for (const auto& n : names) shards.push_back({detail::join_path(path, n), -1});
-  return detail::make_safetensors_source(shards,
-                                         {detail::concat("safetensors '", path, "'"), {}, {}});
+  return detail::make_safetensors_source(
+      shards, {detail::concat("safetensors '", path, "'"), {}, {}}, known);
 }
 
 }  // namespace tpreload

@@ -24,8 +24,11 @@ struct SafetensorsSourceOptions {
 };
 
 // Open, map and validate every shard (headers only). Names must be unique per
-// tp_rank. Throws CheckpointError.
-std::unique_ptr<WeightSource> make_safetensors_source(const std::vector<SafetensorsShard>& shards,
-                                                      SafetensorsSourceOptions options);
+// tp_rank. Takes `known`'s listing when it was made from the same shards, byte
+// for byte, and the same kernel tp_size (see KnownListing). Throws
+// CheckpointError.
+std::unique_ptr<WeightSource> make_safetensors_source(
+    const std::vector<SafetensorsShard>& shards, SafetensorsSourceOptions options,
+    const std::shared_ptr<const KnownListing>& known = nullptr);
 
 }  // namespace tpreload::detail

@@ -206,7 +206,8 @@ ReloadOptions reload_options(const Request& q) {
 // The reader rank's source: the iterator's tensors, or the path (the config's
 // directory when none is given).
 std::unique_ptr<WeightSource> open_source(const Request& q, const ModelConfig& config,
-                                          bool from_memory, std::vector<InMemoryTensor> memory) {
+                                          bool from_memory, std::vector<InMemoryTensor> memory,
+                                          const ReloadWorkspace* workspace) {
   if (from_memory) {
     std::optional<KernelFormatInfo> kernel;
     if (!q.checkpoint_format)
@@ -214,7 +215,8 @@ std::unique_ptr<WeightSource> open_source(const Request& q, const ModelConfig& c
           KernelFormatInfo{q.tp_size, config.dtype, q.quantization, config.json, q.expert_parallel};
     return make_in_memory_source(std::move(memory), kernel);
   }
-  return open_weight_source(q.weights_path.value_or(q.config));
+  return open_weight_source(q.weights_path.value_or(q.config),
+                            workspace ? workspace->known_listing() : nullptr);
 }
 
 py::dict result_dict(const ReloadResult& r,
@@ -313,7 +315,7 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
                                       "checking the parameters (nothing was reloaded)");
     std::unique_ptr<WeightSource> source;
     try {
-      if (reader) source = open_source(q, *config, from_memory, std::move(memory));
+      if (reader) source = open_source(q, *config, from_memory, std::move(memory), workspace);
     } catch (const std::exception& e) {
       problem = e.what();
     }

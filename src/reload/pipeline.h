@@ -35,6 +35,9 @@ struct CachedPlan {
   std::uint64_t key = 0;          // listing hash, model layout, options, this rank's place
   std::int64_t listing_hash = 0;  // of `metadata` (63 bits), what the reader broadcast
   SourceMetadata metadata;
+  // On a rank that opened the source: the source's own listing, equal to
+  // `metadata`'s (WeightSource::known_listing(); null for sources without one).
+  std::shared_ptr<const KnownListing> known;
   Plan plan;
   std::vector<BucketApply> applies;  // this rank's writes, per bucket
   // Readers::kAll: the same writes straight out of the source's tensors, for a

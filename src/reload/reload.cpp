@@ -273,6 +273,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   std::int64_t own_hash = 0, own_count = 0;
   const CachedPlan* cached = workspace.cached_plan();
   bool same_as_kept = false;  // this rank's listing is, field by field, the kept plan's
+  std::shared_ptr<const KnownListing> known;  // this rank's source's, when it opened one
   if (opens_source(options, world.rank())) {
     try {
       if (!source)
@@ -281,10 +282,16 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
                                                 readers_name(options.readers),
                                                 ": every rank opens the checkpoint)")
                                : std::string("the reader rank"));
-      // The kept plan's listing compared field by field gives its hash without
-      // hashing (one pass over 20,000 tensors instead of two).
-      same_as_kept = cached && same_listing(cached->metadata, source->describe(), source->tensors(),
-                                            source->kernel_format());
+      // A source that took the kept plan's own listing (its files unchanged)
+      // lists as the plan's metadata; any other is compared field by field.
+      // Either gives the listing's hash without hashing it.
+      known = source->known_listing();
+      if (cached && known && known == cached->known)
+        same_as_kept = cached->metadata.description == source->describe() &&
+                       cached->metadata.kernel == source->kernel_format();
+      else
+        same_as_kept = cached && same_listing(cached->metadata, source->describe(),
+                                              source->tensors(), source->kernel_format());
       own_hash = same_as_kept
                      ? cached->listing_hash
                      : static_cast<std::int64_t>(listing_hash(source->describe(), source->tensors(),
@@ -317,7 +324,10 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   std::int64_t all_cached = cached && cached->key == key;
   if (world.rank() == reader) all_cached = all_cached && same_as_kept;
   world.allreduce_ints(&all_cached, 1, IntOp::kMin);
-  if (all_cached) return *cached;
+  if (all_cached) {
+    if (same_as_kept && known != cached->known) workspace.keep_known_listing(known);
+    return *cached;
+  }
 
   workspace.keep_plan(nullptr);  // a plan that fails preflight is not kept
   std::vector<std::uint8_t> payload;
@@ -334,6 +344,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   auto fresh = std::make_unique<CachedPlan>();
   fresh->key = key;
   fresh->listing_hash = listing[0];
+  fresh->known = std::move(known);
   fresh->metadata = parse_metadata(payload);
   const PlanOptions plan_options{options.format,          effective_distribution(options),
                                  options.bucket_bytes,    world.size(),
@@ -739,7 +750,7 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
   if (opens_source(options, world.rank())) {
     const auto start = Clock::now();
     try {
-      opened = open_weight_source(from);
+      opened = open_weight_source(from, workspace_.known_listing());
     } catch (const std::exception& e) {  // reaches every rank through the metadata exchange
       opened = std::make_unique<FailedSource>(e.what());
     }

@@ -24,6 +24,14 @@ std::uint64_t ReloadWorkspace::cached_plan_key() const {
   return plan_ ? plan_->key : 0;
 }
 
+std::shared_ptr<const KnownListing> ReloadWorkspace::known_listing() const {
+  return plan_ ? plan_->known : nullptr;
+}
+
+void ReloadWorkspace::keep_known_listing(std::shared_ptr<const KnownListing> known) {
+  if (plan_) plan_->known = std::move(known);
+}
+
 void ReloadWorkspace::keep_plan(std::unique_ptr<detail::CachedPlan> plan) {
   plan_ = std::move(plan);
 }

@@ -43,9 +43,11 @@ KernelFormatInfo read_kernel_format_info(const std::string& dir);
 // Open a kernel-format directory: the info above plus every rank's file (each must
 // exist, and no other .safetensors file may be present). tensors() lists rank 0's
 // tensors, then rank 1's, ..., each with TensorInfo::tp_rank set; a name is unique
-// within a rank. kernel_format() returns the info. view() is zero-copy.
-// Throws CheckpointError.
-std::unique_ptr<WeightSource> open_kernel_format(const std::string& dir);
+// within a rank. kernel_format() returns the info. view() is zero-copy. `known`:
+// as for open_weight_source() (kernel_format.json's tp_size is part of what it
+// was made from). Throws CheckpointError.
+std::unique_ptr<WeightSource> open_kernel_format(
+    const std::string& dir, std::shared_ptr<const KnownListing> known = nullptr);
 
 // Fill `dst` with the bytes of per_rank[rank][index].
 using RankFillFn = std::function<void(int rank, std::size_t index, MutableBytes dst)>;

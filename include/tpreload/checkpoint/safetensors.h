@@ -70,6 +70,16 @@ namespace detail {
 bool parse_safetensors_entries_fast(std::string_view json_text, SafetensorsHeader& out);
 void parse_safetensors_entries_general(std::string_view json_text, SafetensorsHeader& out,
                                        const std::string& origin);
+
+// The header of `path` as it is on disk (its JSON text, unparsed) and the
+// file's size, read with pread: what read_safetensors_header() parses, and what
+// a known listing's files are compared with. Throws CheckpointError for a file
+// that cannot be read or whose length field is out of bounds.
+struct SafetensorsHeaderText {
+  std::uint64_t file_size = 0;
+  std::string text;
+};
+SafetensorsHeaderText read_safetensors_header_text(const std::string& path);
 }  // namespace detail
 
 // Read (with pread: no tensor data is touched) and validate the header of `path`.
@@ -85,6 +95,8 @@ SafetensorsHeader read_safetensors_header(const std::string& path);
 // into the mapping. Metadata: each file's "__metadata__" (first file wins), then
 // the index's "metadata" (values that are not strings are stored as JSON text).
 // Throws CheckpointError.
-std::unique_ptr<WeightSource> open_safetensors(const std::string& path);
+// `known`: as for open_weight_source().
+std::unique_ptr<WeightSource> open_safetensors(const std::string& path,
+                                               std::shared_ptr<const KnownListing> known = nullptr);
 
 }  // namespace tpreload

@@ -9,6 +9,8 @@
 
 namespace tpreload {
 
+class KnownListing;
+
 namespace detail {
 struct CachedPlan;
 struct NodePlanes;
@@ -54,6 +56,15 @@ class ReloadWorkspace {
   const detail::CachedPlan* cached_plan() const { return plan_.get(); }
   std::uint64_t cached_plan_key() const;
   void keep_plan(std::unique_ptr<detail::CachedPlan> plan);
+  // On a rank that opened the source: the kept plan's source listing, for the
+  // next open of the same files to take instead of parsing them
+  // (open_weight_source(path, workspace.known_listing())); null when none.
+  // The plan keeps it, with the files' raw headers, as long as it is kept.
+  std::shared_ptr<const KnownListing> known_listing() const;
+  // Makes `known` the kept plan's source listing: one that lists exactly as the
+  // plan's metadata (a newer open of files whose bytes changed but not their
+  // listing). Nothing without a kept plan.
+  void keep_known_listing(std::shared_ptr<const KnownListing> known);
 
   // Readers::kNode: the node's control and data planes (null when none).
   detail::NodePlanes* node_planes() const { return nodes_.get(); }
