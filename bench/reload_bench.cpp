@@ -53,9 +53,10 @@ struct BenchOptions {
   // one: the reader rank reads and sends; node: a reader per node sends within
   // it; all: every rank reads its own slices.
   std::vector<std::string> readers = {"one"};
-  int ranks_per_node = 0;  // readers node: world ranks per node (0: MPI's nodes)
-  bool baseline = false;   // also time every rank reading the whole checkpoint
-  bool cold = false;       // drop the checkpoint from the page cache before each timed read
+  int ranks_per_node = 0;               // readers node: world ranks per node (0: MPI's nodes)
+  bool rotate_broadcast_roots = false;  // readers node: the readers take broadcast buckets in turn
+  bool baseline = false;                // also time every rank reading the whole checkpoint
+  bool cold = false;  // drop the checkpoint from the page cache before each timed read
   std::vector<double> bucket_mb = {ReloadOptions{}.bucket_bytes / 1048576.0};
   int pipeline_depth = ReloadOptions{}.pipeline_depth;
   std::uint64_t scatter_replicated_bytes = ReloadOptions{}.scatter_replicated_bytes;
@@ -277,6 +278,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   ro.checksums = !o.no_checksums;
   ro.readers = parse_readers(row.readers).value_or(Readers::kOne);
   ro.ranks_per_node = o.ranks_per_node;
+  ro.rotate_broadcast_roots = o.rotate_broadcast_roots && ro.readers == Readers::kNode;
   const bool all = ro.readers == Readers::kAll;
   const bool reads = opens_source(ro, world.rank());
   auto source = reads ? open_weight_source(path) : nullptr;
@@ -315,17 +317,23 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
       {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp, ro.scatter_replicated_bytes});
   // A reader per node: the one reader's bound scaled by the share of its bytes
   // the busiest node reader reads (1 / nodes when the tp group spans the nodes;
-  // all of it for broadcast buckets, or nodes that each hold a whole tp group).
+  // all of it for broadcast buckets, or nodes that each hold a whole tp group;
+  // with rotated roots, its turns of the broadcast buckets).
   double share = 1;
   if (ro.readers == Readers::kNode) {
     std::vector<std::int64_t> node(world.size(), 0);
     node[world.rank()] = node_of(world, ro);
     allreduce_ints(world, node, IntOp::kSum);
+    std::vector<int> leaders;  // every node's first rank, ascending: the turns' order
+    for (int w = 0; w < world.size(); ++w)
+      if (node[w] == w) leaders.push_back(w);
     auto reads = [&](auto in_node) {  // bytes a reader of these ranks reads
       std::uint64_t n = 0;
+      std::size_t turn = 0;
       for (const Bucket& b : plan.buckets) {
         if (!b.scatter) {
-          n += b.bytes;
+          const int root = leaders[turn++ % leaders.size()];
+          if (!ro.rotate_broadcast_roots || in_node(root)) n += b.bytes;
           continue;
         }
         std::vector<bool> seen(tp, false);  // a replica's region is its tp rank's
@@ -398,6 +406,7 @@ void print_header(const BenchOptions& o, const ModelConfig& c, Communicator& wor
             << " tp=" << (o.tp > 0 ? o.tp : world.size())
             << (o.expert_parallel ? " experts=expert-parallel" : "") << " warmup=" << o.warmup
             << " iters=" << o.iters << (o.retained ? " malloc=retain" : "")
+            << (o.rotate_broadcast_roots ? " node-readers=rotated-broadcast-roots" : "")
             << "\n# busbw: broadcast factor 1, scatter (n-1)/n; bound = same bytes, same "
                "collectives, no model\n"
             << std::left << std::setw(11) << "# format" << std::setw(6) << "quant" << std::setw(10)
@@ -516,6 +525,9 @@ int main(int argc, char** argv) {
                  "readers node: world ranks per node (default 0: the ranks MPI says share memory; "
                  "N > 0 emulates nodes of N ranks on one machine)")
       ->capture_default_str();
+  app.add_flag("--rotate-broadcast-roots", o.rotate_broadcast_roots,
+               "readers node: the node readers take turns reading the broadcast buckets for every "
+               "rank (ReloadOptions::rotate_broadcast_roots)");
   app.add_flag("--baseline", o.baseline,
                "Also time what users run without tpreload: every rank opens the whole "
                "checkpoint and loads it through the weight loaders, keeping its slices (readers "

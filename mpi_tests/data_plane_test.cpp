@@ -86,10 +86,12 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
         // Broadcast and scatter from the reader rank, every rank reading
         // (device parameters: through pinned staging, whatever the transport),
         // and a reader per node (nodes of half the world, each transport split)
-        // with both distributions.
-        for (int mode = 0; mode < 5; ++mode) {
-          const Distribution d =
-              mode == 0 || mode == 3 ? Distribution::kBroadcast : Distribution::kScatter;
+        // with both distributions, and with the node readers taking turns at
+        // the broadcast buckets (modes 5 and 6: every replicated tensor
+        // broadcast, so that scatter has broadcast buckets too).
+        for (int mode = 0; mode < 7; ++mode) {
+          const Distribution d = mode == 0 || mode == 3 || mode == 5 ? Distribution::kBroadcast
+                                                                     : Distribution::kScatter;
           PlaneSetup s = make_plane(p);
           TensorParallelModel model(config, model_options(tp, s));
           ReloadOptions o;
@@ -99,13 +101,16 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
           o.bucket_bytes = 1500;
           o.pipeline_depth = 2;
           o.reader_rank = world().size() - 1;
+          o.rotate_broadcast_roots = mode >= 5;
+          if (mode == 6) o.scatter_replicated_bytes = 0;
           ReloadWorkspace ws;
           reload(model, *s.data, v1, o, ws);
           const auto before = pointers(model);
           const ReloadResult r = reload(model, *s.data, v2, o, ws);
           const std::string what = std::string(config_name) + " tp " + std::to_string(tp) + ", " +
                                    name_of(p) + ", " + std::string(distribution_name(d)) +
-                                   " readers " + std::string(readers_name(o.readers));
+                                   " readers " + std::string(readers_name(o.readers)) +
+                                   (o.rotate_broadcast_roots ? " rotated broadcast roots" : "");
           EXPECT_TRUE(r.complete()) << what;
           for (const auto& [name, t] : want)
             EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))

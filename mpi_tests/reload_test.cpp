@@ -134,6 +134,7 @@ struct ReadMode {
   // Scatter: small replicated tensors travel scattered (the default) or every
   // replicated tensor is broadcast (0).
   std::uint64_t scatter_replicated_bytes = PlanOptions::kScatterReplicatedBytes;
+  bool rotate = false;  // kNode: the node readers take the broadcast buckets in turn
 
   int ranks_per_node() const {
     const int n = world().size();
@@ -144,6 +145,7 @@ struct ReadMode {
     o.distribution = distribution;
     o.scatter_replicated_bytes = scatter_replicated_bytes;
     if (readers == Readers::kNode) o.ranks_per_node = ranks_per_node();
+    o.rotate_broadcast_roots = rotate;
   }
 };
 const std::vector<ReadMode> kReadModes = {
@@ -154,14 +156,17 @@ const std::vector<ReadMode> kReadModes = {
     {Readers::kAll, Distribution::kBroadcast, ReadMode::kHalves, 0},
     {Readers::kNode, Distribution::kScatter, ReadMode::kHalves, 0},
     {Readers::kNode, Distribution::kScatter, ReadMode::kAllButLast},
-    {Readers::kNode, Distribution::kBroadcast, ReadMode::kAllButLast}};
+    {Readers::kNode, Distribution::kBroadcast, ReadMode::kAllButLast},
+    {Readers::kNode, Distribution::kBroadcast, ReadMode::kHalves, 0, true},
+    {Readers::kNode, Distribution::kScatter, ReadMode::kAllButLast, 0, true}};
 
 std::string mode_name(const ReadMode& m) {
   return std::string(distribution_name(m.distribution)) +
          (m.scatter_replicated_bytes == 0 ? " (replicated broadcast)" : "") + " readers " +
          std::string(readers_name(m.readers)) +
          (m.readers == Readers::kNode ? " of " + std::to_string(m.ranks_per_node()) + " ranks"
-                                      : "");
+                                      : "") +
+         (m.rotate ? " rotated broadcast roots" : "");
 }
 
 void run_checkpoint_matrix(const std::string& config_name, const Variant& setup) {
@@ -601,7 +606,11 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
     bool atomic;  // then every parameter must be as it was
   };
   std::vector<Case> cases;
-  for (const ReadMode& mode : kReadModes) cases.push_back({mode, true, false});
+  // (A broadcast bucket with rotated roots is read by whichever reader's turn
+  // it is: RotatedBroadcastRootsShareTheReadsAndAgreeOnAFailure.)
+  for (const ReadMode& mode : kReadModes)
+    if (!mode.rotate || mode.distribution == Distribution::kScatter)
+      cases.push_back({mode, true, false});
   for (bool views : {false, true})
     cases.push_back({ReadMode{Readers::kAll, Distribution::kScatter}, views, true});
   cases.push_back({ReadMode{Readers::kAll, Distribution::kScatter}, false, false});
@@ -657,6 +666,81 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
                     mode_name(mode) + ": a node whose reader did not fail");
     world().barrier();  // every rank is out of the reload and in step again
   }
+}
+
+// --readers node with rotated broadcast roots: the node readers take the
+// broadcast buckets in turn, so that together they read what the one reader
+// reads, each a part of it, and every rank ends with the same weights; a read
+// that fails on whichever reader's turn it was is the same error on every rank.
+TEST(Reload, RotatedBroadcastRootsShareTheReadsAndAgreeOnAFailure) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 720);
+  const Variant setup{world().size(), "", false};
+  const int n = world().size(), per_node = std::max(1, n / 2),
+            nodes = (n + per_node - 1) / per_node;
+  // Every rank's bytes read from its source, in rank order.
+  auto bytes_read_by = [&](const ReloadOptions& o, const std::string& what) {
+    TensorParallelModel model(config, options_for(setup));
+    auto source = opens_source(o, world().rank()) ? testdata::memory_source(ckpt) : nullptr;
+    EXPECT_TRUE(reload_weights(model, world(), source.get(), o).complete()) << what;
+    expect_params(model, expected_params(config, setup, ckpt), what);
+    std::vector<std::int64_t> bytes(static_cast<std::size_t>(n), 0);
+    bytes[static_cast<std::size_t>(world().rank())] =
+        source ? static_cast<std::int64_t>(source->bytes_read()) : 0;
+    allreduce_ints(world(), bytes, IntOp::kSum);
+    return bytes;
+  };
+  ReloadOptions one;
+  one.distribution = Distribution::kBroadcast;
+  one.bucket_bytes = 4096;
+  const std::int64_t everything = bytes_read_by(one, "one reader")[0];
+  ASSERT_GT(everything, 0);
+  ReloadOptions node = one;
+  node.readers = Readers::kNode;
+  node.ranks_per_node = per_node;
+  const auto by_node = bytes_read_by(node, "a reader per node");
+  ReloadOptions rotated = node;
+  rotated.rotate_broadcast_roots = true;
+  const auto by_rotated = bytes_read_by(rotated, "rotated broadcast roots");
+  std::int64_t together = 0;
+  for (int r = 0; r < n; ++r) {
+    const bool reader = r % per_node == 0;
+    EXPECT_EQ(by_node[r], reader ? everything : 0) << "rank " << r << ", not rotated";
+    together += by_rotated[r];
+    if (!reader) {
+      EXPECT_EQ(by_rotated[r], 0) << "rank " << r;
+    } else if (nodes > 1) {
+      EXPECT_GT(by_rotated[r], 0) << "rank " << r << " had no turn";
+      EXPECT_LT(by_rotated[r], everything) << "rank " << r << " read every bucket";
+    }
+  }
+  EXPECT_EQ(together, everything) << "the readers' turns read every byte once";
+
+  // Every reader's source fails on one tensor: only the reader whose turn its
+  // bucket is reads it.
+  TensorParallelModel model(config, options_for(setup));
+  auto source = std::make_unique<FailingSource>(testdata::memory_source(ckpt),
+                                                "model.layers.1.mlp.down_proj.weight", true);
+  std::string msg = "no error";
+  try {
+    reload_weights(model, world(), source.get(), rotated);
+  } catch (const CheckpointError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("(--readers node, rotated broadcast roots: its turn to read a broadcast "
+                     "bucket for every rank): I/O error reading "
+                     "'model.layers.1.mlp.down_proj.weight'; every rank stopped at this bucket"),
+            std::string::npos)
+      << msg;
+  const std::size_t at = msg.find("failed on reader rank ");
+  ASSERT_NE(at, std::string::npos) << msg;
+  const int failed_on = std::atoi(msg.c_str() + at + 22);
+  EXPECT_EQ(failed_on % per_node, 0) << "not a node reader: " << msg;
+  std::int64_t hash[2] = {static_cast<std::int64_t>(std::hash<std::string>{}(msg) >> 1), 0};
+  hash[1] = -hash[0];
+  world().allreduce_ints(hash, 2, IntOp::kMax);
+  EXPECT_EQ(hash[0], -hash[1]) << "ranks raised different errors; this one: " << msg;
+  world().barrier();
 }
 
 // Every rank reading, a source whose every read fails, through views too (the

@@ -158,8 +158,8 @@ def _describe(name, tensor, *extra):
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
                    distribution="scatter", bucket_mb=16, pipeline_depth=1, reader_rank=0,
-                   readers="one", ranks_per_node=0, transport="mpi", workspace=None, fingerprint=False, atomic=False,
-                   require_complete=False, checksums=True):
+                   readers="one", ranks_per_node=0, rotate_broadcast_roots=False, transport="mpi", workspace=None,
+                   fingerprint=False, atomic=False, require_complete=False, checksums=True):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
     same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only,
     or every rank with ``readers="node"`` or ``"all"``).
@@ -192,6 +192,9 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         same weights_path, or is given the same weights_iterator.
     ranks_per_node: with readers="node", world ranks [k*n, (k+1)*n) form node k;
         0 (default) asks MPI which ranks share memory.
+    rotate_broadcast_roots: with readers="node", the node readers take turns
+        reading the broadcast buckets, each sending its turns to every rank (each
+        reads a share of those bytes, which then cross between nodes).
     transport: "mpi", or "nccl" for CUDA parameters (device buffers).
     workspace: a Workspace kept between reloads (staging buffers and the plan).
     atomic: all or nothing: every rank receives its whole shard into a second copy
@@ -235,6 +238,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         request.reader_rank = int(reader_rank)
         request.readers = str(readers)
         request.ranks_per_node = int(ranks_per_node)
+        request.rotate_broadcast_roots = bool(rotate_broadcast_roots)
         request.transport = str(transport)
         request.fingerprint = bool(fingerprint)
         request.atomic = bool(atomic)

@@ -176,6 +176,7 @@ struct Request {
   int pipeline_depth = 1, reader_rank = 0;
   std::string readers = "one";
   int ranks_per_node = 0;
+  bool rotate_broadcast_roots = false;
   std::string transport = "mpi";
   bool fingerprint = false;
   bool atomic = false, require_complete = false;
@@ -197,6 +198,7 @@ ReloadOptions reload_options(const Request& q) {
   if (!readers) raise<UsageError>("readers must be 'one', 'node' or 'all', got '", q.readers, "'");
   o.readers = *readers;
   o.ranks_per_node = q.ranks_per_node;
+  o.rotate_broadcast_roots = q.rotate_broadcast_roots;
   o.atomic = q.atomic;
   o.require_complete = q.require_complete;
   o.checksums = q.checksums;
@@ -414,6 +416,7 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("reader_rank", &Request::reader_rank)
       .def_readwrite("readers", &Request::readers)
       .def_readwrite("ranks_per_node", &Request::ranks_per_node)
+      .def_readwrite("rotate_broadcast_roots", &Request::rotate_broadcast_roots)
       .def_readwrite("transport", &Request::transport);
 
   m.def("reload", &reload, py::arg("world"), py::arg("params"), py::arg("request"),

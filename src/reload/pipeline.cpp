@@ -80,6 +80,7 @@ class Pipeline {
         control_(control),
         group_(node ? *node->control : control),
         data_(node ? *node->transport : data),
+        world_data_(data),
         source_(source),
         options_(options),
         workspace_(workspace),
@@ -101,6 +102,11 @@ class Pipeline {
         if (b.scatter)
           for (int w : members_) ranges.push_back(b.ranges[static_cast<std::size_t>(w)]);
       }
+    if (node_read_ && options.rotate_broadcast_roots) {
+      std::size_t turn = 0;  // the node readers take the broadcast buckets in turn
+      for (const Bucket& b : plan_.buckets)
+        world_roots_.push_back(b.scatter ? -1 : node->readers[turn++ % node->readers.size()]);
+    }
     if (reads_)
       files_ = std::make_unique<BucketReader>(plan_, planned.metadata, *source, control.size(),
                                               model.rules().tp_size(), options.zero_copy);
@@ -113,9 +119,22 @@ class Pipeline {
   bool device_stuck() const { return stats_.device_stuck; }
 
  private:
-  // Bucket CRC-32Cs are computed and checked: asked for, and something is sent
-  // (a group of one rank sends nothing).
-  bool summed() const { return options_.checksums && group_.size() > 1; }
+  // Readers::kNode with rotated roots: the world rank of the node reader that
+  // reads a broadcast bucket and sends it to the whole world; -1 for a bucket
+  // that stays within each node (and in every other mode).
+  int world_root(std::size_t bucket) const {
+    return world_roots_.empty() ? -1 : world_roots_[bucket];
+  }
+  // Whether this rank reads `bucket` (and sends it, unless every rank reads).
+  bool reads(std::size_t bucket) const {
+    const int root = world_root(bucket);
+    return root < 0 ? reads_ : root == rank_;
+  }
+  // A bucket's CRC-32Cs are computed and checked: asked for, and something is
+  // sent (a group of one rank sends nothing).
+  bool summed(std::size_t bucket) const {
+    return options_.checksums && (world_root(bucket) < 0 ? group_.size() : control_.size()) > 1;
+  }
   // Progress goes to the world's reader rank.
   bool reports() const { return rank_ == options_.reader_rank && options_.progress != nullptr; }
   // A scatter bucket's ranges for the ranks of the group, in group order.
@@ -137,6 +156,7 @@ class Pipeline {
   void run_direct();
   void write_in_chunks(const RowWrite& w, const WriteSource& from);
   bool announce_read_status(Slot& slot);
+  bool announce_world_status(Slot* slot, std::size_t bucket, bool stopped);
   void agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error);
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
                                        const std::optional<std::string>& mine);
@@ -153,10 +173,11 @@ class Pipeline {
   std::vector<std::byte> chunk_;  // direct applies: full rows read for a write
   ReloadTarget& model_;
   ParameterSink& sink_;
-  Communicator& control_;  // the world's control plane
-  Communicator& group_;    // the reader's group: the world, or (kNode) this rank's node
-  DataTransport& data_;    // the group's data plane
-  WeightSource* source_;   // the reader's
+  Communicator& control_;      // the world's control plane
+  Communicator& group_;        // the reader's group: the world, or (kNode) this rank's node
+  DataTransport& data_;        // the group's data plane
+  DataTransport& world_data_;  // the world's (kNode with rotated roots: broadcast buckets)
+  WeightSource* source_;       // the reader's
   const ReloadOptions& options_;
   ReloadWorkspace& workspace_;
   const int rank_;                  // in the world
@@ -169,6 +190,7 @@ class Pipeline {
   const bool reads_;      // this rank reads the source
   // kNode: each scatter bucket's ranges of the node's ranks, in node order.
   std::vector<std::vector<ByteRange>> node_ranges_;
+  std::vector<int> world_roots_;  // kNode, rotated roots: per bucket (see world_root())
   Spaces spaces_;
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
@@ -215,7 +237,8 @@ void Pipeline::allocate_slots() {
     slot->recv = take(i, kRecv, recv, spaces_.transport());
     if (read_stage) slot->read_stage = take(i, kReadStage, send, spaces_.host());
     if (apply_stage) slot->apply_stage = take(i, kApplyStage, view, spaces_.device->memory());
-    if (summed() && !reader_ && spaces_.device_transport)
+    // (with rotated roots a node reader also receives: the other readers' buckets)
+    if (options_.checksums && spaces_.device_transport && (!reader_ || !world_roots_.empty()))
       slot->block_sums = reinterpret_cast<std::uint32_t*>(
           take(i, kBlockSums, crc32c_blocks(view) * sizeof(std::uint32_t), spaces_.host()));
     free_.push(std::move(slot));
@@ -252,7 +275,7 @@ void Pipeline::fill(Slot& slot) {
 // Reader thread: what each rank will receive, summed from the bytes as read.
 void Pipeline::checksum(Slot& slot, const std::byte* host_bytes) {
   slot.sums.clear();
-  if (!summed()) return;
+  if (!summed(slot.bucket)) return;
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const auto start = Clock::now();
   if (bucket.scatter) {  // the reader's own range is never sent (it receives it in place)
@@ -312,6 +335,11 @@ void Pipeline::reader_loop() {
     auto slot = free_.pop();
     if (!slot || stopping_) return;
     (*slot)->bucket = k;
+    (*slot)->payload = {};
+    if (!reads(k)) {  // another node reader's turn: this rank receives it
+      filled_.push(std::move(*slot));
+      continue;
+    }
     fill_started_ = now_ns();
     try {
       fill(**slot);
@@ -335,7 +363,7 @@ bool Pipeline::announce_read_status(Slot& slot) {
   // [status, then the CRC-32C of what each rank receives]: one broadcast.
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const std::size_t sums =
-      summed() ? (bucket.scatter ? static_cast<std::size_t>(group_.size()) : 1) : 0;
+      summed(slot.bucket) ? (bucket.scatter ? static_cast<std::size_t>(group_.size()) : 1) : 0;
   std::vector<std::int64_t> message_head(1 + sums, 0);
   message_head[0] = problem ? 1 : 0;
   if (reader_ && !problem)
@@ -349,6 +377,29 @@ bool Pipeline::announce_read_status(Slot& slot) {
         static_cast<std::uint32_t>(message_head[1 + (bucket.scatter ? group_rank_ : 0)]);
   if (status != 0 && !node_read_) raise_read_failure(slot.bucket, options_.reader_rank, problem);
   return status == 0;
+}
+
+// COLLECTIVE over the world, for a bucket one node reader sends to the world
+// (rotated roots): whether its root read it, with the CRC-32C of what it sends,
+// in one allreduce. A rank whose node stopped earlier (`stopped`, no slot) says
+// so here too, so that every rank stops at the same bucket instead of waiting
+// for the ranks that left. Returns whether the bucket goes out.
+bool Pipeline::announce_world_status(Slot* slot, std::size_t bucket, bool stopped) {
+  const int root = world_root(bucket);
+  std::int64_t head[2] = {stopped ? 1 : 0, 0};  // [failed, CRC-32C]: the world's maximum
+  if (slot && rank_ == root) {
+    if (slot->read_error)
+      head[0] = 1;
+    else if (summed(bucket))
+      head[1] = slot->sums.at(0);
+  }
+  control_.allreduce_ints(head, 2, IntOp::kMax);
+  if (slot) {
+    slot->expected.reset();
+    if (head[0] == 0 && summed(bucket) && rank_ != root)
+      slot->expected = static_cast<std::uint32_t>(head[1]);
+  }
+  return head[0] == 0;
 }
 
 // COLLECTIVE, Readers::kAll and kNode, once every rank has applied what it
@@ -373,18 +424,24 @@ void Pipeline::raise_read_failure(std::size_t bucket, int rank,
   if (rank_ == rank) message = *mine;
   control_.broadcast(MutableBytes(message.data(), message.size()), rank);
   // Every rank raises this after the same broadcasts, with no transfer in flight.
+  const bool world_bucket = world_root(static_cast<std::size_t>(head[0])) >= 0;
   raise<Agreed<CheckpointError>>(
       "reading bucket ", head[0] + 1, " of ", plan_.buckets.size(),
       all_read_ ? " failed on rank " : " failed on reader rank ", rank,
-      all_read_    ? " (--readers all: each rank reads its own slices)"
+      all_read_ ? " (--readers all: each rank reads its own slices)"
+      : world_bucket
+          ? " (--readers node, rotated broadcast roots: its turn to read a broadcast bucket for "
+            "every rank)"
       : node_read_ ? " (--readers node: each node's reader reads for the ranks of its node)"
                    : "",
       ": ", message,
-      all_read_    ? "; every rank had applied the buckets it read before this failure (the others "
-                     "all of theirs)"
-      : node_read_ ? "; the ranks of that node had applied the buckets before it, the ranks of "
-                     "every other node all of theirs"
-                   : "; weights of earlier buckets were already replaced");
+      all_read_ ? "; every rank had applied the buckets it read before this failure (the others "
+                  "all of theirs)"
+      : world_bucket ? "; every rank stopped at this bucket: weights of earlier buckets were "
+                       "already replaced"
+      : node_read_   ? "; the ranks of that node had applied the buckets before it, the ranks of "
+                       "every other node all of theirs"
+                     : "; weights of earlier buckets were already replaced");
 }
 
 void Pipeline::transfer(Slot& slot) {
@@ -392,6 +449,20 @@ void Pipeline::transfer(Slot& slot) {
   const auto start = Clock::now();
   std::unique_ptr<Transfer> t;
   std::uint64_t sent = bucket.bytes;
+  if (const int root = world_root(slot.bucket); root >= 0) {  // one node reader to the world
+    if (rank_ == root) {
+      t = world_data_.broadcast(
+          MutableBytes(const_cast<std::byte*>(slot.payload.data), slot.payload.size), root);
+      if (control_.size() > 1) stats_.bytes_sent += bucket.bytes;
+    } else {  // (a node reader receives into its send buffer, idle this bucket)
+      std::byte* into = reader_ ? slot.send : slot.recv;
+      t = world_data_.broadcast(MutableBytes(into, bucket.bytes), root);
+      slot.payload = ConstBytes(into, bucket.bytes);
+    }
+    t->wait();
+    stats_.transfer += since(start);
+    return;
+  }
   if (bucket.scatter) {
     const std::vector<ByteRange>& ranges = group_ranges(slot.bucket);
     const ConstBytes send = reader_ ? ConstBytes(slot.send, bucket.bytes) : ConstBytes();
@@ -606,7 +677,20 @@ PipelineStats Pipeline::run() {
   apply_thread_ = std::thread([this] { apply_loop(); });
   std::unique_ptr<Slot> failed_read;  // kAll: this rank's, kNode: its node's; agreed on at the end
   std::optional<std::string> node_error;  // kNode: this rank's failed node collective
+  bool stopped = false;                   // kNode: this rank's node stopped (read or transfer)
+  bool complete = true;                   // every bucket went through here
   for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
+    if (stopped) {
+      // With rotated roots the world still expects this rank at its next
+      // broadcast bucket: it tells every rank there to stop. (The plan puts
+      // broadcast buckets first, so a node's failure comes after them.)
+      if (world_root(k) >= 0) {
+        announce_world_status(nullptr, k, true);
+        break;
+      }
+      complete = false;
+      continue;
+    }
     std::optional<std::unique_ptr<Slot>> slot = reads_ ? next_filled(k) : free_.pop();
     if (!slot)
       raise<Error>("rank ", rank_, "/", control_.size(), ": reload pipeline stopped before bucket ",
@@ -620,24 +704,37 @@ PipelineStats Pipeline::run() {
     } else if (!node_read_) {
       announce_read_status(**slot);
       transfer(**slot);
+    } else if (world_root(k) >= 0) {
+      // One node reader to the world: every rank learns at once whether it was
+      // read, and stops there if not; a transfer that fails throws, as with
+      // one reader.
+      if (!announce_world_status(slot->get(), k, false)) {
+        if ((*slot)->read_error) failed_read = std::move(*slot);
+        complete = false;
+        break;
+      }
+      transfer(**slot);
     } else {
       // A node's announcement or transfer that fails stops that node only: the
       // other nodes run on, and the world agrees on the failure at the end.
       try {
         if (!announce_read_status(**slot)) {
           failed_read = std::move(*slot);
-          break;
+          stopped = true;
+          continue;
         }
         transfer(**slot);
       } catch (const std::exception& e) {
         node_error = e.what();
-        break;
+        stopped = true;
+        continue;
       }
     }
     to_apply_.push(std::move(*slot));
     if (reports()) report_progress(k + 1, false);
   }
-  if (reports() && !failed_read && !node_error) report_progress(plan_.buckets.size(), true);
+  if (reports() && complete && !failed_read && !node_error)
+    report_progress(plan_.buckets.size(), true);
   to_apply_.close();
   if (apply_thread_.joinable()) apply_thread_.join();
   stop();

@@ -59,6 +59,7 @@ struct NodePlanes {
   std::unique_ptr<Communicator> control;  // (declared first: outlives `transport`)
   std::unique_ptr<DataTransport> transport;
   std::vector<int> members;  // world ranks, in node order
+  std::vector<int> readers;  // every node's reader (world ranks, ascending)
   std::uint64_t serial = 0;  // which making of planes in this process (tests tell them apart)
 };
 

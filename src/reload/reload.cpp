@@ -152,6 +152,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
           {"the reader rank", std::uint64_t(o.reader_rank)},
           {"the readers", std::uint64_t(o.readers)},
           {"the ranks per node", std::uint64_t(o.ranks_per_node)},
+          {"the broadcast roots (rotated or not)", std::uint64_t(o.rotate_broadcast_roots)},
           {"zero-copy", std::uint64_t(o.zero_copy)},
           {"atomic", std::uint64_t(o.atomic)},
           {"require-complete", std::uint64_t(o.require_complete)},
@@ -493,6 +494,11 @@ detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const 
   }
   agree_on_problem<CommError>(world, problem,
                               "making the node planes for --readers node (nothing was reloaded)");
+  std::vector<std::int64_t> is_reader(static_cast<std::size_t>(world.size()), 0);
+  is_reader[static_cast<std::size_t>(world.rank())] = planes->members.front() == world.rank();
+  allreduce_ints(world, is_reader, IntOp::kSum);
+  for (int r = 0; r < world.size(); ++r)
+    if (is_reader[static_cast<std::size_t>(r)]) planes->readers.push_back(r);
   static std::atomic<std::uint64_t> made{0};
   planes->serial = ++made;
   log().debug("--readers node: rank {} is rank {} of the {} ranks of its node (reader: rank {})",
@@ -546,6 +552,9 @@ std::optional<std::string> local_problem(const ReloadOptions& o, const Communica
   if (o.ranks_per_node < 0)
     return detail::concat(who, "ranks per node must be 0 (ask MPI) or positive, not ",
                           o.ranks_per_node);
+  if (o.rotate_broadcast_roots && o.readers != Readers::kNode)
+    return detail::concat(who, "rotating the broadcast roots takes turns among the node readers: ",
+                          "it needs --readers node, not --readers ", readers_name(o.readers));
   if (data.size() != control.size() || data.rank() != control.rank())
     return detail::concat(who, "the data transport is rank ", data.rank(), "/", data.size(),
                           " (it must span the control ranks in order)");

@@ -46,6 +46,7 @@ struct RunnerOptions {
   int reader_rank = 0;
   std::string readers{readers_name(ReloadOptions{}.readers)};
   int ranks_per_node = 0;
+  bool rotate_broadcast_roots = false;
   bool zero_copy = false;
   bool atomic = false;
   bool require_complete = false;
@@ -69,7 +70,8 @@ struct RunnerOptions {
         " quantization=", quantization.empty() ? "none" : quantization, " lora=", lora,
         " expert_parallel=", expert_parallel, " distribution=", distribution,
         " bucket_mb=", bucket_mb, " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
-        " readers=", readers, " ranks_per_node=", ranks_per_node, " zero_copy=", zero_copy,
+        " readers=", readers, " ranks_per_node=", ranks_per_node,
+        " rotate_broadcast_roots=", rotate_broadcast_roots, " zero_copy=", zero_copy,
         " atomic=", atomic, " require_complete=", require_complete, " checksums=", !no_checksums,
         " compare_replicas=", !no_compare_replicas, " read_timeout_s=", read_timeout_s,
         " repeat=", repeat, " report=", report, " demo=", demo, " timeout_s=", timeout_s,
@@ -128,6 +130,11 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                  "ranks MPI says share memory)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--rotate-broadcast-roots", o.rotate_broadcast_roots,
+               "With --readers node: the node readers take turns reading the broadcast buckets, "
+               "each sending its turns to every rank of the job (each reads a share of the "
+               "broadcast bytes, which then cross between nodes; for storage that throttles per "
+               "client). Scatter buckets stay within their node");
   app.add_flag("--zero-copy", o.zero_copy,
                "Broadcast a bucket straight from the memory-mapped file when it is one run of "
                "it, instead of reading it into a send buffer (slower on a freshly opened "
@@ -216,6 +223,7 @@ void agree_on_options(const RunnerOptions& o, Communicator& world) {
        {"--reader-rank", static_cast<std::uint64_t>(o.reader_rank)},
        {"--readers", text(o.readers)},
        {"--ranks-per-node", static_cast<std::uint64_t>(o.ranks_per_node)},
+       {"--rotate-broadcast-roots", o.rotate_broadcast_roots},
        {"--zero-copy", o.zero_copy},
        {"--atomic", o.atomic},
        {"--require-complete", o.require_complete},
@@ -236,6 +244,7 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
   r.reader_rank = o.reader_rank;
   r.readers = parse_readers(o.readers).value_or(Readers::kOne);  // (checked by CLI11)
   r.ranks_per_node = o.ranks_per_node;
+  r.rotate_broadcast_roots = o.rotate_broadcast_roots;
   r.zero_copy = o.zero_copy;
   r.atomic = o.atomic;
   r.require_complete = o.require_complete;

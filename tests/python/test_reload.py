@@ -22,10 +22,12 @@ def assert_holds(params, want, what):
         assert torch.equal(params[name].view(torch.int16), t.view(torch.int16)), "%s: %s differs" % (what, name)
 
 
-# readers="node" with a node per rank: each rank reads for itself, nothing is sent.
-@pytest.mark.parametrize("distribution,readers", [("scatter", "one"), ("broadcast", "one"), ("scatter", "all"),
-                                                  ("broadcast", "node")])
-def test_reload_in_place_from_safetensors(world, shared_dir, distribution, readers):
+# readers="node" with a node per rank: each rank reads for itself, nothing is sent;
+# with rotated broadcast roots the ranks take turns reading for every rank.
+@pytest.mark.parametrize("distribution,readers,rotate", [("scatter", "one", False), ("broadcast", "one", False),
+                                                         ("scatter", "all", False), ("broadcast", "node", False),
+                                                         ("broadcast", "node", True)])
+def test_reload_in_place_from_safetensors(world, shared_dir, distribution, readers, rotate):
     tp = world.size
     v1, v2 = checkpoint(1), checkpoint(2)
     if world.rank == 0:
@@ -35,18 +37,20 @@ def test_reload_in_place_from_safetensors(world, shared_dir, distribution, reade
     params = zeros_like_shards(world, tp)
     pointers = {n: t.data_ptr() for n, t in params.items()}
     r = tpreload.reload_weights(params, os.path.join(shared_dir, "v1"), world=world, distribution=distribution,
-                                bucket_mb=0.01, readers=readers, ranks_per_node=1)
+                                bucket_mb=0.01, readers=readers, ranks_per_node=1, rotate_broadcast_roots=rotate)
     assert r.complete and not r.skipped
     assert_holds(params, expected_shards(v1, tp, world.rank), "v1")
     assert r.fingerprint is None and not r.crc32, "fingerprints are opt-in"
     r = tpreload.reload_weights(params, os.path.join(shared_dir, "v1", "config.json"), world=world,
                                 weights_path=os.path.join(shared_dir, "v2"), distribution=distribution,
-                                fingerprint=True, readers=readers, ranks_per_node=1)
+                                fingerprint=True, readers=readers, ranks_per_node=1,
+                                rotate_broadcast_roots=rotate)
     assert r.complete
     assert_holds(params, expected_shards(v2, tp, world.rank), "v2")
     assert {n: t.data_ptr() for n, t in params.items()} == pointers, "a parameter moved"
     assert r.seconds["total"] > 0 and r.readers == readers
-    assert (r.bytes_transferred > 0) == (readers == "one"), "every rank reading sends nothing"
+    sends = readers == "one" or (rotate and world.size > 1)
+    assert (r.bytes_transferred > 0) == sends, "every rank reading for itself sends nothing"
     # Every rank's CRC of every parameter, against zlib over the test's own shards of v2.
     want = {n: [zlib.crc32(raw_bytes(expected_shards(v2, tp, q)[n])) for q in range(world.size)]
             for n in params}

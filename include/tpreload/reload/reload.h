@@ -74,7 +74,9 @@ struct ReloadProgress {
 //         source, as for kAll (only the node readers read from theirs); the
 //         reader rank lists it for everyone and every rank checks its listing.
 //         On one node it reads and sends as kOne does (every rank still
-//         opens the checkpoint, and the node's planes are split once).
+//         opens the checkpoint, and the node's planes are split once). With
+//         ReloadOptions::rotate_broadcast_roots the node readers take turns
+//         reading broadcast buckets for the whole world instead.
 enum class Readers { kOne, kAll, kNode };
 
 std::string_view readers_name(Readers r);
@@ -112,6 +114,14 @@ struct ReloadOptions {
   // Readers::kNode: ranks per node, world ranks [k * n, (k + 1) * n) forming
   // node k; 0 (the default) asks the communicator which ranks share memory.
   int ranks_per_node = 0;
+  // Readers::kNode only: each broadcast bucket is read by one node reader, in
+  // turn (the k-th broadcast bucket by the (k mod nodes)-th node's reader, nodes
+  // in world order), and broadcast from it to every rank of the world, so that
+  // each node reader reads a share of the broadcast bytes instead of all of
+  // them; scatter buckets stay within their node. For storage that throttles
+  // per client; the bytes then cross between nodes. Off: every node's reader
+  // reads every broadcast bucket for its own node.
+  bool rotate_broadcast_roots = false;
   // Broadcast a bucket straight from a memory-mapped source when it is one run of
   // the file. Off by default: a checkpoint opened for this reload is a fresh
   // mapping, and faulting it in page by page cost more than reading it into the
