@@ -77,7 +77,7 @@ Tokens generate(const TensorParallelModel& model, Communicator& world, Tokens pr
 int main(int argc, char** argv) {
   CLI::App app{"A serving loop that reloads its model's weights in place between requests."};
   std::string model_dir, requests, device = "cpu", transport = "mpi";
-  double bucket_mb = 16;
+  double bucket_mb = tpreload::ReloadOptions{}.bucket_bytes / 1048576.0;
   app.add_option("--model", model_dir, "Model directory (config.json and its weights)")->required();
   app.add_option("--requests", requests, "Request file (default: standard input)");
   app.add_option("--device", device, "Where the parameters live: cpu or cuda")

@@ -157,7 +157,7 @@ def _describe(name, tensor, *extra):
 
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
-                   distribution="scatter", bucket_mb=16, pipeline_depth=1, reader_rank=0,
+                   distribution="scatter", bucket_mb=8, pipeline_depth=1, reader_rank=0,
                    readers="one", ranks_per_node=0, rotate_broadcast_roots=False, transport="mpi", workspace=None,
                    fingerprint=False, atomic=False, require_complete=False, checksums=True):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the

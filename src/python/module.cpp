@@ -172,7 +172,7 @@ struct Request {
   std::string quantization;
   bool lora = false, expert_parallel = false;
   std::string distribution = "scatter";
-  double bucket_mb = 16;
+  double bucket_mb = ReloadOptions{}.bucket_bytes / 1048576.0;
   int pipeline_depth = 1, reader_rank = 0;
   std::string readers = "one";
   int ranks_per_node = 0;

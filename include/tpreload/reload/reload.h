@@ -95,10 +95,10 @@ int node_of(Communicator& world, const ReloadOptions& options);
 struct ReloadOptions {
   WeightFormat format = WeightFormat::kCheckpoint;
   // Defaults chosen by scripts/sweep.sh (docs/PERFORMANCE.md, "Defaults"): on the
-  // 2-core reference machine scatter with 16 MiB buckets and one buffer in flight
+  // 2-core reference machines scatter with 8 MiB buckets and one buffer in flight
   // was fastest; sweep again on a machine with cores to spare for the pipeline.
   Distribution distribution = Distribution::kScatter;
-  std::uint64_t bucket_bytes = std::uint64_t{16} << 20;
+  std::uint64_t bucket_bytes = std::uint64_t{8} << 20;
   // Scatter: replicated tensors whose copies for the whole world come to at most
   // this many bytes (norm weights) travel in the scatter buckets, each rank
   // receiving its copy, so that the reader reads them with the sliced tensors
