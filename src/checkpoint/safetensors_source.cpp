@@ -16,11 +16,6 @@
 namespace tpreload::detail {
 namespace {
 
-struct Location {
-  std::size_t shard = 0;
-  ByteRange data;  // relative to the data section
-};
-
 // One file as it was when listed.
 struct ListedFile {
   std::string path;
@@ -39,7 +34,7 @@ struct SafetensorsListing final : KnownListing {
   std::vector<ListedFile> files;
   int tp_size = 0;  // kernel_format.json's, which each rank file's metadata was checked against
   std::vector<TensorInfo> tensors;
-  std::vector<Location> locations;
+  std::vector<std::size_t> file_of;             // per tensor: its index in `files`
   std::map<std::string, std::string> metadata;  // the files' "__metadata__", first file wins
 };
 
@@ -64,7 +59,9 @@ class SafetensorsSource final : public WeightSource {
     for (const ListedFile& f : listing_->files) {
       maps_.push_back(MappedFile::open(f.path));
       if (maps_.back().size() != f.size)
-        raise<CheckpointError>("safetensors file '", f.path, "' changed size while opening");
+        raise<CheckpointError>(
+            "safetensors file '", f.path, "' changed size while opening: ", f.size,
+            " bytes when its header was read, ", maps_.back().size(), " when mapped");
     }
     metadata_ = listing_->metadata;
     for (auto& [key, value] : options_.extra_metadata) metadata_[key] = value;
@@ -91,7 +88,7 @@ class SafetensorsSource final : public WeightSource {
     // through its own large-page map, while a copy out of a fresh mapping takes a
     // page fault and a TLB miss per 4 KiB (4x slower for a 2 GB checkpoint).
     const ConstBytes bytes = locate(index, range);
-    const MappedFile& map = maps_[listing_->locations[index].shard];
+    const MappedFile& map = maps_[listing_->file_of[index]];
     if (bytes.size > 0)
       pread_exact(map.fd(), dst.data, bytes.size,
                   static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
@@ -102,7 +99,7 @@ class SafetensorsSource final : public WeightSource {
                   const std::vector<MutableBytes>& parts) override {
     check_split(listing_->tensors.at(index).name, range, parts);
     const ConstBytes bytes = locate(index, range);
-    const MappedFile& map = maps_[listing_->locations[index].shard];
+    const MappedFile& map = maps_[listing_->file_of[index]];
     preadv_exact(map.fd(), parts, static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
     bytes_read_ += range.length;
   }
@@ -128,7 +125,7 @@ class SafetensorsSource final : public WeightSource {
         raise<UsageError>("tensor '", listing_->tensors.at(r.index).name, "': read of ",
                           r.range.length, " bytes into a ", r.dst.size, "-byte buffer");
       const ConstBytes bytes = locate(r.index, r.range);
-      const std::size_t s = listing_->locations[r.index].shard;
+      const std::size_t s = listing_->file_of[r.index];
       const auto offset = static_cast<std::uint64_t>(bytes.data - maps_[s].data());
       if (!run.empty() && s == shard && offset > end && offset - end <= kReadThrough) {
         run.emplace_back(gap_.data(), offset - end);
@@ -164,7 +161,7 @@ class SafetensorsSource final : public WeightSource {
       SafetensorsHeader header = parse_safetensors_header(file.header, file.size, file.path);
       if (file.tp_rank >= 0) check_rank_metadata(file, tp_size, header.metadata);
       out->tensors.reserve(out->tensors.size() + header.tensors.size());
-      out->locations.reserve(out->locations.size() + header.tensors.size());
+      out->file_of.reserve(out->file_of.size() + header.tensors.size());
       for (auto& t : header.tensors) {  // moved into the listing: the header's copy is not kept
         if (files.size() > 1) {
           const auto [it, inserted] =
@@ -175,7 +172,7 @@ class SafetensorsSource final : public WeightSource {
         }
         out->tensors.push_back({std::move(t.name), t.dtype, std::move(t.shape), t.data.length,
                                 file.path, header.data_start + t.data.offset, file.tp_rank});
-        out->locations.push_back({f, t.data});
+        out->file_of.push_back(f);
       }
       for (const auto& [key, value] : header.metadata) out->metadata.emplace(key, value);
     }
@@ -213,8 +210,7 @@ class SafetensorsSource final : public WeightSource {
       raise<CheckpointError>("safetensors file '", info.file, "': tensor '", info.name,
                              "': range [", range.offset, ", ", range.offset + range.length,
                              ") exceeds its ", info.nbytes, " bytes");
-    return {maps_[listing_->locations[index].shard].data() + info.file_offset + range.offset,
-            range.length};
+    return {maps_[listing_->file_of[index]].data() + info.file_offset + range.offset, range.length};
   }
 
   SafetensorsSourceOptions options_;

@@ -104,8 +104,17 @@ class Pipeline {
       }
     if (node_read_ && options.rotate_broadcast_roots) {
       std::size_t turn = 0;  // the node readers take the broadcast buckets in turn
-      for (const Bucket& b : plan_.buckets)
+      for (const Bucket& b : plan_.buckets) {
+        // A node's own failure stops only that node; it must come after every
+        // world bucket, or the other nodes would wait for it at the next one.
+        // make_plan puts broadcast tensors first
+        // (Plan.BroadcastBucketsFollowTheFileAndKindsDoNotAlternate).
+        if (!b.scatter && !world_roots_.empty() && world_roots_.back() < 0)
+          raise<Error>("reload plan: a broadcast bucket after a scatter bucket (",
+                       world_roots_.size() + 1, " of ", plan_.buckets.size(),
+                       "); rotated broadcast roots need every broadcast bucket first");
         world_roots_.push_back(b.scatter ? -1 : node->readers[turn++ % node->readers.size()]);
+      }
     }
     if (reads_)
       files_ = std::make_unique<BucketReader>(plan_, planned.metadata, *source, control.size(),
@@ -156,7 +165,7 @@ class Pipeline {
   void run_direct();
   void write_in_chunks(const RowWrite& w, const WriteSource& from);
   bool announce_read_status(Slot& slot);
-  bool announce_world_status(Slot* slot, std::size_t bucket, bool stopped);
+  bool announce_world_status(Slot& slot);
   void agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error);
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
                                        const std::optional<std::string>& mine);
@@ -335,7 +344,6 @@ void Pipeline::reader_loop() {
     auto slot = free_.pop();
     if (!slot || stopping_) return;
     (*slot)->bucket = k;
-    (*slot)->payload = {};
     if (!reads(k)) {  // another node reader's turn: this rank receives it
       filled_.push(std::move(*slot));
       continue;
@@ -381,24 +389,22 @@ bool Pipeline::announce_read_status(Slot& slot) {
 
 // COLLECTIVE over the world, for a bucket one node reader sends to the world
 // (rotated roots): whether its root read it, with the CRC-32C of what it sends,
-// in one allreduce. A rank whose node stopped earlier (`stopped`, no slot) says
-// so here too, so that every rank stops at the same bucket instead of waiting
-// for the ranks that left. Returns whether the bucket goes out.
-bool Pipeline::announce_world_status(Slot* slot, std::size_t bucket, bool stopped) {
-  const int root = world_root(bucket);
-  std::int64_t head[2] = {stopped ? 1 : 0, 0};  // [failed, CRC-32C]: the world's maximum
-  if (slot && rank_ == root) {
-    if (slot->read_error)
+// in one allreduce (the root's values are the only ones not zero). Returns
+// whether the bucket goes out.
+bool Pipeline::announce_world_status(Slot& slot) {
+  const int root = world_root(slot.bucket);
+  const bool summed_here = summed(slot.bucket);
+  std::int64_t head[2] = {0, 0};  // [failed, CRC-32C]: the world's maximum
+  if (rank_ == root) {
+    if (slot.read_error)
       head[0] = 1;
-    else if (summed(bucket))
-      head[1] = slot->sums.at(0);
+    else if (summed_here)
+      head[1] = slot.sums.at(0);
   }
   control_.allreduce_ints(head, 2, IntOp::kMax);
-  if (slot) {
-    slot->expected.reset();
-    if (head[0] == 0 && summed(bucket) && rank_ != root)
-      slot->expected = static_cast<std::uint32_t>(head[1]);
-  }
+  slot.expected.reset();
+  if (head[0] == 0 && summed_here && rank_ != root)
+    slot.expected = static_cast<std::uint32_t>(head[1]);
   return head[0] == 0;
 }
 
@@ -677,20 +683,8 @@ PipelineStats Pipeline::run() {
   apply_thread_ = std::thread([this] { apply_loop(); });
   std::unique_ptr<Slot> failed_read;  // kAll: this rank's, kNode: its node's; agreed on at the end
   std::optional<std::string> node_error;  // kNode: this rank's failed node collective
-  bool stopped = false;                   // kNode: this rank's node stopped (read or transfer)
-  bool complete = true;                   // every bucket went through here
-  for (std::size_t k = 0; k < plan_.buckets.size(); ++k) {
-    if (stopped) {
-      // With rotated roots the world still expects this rank at its next
-      // broadcast bucket: it tells every rank there to stop. (The plan puts
-      // broadcast buckets first, so a node's failure comes after them.)
-      if (world_root(k) >= 0) {
-        announce_world_status(nullptr, k, true);
-        break;
-      }
-      complete = false;
-      continue;
-    }
+  std::size_t k = 0;  // every bucket went through here when the loop ends at the last
+  for (; k < plan_.buckets.size(); ++k) {
     std::optional<std::unique_ptr<Slot>> slot = reads_ ? next_filled(k) : free_.pop();
     if (!slot)
       raise<Error>("rank ", rank_, "/", control_.size(), ": reload pipeline stopped before bucket ",
@@ -708,9 +702,8 @@ PipelineStats Pipeline::run() {
       // One node reader to the world: every rank learns at once whether it was
       // read, and stops there if not; a transfer that fails throws, as with
       // one reader.
-      if (!announce_world_status(slot->get(), k, false)) {
+      if (!announce_world_status(**slot)) {
         if ((*slot)->read_error) failed_read = std::move(*slot);
-        complete = false;
         break;
       }
       transfer(**slot);
@@ -720,21 +713,18 @@ PipelineStats Pipeline::run() {
       try {
         if (!announce_read_status(**slot)) {
           failed_read = std::move(*slot);
-          stopped = true;
-          continue;
+          break;
         }
         transfer(**slot);
       } catch (const std::exception& e) {
         node_error = e.what();
-        stopped = true;
-        continue;
+        break;
       }
     }
     to_apply_.push(std::move(*slot));
     if (reports()) report_progress(k + 1, false);
   }
-  if (reports() && complete && !failed_read && !node_error)
-    report_progress(plan_.buckets.size(), true);
+  if (reports() && k == plan_.buckets.size()) report_progress(plan_.buckets.size(), true);
   to_apply_.close();
   if (apply_thread_.joinable()) apply_thread_.join();
   stop();
