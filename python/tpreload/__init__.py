@@ -92,6 +92,8 @@ class ReloadResult:
     ``seconds``: total, read, transfer, apply, finish, validate (max over ranks).
     ``bytes_transferred``, ``bytes_read``, ``buckets``, ``staging`` (bytes per memory space).
     ``readers``: "one", "node" or "all" (who read the weights).
+    ``rotated_broadcast_roots``: the node readers took turns at the broadcast
+    buckets (``rotate_broadcast_roots=True``).
     ``fingerprint``: one hex string for the whole model across ranks (with
     ``fingerprint=True``, else None).
     ``crc32``: parameter name -> CRC-32 per world rank (with ``fingerprint=True``).

@@ -231,6 +231,7 @@ py::dict result_dict(const ReloadResult& r,
   d["skipped"] = r.skipped;
   d["source"] = r.source;
   d["readers"] = std::string(readers_name(r.readers));
+  d["rotated_broadcast_roots"] = r.rotated_broadcast_roots;
   d["transport"] = r.transport;
   d["parameter_memory"] = r.parameter_memory;
   d["bytes_read"] = r.bytes_read;

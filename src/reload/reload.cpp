@@ -607,6 +607,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   result.format = options.format;
   result.distribution = effective_distribution(options);
   result.readers = options.readers;
+  result.rotated_broadcast_roots = options.rotate_broadcast_roots;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
   result.transport = data.backend();

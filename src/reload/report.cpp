@@ -80,6 +80,7 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
       {"transport", r.transport.empty() ? ctx.transport : r.transport},
       {"distribution", distribution_name(r.distribution)},
       {"readers", readers_name(r.readers)},
+      {"rotated_broadcast_roots", r.rotated_broadcast_roots},
       {"source", r.source},
       {"bytes_read", r.bytes_read},
       {"bytes_transferred", r.bytes_transferred},
@@ -118,9 +119,11 @@ std::string summary_text(const ReloadResult& r) {
   out.precision(3);
   out << "reloaded " << r.loaded.size() << " parameters from " << r.source << " ("
       << format_name(r.format) << " format, " << distribution_name(r.distribution) << ", "
-      << (r.readers == Readers::kAll    ? "every rank reading, "
-          : r.readers == Readers::kNode ? "a reader per node, "
-                                        : "")
+      << (r.readers == Readers::kAll ? "every rank reading, "
+          : r.readers == Readers::kNode
+              ? (r.rotated_broadcast_roots ? "a reader per node, broadcast roots rotated, "
+                                           : "a reader per node, ")
+              : "")
       << r.buckets << " buckets)\n"
       << "  bytes read " << r.bytes_read << ", transferred " << r.bytes_transferred << " ("
       << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0)
