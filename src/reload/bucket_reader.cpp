@@ -31,6 +31,23 @@ std::uint64_t window_skip(const PlannedTensor& t, const TensorInfo& info, int r)
   return static_cast<std::uint64_t>(t.placements[r].source_start) * column_bytes(info);
 }
 
+// Row-parallel windows narrower than this on average are cut out of full rows read
+// whole, and at most kNarrowRowsBytes of such rows per bucket (beyond, a request
+// per window): a preadv part costs the kernel about as much as 500 bytes of copy
+// (docs/PERFORMANCE.md, change 29).
+constexpr std::uint64_t kNarrowWindow = 512;
+constexpr std::uint64_t kNarrowRowsBytes = std::uint64_t{16} << 20;
+
+// tp ranks in the order of their column windows.
+std::vector<int> window_order(const PlannedTensor& t, int tp_size) {
+  std::vector<int> order(static_cast<std::size_t>(tp_size));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return t.placements[a].source_start < t.placements[b].source_start;
+  });
+  return order;
+}
+
 }  // namespace
 
 ByteRange BucketReader::contiguous_rows(const PlannedTensor& t, int r, std::int64_t a,
@@ -108,36 +125,68 @@ ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket,
 // the windows tile the row, a request per window, in file order, cuts every
 // rank's slice out of the file straight into the send buffer, tp rank r's into
 // world rank home[r]'s region (the source reads them as one split read, merged
-// with the requests before and after it). False (nothing requested) when they
-// do not tile.
+// with the requests before and after it). Narrow windows are instead one
+// request for the full rows, cut by cut_narrow_windows once read. False (nothing
+// requested) when the windows do not tile.
 bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
                                     const std::vector<int>& home, std::byte* send,
                                     std::vector<ReadRequest>& reads) {
   const TensorInfo& info = md_.tensors[t.index];
-  std::vector<int> order(tp_size_);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return t.placements[a].source_start < t.placements[b].source_start;
-  });
+  const std::vector<int> order = window_order(t, tp_size_);
   std::int64_t col = 0;
   for (int r : order) {
     if (t.rows_for(r) < p.row_end || t.placements[r].source_start != col) return false;
     col += t.placements[r].source_length;
   }
   if (col != info.shape[1]) return false;
+  const ByteRange full = rows_range(t.index, p.row_begin, p.row_end);
+  const std::uint64_t row = shape_row_bytes(info.shape, info.dtype);
+  const std::uint64_t narrow =  // where the next narrow piece's rows go in rows_
+      narrow_.empty() ? 0 : narrow_.back().offset + reads[narrow_.back().request].range.length;
+  if (row < kNarrowWindow * static_cast<std::uint64_t>(tp_size_) &&
+      narrow + full.length <= kNarrowRowsBytes) {
+    narrow_.push_back({reads.size(), narrow, &p});
+    reads.push_back({t.index, full, MutableBytes(nullptr, full.length)});
+    return true;
+  }
+  std::vector<std::uint64_t> width(static_cast<std::size_t>(tp_size_));
+  for (int r = 0; r < tp_size_; ++r) width[r] = window_bytes(t, info, r);
   const std::int64_t rows = p.row_end - p.row_begin;
-  std::uint64_t at = rows_range(t.index, p.row_begin, p.row_end).offset;
+  std::uint64_t at = full.offset;
   for (std::int64_t i = 0; i < rows; ++i)
     for (int r : order) {
-      const std::uint64_t width = window_bytes(t, info, r);
       const int w = home[r];
       reads.push_back(
           {t.index,
-           {at, width},
-           MutableBytes(send + bucket.ranges[w].offset + p.rank_offset[w] + i * width, width)});
-      at += width;
+           {at, width[r]},
+           MutableBytes(send + bucket.ranges[w].offset + p.rank_offset[w] + i * width[r],
+                        width[r])});
+      at += width[r];
     }
   return true;
+}
+
+// The narrow pieces' full rows, read into rows_: each tp rank's window of each
+// row into world rank home[r]'s region (tp ranks no wanted rank holds: skipped).
+void BucketReader::cut_narrow_windows(const Bucket& bucket, const std::vector<int>& home,
+                                      std::byte* send) {
+  std::vector<std::uint64_t> width(static_cast<std::size_t>(tp_size_));
+  for (const NarrowRows& n : narrow_) {
+    const Piece& p = *n.piece;
+    const PlannedTensor& t = plan_.tensors[p.planned];
+    const TensorInfo& info = md_.tensors[t.index];
+    const std::vector<int> order = window_order(t, tp_size_);
+    for (int r = 0; r < tp_size_; ++r) width[r] = window_bytes(t, info, r);
+    const std::byte* from = rows_.data() + n.offset;
+    for (std::int64_t i = 0; i < p.row_end - p.row_begin; ++i)
+      for (int r : order) {
+        const int w = home[r];
+        if (w >= 0)
+          std::memcpy(send + bucket.ranges[w].offset + p.rank_offset[w] + i * width[r], from,
+                      width[r]);
+        from += width[r];
+      }
+  }
 }
 
 // The regions of the world ranks in `wanted` (null: all of them). Each tp rank's
@@ -157,6 +206,7 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
   std::vector<Replica>& replicas = replicas_;  // copied once the rows they repeat are read
   reads.clear();
   replicas.clear();
+  narrow_.clear();
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
@@ -203,7 +253,14 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
       copied_ += n;
     }
   }
+  if (!narrow_.empty()) {  // the narrow pieces' rows land in rows_, sized now that all are known
+    const NarrowRows& last = narrow_.back();
+    rows_.resize(
+        std::max<std::size_t>(rows_.size(), last.offset + reads[last.request].range.length));
+    for (const NarrowRows& n : narrow_) reads[n.request].dst.data = rows_.data() + n.offset;
+  }
   source_.read_many(reads);
+  cut_narrow_windows(bucket, home, send);
   for (const Replica& c : replicas) std::memcpy(c.dst, c.src, c.n);
 }
 

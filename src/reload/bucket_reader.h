@@ -56,6 +56,7 @@ class BucketReader {
   bool read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
                         const std::vector<int>& home, std::byte* send,
                         std::vector<ReadRequest>& reads);
+  void cut_narrow_windows(const Bucket& bucket, const std::vector<int>& home, std::byte* send);
   ConstBytes full_rows(std::size_t tensor, std::int64_t a, std::int64_t b,
                        std::vector<std::byte>& scratch);
   ByteRange rows_range(std::size_t tensor, std::int64_t a, std::int64_t b) const;
@@ -76,9 +77,18 @@ class BucketReader {
     const std::byte* src;
     std::uint64_t n;
   };
+  // A row-parallel piece whose windows are narrow (under kNarrowWindow bytes on
+  // average): its full rows are one request into rows_ at `offset`, cut into the
+  // ranks' regions once read (a request per window costs more than the copy).
+  struct NarrowRows {
+    std::size_t request;   // its index in reads_ (the destination is set once rows_ is sized)
+    std::uint64_t offset;  // where its rows start in rows_
+    const Piece* piece;
+  };
   std::vector<ReadRequest> reads_;
   std::vector<Replica> replicas_;
-  std::vector<std::byte> scratch_;
+  std::vector<NarrowRows> narrow_;
+  std::vector<std::byte> scratch_, rows_;
 };
 
 }  // namespace tpreload::detail

@@ -31,10 +31,10 @@ std::vector<std::size_t> part_sizes(std::size_t total) {
   return sizes;
 }
 
-void expect_split_reads(WeightSource& source, const std::vector<std::uint8_t>& bytes) {
-  const ByteRange range{7, bytes.size() - 20};
-  const auto sizes = part_sizes(range.length);
-  ASSERT_GT(sizes.size(), 2048u);
+// read_split of `range` of tensor 0 (holding `bytes`) into parts of `sizes`, each
+// followed by a gap byte that must stay untouched.
+void expect_split_reads(WeightSource& source, const std::vector<std::uint8_t>& bytes,
+                        ByteRange range, const std::vector<std::size_t>& sizes) {
   std::vector<std::uint8_t> out(range.length + sizes.size(), 0xEE);  // a gap byte after each part
   std::vector<MutableBytes> parts;
   std::size_t at = 0;
@@ -42,18 +42,30 @@ void expect_split_reads(WeightSource& source, const std::vector<std::uint8_t>& b
     parts.emplace_back(out.data() + at, n);
     at += n + 1;
   }
+  const std::uint64_t before = source.bytes_read();
   source.read_split(0, range, parts);
   at = 0;
   std::size_t src = range.offset;
-  for (std::size_t n : sizes) {
-    for (std::size_t k = 0; k < n; ++k) ASSERT_EQ(out[at + k], bytes[src + k]) << source.describe();
-    EXPECT_EQ(out[at + n], 0xEE) << "a part overran into the gap after it";
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::size_t n = sizes[i];
+    for (std::size_t k = 0; k < n; ++k)
+      ASSERT_EQ(out[at + k], bytes[src + k])
+          << source.describe() << ": part " << i << " of " << n << " bytes, byte " << k;
+    EXPECT_EQ(out[at + n], 0xEE) << "part " << i << " overran into the gap after it";
     at += n + 1;
     src += n;
   }
-  EXPECT_EQ(source.bytes_read(), range.length);
+  EXPECT_EQ(source.bytes_read() - before, range.length);
+  while (parts.back().size == 0) parts.pop_back();
   parts.pop_back();
   EXPECT_THROW(source.read_split(0, range, parts), UsageError) << "parts short of the range";
+}
+
+void expect_split_reads(WeightSource& source, const std::vector<std::uint8_t>& bytes) {
+  const ByteRange range{7, bytes.size() - 20};
+  const auto sizes = part_sizes(range.length);
+  ASSERT_GT(sizes.size(), 2048u);
+  expect_split_reads(source, bytes, range, sizes);
 }
 
 std::vector<std::uint8_t> pattern(std::size_t n) {
@@ -70,6 +82,61 @@ TEST(ReadSplit, SafetensorsReadsManyPartsStraightFromTheFile) {
       std::vector<InMemoryTensor>{{"w", DType::kUInt8, {6000}, ConstBytes(bytes), nullptr}}, {});
   auto source = open_safetensors(dir / "w.safetensors");
   expect_split_reads(*source, bytes);
+}
+
+// Small parts (a narrow row-parallel window per row) are read through a bounce
+// buffer, large ones straight into place; runs of both, parts larger than the
+// bounce buffer, zero-sized parts and more than 1,024 of each kind in one call.
+TEST(ReadSplit, SafetensorsMixesSmallAndLargePartsInOneSplit) {
+  TempDir dir;
+  const std::size_t total = 3u << 20;
+  const auto bytes = pattern(total);
+  write_safetensors(
+      dir / "w.safetensors",
+      std::vector<InMemoryTensor>{
+          {"w", DType::kUInt8, {static_cast<std::int64_t>(total)}, ConstBytes(bytes), nullptr}},
+      {});
+  auto source = open_safetensors(dir / "w.safetensors");
+  const ByteRange range{5, total - 9};
+  std::vector<std::size_t> sizes;
+  std::size_t sum = 0;
+  auto add = [&](std::size_t n) {
+    n = std::min(n, range.length - sum);
+    sizes.push_back(n);
+    sum += n;
+  };
+  for (int i = 0; i < 3000; ++i) add(32);            // small: bounced
+  for (int i = 0; i < 1500; ++i) add(4096 + i % 7);  // large: straight
+  add(600000);                                       // larger than the bounce buffer
+  const std::size_t cycle[] = {3, 700, 40, 0, 1, 5000, 90, 200, 513, 64};
+  for (int i = 0; sum < range.length; ++i) add(cycle[i % 10]);
+  ASSERT_EQ(sum, range.length);
+  expect_split_reads(*source, bytes, range, sizes);
+}
+
+// A file cut short after it was opened: the read of small parts (bounced) and of
+// large ones both fail with the file's name.
+TEST(ReadSplit, AFileCutShortFailsSmallAndLargePartsAlike) {
+  TempDir dir;
+  const auto bytes = pattern(200000);
+  write_safetensors(
+      dir / "w.safetensors",
+      std::vector<InMemoryTensor>{{"w", DType::kUInt8, {200000}, ConstBytes(bytes), nullptr}}, {});
+  auto source = open_safetensors(dir / "w.safetensors");
+  ASSERT_EQ(::truncate((dir / "w.safetensors").c_str(), 100000), 0);
+  for (std::size_t part : {16, 8192}) {
+    std::vector<std::uint8_t> out(150000);
+    std::vector<MutableBytes> parts;
+    for (std::size_t at = 0; at < out.size(); at += part)
+      parts.emplace_back(out.data() + at, std::min(part, out.size() - at));
+    try {
+      source->read_split(0, {0, out.size()}, parts);
+      FAIL() << "a read past the end of the cut file went unnoticed (parts of " << part << ")";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("w.safetensors"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("end of file"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(ReadSplit, Hdf5AndInMemorySourcesSplitThroughTheDefault) {

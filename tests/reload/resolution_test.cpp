@@ -102,6 +102,34 @@ TEST(Resolution, CheckpointFormatOnEverySimulatedRank) {
   }
 }
 
+// Row-parallel windows of every width: the tiny configs' rows are narrow at every
+// tp size (each piece's full rows read whole and cut in memory); rows of 2,048
+// and 3,072 bytes have windows of 1 KiB and more at tp 2 (a request per window),
+// 512 bytes on average at tp 4, and 256 at tp 8, where four layers of narrow
+// pieces in one large bucket exceed what a bucket cuts in memory (16 MiB) and
+// the later ones take a request per window again.
+TEST(Resolution, RowParallelWindowsOfEveryWidthLandInTheirRanks) {
+  const ModelConfig config = parse_model_config(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":1024,"intermediate_size":1536,
+      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":128,
+      "torch_dtype":"bfloat16"})",
+      "wide rows");
+  const auto ckpt = testdata::random_checkpoint(config, 77);
+  for (auto [world, tp] : std::vector<std::pair<int, int>>{{2, 2}, {4, 4}, {8, 8}, {4, 2}}) {
+    for (std::uint64_t bucket : {std::uint64_t{1} << 16, std::uint64_t{1} << 30}) {
+      auto source = testdata::memory_source(ckpt);
+      const std::string what = "wide rows world " + std::to_string(world) + " tp " +
+                               std::to_string(tp) + " bucket " + std::to_string(bucket);
+      const auto models =
+          simulate(config, *source,
+                   {WeightFormat::kCheckpoint, Distribution::kScatter, bucket, world, tp, 0}, "");
+      expect_equal_to(
+          models, [&](int r) { return testdata::expected_shards(config, ckpt, tp, r); },
+          WeightFormat::kCheckpoint, what);
+    }
+  }
+}
+
 TEST(Resolution, KernelFormatShardsLandByName) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 32);
