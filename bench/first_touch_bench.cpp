@@ -15,26 +15,15 @@
 #include <cstring>
 #include <vector>
 
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
+#include "file_bench_util.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: first_touch_bench FILE\n");
-    return 2;
-  }
-  const int fd = ::open(argv[1], O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    std::fprintf(stderr, "first_touch_bench: cannot open '%s': %s\n", argv[1],
-                 std::strerror(errno));
+  const int fd = bench::open_file_argument(argc, argv, "first_touch_bench", "FILE");
+  const off_t size = ::lseek(fd, 0, SEEK_END);
+  if (size <= 0) {
+    std::fprintf(stderr, "first_touch_bench: '%s' is empty or cannot be sized\n", argv[1]);
     return 1;
   }
-  const off_t size = ::lseek(fd, 0, SEEK_END);
   std::vector<char> scratch(16 << 20);
   auto read_into = [&](char* dst, bool advance) {  // the whole file, 16 MiB per call
     for (off_t at = 0; at < size;) {
@@ -53,11 +42,11 @@ int main(int argc, char** argv) {
   char* buffer = static_cast<char*>(std::malloc(static_cast<std::size_t>(size)));
   for (off_t i = 0; i < size; i += 4096) buffer[i] = static_cast<char>(i >> 12);
   std::printf("first touch of %lld bytes (a byte per page): %.3f s\n", static_cast<long long>(size),
-              seconds_since(start));
+              bench::seconds_since(start));
   for (int pass = 1; pass <= 2; ++pass) {
     start = std::chrono::steady_clock::now();
     read_into(buffer, true);
-    std::printf("pread of the file into it, pass %d: %.3f s\n", pass, seconds_since(start));
+    std::printf("pread of the file into it, pass %d: %.3f s\n", pass, bench::seconds_since(start));
   }
   std::free(buffer);
   ::close(fd);

@@ -17,24 +17,10 @@
 #include <cstring>
 #include <vector>
 
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
-}  // namespace
+#include "file_bench_util.h"
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: read_parts_bench FILE (64 MiB or more)\n");
-    return 2;
-  }
-  const int fd = ::open(argv[1], O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    std::fprintf(stderr, "read_parts_bench: cannot open '%s': %s\n", argv[1], std::strerror(errno));
-    return 1;
-  }
+  const int fd = bench::open_file_argument(argc, argv, "read_parts_bench", "FILE (64 MiB or more)");
   const std::size_t total = std::size_t{64} << 20;
   if (::lseek(fd, 0, SEEK_END) < static_cast<off_t>(total)) {
     std::fprintf(stderr, "read_parts_bench: '%s' is shorter than 64 MiB\n", argv[1]);
@@ -47,8 +33,8 @@ int main(int argc, char** argv) {
   for (std::size_t part : {32, 64, 128, 256, 512, 1024, 2048, 4096, 16384}) {
     const std::size_t n = total / part;
     std::vector<iovec> iov(n);
-    for (std::size_t k = 0; k < n;
-         ++k)  // part k into region k % 4, after the region's earlier parts
+    // Part k into region k % 4, after the region's earlier parts.
+    for (std::size_t k = 0; k < n; ++k)
       iov[k] = {dst.data() + (k % 4) * (total / 4) + (k / 4) * part, part};
     double direct = 1e9, bounced = 1e9;
     for (int pass = 0; pass < 5; ++pass) {
@@ -58,7 +44,7 @@ int main(int argc, char** argv) {
         short_read |= ::preadv(fd, iov.data() + first, count, static_cast<off_t>(first * part)) !=
                       static_cast<ssize_t>(count * part);
       }
-      direct = std::min(direct, seconds_since(start));
+      direct = std::min(direct, bench::seconds_since(start));
       start = std::chrono::steady_clock::now();
       const std::size_t per = bounce.size() / part;
       for (std::size_t first = 0; first < n; first += per) {
@@ -68,7 +54,7 @@ int main(int argc, char** argv) {
         for (std::size_t k = 0; k < count; ++k)
           std::memcpy(iov[first + k].iov_base, bounce.data() + k * part, part);
       }
-      bounced = std::min(bounced, seconds_since(start));
+      bounced = std::min(bounced, bench::seconds_since(start));
     }
     std::printf("%8zu %14.1f %10.2f %14.1f %10.2f\n", part, direct * 1e3, total / direct / 1e9,
                 bounced * 1e3, total / bounced / 1e9);
