@@ -144,29 +144,71 @@ void read_raw(const Plan& plan, const SourceMetadata& md, WeightSource& source, 
   }
 }
 
+// Every rank reading: this rank's slices of one bucket, each write's source rows
+// read where the file has them, into `into` one after the other: contiguous rows
+// with one read, a row-parallel window's rows with one split read of their span
+// (a preadv for safetensors), the bytes between windows into `gap`. Returns the
+// bytes placed.
+std::uint64_t read_own_slices(const BucketApply& a, const ShardingRules& rules,
+                              WeightSource& source, std::byte* into, std::vector<std::byte>& gap,
+                              std::vector<MutableBytes>& parts) {
+  std::uint64_t at = 0;
+  for (std::size_t i = 0; i < a.writes.size(); ++i) {
+    const RowWrite& w = a.writes[i];
+    if (w.rows <= 0) continue;
+    const ParamSpec& param = rules.params().at(w.slot);
+    const std::uint64_t width = param_row_bytes(param.shape, param.dtype) /
+                                dtype_size(param.dtype) * dtype_size(w.src_dtype);
+    const auto rows = static_cast<std::uint64_t>(w.rows);
+    const std::size_t tensor = a.sources.at(i).tensor;
+    if (w.src_pitch == width) {
+      source.read(tensor, {w.src_offset, rows * width}, MutableBytes(into + at, rows * width));
+      at += rows * width;
+      continue;
+    }
+    gap.resize(w.src_pitch - width);
+    parts.clear();
+    for (std::uint64_t r = 0; r < rows; ++r, at += width) {
+      parts.emplace_back(into + at, width);
+      if (r + 1 < rows) parts.emplace_back(gap.data(), gap.size());
+    }
+    source.read_split(tensor, {w.src_offset, (rows - 1) * w.src_pitch + width}, parts);
+  }
+  return at;
+}
+
 // The bound: per bucket of the same plan, the reader reads the bucket's bytes from
 // the source into a buffer and moves them with the same collective into
-// destination buffers. No slicing, no model. With every rank reading (`all`),
-// each rank reads as many bytes as its region of each bucket, one after the
-// other into one buffer as large as all of them (the bytes land in memory the
-// size of its parameters, as the reload's do), and nothing moves.
+// destination buffers. No slicing, no model. With every rank reading (`own`:
+// its direct applies), each rank reads its own slices of each bucket
+// (read_own_slices: one read per run of them, as the file lays them out), one
+// after the other into one buffer as large as all of them (the bytes land in
+// memory the size of its parameters, as the reload's do), and nothing moves.
 double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* source,
-                     Communicator& world, int reader, bool all,
-                     const std::function<void()>& before_clock) {
-  std::uint64_t largest = 0, own = 0;
-  for (const Bucket& b : plan.buckets) {
-    largest = std::max(largest, b.bytes);
-    own += b.scatter ? b.ranges[world.rank()].length : b.bytes;
+                     Communicator& world, int reader, const std::vector<BucketApply>* own,
+                     const ShardingRules& rules, const std::function<void()>& before_clock) {
+  const bool all = own != nullptr;
+  std::uint64_t largest = 0, own_bytes = 0;
+  for (const Bucket& b : plan.buckets) largest = std::max(largest, b.bytes);
+  std::vector<std::byte> gap;
+  std::vector<MutableBytes> parts;
+  if (all) {  // the buffer's size: a pass's bytes, counted without reading
+    for (const BucketApply& a : *own)
+      for (const RowWrite& w : a.writes) {
+        const ParamSpec& param = rules.params().at(w.slot);
+        own_bytes += static_cast<std::uint64_t>(std::max<std::int64_t>(0, w.rows)) *
+                     (param_row_bytes(param.shape, param.dtype) / dtype_size(param.dtype) *
+                      dtype_size(w.src_dtype));
+      }
   }
   std::vector<std::byte> send(world.rank() == reader && !all ? largest : 0),
-      recv(all ? own : largest);
+      recv(all ? own_bytes : largest);
   auto pass = [&] {
     std::uint64_t at = 0;
-    for (const Bucket& b : plan.buckets) {
+    for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
+      const Bucket& b = plan.buckets[k];
       if (all) {
-        const std::uint64_t n = b.scatter ? b.ranges[world.rank()].length : b.bytes;
-        read_raw(plan, md, *source, b, n, recv.data() + at);
-        at += n;
+        at += read_own_slices((*own)[k], rules, *source, recv.data() + at, gap, parts);
         continue;
       }
       if (world.rank() == reader) read_raw(plan, md, *source, b, b.bytes, send.data());
@@ -312,9 +354,11 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   payload.resize(size);
   world.broadcast(MutableBytes(payload.data(), payload.size()), 0);
   md = parse_metadata(payload);
-  const Plan plan = make_plan(
-      md, model.rules(),
-      {ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp, ro.scatter_replicated_bytes});
+  const PlanOptions plan_options{
+      ro.format, ro.distribution, ro.bucket_bytes, world.size(), tp, ro.scatter_replicated_bytes};
+  const Plan plan = make_plan(md, model.rules(), plan_options);
+  std::vector<BucketApply> own;  // every rank reading: its slices, as the direct path reads them
+  if (all) own = resolve_direct_applies(plan, md, model.rules(), plan_options, world.rank());
   // A reader per node: the one reader's bound scaled by the share of its bytes
   // the busiest node reader reads (1 / nodes when the tp group spans the nodes;
   // all of it for broadcast buckets, or nodes that each hold a whole tp group;
@@ -353,8 +397,8 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     share = one ? double(busiest) / one : 1.0;
   }
   for (int i = 0; i < o.iters; ++i)
-    row.bound +=
-        share * measure_bound(plan, md, source.get(), world, 0, all, [&] { cool(o, path, world); });
+    row.bound += share * measure_bound(plan, md, source.get(), world, 0, all ? &own : nullptr,
+                                       model.rules(), [&] { cool(o, path, world); });
   row.bound /= o.iters;
   return row;
 }
