@@ -146,13 +146,15 @@ void read_raw(const Plan& plan, const SourceMetadata& md, WeightSource& source, 
 
 // Every rank reading: this rank's slices of one bucket, each write's source rows
 // read where the file has them, into `into` one after the other: contiguous rows
-// with one read, a row-parallel window's rows with one split read of their span
-// (a preadv for safetensors), the bytes between windows into `gap`. Returns the
-// bytes placed.
+// as requests of one read_many (the source merges those that follow each other
+// in a file into one preadv, as the reload's direct path does), a row-parallel
+// window's rows with one split read of their span (a preadv for safetensors),
+// the bytes between windows into `gap`. Returns the bytes placed.
 std::uint64_t read_own_slices(const BucketApply& a, const ShardingRules& rules,
                               WeightSource& source, std::byte* into, std::vector<std::byte>& gap,
-                              std::vector<MutableBytes>& parts) {
+                              std::vector<MutableBytes>& parts, std::vector<ReadRequest>& reads) {
   std::uint64_t at = 0;
+  reads.clear();
   for (std::size_t i = 0; i < a.writes.size(); ++i) {
     const RowWrite& w = a.writes[i];
     if (w.rows <= 0) continue;
@@ -161,8 +163,9 @@ std::uint64_t read_own_slices(const BucketApply& a, const ShardingRules& rules,
                                 dtype_size(param.dtype) * dtype_size(w.src_dtype);
     const auto rows = static_cast<std::uint64_t>(w.rows);
     const std::size_t tensor = a.sources.at(i).tensor;
-    if (w.src_pitch == width) {
-      source.read(tensor, {w.src_offset, rows * width}, MutableBytes(into + at, rows * width));
+    if (w.src_pitch <= width) {
+      reads.push_back(
+          {tensor, {w.src_offset, rows * width}, MutableBytes(into + at, rows * width)});
       at += rows * width;
       continue;
     }
@@ -174,6 +177,7 @@ std::uint64_t read_own_slices(const BucketApply& a, const ShardingRules& rules,
     }
     source.read_split(tensor, {w.src_offset, (rows - 1) * w.src_pitch + width}, parts);
   }
+  source.read_many(reads);
   return at;
 }
 
@@ -181,7 +185,8 @@ std::uint64_t read_own_slices(const BucketApply& a, const ShardingRules& rules,
 // the source into a buffer and moves them with the same collective into
 // destination buffers. No slicing, no model. With every rank reading (`own`:
 // its direct applies), each rank reads its own slices of each bucket
-// (read_own_slices: one read per run of them, as the file lays them out), one
+// (read_own_slices: merged reads of contiguous rows, a split read of each
+// window's rows, as the file lays them out), one
 // after the other into one buffer as large as all of them (the bytes land in
 // memory the size of its parameters, as the reload's do), and nothing moves.
 double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* source,
@@ -192,6 +197,7 @@ double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* s
   for (const Bucket& b : plan.buckets) largest = std::max(largest, b.bytes);
   std::vector<std::byte> gap;
   std::vector<MutableBytes> parts;
+  std::vector<ReadRequest> reads;
   if (all) {  // the buffer's size: a pass's bytes, counted without reading
     for (const BucketApply& a : *own)
       for (const RowWrite& w : a.writes) {
@@ -208,7 +214,7 @@ double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* s
     for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
       const Bucket& b = plan.buckets[k];
       if (all) {
-        at += read_own_slices((*own)[k], rules, *source, recv.data() + at, gap, parts);
+        at += read_own_slices((*own)[k], rules, *source, recv.data() + at, gap, parts, reads);
         continue;
       }
       if (world.rank() == reader) read_raw(plan, md, *source, b, b.bytes, send.data());

@@ -3,8 +3,9 @@
 // are runs of tensor rows (read with merged reads, or sent from the source's
 // mapping with zero_copy); scatter buckets are one region per world rank, cut out
 // of the file by the read itself: a request per column window of a row-parallel
-// piece and per rank's contiguous rows, in file order, which the source merges
-// into a few preadv calls per bucket; bytes two ranks hold (replicated tensors,
+// piece (narrow windows: one request for the piece's full rows, cut in memory)
+// and per rank's contiguous rows, in file order, which the source merges into a
+// few preadv calls per bucket; bytes two ranks hold (replicated tensors,
 // replicas of a tp rank) are read once and copied. With Readers::kAll each rank fills its own
 // region the same way (fill_own); with Readers::kNode a node's reader fills its node's regions
 // (fill_ranks). No torch, no transport here.

@@ -1,6 +1,7 @@
 // WeightSource::read_split: one contiguous byte range cut into consecutive parts,
 // as the reader cuts row-parallel slices. preadv for safetensors (more parts than
-// one call takes), the default through view() or read() for the other sources.
+// one call takes; runs of small parts read whole into a bounce buffer and copied
+// out), the default through view() or read() for the other sources.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -85,11 +86,12 @@ TEST(ReadSplit, SafetensorsReadsManyPartsStraightFromTheFile) {
 }
 
 // Small parts (a narrow row-parallel window per row) are read through a bounce
-// buffer, large ones straight into place; runs of both, parts larger than the
-// bounce buffer, zero-sized parts and more than 1,024 of each kind in one call.
+// buffer, large ones straight into place: a run of 1,500 large parts (more than
+// one preadv takes) before a run of small ones, a part larger than the bounce
+// buffer, a cycle of mixed sizes with zero-sized parts, and small parts last.
 TEST(ReadSplit, SafetensorsMixesSmallAndLargePartsInOneSplit) {
   TempDir dir;
-  const std::size_t total = 3u << 20;
+  const std::size_t total = 12u << 20;
   const auto bytes = pattern(total);
   write_safetensors(
       dir / "w.safetensors",
@@ -101,15 +103,19 @@ TEST(ReadSplit, SafetensorsMixesSmallAndLargePartsInOneSplit) {
   std::vector<std::size_t> sizes;
   std::size_t sum = 0;
   auto add = [&](std::size_t n) {
-    n = std::min(n, range.length - sum);
     sizes.push_back(n);
     sum += n;
   };
+  for (int i = 0; i < 1500; ++i) add(4096 + i % 7);  // large: straight, over 1,024 iovecs
   for (int i = 0; i < 3000; ++i) add(32);            // small: bounced
-  for (int i = 0; i < 1500; ++i) add(4096 + i % 7);  // large: straight
   add(600000);                                       // larger than the bounce buffer
   const std::size_t cycle[] = {3, 700, 40, 0, 1, 5000, 90, 200, 513, 64};
-  for (int i = 0; sum < range.length; ++i) add(cycle[i % 10]);
+  for (int i = 0; i < 5000; ++i) add(cycle[i % 10]);
+  const std::size_t small_tail = 2000 * 48;  // small again, after the mixed parts
+  ASSERT_LT(sum + small_tail, range.length) << "the parts above must fit whole";
+  while (sum + 4099 <= range.length - small_tail) add(4099);
+  for (int i = 0; i < 2000; ++i) add(48);
+  add(range.length - sum);  // the rest
   ASSERT_EQ(sum, range.length);
   expect_split_reads(*source, bytes, range, sizes);
 }

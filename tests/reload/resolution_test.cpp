@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <functional>
 #include <set>
+#include <tuple>
 
 #include "../../src/reload/bucket_reader.h"
 #include "../support/tiny_models.h"
@@ -26,11 +27,14 @@ SourceMetadata metadata_of(WeightSource& source) {
   return {source.describe(), source.tensors(), source.kernel_format()};
 }
 
-// Runs the plan for every world rank and returns each rank's model.
+// Runs the plan for every world rank and returns each rank's model. With
+// `ranks_per_node` > 0 each node's reader fills only its node's regions
+// (BucketReader::fill_ranks, as for --readers node) before its ranks apply.
 std::vector<std::unique_ptr<TensorParallelModel>> simulate(const ModelConfig& config,
                                                            WeightSource& source,
                                                            const PlanOptions& o,
-                                                           const std::string& quantization) {
+                                                           const std::string& quantization,
+                                                           int ranks_per_node = 0) {
   const SourceMetadata md = metadata_of(source);
   std::vector<std::unique_ptr<TensorParallelModel>> models;
   std::vector<std::vector<BucketApply>> applies;
@@ -47,17 +51,22 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(const ModelConfig& co
     applies.push_back(resolve_applies(plan, md, models[w]->rules(), o, w));
   detail::BucketReader reader(plan, md, source, o.world_size, o.tp_size, /*zero_copy=*/false);
   std::vector<std::byte> send(plan.largest_bucket);
-  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
-    const ConstBytes bytes = reader.fill(b, send.data());
-    for (int w = 0; w < o.world_size; ++w) {
-      const Bucket& bucket = plan.buckets[b];
-      const std::byte* view = bucket.scatter ? bytes.data + bucket.ranges[w].offset : bytes.data;
-      ParameterSink& sink = models[w]->sink();
-      for (const RowWrite& write : applies[w][b].writes) sink.write(write, view);
-      for (const RowZero& z : applies[w][b].zeros) sink.zero(z);
-      for (const auto& [slot, shards] : applies[w][b].completed) sink.mark_loaded(slot, shards);
+  const int per_node = ranks_per_node > 0 ? ranks_per_node : o.world_size;
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b)
+    for (int node = 0; node < o.world_size; node += per_node) {
+      std::vector<int> ranks;
+      for (int w = node; w < std::min(o.world_size, node + per_node); ++w) ranks.push_back(w);
+      const ConstBytes bytes = ranks_per_node > 0 ? reader.fill_ranks(b, ranks, send.data())
+                                                  : reader.fill(b, send.data());
+      for (int w : ranks) {
+        const Bucket& bucket = plan.buckets[b];
+        const std::byte* view = bucket.scatter ? bytes.data + bucket.ranges[w].offset : bytes.data;
+        ParameterSink& sink = models[w]->sink();
+        for (const RowWrite& write : applies[w][b].writes) sink.write(write, view);
+        for (const RowZero& z : applies[w][b].zeros) sink.zero(z);
+        for (const auto& [slot, shards] : applies[w][b].completed) sink.mark_loaded(slot, shards);
+      }
     }
-  }
   return models;
 }
 
@@ -105,9 +114,11 @@ TEST(Resolution, CheckpointFormatOnEverySimulatedRank) {
 // Row-parallel windows of every width: the tiny configs' rows are narrow at every
 // tp size (each piece's full rows read whole and cut in memory); rows of 2,048
 // and 3,072 bytes have windows of 1 KiB and more at tp 2 (a request per window),
-// 512 bytes on average at tp 4, and 256 at tp 8, where four layers of narrow
-// pieces in one large bucket exceed what a bucket cuts in memory (16 MiB) and
-// the later ones take a request per window again.
+// 512 bytes on average at tp 4 (still a request per window), and 256 at tp 8,
+// where four layers of narrow pieces in one large bucket exceed what a bucket
+// cuts in memory (16 MiB) and the later ones take a request per window again.
+// Node readers (fill_ranks) fill only their node's regions, skipping the
+// windows of tp ranks no rank of the node holds.
 TEST(Resolution, RowParallelWindowsOfEveryWidthLandInTheirRanks) {
   const ModelConfig config = parse_model_config(
       R"({"architectures":["LlamaForCausalLM"],"hidden_size":1024,"intermediate_size":1536,
@@ -115,14 +126,18 @@ TEST(Resolution, RowParallelWindowsOfEveryWidthLandInTheirRanks) {
       "torch_dtype":"bfloat16"})",
       "wide rows");
   const auto ckpt = testdata::random_checkpoint(config, 77);
-  for (auto [world, tp] : std::vector<std::pair<int, int>>{{2, 2}, {4, 4}, {8, 8}, {4, 2}}) {
+  // (world, tp, ranks per node: 0 for one reader): replicas of narrow and wide
+  // windows, and node readers whose node holds some tp ranks' windows only.
+  for (auto [world, tp, per_node] : std::vector<std::tuple<int, int, int>>{
+           {2, 2, 0}, {4, 4, 0}, {8, 8, 0}, {4, 2, 0}, {16, 8, 0}, {8, 8, 4}, {4, 4, 2}}) {
     for (std::uint64_t bucket : {std::uint64_t{1} << 16, std::uint64_t{1} << 30}) {
       auto source = testdata::memory_source(ckpt);
       const std::string what = "wide rows world " + std::to_string(world) + " tp " +
-                               std::to_string(tp) + " bucket " + std::to_string(bucket);
-      const auto models =
-          simulate(config, *source,
-                   {WeightFormat::kCheckpoint, Distribution::kScatter, bucket, world, tp, 0}, "");
+                               std::to_string(tp) + " ranks per node " + std::to_string(per_node) +
+                               " bucket " + std::to_string(bucket);
+      const auto models = simulate(
+          config, *source,
+          {WeightFormat::kCheckpoint, Distribution::kScatter, bucket, world, tp, 0}, "", per_node);
       expect_equal_to(
           models, [&](int r) { return testdata::expected_shards(config, ckpt, tp, r); },
           WeightFormat::kCheckpoint, what);
