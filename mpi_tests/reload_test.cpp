@@ -742,6 +742,91 @@ TEST(Reload, RotatedBroadcastRootsShareTheReadsAndAgreeOnAFailure) {
   world().barrier();
 }
 
+// A reader per node where one node cannot read the files (its ranks have no
+// source): the last of two nodes, the first of two with the reader rank on the
+// last, or the first of single-rank nodes (from 3 ranks) with the reader rank
+// last, served by the next node in turn, not the reader rank's. Its ranks join
+// the group of the serving node's reader (after that node's ranks), which reads
+// their slices too, and every rank ends with the new weights; the served ranks
+// read nothing. When the reader rank's own node cannot read, the reload fails on
+// every rank, as without node readers.
+TEST(Reload, ANodeThatCannotReadIsServedByAnotherNodesReader) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 730);
+  const Variant setup{world().size(), "", false};
+  const int n = world().size(), half = std::max(1, n / 2);
+  struct Case {
+    const char* name;
+    int per_node, reader;
+    int served_first, served_end;  // the world ranks that cannot read: [first, end)
+  };
+  std::vector<Case> cases = {{"last of two nodes served", half, 0, (n - 1) / half * half, n},
+                             {"first of two nodes served", half, (n - 1) / half * half, 0, half}};
+  if (n >= 3) cases.push_back({"first of single-rank nodes served", 1, n - 1, 0, 1});
+  for (const Case& c : cases)
+    for (Distribution d : {Distribution::kScatter, Distribution::kBroadcast}) {
+      for (bool rotate : {false, true}) {
+        if (rotate && d == Distribution::kScatter) continue;
+        const std::string what = std::string(c.name) + ", " + std::string(distribution_name(d)) +
+                                 (rotate ? ", rotated" : "");
+        ReloadOptions o;
+        o.distribution = d;
+        o.bucket_bytes = 4096;
+        o.reader_rank = c.reader;
+        // What a single reader reads for this plan: a serving reader of one of
+        // two nodes must read as much (every rank's slices).
+        TensorParallelModel one_model(config, options_for(setup));
+        auto one_source = world().rank() == o.reader_rank ? testdata::memory_source(ckpt) : nullptr;
+        ASSERT_TRUE(reload_weights(one_model, world(), one_source.get(), o).complete()) << what;
+        std::int64_t one_read =
+            one_source ? static_cast<std::int64_t>(one_source->bytes_read()) : 0;
+        world().allreduce_ints(&one_read, 1, IntOp::kSum);
+
+        o.readers = Readers::kNode;
+        o.ranks_per_node = c.per_node;
+        o.rotate_broadcast_roots = rotate;
+        TensorParallelModel model(config, options_for(setup));
+        const int rank = world().rank();
+        auto served = [&](int k) { return n > 1 && k >= c.served_first && k < c.served_end; };
+        auto source = served(rank) ? nullptr : testdata::memory_source(ckpt);
+        if (n == 1) {  // the reader rank's node cannot read: an error, as before
+          EXPECT_THROW(reload_weights(model, world(), nullptr, o), CheckpointError) << what;
+          continue;
+        }
+        const ReloadResult r = reload_weights(model, world(), source.get(), o);
+        EXPECT_TRUE(r.complete()) << what;
+        expect_params(model, expected_params(config, setup, ckpt), what);
+        std::vector<std::int64_t> bytes(static_cast<std::size_t>(n), 0);
+        bytes[static_cast<std::size_t>(rank)] =
+            source ? static_cast<std::int64_t>(source->bytes_read()) : 0;
+        allreduce_ints(world(), bytes, IntOp::kSum);
+        for (int k = 0; k < n; ++k) {
+          if (served(k)) {
+            EXPECT_EQ(bytes[static_cast<std::size_t>(k)], 0) << what << ": served rank " << k;
+          }
+        }
+        if (c.per_node == half && n / half == 2 && !rotate) {  // two nodes: one reads for both
+          EXPECT_EQ(bytes[static_cast<std::size_t>(o.reader_rank)], one_read) << what;
+        }
+        // The reader rank's node cannot read: the same error as before, on every rank.
+        TensorParallelModel failing(config, options_for(setup));
+        const bool reader_node = rank / c.per_node == o.reader_rank / c.per_node;
+        auto none = reader_node ? nullptr : testdata::memory_source(ckpt);
+        std::string msg = "no error";
+        try {
+          reload_weights(failing, world(), none.get(), o);
+        } catch (const CheckpointError& e) {
+          msg = e.what();
+        }
+        EXPECT_NE(msg.find("no weight source was given to rank " + std::to_string(o.reader_rank)),
+                  std::string::npos)
+            << what << ": " << msg;
+        EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << msg;
+        world().barrier();
+      }
+    }
+}
+
 // Every rank reading, a source whose every read fails, through views too (the
 // first view a reload takes, to choose its path, fails as well): the same error
 // on every rank, naming the failing rank.

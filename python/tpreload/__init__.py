@@ -189,7 +189,8 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
     distribution: "scatter" (each rank gets its slice) or "broadcast".
     readers: "one" (the reader rank reads and sends each rank its part), "node"
         (one reader per node reads for the ranks of its node and sends within
-        it; nothing crosses nodes) or "all" (every rank reads only its own
+        it; a node that cannot open the weights is served by another node's
+        reader) or "all" (every rank reads only its own
         slices; nothing is sent). With "node" and "all" every rank opens the
         same weights_path, or is given the same weights_iterator.
     ranks_per_node: with readers="node", world ranks [k*n, (k+1)*n) form node k;

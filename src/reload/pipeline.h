@@ -56,6 +56,9 @@ struct NodePlanes {
   const DataTransport* data = nullptr;  // null for a control-plane transport
   std::string data_backend;             // (tells control-plane transports of other backends apart)
   int ranks_per_node = 0, reader_rank = 0;
+  // Per world rank, the node whose reader serves it when some node cannot read
+  // the files (its ranks then join that reader's group); empty when every node reads.
+  std::vector<int> served_by;
   std::unique_ptr<Communicator> control;  // (declared first: outlives `transport`)
   std::unique_ptr<DataTransport> transport;
   std::vector<int> members;  // world ranks, in node order

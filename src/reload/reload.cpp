@@ -255,6 +255,38 @@ Distribution effective_distribution(const ReloadOptions& o) {
   return o.readers == Readers::kAll ? Distribution::kScatter : o.distribution;
 }
 
+// COLLECTIVE. Readers::kNode: per world rank, the node (as node_of names it,
+// `own_node` this rank's) whose reader serves it: its own, or, for a node where
+// some rank could not open the source (`failed`), the next node in turn whose
+// ranks all could. Empty when
+// every node could (nothing changes) or when the reader rank's node could not
+// (the reload then fails as it would without node readers).
+std::vector<int> serving_nodes(Communicator& world, const ReloadOptions& o, int own_node,
+                               bool failed) {
+  const int n = world.size();
+  std::vector<std::int64_t> v(2 * static_cast<std::size_t>(n), 0);
+  v[static_cast<std::size_t>(world.rank())] = own_node;
+  v[static_cast<std::size_t>(n + world.rank())] = failed ? 1 : 0;
+  allreduce_ints(world, v, IntOp::kSum);
+  std::map<int, bool> able;  // node -> every rank of it opened the source
+  for (int r = 0; r < n; ++r) {
+    const auto node = static_cast<int>(v[static_cast<std::size_t>(r)]);
+    able.emplace(node, true);
+    if (v[static_cast<std::size_t>(n + r)] != 0) able[node] = false;
+  }
+  std::vector<int> capable;
+  for (const auto& [node, ok] : able)
+    if (ok) capable.push_back(node);
+  if (capable.size() == able.size() || !able.at(static_cast<int>(v[o.reader_rank]))) return {};
+  std::map<int, int> serve;
+  std::size_t turn = 0;
+  for (const auto& [node, ok] : able) serve[node] = ok ? node : capable[turn++ % capable.size()];
+  std::vector<int> out(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r)
+    out[static_cast<std::size_t>(r)] = serve.at(static_cast<int>(v[static_cast<std::size_t>(r)]));
+  return out;
+}
+
 // COLLECTIVE. The metadata and plan every rank uses, and its preflight. The reader
 // serializes its listing and broadcasts the listing's hash; when every rank's
 // workspace holds a plan made for that hash (and for the same model and options),
@@ -263,7 +295,7 @@ Distribution effective_distribution(const ReloadOptions& o) {
 // when the reader cannot list its source, ValidationError from preflight.
 const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const ReloadTarget& model,
                               const ReloadOptions& options, std::int64_t fingerprint,
-                              ReloadWorkspace& workspace) {
+                              ReloadWorkspace& workspace, std::vector<int>& served_by) {
   const int reader = options.reader_rank;
   const bool all_read = options.readers == Readers::kAll;
   const bool many = options.readers != Readers::kOne;  // every rank opens the source
@@ -303,13 +335,27 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
       problem = e.what();
     }
   }
+  // A reader per node: a node that cannot read the files is served by another
+  // node's reader (its ranks neither read nor compare listings).
+  bool served = false;
+  if (options.readers == Readers::kNode) {
+    const int own_node = node_of(world, options);
+    served_by = serving_nodes(world, options, own_node, problem.has_value());
+    served = !served_by.empty() && served_by[static_cast<std::size_t>(world.rank())] != own_node;
+    if (served && problem)
+      log().warn(
+          "--readers node: rank {} cannot read the weights ({}); its node is served by the "
+          "reader of the node of rank {} over the data plane",
+          world.rank(), *problem, served_by[static_cast<std::size_t>(world.rank())]);
+    if (served) problem.reset();
+  }
   agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
   std::int64_t listing[2] = {world.rank() == reader ? own_hash : 0,
                              world.rank() == reader ? own_count : 0};
   world.broadcast(MutableBytes(listing, sizeof listing), reader);
   if (many) {  // ranks read by the reader's tensor indices: same listing everywhere
-    std::optional<std::string> differs;
-    if (listing[0] != own_hash || listing[1] != own_count)
+    std::optional<std::string> differs;  // (a served rank read nothing to compare)
+    if (!served && (listing[0] != own_hash || listing[1] != own_count))
       differs =
           detail::concat("rank ", world.rank(), " opened ", source->describe(), " (",
                          source->tensors().size(), " tensors), which lists differently from ",
@@ -459,24 +505,30 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
 // workspace for the next reload with the same planes and grouping (every rank
 // must have kept them: splitting is collective).
 detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const ReloadOptions& o,
-                                ReloadWorkspace& workspace) {
+                                ReloadWorkspace& workspace, const std::vector<int>& served_by) {
   const detail::NodePlanes* kept = workspace.node_planes();
   const DataTransport* identity = data.backend().rfind("control:", 0) == 0 ? nullptr : &data;
   std::int64_t all_kept = kept && kept->world == &world && kept->data == identity &&
                           kept->data_backend == data.backend() &&
                           kept->ranks_per_node == o.ranks_per_node &&
-                          kept->reader_rank == o.reader_rank;
+                          kept->reader_rank == o.reader_rank && kept->served_by == served_by;
   world.allreduce_ints(&all_kept, 1, IntOp::kMin);
   if (all_kept) return *workspace.node_planes();
   workspace.keep_node_planes(nullptr);
-  const int color = node_of(world, o);
-  const int key = world.rank() == o.reader_rank ? 0 : world.rank() + 1;
+  // A served node's ranks join the group of the node serving it, after that
+  // node's ranks (whose first is the group's reader).
+  const int own = node_of(world, o);
+  const int color = served_by.empty() ? own : served_by[static_cast<std::size_t>(world.rank())];
+  const int key = world.rank() == o.reader_rank ? 0
+                  : own == color                ? world.rank() + 1
+                                                : world.size() + world.rank() + 1;
   auto planes = std::make_unique<detail::NodePlanes>();
   planes->world = &world;
   planes->data = identity;
   planes->data_backend = data.backend();
   planes->ranks_per_node = o.ranks_per_node;
   planes->reader_rank = o.reader_rank;
+  planes->served_by = served_by;
   // A split that fails on one node (a transport that cannot be split, NCCL
   // failing to join) is agreed on over the world, not only within the node.
   std::optional<std::string> problem;
@@ -592,7 +644,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
   const bool reader = opens_source(options, world.rank());
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
-  const CachedPlan& planned = plan_reload(world, source, model, options, fingerprint, kept);
+  std::vector<int> served_by;  // Readers::kNode: each rank's serving node, when some cannot read
+  const CachedPlan& planned =
+      plan_reload(world, source, model, options, fingerprint, kept, served_by);
   const SourceMetadata& md = planned.metadata;
   const Plan& plan = planned.plan;
   log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
@@ -650,8 +704,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     agree_on_problem<ModelError>(world, finish_problem, "post-load processing (finish)");
   };
   try {
-    detail::NodePlanes* node =
-        options.readers == Readers::kNode ? &node_planes(world, data, options, kept) : nullptr;
+    detail::NodePlanes* node = options.readers == Readers::kNode
+                                   ? &node_planes(world, data, options, kept, served_by)
+                                   : nullptr;
     stats = detail::run_pipeline(planned, model, world, data, source, options, kept, node);
     // Zero-copy buckets went out of the mapping during the transfer: were they
     // all still backed by the file?

@@ -118,8 +118,9 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option("--readers", o.readers,
                  "Who reads the checkpoint. one: the reader rank reads it and sends each rank its "
                  "part (when only one host sees the files). node: one rank per node reads what "
-                 "the ranks of its node need and sends it within the node, nothing crosses "
-                 "nodes (every node sees the files; storage that throttles per client). all: "
+                 "the ranks of its node need and sends it within the node (every node sees the "
+                 "files; storage that throttles per client); a node that cannot open them is "
+                 "served by another node's reader, and only its bytes cross nodes. all: "
                  "every rank opens the same path and reads only its own slices, nothing is sent "
                  "(every node sees the files; fastest with a warm page cache; buckets are laid "
                  "out as for scatter)")

@@ -70,9 +70,14 @@ struct ReloadProgress {
 //         rank on its own node); it reads what the ranks of its node need and
 //         scatters or broadcasts it to them over a data transport of the node
 //         (DataTransport::split), so that no byte is read twice on a node and
-//         none crosses nodes. Every node must see the files. Each rank passes a
-//         source, as for kAll (only the node readers read from theirs); the
-//         reader rank lists it for everyone and every rank checks its listing.
+//         none crosses nodes. Each rank passes a source, as for kAll (only the
+//         node readers read from theirs); the reader rank lists it for everyone
+//         and every rank checks its listing. A node where some rank cannot open
+//         the source (no source, or one that cannot list) is served by the next
+//         node in turn whose ranks all could: its ranks join that node's group
+//         and transport, and only their bytes cross nodes (a warning names
+//         them). The reader rank's own node must read (else the reload fails on
+//         every rank, as for kOne).
 //         On one node it reads and sends as kOne does (every rank still
 //         opens the checkpoint, and the node's planes are split once). With
 //         ReloadOptions::rotate_broadcast_roots the node readers take turns
