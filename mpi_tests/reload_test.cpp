@@ -21,6 +21,7 @@
 #include "tpreload/model/model.h"
 #include "tpreload/model/torch_dtype.h"
 #include "tpreload/reload/reload.h"
+#include "tpreload/reload/report.h"
 
 namespace tpreload {
 namespace {
@@ -795,6 +796,10 @@ TEST(Reload, ANodeThatCannotReadIsServedByAnotherNodesReader) {
         }
         const ReloadResult r = reload_weights(model, world(), source.get(), o);
         EXPECT_TRUE(r.complete()) << what;
+        EXPECT_EQ(r.nodes_served, 1) << what;
+        EXPECT_NE(summary_text(r).find("1 node(s) that cannot read served by another's"),
+                  std::string::npos)
+            << summary_text(r);
         expect_params(model, expected_params(config, setup, ckpt), what);
         std::vector<std::int64_t> bytes(static_cast<std::size_t>(n), 0);
         bytes[static_cast<std::size_t>(rank)] =

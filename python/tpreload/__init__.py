@@ -94,6 +94,8 @@ class ReloadResult:
     ``readers``: "one", "node" or "all" (who read the weights).
     ``rotated_broadcast_roots``: the node readers took turns at the broadcast
     buckets (``rotate_broadcast_roots=True``).
+    ``nodes_served``: with readers="node", nodes that could not open the
+    weights, served by another node's reader.
     ``fingerprint``: one hex string for the whole model across ranks (with
     ``fingerprint=True``, else None).
     ``crc32``: parameter name -> CRC-32 per world rank (with ``fingerprint=True``).

@@ -232,6 +232,7 @@ py::dict result_dict(const ReloadResult& r,
   d["source"] = r.source;
   d["readers"] = std::string(readers_name(r.readers));
   d["rotated_broadcast_roots"] = r.rotated_broadcast_roots;
+  d["nodes_served"] = r.nodes_served;
   d["transport"] = r.transport;
   d["parameter_memory"] = r.parameter_memory;
   d["bytes_read"] = r.bytes_read;

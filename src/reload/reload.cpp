@@ -258,11 +258,15 @@ Distribution effective_distribution(const ReloadOptions& o) {
 // COLLECTIVE. Readers::kNode: per world rank, the node (as node_of names it,
 // `own_node` this rank's) whose reader serves it: its own, or, for a node where
 // some rank could not open the source (`failed`), the next node in turn whose
-// ranks all could. Empty when
-// every node could (nothing changes) or when the reader rank's node could not
-// (the reload then fails as it would without node readers).
-std::vector<int> serving_nodes(Communicator& world, const ReloadOptions& o, int own_node,
-                               bool failed) {
+// ranks all could, and how many nodes are served. Empty when every node could
+// (nothing changes) or when the reader rank's node could not (the reload then
+// fails as it would without node readers).
+struct NodeService {
+  std::vector<int> served_by;  // per world rank
+  int nodes_served = 0;
+};
+
+NodeService serving_nodes(Communicator& world, const ReloadOptions& o, int own_node, bool failed) {
   const int n = world.size();
   std::vector<std::int64_t> v(2 * static_cast<std::size_t>(n), 0);
   v[static_cast<std::size_t>(world.rank())] = own_node;
@@ -281,9 +285,12 @@ std::vector<int> serving_nodes(Communicator& world, const ReloadOptions& o, int 
   std::map<int, int> serve;
   std::size_t turn = 0;
   for (const auto& [node, ok] : able) serve[node] = ok ? node : capable[turn++ % capable.size()];
-  std::vector<int> out(static_cast<std::size_t>(n));
+  NodeService out;
+  out.served_by.resize(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r)
-    out[static_cast<std::size_t>(r)] = serve.at(static_cast<int>(v[static_cast<std::size_t>(r)]));
+    out.served_by[static_cast<std::size_t>(r)] =
+        serve.at(static_cast<int>(v[static_cast<std::size_t>(r)]));
+  out.nodes_served = static_cast<int>(able.size() - capable.size());
   return out;
 }
 
@@ -295,7 +302,7 @@ std::vector<int> serving_nodes(Communicator& world, const ReloadOptions& o, int 
 // when the reader cannot list its source, ValidationError from preflight.
 const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const ReloadTarget& model,
                               const ReloadOptions& options, std::int64_t fingerprint,
-                              ReloadWorkspace& workspace, std::vector<int>& served_by) {
+                              ReloadWorkspace& workspace, NodeService& service) {
   const int reader = options.reader_rank;
   const bool all_read = options.readers == Readers::kAll;
   const bool many = options.readers != Readers::kOne;  // every rank opens the source
@@ -340,7 +347,8 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   bool served = false;
   if (options.readers == Readers::kNode) {
     const int own_node = node_of(world, options);
-    served_by = serving_nodes(world, options, own_node, problem.has_value());
+    service = serving_nodes(world, options, own_node, problem.has_value());
+    const std::vector<int>& served_by = service.served_by;
     served = !served_by.empty() && served_by[static_cast<std::size_t>(world.rank())] != own_node;
     if (served && problem)
       log().warn(
@@ -644,9 +652,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
   const bool reader = opens_source(options, world.rank());
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
-  std::vector<int> served_by;  // Readers::kNode: each rank's serving node, when some cannot read
+  NodeService service;  // Readers::kNode: each rank's serving node, when some cannot read
   const CachedPlan& planned =
-      plan_reload(world, source, model, options, fingerprint, kept, served_by);
+      plan_reload(world, source, model, options, fingerprint, kept, service);
   const SourceMetadata& md = planned.metadata;
   const Plan& plan = planned.plan;
   log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
@@ -662,6 +670,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   result.distribution = effective_distribution(options);
   result.readers = options.readers;
   result.rotated_broadcast_roots = options.rotate_broadcast_roots;
+  result.nodes_served = service.nodes_served;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
   result.transport = data.backend();
@@ -705,7 +714,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   };
   try {
     detail::NodePlanes* node = options.readers == Readers::kNode
-                                   ? &node_planes(world, data, options, kept, served_by)
+                                   ? &node_planes(world, data, options, kept, service.served_by)
                                    : nullptr;
     stats = detail::run_pipeline(planned, model, world, data, source, options, kept, node);
     // Zero-copy buckets went out of the mapping during the transfer: were they

@@ -81,6 +81,7 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
       {"distribution", distribution_name(r.distribution)},
       {"readers", readers_name(r.readers)},
       {"rotated_broadcast_roots", r.rotated_broadcast_roots},
+      {"nodes_served", r.nodes_served},
       {"source", r.source},
       {"bytes_read", r.bytes_read},
       {"bytes_transferred", r.bytes_transferred},
@@ -121,8 +122,13 @@ std::string summary_text(const ReloadResult& r) {
       << format_name(r.format) << " format, " << distribution_name(r.distribution) << ", "
       << (r.readers == Readers::kAll ? "every rank reading, "
           : r.readers == Readers::kNode
-              ? (r.rotated_broadcast_roots ? "a reader per node, broadcast roots rotated, "
-                                           : "a reader per node, ")
+              ? detail::concat(
+                    "a reader per node, ",
+                    r.nodes_served > 0
+                        ? detail::concat(r.nodes_served,
+                                         " node(s) that cannot read served by another's, ")
+                        : std::string(),
+                    r.rotated_broadcast_roots ? "broadcast roots rotated, " : "")
               : "")
       << r.buckets << " buckets)\n"
       << "  bytes read " << r.bytes_read << ", transferred " << r.bytes_transferred << " ("

@@ -49,6 +49,7 @@ def test_reload_in_place_from_safetensors(world, shared_dir, distribution, reade
     assert_holds(params, expected_shards(v2, tp, world.rank), "v2")
     assert {n: t.data_ptr() for n, t in params.items()} == pointers, "a parameter moved"
     assert r.seconds["total"] > 0 and r.readers == readers and r.rotated_broadcast_roots == rotate
+    assert r.nodes_served == 0, "every rank opened the weights"
     sends = readers == "one" or (rotate and world.size > 1)
     assert (r.bytes_transferred > 0) == sends, "every rank reading for itself sends nothing"
     # Every rank's CRC of every parameter, against zlib over the test's own shards of v2.

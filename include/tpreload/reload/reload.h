@@ -188,7 +188,8 @@ struct ReloadResult {
   Distribution distribution = Distribution::kBroadcast;
   Readers readers = Readers::kOne;
   bool rotated_broadcast_roots = false;  // ReloadOptions::rotate_broadcast_roots was set
-  std::vector<std::string> loaded;       // expected names this rank loaded
+  int nodes_served = 0;  // Readers::kNode: nodes that could not read, served by another's reader
+  std::vector<std::string> loaded;  // expected names this rank loaded
   std::vector<std::string> not_loaded_on_all_ranks;
   std::map<std::string, std::vector<int>> not_loaded_on_some_ranks;  // name -> ranks missing it
   std::vector<std::string> skipped;     // source names with no parameter
