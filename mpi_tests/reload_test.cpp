@@ -751,6 +751,26 @@ TEST(Reload, RotatedBroadcastRootsShareTheReadsAndAgreeOnAFailure) {
 // their slices too, and every rank ends with the new weights; the served ranks
 // read nothing. When the reader rank's own node cannot read, the reload fails on
 // every rank, as without node readers.
+// A source that cannot list, as ReloadableModel::reload passes for a path that
+// did not open (the runner's and Python's way of reporting it).
+class UnopenedSource final : public WeightSource {
+ public:
+  std::string describe() const override { throw CheckpointError("cannot open '/nowhere'"); }
+  const std::vector<TensorInfo>& tensors() const override {
+    throw CheckpointError("cannot open '/nowhere'");
+  }
+  std::optional<ConstBytes> view(std::size_t, ByteRange) override {
+    throw CheckpointError("cannot open '/nowhere'");
+  }
+  void read(std::size_t, ByteRange, MutableBytes) override {
+    throw CheckpointError("cannot open '/nowhere'");
+  }
+  std::uint64_t bytes_read() const override { return 0; }
+  const std::map<std::string, std::string>& metadata() const override {
+    throw CheckpointError("cannot open '/nowhere'");
+  }
+};
+
 TEST(Reload, ANodeThatCannotReadIsServedByAnotherNodesReader) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 730);
@@ -789,7 +809,12 @@ TEST(Reload, ANodeThatCannotReadIsServedByAnotherNodesReader) {
         TensorParallelModel model(config, options_for(setup));
         const int rank = world().rank();
         auto served = [&](int k) { return n > 1 && k >= c.served_first && k < c.served_end; };
-        auto source = served(rank) ? nullptr : testdata::memory_source(ckpt);
+        // Served ranks: no source in the first case, a source that cannot list in the others.
+        std::unique_ptr<WeightSource> source;
+        if (!served(rank))
+          source = testdata::memory_source(ckpt);
+        else if (&c != &cases.front())
+          source = std::make_unique<UnopenedSource>();
         if (n == 1) {  // the reader rank's node cannot read: an error, as before
           EXPECT_THROW(reload_weights(model, world(), nullptr, o), CheckpointError) << what;
           continue;

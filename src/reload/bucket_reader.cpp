@@ -38,14 +38,35 @@ std::uint64_t window_skip(const PlannedTensor& t, const TensorInfo& info, int r)
 constexpr std::uint64_t kNarrowWindow = 512;
 constexpr std::uint64_t kNarrowRowsBytes = std::uint64_t{16} << 20;
 
-// tp ranks in the order of their column windows.
-std::vector<int> window_order(const PlannedTensor& t, int tp_size) {
-  std::vector<int> order(static_cast<std::size_t>(tp_size));
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
+// tp ranks in the order of their column windows, and each one's window bytes.
+struct WindowLayout {
+  std::vector<int> order;
+  std::vector<std::uint64_t> width;
+};
+
+WindowLayout window_layout(const PlannedTensor& t, const TensorInfo& info, int tp_size) {
+  WindowLayout l;
+  l.order.resize(static_cast<std::size_t>(tp_size));
+  std::iota(l.order.begin(), l.order.end(), 0);
+  std::sort(l.order.begin(), l.order.end(), [&](int a, int b) {
     return t.placements[a].source_start < t.placements[b].source_start;
   });
-  return order;
+  for (int r = 0; r < tp_size; ++r) l.width.push_back(window_bytes(t, info, r));
+  return l;
+}
+
+// Every window of piece p's rows in file order: each(dst, bytes), dst being where
+// tp rank r's window of that row goes in world rank home[r]'s region of `send`
+// (null for a tp rank no rank in `home` holds).
+template <typename Each>
+void for_each_window(const Bucket& bucket, const Piece& p, const WindowLayout& l,
+                     const std::vector<int>& home, std::byte* send, Each&& each) {
+  for (std::int64_t i = 0; i < p.row_end - p.row_begin; ++i)
+    for (int r : l.order) {
+      const int w = home[r];
+      each(w < 0 ? nullptr : send + bucket.ranges[w].offset + p.rank_offset[w] + i * l.width[r],
+           l.width[r]);
+    }
 }
 
 }  // namespace
@@ -132,9 +153,9 @@ bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const 
                                     const std::vector<int>& home, std::byte* send,
                                     std::vector<ReadRequest>& reads) {
   const TensorInfo& info = md_.tensors[t.index];
-  const std::vector<int> order = window_order(t, tp_size_);
+  const WindowLayout layout = window_layout(t, info, tp_size_);
   std::int64_t col = 0;
-  for (int r : order) {
+  for (int r : layout.order) {
     if (t.rows_for(r) < p.row_end || t.placements[r].source_start != col) return false;
     col += t.placements[r].source_length;
   }
@@ -149,20 +170,11 @@ bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const 
     reads.push_back({t.index, full, MutableBytes(nullptr, full.length)});
     return true;
   }
-  std::vector<std::uint64_t> width(static_cast<std::size_t>(tp_size_));
-  for (int r = 0; r < tp_size_; ++r) width[r] = window_bytes(t, info, r);
-  const std::int64_t rows = p.row_end - p.row_begin;
   std::uint64_t at = full.offset;
-  for (std::int64_t i = 0; i < rows; ++i)
-    for (int r : order) {
-      const int w = home[r];
-      reads.push_back(
-          {t.index,
-           {at, width[r]},
-           MutableBytes(send + bucket.ranges[w].offset + p.rank_offset[w] + i * width[r],
-                        width[r])});
-      at += width[r];
-    }
+  for_each_window(bucket, p, layout, home, send, [&](std::byte* dst, std::uint64_t n) {
+    reads.push_back({t.index, {at, n}, MutableBytes(dst, n)});
+    at += n;
+  });
   return true;
 }
 
@@ -170,22 +182,14 @@ bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const 
 // row into world rank home[r]'s region (tp ranks no wanted rank holds: skipped).
 void BucketReader::cut_narrow_windows(const Bucket& bucket, const std::vector<int>& home,
                                       std::byte* send) {
-  std::vector<std::uint64_t> width(static_cast<std::size_t>(tp_size_));
   for (const NarrowRows& n : narrow_) {
-    const Piece& p = *n.piece;
-    const PlannedTensor& t = plan_.tensors[p.planned];
-    const TensorInfo& info = md_.tensors[t.index];
-    const std::vector<int> order = window_order(t, tp_size_);
-    for (int r = 0; r < tp_size_; ++r) width[r] = window_bytes(t, info, r);
+    const PlannedTensor& t = plan_.tensors[n.piece->planned];
     const std::byte* from = rows_.data() + n.offset;
-    for (std::int64_t i = 0; i < p.row_end - p.row_begin; ++i)
-      for (int r : order) {
-        const int w = home[r];
-        if (w >= 0)
-          std::memcpy(send + bucket.ranges[w].offset + p.rank_offset[w] + i * width[r], from,
-                      width[r]);
-        from += width[r];
-      }
+    for_each_window(bucket, *n.piece, window_layout(t, md_.tensors[t.index], tp_size_), home, send,
+                    [&](std::byte* dst, std::uint64_t bytes) {
+                      if (dst) std::memcpy(dst, from, bytes);
+                      from += bytes;
+                    });
   }
 }
 

@@ -345,7 +345,9 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   // A reader per node: a node that cannot read the files is served by another
   // node's reader (its ranks neither read nor compare listings).
   bool served = false;
-  if (options.readers == Readers::kNode) {
+  std::int64_t some_failed = problem ? 1 : 0;  // (node_of is collective: only then)
+  if (options.readers == Readers::kNode) world.allreduce_ints(&some_failed, 1, IntOp::kMax);
+  if (options.readers == Readers::kNode && some_failed) {
     const int own_node = node_of(world, options);
     service = serving_nodes(world, options, own_node, problem.has_value());
     const std::vector<int>& served_by = service.served_by;

@@ -75,13 +75,23 @@ std::vector<std::uint8_t> pattern(std::size_t n) {
   return bytes;
 }
 
+// `path`: a safetensors file of one uint8 tensor "w" holding `bytes`, opened.
+std::unique_ptr<WeightSource> one_tensor_file(const std::string& path,
+                                              const std::vector<std::uint8_t>& bytes) {
+  write_safetensors(path,
+                    std::vector<InMemoryTensor>{{"w",
+                                                 DType::kUInt8,
+                                                 {static_cast<std::int64_t>(bytes.size())},
+                                                 ConstBytes(bytes),
+                                                 nullptr}},
+                    {});
+  return open_safetensors(path);
+}
+
 TEST(ReadSplit, SafetensorsReadsManyPartsStraightFromTheFile) {
   TempDir dir;
   const auto bytes = pattern(6000);
-  write_safetensors(
-      dir / "w.safetensors",
-      std::vector<InMemoryTensor>{{"w", DType::kUInt8, {6000}, ConstBytes(bytes), nullptr}}, {});
-  auto source = open_safetensors(dir / "w.safetensors");
+  auto source = one_tensor_file(dir / "w.safetensors", bytes);
   expect_split_reads(*source, bytes);
 }
 
@@ -93,12 +103,7 @@ TEST(ReadSplit, SafetensorsMixesSmallAndLargePartsInOneSplit) {
   TempDir dir;
   const std::size_t total = 12u << 20;
   const auto bytes = pattern(total);
-  write_safetensors(
-      dir / "w.safetensors",
-      std::vector<InMemoryTensor>{
-          {"w", DType::kUInt8, {static_cast<std::int64_t>(total)}, ConstBytes(bytes), nullptr}},
-      {});
-  auto source = open_safetensors(dir / "w.safetensors");
+  auto source = one_tensor_file(dir / "w.safetensors", bytes);
   const ByteRange range{5, total - 9};
   std::vector<std::size_t> sizes;
   std::size_t sum = 0;
@@ -125,10 +130,7 @@ TEST(ReadSplit, SafetensorsMixesSmallAndLargePartsInOneSplit) {
 TEST(ReadSplit, AFileCutShortFailsSmallAndLargePartsAlike) {
   TempDir dir;
   const auto bytes = pattern(200000);
-  write_safetensors(
-      dir / "w.safetensors",
-      std::vector<InMemoryTensor>{{"w", DType::kUInt8, {200000}, ConstBytes(bytes), nullptr}}, {});
-  auto source = open_safetensors(dir / "w.safetensors");
+  auto source = one_tensor_file(dir / "w.safetensors", bytes);
   ASSERT_EQ(::truncate((dir / "w.safetensors").c_str(), 100000), 0);
   for (std::size_t part : {16, 8192}) {
     std::vector<std::uint8_t> out(150000);
@@ -284,10 +286,7 @@ TEST(ReadMany, RequestsThatContinueEachOtherInATensorAreOneReadByDefault) {
 TEST(ReadMany, AFileCutShortAfterOpeningNamesTheFileAndHowFarItGot) {
   TempDir dir;
   const auto bytes = pattern(4000);
-  write_safetensors(
-      dir / "w.safetensors",
-      std::vector<InMemoryTensor>{{"w", DType::kUInt8, {4000}, ConstBytes(bytes), nullptr}}, {});
-  auto source = open_safetensors(dir / "w.safetensors");
+  auto source = one_tensor_file(dir / "w.safetensors", bytes);
   const std::uint64_t data_start = source->tensors()[0].file_offset;
   ASSERT_EQ(::truncate((dir / "w.safetensors").c_str(), static_cast<off_t>(data_start + 1000)), 0);
   std::vector<std::uint8_t> out(4000);
