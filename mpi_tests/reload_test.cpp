@@ -851,6 +851,13 @@ TEST(Reload, ANodeThatCannotReadIsServedByAnotherNodesReader) {
         EXPECT_NE(msg.find("no weight source was given to rank " + std::to_string(o.reader_rank)),
                   std::string::npos)
             << what << ": " << msg;
+        // ... naming the first rank of the lowest node that can read.
+        const int can_read = o.reader_rank / c.per_node == 0 ? c.per_node : 0;
+        EXPECT_NE(msg.find("the node of rank " + std::to_string(can_read) +
+                           " can: make it the reader rank (--reader-rank " +
+                           std::to_string(can_read) + ")"),
+                  std::string::npos)
+            << what << ": " << msg;
         EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << msg;
         world().barrier();
       }

@@ -260,10 +260,11 @@ Distribution effective_distribution(const ReloadOptions& o) {
 // some rank could not open the source (`failed`), the next node in turn whose
 // ranks all could, and how many nodes are served. Empty when every node could
 // (nothing changes) or when the reader rank's node could not (the reload then
-// fails as it would without node readers).
+// fails as it would without node readers, naming a node that could read).
 struct NodeService {
   std::vector<int> served_by;  // per world rank
   int nodes_served = 0;
+  int reader_could_be = -1;  // the reader rank's node could not read: a rank whose node could
 };
 
 NodeService serving_nodes(Communicator& world, const ReloadOptions& o, int own_node, bool failed) {
@@ -281,7 +282,12 @@ NodeService serving_nodes(Communicator& world, const ReloadOptions& o, int own_n
   std::vector<int> capable;
   for (const auto& [node, ok] : able)
     if (ok) capable.push_back(node);
-  if (capable.size() == able.size() || !able.at(static_cast<int>(v[o.reader_rank]))) return {};
+  if (capable.size() == able.size()) return {};
+  if (!able.at(static_cast<int>(v[static_cast<std::size_t>(o.reader_rank)]))) {
+    NodeService none;
+    if (!capable.empty()) none.reader_could_be = capable.front();
+    return none;
+  }
   std::map<int, int> serve;
   std::size_t turn = 0;
   for (const auto& [node, ok] : able) serve[node] = ok ? node : capable[turn++ % capable.size()];
@@ -358,6 +364,12 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
           "reader of the node of rank {} over the data plane",
           world.rank(), *problem, served_by[static_cast<std::size_t>(world.rank())]);
     if (served) problem.reset();
+    if (problem && service.reader_could_be >= 0)
+      *problem += detail::concat(
+          "; with a reader per node the reader rank's node must read the weights, and the node "
+          "of rank ",
+          service.reader_could_be, " can: make it the reader rank (--reader-rank ",
+          service.reader_could_be, ")");
   }
   agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
   std::int64_t listing[2] = {world.rank() == reader ? own_hash : 0,
