@@ -26,19 +26,20 @@ JSON
   "$build/reload_ckpt" generate --config "$work/config.json" --out "$work/v2" --seed 2 \
     --shards 2 > /dev/null || fail "reload_ckpt generate"
 common=(--model "$work/v1" --tp 2 --log-level warn)
-one() { timeout 120 mpiexec -n 4 --oversubscribe --bind-to none "$build/reload_runner" \
+one() { timeout 45 mpiexec -n 4 --oversubscribe --bind-to none "$build/reload_runner" \
           "${common[@]}" "$@"; }
 # Ranks 0-1 (node 0) get --weights $1, ranks 2-3 (node 1) $2; the rest for all.
 nodes() {
   local first=$1 second=$2
   shift 2
   local opts=("${common[@]}" --readers node --ranks-per-node 2 "$@")
-  timeout 120 mpiexec --oversubscribe --bind-to none \
+  timeout 45 mpiexec --oversubscribe --bind-to none \
     -n 2 "$build/reload_runner" "${opts[@]}" --weights "$first" : \
     -n 2 "$build/reload_runner" "${opts[@]}" --weights "$second" 2>&1
 }
-one --weights "$work/v1" --report "$work/v1.json" > /dev/null 2>&1 || fail "reload of v1"
-one --weights "$work/v2" --report "$work/v2.json" > /dev/null 2>&1 || fail "reload of v2"
+for v in v1 v2; do
+  out=$(one --weights "$work/$v" --report "$work/$v.json" 2>&1) || { echo "$out"; fail "reload of $v"; }
+done
 
 missing=$work/not-mounted
 check_served() {  # NAME SERVED_RANKS SERVING_RANK OUTPUT STATUS
@@ -46,6 +47,8 @@ check_served() {  # NAME SERVED_RANKS SERVING_RANK OUTPUT STATUS
   [ "$status" -eq 0 ] || { echo "$out"; fail "$name: exit status $status, not 0"; }
   grep -q "1 node(s) that cannot read served by another's" <<<"$out" ||
     { echo "$out"; fail "$name: the summary does not say a node was served"; }
+  [ "$(grep -c 'cannot read the weights' <<<"$out")" -eq 2 ] ||
+    { echo "$out"; fail "$name: not exactly the two served ranks warned"; }
   for r in $served; do
     grep -q "\[rank $r/4\] \[warning\] --readers node: rank $r cannot read the weights (checkpoint '$missing': no such file or directory); its node is served by the reader of the node of rank $serving" <<<"$out" ||
       { echo "$out"; fail "$name: rank $r did not warn that rank $serving's node serves it"; }
@@ -58,7 +61,9 @@ assert got["nodes_served"] == 1, f"nodes_served {got['nodes_served']}, not 1"
 assert got["readers"] == "node", got["readers"]
 nl = got["not_loaded"]
 assert not nl["on_all_ranks"] and not nl["on_some_ranks"], nl
+assert len(v1["ranks"]) == len(v2["ranks"]) == len(got["ranks"]) == 4, "reports of 4 ranks"
 count = sum(len(r["params"]) for r in v2["ranks"])
+assert count > 0 and count == sum(len(r["params"]) for r in got["ranks"]), count
 changed = sum(p != r1["params"][n] for r1, r2 in zip(v1["ranks"], v2["ranks"])
               for n, p in r2["params"].items())
 assert changed == count, f"only {changed} of {count} parameters differ between v1 and v2"

@@ -9,6 +9,8 @@
 #include <immintrin.h>
 #endif
 
+#include "tpreload/core/log.h"
+
 namespace tpreload {
 namespace {
 
@@ -273,16 +275,24 @@ const char* method_name(Crc32cMethod method) {
   }
 }
 
-// The fastest the CPU has, or a slower one named by TPRELOAD_CRC32C (table or
-// instruction: the same values, for comparing the methods' cost in one build).
+// The fastest the CPU has, or the one TPRELOAD_CRC32C names (fold, instruction
+// or table: the same values, for comparing the methods' cost in one build); a
+// name that is not a method, or one this CPU cannot run, is a warning.
 Crc32cMethod choose_method() {
   const Crc32cMethod best = has_fold()    ? Crc32cMethod::kFold
                             : has_sse42() ? Crc32cMethod::kInstruction
                                           : Crc32cMethod::kTable;
   const char* env = std::getenv("TPRELOAD_CRC32C");
-  if (!env) return best;
-  for (Crc32cMethod m : {Crc32cMethod::kTable, Crc32cMethod::kInstruction, Crc32cMethod::kFold})
-    if (std::strcmp(env, method_name(m)) == 0 && supports(m)) return m;
+  if (!env || !*env) return best;
+  for (Crc32cMethod m : {Crc32cMethod::kTable, Crc32cMethod::kInstruction, Crc32cMethod::kFold}) {
+    if (std::strcmp(env, method_name(m)) != 0) continue;
+    if (supports(m)) return m;
+    log().warn("TPRELOAD_CRC32C={}: this CPU cannot run that CRC-32C method; using {}", env,
+               method_name(best));
+    return best;
+  }
+  log().warn("TPRELOAD_CRC32C={} is not a CRC-32C method (fold, instruction or table); using {}",
+             env, method_name(best));
   return best;
 }
 
