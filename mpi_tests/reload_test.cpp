@@ -930,6 +930,31 @@ TEST(Reload, ReadersAllRefusesARankThatSeesOtherFiles) {
         std::string::npos)
         << e.what();
   }
+  // A path the last rank cannot open (as the runner passes it): the error says
+  // which modes serve ranks that cannot read, but only when some rank could.
+  const std::string hint =
+      "; with --readers all every rank opens the weights: where only some "
+      "ranks can, use --readers node";
+  for (const bool every_rank : {false, true}) {
+    std::unique_ptr<WeightSource> unopened;
+    if (every_rank || world().rank() == last)
+      unopened = std::make_unique<UnopenedSource>();
+    else
+      unopened = testdata::memory_source(ckpt);
+    std::string msg = "no error";
+    try {
+      reload_weights(model, world(), unopened.get(), o);
+    } catch (const CheckpointError& e) {
+      msg = e.what();
+    }
+    const std::string first = every_rank ? "0" : std::to_string(last);
+    EXPECT_NE(msg.find("opening the weight source failed on rank " + first + "/" +
+                       std::to_string(world().size()) + ": cannot open '/nowhere'"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find(hint) != std::string::npos, !every_rank) << msg;
+    EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << msg;
+  }
 }
 
 // Run on its own by ctest: rank 1 never joins; the others must time out.

@@ -371,7 +371,12 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
           service.reader_could_be, " can: make it the reader rank (--reader-rank ",
           service.reader_could_be, ")");
   }
-  agree_on_problem<CheckpointError>(world, problem, "opening the weight source");
+  agree_on_problem<CheckpointError>(
+      world, problem, "opening the weight source",
+      all_read ? "; with --readers all every rank opens the weights: where only some ranks can, "
+                 "use --readers node (a node that cannot is served by another node's reader) "
+                 "or --readers one"
+               : "");
   std::int64_t listing[2] = {world.rank() == reader ? own_hash : 0,
                              world.rank() == reader ? own_count : 0};
   world.broadcast(MutableBytes(listing, sizeof listing), reader);

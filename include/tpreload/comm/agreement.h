@@ -32,10 +32,11 @@ class Agreed final : public E, public AgreedError {
 
 // COLLECTIVE. If any rank has a problem, every rank throws the same `E` (an
 // Agreed<E>) whose message names the lowest such rank, its problem, and how many
-// ranks had one: "<what> failed on rank R/N: <problem> (and on K other ranks)".
+// ranks had one: "<what> failed on rank R/N: <problem> (and on K other ranks)",
+// followed by `if_some_ranks` when some ranks had none.
 template <typename E>
 void agree_on_problem(Communicator& comm, const std::optional<std::string>& problem,
-                      const std::string& what) {
+                      const std::string& what, const std::string& if_some_ranks = {}) {
   std::int64_t first = problem ? comm.rank() : INT64_MAX;
   comm.allreduce_ints(&first, 1, IntOp::kMin);
   if (first == INT64_MAX) return;
@@ -49,7 +50,8 @@ void agree_on_problem(Communicator& comm, const std::optional<std::string>& prob
   std::string others;
   if (ranks_with_problem > 1)
     others = detail::concat(" (and on ", ranks_with_problem - 1, " other ranks)");
-  raise<Agreed<E>>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others);
+  raise<Agreed<E>>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others,
+                   ranks_with_problem < comm.size() ? if_some_ranks : std::string());
 }
 
 // COLLECTIVE (two allreduces). Every rank passes the same list of named values
