@@ -217,7 +217,10 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
     const std::size_t piece_reads = reads.size();  // where this piece's requests start
     const bool windows = row_parallel(t, info);
     const bool split = windows && read_row_windows(bucket, p, t, split_home, send, reads);
-    if (split)  // windows of tp ranks no wanted rank holds are read too (not copied below)
+    const bool cut = split && !narrow_.empty() && narrow_.back().piece == &p;
+    // A request per window also reads the windows of tp ranks no wanted rank
+    // holds into the send buffer (not counted below); a cut skips them.
+    if (split && !cut)
       for (int r = 0; r < tp_size_; ++r)
         if (home[r] < 0)
           copied_ += static_cast<std::uint64_t>(p.row_end - p.row_begin) * window_bytes(t, info, r);

@@ -111,6 +111,15 @@ TEST(Resolution, CheckpointFormatOnEverySimulatedRank) {
   }
 }
 
+// Rows of 2,048 bytes (o_proj) and 3,072 (down_proj), bf16.
+ModelConfig rows_config() {
+  return parse_model_config(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":1024,"intermediate_size":1536,
+      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":128,
+      "torch_dtype":"bfloat16"})",
+      "wide rows");
+}
+
 // Row-parallel windows of every width: the tiny configs' rows are narrow at every
 // tp size (each piece's full rows read whole and cut in memory); rows of 2,048
 // and 3,072 bytes have windows of 1 KiB and more at tp 2 (a request per window),
@@ -120,11 +129,7 @@ TEST(Resolution, CheckpointFormatOnEverySimulatedRank) {
 // Node readers (fill_ranks) fill only their node's regions, skipping the
 // windows of tp ranks no rank of the node holds.
 TEST(Resolution, RowParallelWindowsOfEveryWidthLandInTheirRanks) {
-  const ModelConfig config = parse_model_config(
-      R"({"architectures":["LlamaForCausalLM"],"hidden_size":1024,"intermediate_size":1536,
-      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":128,
-      "torch_dtype":"bfloat16"})",
-      "wide rows");
+  const ModelConfig config = rows_config();
   const auto ckpt = testdata::random_checkpoint(config, 77);
   // (world, tp, ranks per node: 0 for one reader): replicas of narrow and wide
   // windows, and node readers whose node holds some tp ranks' windows only.
@@ -143,6 +148,39 @@ TEST(Resolution, RowParallelWindowsOfEveryWidthLandInTheirRanks) {
           WeightFormat::kCheckpoint, what);
     }
   }
+}
+
+// What a node reader copies into its send buffer (bytes_copied, the bench's
+// "copies per byte"): exactly its node's regions when every row-parallel piece
+// is narrow (cut in memory: the other node's windows are read into the rows
+// buffer, never into the send buffer). World 8, tp 8, nodes of 4: 256 and
+// 384-byte windows.
+TEST(Resolution, ANodeReaderCopiesExactlyItsNodesRegions) {
+  const ModelConfig config = rows_config();
+  const auto ckpt = testdata::random_checkpoint(config, 78);
+  auto source = testdata::memory_source(ckpt);
+  const SourceMetadata md = metadata_of(*source);
+  const PlanOptions o{WeightFormat::kCheckpoint, Distribution::kScatter, 1 << 16, 8, 8, 0};
+  ModelOptions mo;
+  mo.tp_size = 8;
+  const TensorParallelModel model(config, mo);
+  const Plan plan = make_plan(md, model.rules(), o);
+  detail::BucketReader reader(plan, md, *source, 8, 8, /*zero_copy=*/false);
+  std::vector<std::byte> send(plan.largest_bucket);
+  int scatter_buckets = 0;
+  for (const std::vector<int>& node : {std::vector<int>{0, 1, 2, 3}, std::vector<int>{4, 5, 6, 7}})
+    for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+      const Bucket& bucket = plan.buckets[b];
+      if (!bucket.scatter) continue;
+      ++scatter_buckets;
+      std::uint64_t regions = 0;
+      for (int w : node) regions += bucket.ranges[static_cast<std::size_t>(w)].length;
+      const std::uint64_t before = reader.bytes_copied();
+      reader.fill_ranks(b, node, send.data());
+      EXPECT_EQ(reader.bytes_copied() - before, regions)
+          << "bucket " << b << " of node " << node.front();
+    }
+  EXPECT_GT(scatter_buckets, 4);
 }
 
 TEST(Resolution, KernelFormatShardsLandByName) {
