@@ -258,11 +258,13 @@ Distribution effective_distribution(const ReloadOptions& o) {
 // COLLECTIVE. Readers::kNode: per world rank, the node (as node_of names it,
 // `own_node` this rank's) whose reader serves it: its own, or, for a node where
 // some rank could not open the source (`failed`), the next node in turn whose
-// ranks all could, and how many nodes are served. Empty when every node could
-// (nothing changes) or when the reader rank's node could not (the reload then
-// fails as it would without node readers, naming a node that could read).
+// ranks all could, and how many nodes are served. served_by is empty when every
+// node could (nothing changes) or when the reader rank's node could not (the
+// reload then fails as it would without node readers, naming a node that could
+// read).
 struct NodeService {
   std::vector<int> served_by;  // per world rank
+  int own_node = -1;           // node_of this rank, where it was asked (some rank failed)
   int nodes_served = 0;
   int reader_could_be = -1;  // the reader rank's node could not read: a rank whose node could
 };
@@ -282,16 +284,16 @@ NodeService serving_nodes(Communicator& world, const ReloadOptions& o, int own_n
   std::vector<int> capable;
   for (const auto& [node, ok] : able)
     if (ok) capable.push_back(node);
-  if (capable.size() == able.size()) return {};
+  NodeService out;
+  out.own_node = own_node;
+  if (capable.size() == able.size()) return out;
   if (!able.at(static_cast<int>(v[static_cast<std::size_t>(o.reader_rank)]))) {
-    NodeService none;
-    if (!capable.empty()) none.reader_could_be = capable.front();
-    return none;
+    if (!capable.empty()) out.reader_could_be = capable.front();
+    return out;
   }
   std::map<int, int> serve;
   std::size_t turn = 0;
   for (const auto& [node, ok] : able) serve[node] = ok ? node : capable[turn++ % capable.size()];
-  NodeService out;
   out.served_by.resize(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r)
     out.served_by[static_cast<std::size_t>(r)] =
@@ -532,7 +534,8 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
 // workspace for the next reload with the same planes and grouping (every rank
 // must have kept them: splitting is collective).
 detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const ReloadOptions& o,
-                                ReloadWorkspace& workspace, const std::vector<int>& served_by) {
+                                ReloadWorkspace& workspace, const NodeService& service) {
+  const std::vector<int>& served_by = service.served_by;
   const detail::NodePlanes* kept = workspace.node_planes();
   const DataTransport* identity = data.backend().rfind("control:", 0) == 0 ? nullptr : &data;
   std::int64_t all_kept = kept && kept->world == &world && kept->data == identity &&
@@ -544,7 +547,7 @@ detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const 
   workspace.keep_node_planes(nullptr);
   // A served node's ranks join the group of the node serving it, after that
   // node's ranks (whose first is the group's reader).
-  const int own = node_of(world, o);
+  const int own = service.own_node >= 0 ? service.own_node : node_of(world, o);
   const int color = served_by.empty() ? own : served_by[static_cast<std::size_t>(world.rank())];
   const int key = world.rank() == o.reader_rank ? 0
                   : own == color                ? world.rank() + 1
@@ -733,7 +736,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   };
   try {
     detail::NodePlanes* node = options.readers == Readers::kNode
-                                   ? &node_planes(world, data, options, kept, service.served_by)
+                                   ? &node_planes(world, data, options, kept, service)
                                    : nullptr;
     stats = detail::run_pipeline(planned, model, world, data, source, options, kept, node);
     // Zero-copy buckets went out of the mapping during the transfer: were they
