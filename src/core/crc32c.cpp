@@ -322,7 +322,11 @@ std::uint32_t crc32c_raw(const void* data, std::uint64_t n) {
 }
 
 std::uint32_t crc32c(const void* data, std::uint64_t n) {
-  return raw(0xFFFFFFFFu, data, n) ^ 0xFFFFFFFFu;
+  return crc32c_extend(0, data, n);
+}
+
+std::uint32_t crc32c_extend(std::uint32_t so_far, const void* data, std::uint64_t n) {
+  return raw(so_far ^ 0xFFFFFFFFu, data, n) ^ 0xFFFFFFFFu;
 }
 
 std::uint32_t crc32c_from_blocks(const std::uint32_t* raw_blocks, std::uint64_t n) {

@@ -127,9 +127,13 @@ bool BucketReader::send_mapped(std::size_t index, const Bucket& bucket, ConstByt
   return true;
 }
 
-ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send) {
+ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send,
+                                        const Filled& filled) {
   ConstBytes payload;
-  if (zero_copy_ && send_mapped(index, bucket, payload)) return payload;
+  if (zero_copy_ && send_mapped(index, bucket, payload)) {
+    if (filled) filled(-1, payload);
+    return payload;
+  }
   std::vector<ReadRequest>& reads = reads_;
   reads.clear();
   for (const Piece& p : bucket.pieces) {
@@ -138,8 +142,96 @@ ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket,
     reads.push_back({tensor, range, MutableBytes(send + p.offset, range.length)});
     copied_ += range.length;
   }
-  source_.read_many(reads);
+  if (!filled) {
+    source_.read_many(reads);
+    return ConstBytes(send, bucket.bytes);
+  }
+  // Each step from the end of the previous one to the end of its last request
+  // (so the spans also cover the padding between pieces), the last to the end.
+  std::uint64_t handed = 0;
+  auto hand = [&](std::uint64_t end) {
+    if (end > handed) filled(-1, ConstBytes(send + handed, end - handed));
+    handed = end;
+  };
+  read_in_steps([&](const std::vector<ReadRequest>& step) {
+    hand(static_cast<std::uint64_t>(step.back().dst.data + step.back().dst.size - send));
+  });
+  hand(bucket.bytes);
   return ConstBytes(send, bucket.bytes);
+}
+
+// reads_, in order, a step of about kFilledStep bytes at a time, each step
+// given to `after_step` once read. Requests of tensors whose bytes lie plainly
+// in a file are cut at the steps' ends (a part of a request costs no more than
+// the whole; the source merges a step's requests that follow each other).
+void BucketReader::read_in_steps(
+    const std::function<void(const std::vector<ReadRequest>&)>& after_step) {
+  std::vector<ReadRequest>& step = step_;
+  step.clear();
+  std::uint64_t pending = 0;
+  auto flush = [&] {
+    if (step.empty()) return;
+    source_.read_many(step);
+    after_step(step);
+    step.clear();
+    pending = 0;
+  };
+  for (const ReadRequest& r : reads_) {
+    const bool cut = md_.tensors[r.index].file_offset != 0;
+    std::uint64_t at = 0;
+    do {
+      const std::uint64_t n =
+          cut ? std::min(r.range.length - at, kFilledStep - pending) : r.range.length;
+      step.push_back({r.index, {r.range.offset + at, n}, MutableBytes(r.dst.data + at, n)});
+      at += n;
+      pending += n;
+      if (pending >= kFilledStep) flush();
+    } while (at < r.range.length);
+  }
+  flush();
+}
+
+// A scatter step's requests that continue their region's bytes from where
+// `filled` last left it, handed on (merged while they follow each other); a
+// request past a gap (bytes that land later, or bytes of narrow rows outside
+// `send`) stops its region until the bucket is filled.
+void BucketReader::hand_scatter_step(const Bucket& bucket, const std::byte* send,
+                                     const std::vector<ReadRequest>& step, const Filled& filled) {
+  int open = -1;  // the region of the span being merged
+  const std::byte* span = nullptr;
+  std::uint64_t span_bytes = 0;
+  auto close = [&] {
+    if (open >= 0 && span_bytes) filled(open, ConstBytes(span, span_bytes));
+    open = -1;
+    span_bytes = 0;
+  };
+  for (const ReadRequest& r : step) {
+    if (r.dst.size == 0) continue;
+    const std::uint64_t at = static_cast<std::uint64_t>(r.dst.data - send);
+    if (r.dst.data < send || at >= bucket.bytes) continue;  // narrow rows, cut into send later
+    // The region holding it: the last one starting at or before it.
+    const auto next = std::upper_bound(
+        bucket.ranges.begin(), bucket.ranges.end(), at,
+        [](std::uint64_t offset, const ByteRange& range) { return offset < range.offset; });
+    const auto w = static_cast<int>(next - bucket.ranges.begin()) - 1;
+    if (w < 0 || gap_[static_cast<std::size_t>(w)]) continue;
+    const ByteRange& region = bucket.ranges[static_cast<std::size_t>(w)];
+    if (at >= region.end()) continue;  // (in no region: the padding between them)
+    std::uint64_t& handed = handed_[static_cast<std::size_t>(w)];
+    if (at != region.offset + handed) {  // bytes before it are not there yet
+      if (open == w) close();
+      gap_[static_cast<std::size_t>(w)] = true;
+      continue;
+    }
+    if (open != w || span + span_bytes != r.dst.data) {
+      close();
+      open = w;
+      span = r.dst.data;
+    }
+    span_bytes += r.dst.size;
+    handed += r.dst.size;
+  }
+  close();
 }
 
 // Row-parallel: each full row is [one rank's window | the next rank's | ...]. When
@@ -199,7 +291,7 @@ void BucketReader::cut_narrow_windows(const Bucket& bucket, const std::vector<in
 // read of a row-parallel piece reads every tp rank's window, into its home or,
 // for a tp rank no wanted rank holds, into world rank r's region (never sent).
 void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
-                                const std::vector<bool>* wanted) {
+                                const std::vector<bool>* wanted, const Filled& filled) {
   std::vector<int> home(tp_size_, -1);
   for (int w = 0; w < world_size_; ++w)
     if ((!wanted || (*wanted)[w]) && home[w % tp_size_] < 0) home[w % tp_size_] = w;
@@ -266,9 +358,22 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
         std::max<std::size_t>(rows_.size(), last.offset + reads[last.request].range.length));
     for (const NarrowRows& n : narrow_) reads[n.request].dst.data = rows_.data() + n.offset;
   }
-  source_.read_many(reads);
+  if (filled) {
+    handed_.assign(bucket.ranges.size(), 0);
+    gap_.assign(bucket.ranges.size(), false);
+    read_in_steps([&](const std::vector<ReadRequest>& step) {
+      hand_scatter_step(bucket, send, step, filled);
+    });
+  } else {
+    source_.read_many(reads);
+  }
   cut_narrow_windows(bucket, home, send);
   for (const Replica& c : replicas) std::memcpy(c.dst, c.src, c.n);
+  if (filled)  // what landed past a gap, and what no step reached
+    for (std::size_t w = 0; w < bucket.ranges.size(); ++w)
+      if (handed_[w] < bucket.ranges[w].length)
+        filled(static_cast<int>(w), ConstBytes(send + bucket.ranges[w].offset + handed_[w],
+                                               bucket.ranges[w].length - handed_[w]));
 }
 
 // One rank's own region, read straight from the source: contiguous rows in one
@@ -278,7 +383,7 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
 // reads what its tp rank reads.
 ConstBytes BucketReader::fill_own(std::size_t index, int world_rank, std::byte* dst) {
   const Bucket& bucket = plan_.buckets.at(index);
-  if (!bucket.scatter) return fill_broadcast(index, bucket, dst);
+  if (!bucket.scatter) return fill_broadcast(index, bucket, dst, {});
   const int r = world_rank % tp_size_;
   std::vector<ReadRequest>& reads = reads_;
   reads.clear();
@@ -313,20 +418,20 @@ ConstBytes BucketReader::fill_own(std::size_t index, int world_rank, std::byte* 
   return ConstBytes(dst, bucket.ranges[world_rank].length);
 }
 
-ConstBytes BucketReader::fill(std::size_t index, std::byte* send) {
+ConstBytes BucketReader::fill(std::size_t index, std::byte* send, const Filled& filled) {
   const Bucket& bucket = plan_.buckets.at(index);
-  if (!bucket.scatter) return fill_broadcast(index, bucket, send);
-  fill_scatter(bucket, send, nullptr);
+  if (!bucket.scatter) return fill_broadcast(index, bucket, send, filled);
+  fill_scatter(bucket, send, nullptr, filled);
   return ConstBytes(send, bucket.bytes);
 }
 
 ConstBytes BucketReader::fill_ranks(std::size_t index, const std::vector<int>& ranks,
-                                    std::byte* send) {
+                                    std::byte* send, const Filled& filled) {
   const Bucket& bucket = plan_.buckets.at(index);
-  if (!bucket.scatter) return fill_broadcast(index, bucket, send);
+  if (!bucket.scatter) return fill_broadcast(index, bucket, send, filled);
   std::vector<bool> wanted(static_cast<std::size_t>(world_size_), false);
   for (int w : ranks) wanted[static_cast<std::size_t>(w)] = true;
-  fill_scatter(bucket, send, &wanted);
+  fill_scatter(bucket, send, &wanted, filled);
   return ConstBytes(send, bucket.bytes);
 }
 

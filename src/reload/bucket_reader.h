@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "tpreload/checkpoint/weight_source.h"
@@ -34,7 +35,22 @@ class BucketReader {
   // the bytes to send: `send`, or a view of the source's mapping (zero copy, for
   // a broadcast bucket that is one run of one file). Throws CheckpointError as
   // the source does.
-  ConstBytes fill(std::size_t index, std::byte* send);
+  //
+  // `filled`, where given, is called with the bytes as they land in `send`:
+  // the bucket is read in steps of about kFilledStep bytes, so that each step is
+  // still in the core's cache when `filled` sums it (a second pass over a whole
+  // bucket reads it back from the shared cache, at a quarter of the rate on some
+  // CPUs: docs/PERFORMANCE.md, change 32). `region` is -1 for a broadcast
+  // bucket's bytes, else the world rank whose scatter region holds them. Each
+  // region's spans come in order and tile it (a broadcast bucket: the bytes
+  // returned), the spans of one region as soon as its bytes are contiguous from
+  // its start; bytes that land later (windows cut out of narrow rows, replicas)
+  // and what follows them come once the bucket is filled. A tensor whose bytes
+  // are not plainly in a file (file_offset 0: compressed HDF5, memory) is read
+  // in one request, however long.
+  using Filled = std::function<void(int region, ConstBytes span)>;
+  static constexpr std::uint64_t kFilledStep = std::uint64_t{512} << 10;
+  ConstBytes fill(std::size_t index, std::byte* send, const Filled& filled = {});
 
   // Readers::kAll: bucket `index` as world rank `world_rank` receives it (its
   // scatter region, or the whole of a broadcast bucket), read into `dst` (host
@@ -45,15 +61,21 @@ class BucketReader {
   // Readers::kNode: bucket `index` as fill() lays it out, with only the scatter
   // regions of world ranks `ranks` (a node's) filled, each tp rank's slice read
   // once (a rank whose tp rank an earlier one of `ranks` holds gets a copy).
-  ConstBytes fill_ranks(std::size_t index, const std::vector<int>& ranks, std::byte* send);
+  ConstBytes fill_ranks(std::size_t index, const std::vector<int>& ranks, std::byte* send,
+                        const Filled& filled = {});
 
   // Bytes read or copied into send buffers so far.
   std::uint64_t bytes_copied() const { return copied_; }
 
  private:
-  ConstBytes fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send);
+  ConstBytes fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send,
+                            const Filled& filled);
+  void read_in_steps(const std::function<void(const std::vector<ReadRequest>&)>& after_step);
+  void hand_scatter_step(const Bucket& bucket, const std::byte* send,
+                         const std::vector<ReadRequest>& step, const Filled& filled);
   bool send_mapped(std::size_t index, const Bucket& bucket, ConstBytes& payload);
-  void fill_scatter(const Bucket& bucket, std::byte* send, const std::vector<bool>* wanted);
+  void fill_scatter(const Bucket& bucket, std::byte* send, const std::vector<bool>* wanted,
+                    const Filled& filled);
   bool read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
                         const std::vector<int>& home, std::byte* send,
                         std::vector<ReadRequest>& reads);
@@ -86,7 +108,11 @@ class BucketReader {
     std::uint64_t offset;  // where its rows start in rows_
     const Piece* piece;
   };
-  std::vector<ReadRequest> reads_;
+  std::vector<ReadRequest> reads_, step_;
+  // Bytes of each world rank's scatter region handed to `filled` so far, and
+  // whether bytes landed past a gap (handed once the bucket is filled).
+  std::vector<std::uint64_t> handed_;
+  std::vector<bool> gap_;
   std::vector<Replica> replicas_;
   std::vector<NarrowRows> narrow_;
   std::vector<std::byte> scratch_, rows_;

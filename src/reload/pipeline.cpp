@@ -150,6 +150,12 @@ class Pipeline {
   const std::vector<ByteRange>& group_ranges(std::size_t bucket) const {
     return node_read_ ? node_ranges_[bucket] : plan_.buckets[bucket].ranges;
   }
+  // World rank w's rank in the group, -1 outside it.
+  int group_rank_of(int w) const {
+    if (!node_read_) return w;
+    const auto it = std::find(members_.begin(), members_.end(), w);
+    return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+  }
   std::uint64_t view_bytes(const Bucket& b) const {
     return b.scatter ? b.ranges[rank_].length : b.bytes;
   }
@@ -169,7 +175,6 @@ class Pipeline {
   void agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error);
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
                                        const std::optional<std::string>& mine);
-  void checksum(Slot& slot, const std::byte* host_bytes);
   void verify(Slot& slot, const std::byte* view, bool device_memory);
   std::string bucket_tensors(std::size_t bucket) const;
   std::optional<std::unique_ptr<Slot>> next_filled(std::size_t k);
@@ -258,16 +263,30 @@ void Pipeline::allocate_slots() {
 void Pipeline::fill(Slot& slot) {
   const auto start = Clock::now();
   const Bucket& bucket = plan_.buckets[slot.bucket];
+  // Summed as read, a step at a time while the step is in the core's cache:
+  // what each rank of the group receives (its running CRC-32C in slot.sums).
+  slot.sums.clear();
+  BucketReader::Filled sum;
+  if (!all_read_ && summed(slot.bucket)) {
+    slot.sums.assign(bucket.scatter ? static_cast<std::size_t>(group_.size()) : 1, 0);
+    sum = [&](int region, ConstBytes span) {
+      const int g = region < 0 ? 0 : group_rank_of(region);
+      if (g < 0 || (region >= 0 && g == group_rank_)) return;  // not sent to the group
+      const auto t = Clock::now();
+      std::uint32_t& crc = slot.sums[static_cast<std::size_t>(g)];
+      crc = crc32c_extend(crc, span.data, span.size);
+      stats_.checksum += since(t);
+    };
+  }
   if (all_read_) {  // nothing is sent, so nothing is summed
     slot.payload = files_->fill_own(slot.bucket, rank_, slot.recv);
   } else if (!spaces_.device_transport) {
-    slot.payload = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.send)
-                              : files_->fill(slot.bucket, slot.send);
-    checksum(slot, bucket.scatter ? slot.send : slot.payload.data);
+    slot.payload = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.send, sum)
+                              : files_->fill(slot.bucket, slot.send, sum);
   } else {
-    const ConstBytes host = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.read_stage)
-                                       : files_->fill(slot.bucket, slot.read_stage);
-    checksum(slot, host.data);
+    const ConstBytes host = node_read_
+                                ? files_->fill_ranks(slot.bucket, members_, slot.read_stage, sum)
+                                : files_->fill(slot.bucket, slot.read_stage, sum);
     if (!read_stream_) read_stream_ = spaces_.device->make_stream();
     if (host.size) read_stream_->copy(slot.send, host.data, host.size, CopyKind::kHostToDevice);
     synchronize(*read_stream_, options_.device_timeout,
@@ -279,24 +298,6 @@ void Pipeline::fill(Slot& slot) {
   // the file no longer backs read as zeros: this bucket is not sent.
   source_->check_mapped_reads();
   stats_.read += since(start);
-}
-
-// Reader thread: what each rank will receive, summed from the bytes as read.
-void Pipeline::checksum(Slot& slot, const std::byte* host_bytes) {
-  slot.sums.clear();
-  if (!summed(slot.bucket)) return;
-  const Bucket& bucket = plan_.buckets[slot.bucket];
-  const auto start = Clock::now();
-  if (bucket.scatter) {  // the reader's own range is never sent (it receives it in place)
-    const std::vector<ByteRange>& ranges = group_ranges(slot.bucket);
-    for (std::size_t g = 0; g < ranges.size(); ++g)
-      slot.sums.push_back(static_cast<int>(g) == group_rank_
-                              ? 0
-                              : crc32c(host_bytes + ranges[g].offset, ranges[g].length));
-  } else {
-    slot.sums.push_back(crc32c(host_bytes, bucket.bytes));
-  }
-  stats_.checksum += since(start);
 }
 
 std::string Pipeline::bucket_tensors(std::size_t bucket) const {

@@ -8,14 +8,18 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <set>
 #include <tuple>
 
 #include "../../src/reload/bucket_reader.h"
 #include "../support/tiny_models.h"
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/checkpoint/writers.h"
+#include "tpreload/core/crc32c.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/model.h"
 #include "tpreload/reload/plan.h"
@@ -181,6 +185,98 @@ TEST(Resolution, ANodeReaderCopiesExactlyItsNodesRegions) {
           << "bucket " << b << " of node " << node.front();
     }
   EXPECT_GT(scatter_buckets, 4);
+}
+
+// A bucket summed as it is read (BucketReader::Filled, how the reader rank
+// computes the CRC-32C of what each rank receives): each region's spans come in
+// order and tile it (a broadcast bucket: all its bytes), and the CRC extended
+// over the spans as they were handed equals the CRC of the region's final
+// bytes, which equal a fill without the callback. From a safetensors file (a
+// large region is handed in several steps, while it is read) and from memory
+// (requests not cut). Wide and narrow windows, replicas and node readers.
+TEST(Resolution, SummedAsReadEveryRegionInOrderWithItsFinalBytes) {
+  for (const char* name : {"wide rows", "qwen3_moe"}) {
+    const bool wide = std::string(name) == "wide rows";
+    const ModelConfig config = wide ? rows_config() : testdata::tiny_config(name);
+    const auto ckpt = testdata::random_checkpoint(config, 79);
+    const std::string file = ::testing::TempDir() + "tpreload-summed-as-read.safetensors";
+    write_safetensors(file, testdata::in_memory(ckpt));
+    for (bool from_file : {true, false}) {
+      auto source = from_file ? open_weight_source(file) : testdata::memory_source(ckpt);
+      const SourceMetadata md = metadata_of(*source);
+      for (auto [world, tp, per_node] : std::vector<std::tuple<int, int, int>>{
+               {2, 2, 0}, {4, 4, 0}, {4, 2, 0}, {8, 8, 0}, {8, 8, 4}}) {
+        for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+          const std::uint64_t bucket_bytes = wide ? std::uint64_t{3} << 20 : 700;
+          const PlanOptions o{WeightFormat::kCheckpoint, d, bucket_bytes, world, tp, 4096};
+          ModelOptions mo;
+          mo.tp_size = tp;
+          const Plan plan = make_plan(md, TensorParallelModel(config, mo).rules(), o);
+          detail::BucketReader reader(plan, md, *source, world, tp, /*zero_copy=*/false);
+          detail::BucketReader plain(plan, md, *source, world, tp, /*zero_copy=*/false);
+          std::vector<std::byte> send(plan.largest_bucket), want(plan.largest_bucket);
+          const std::string what = std::string(name) + (from_file ? " file" : " memory") +
+                                   " world " + std::to_string(world) + " tp " + std::to_string(tp) +
+                                   " nodes of " + std::to_string(per_node) + " " +
+                                   std::string(distribution_name(d));
+          std::size_t stepped = 0;  // regions over two steps handed in several spans
+          for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+            const Bucket& bucket = plan.buckets[b];
+            std::vector<int> ranks;  // the regions filled
+            for (int w = 0; w < (per_node ? per_node : world); ++w) ranks.push_back(w);
+            struct Seen {
+              std::uint64_t next = 0;  // where the next span must start, from the region's start
+              std::uint32_t crc = 0;
+              std::size_t spans = 0;
+            };
+            std::map<int, Seen> seen;
+            const std::byte* base = send.data();
+            auto region_of = [&](int region) {
+              return region < 0 ? ByteRange{0, bucket.bytes}
+                                : bucket.ranges[static_cast<std::size_t>(region)];
+            };
+            const detail::BucketReader::Filled filled = [&](int region, ConstBytes span) {
+              ASSERT_EQ(region < 0, !bucket.scatter) << what << " bucket " << b;
+              Seen& s = seen[region];
+              const ByteRange r = region_of(region);
+              ASSERT_EQ(span.data, base + r.offset + s.next)
+                  << what << " bucket " << b << " region " << region << ": a span out of order";
+              ASSERT_LE(s.next + span.size, r.length) << what << " bucket " << b;
+              s.crc = crc32c_extend(s.crc, span.data, span.size);  // the bytes as handed
+              s.next += span.size;
+              ++s.spans;
+            };
+            const ConstBytes got = per_node ? reader.fill_ranks(b, ranks, send.data(), filled)
+                                            : reader.fill(b, send.data(), filled);
+            ASSERT_EQ(got.data, send.data()) << what;
+            if (per_node)
+              plain.fill_ranks(b, ranks, want.data());
+            else
+              plain.fill(b, want.data());
+            std::vector<int> checked = ranks;
+            if (!bucket.scatter) checked = {-1};
+            for (int region : checked) {
+              const ByteRange r = region_of(region);
+              const Seen& s = seen[region];
+              EXPECT_EQ(s.next, r.length) << what << " bucket " << b << " region " << region
+                                          << ": the spans do not cover it";
+              EXPECT_EQ(s.crc, crc32c(send.data() + r.offset, r.length))
+                  << what << " bucket " << b << " region " << region;
+              EXPECT_EQ(std::memcmp(send.data() + r.offset, want.data() + r.offset, r.length), 0)
+                  << what << " bucket " << b << " region " << region;
+              if (from_file && r.length > 2 * detail::BucketReader::kFilledStep) {
+                EXPECT_GT(s.spans, 2u) << what << " bucket " << b << " region " << region;
+                ++stepped;
+              }
+            }
+          }
+          if (wide && from_file && d == Distribution::kBroadcast) {
+            EXPECT_GT(stepped, 0u) << what << ": no region large enough to be read in steps";
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Resolution, KernelFormatShardsLandByName) {

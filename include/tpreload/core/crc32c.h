@@ -23,6 +23,12 @@ inline constexpr std::uint64_t kCrc32cBlock = 4096;
 // The standard CRC-32C of `n` bytes.
 std::uint32_t crc32c(const void* data, std::uint64_t n);
 
+// The CRC-32C of some bytes whose CRC-32C was `so_far`, followed by these `n`:
+// crc32c_extend(crc32c(a), b) is the CRC-32C of a then b, and
+// crc32c_extend(0, data, n) == crc32c(data, n). How bytes are summed in the
+// steps in which they arrive.
+std::uint32_t crc32c_extend(std::uint32_t so_far, const void* data, std::uint64_t n);
+
 // The raw CRC of one block: initial value 0, no final xor.
 std::uint32_t crc32c_raw(const void* data, std::uint64_t n);
 
