@@ -150,7 +150,8 @@ ConstBytes BucketReader::fill_broadcast(std::size_t index, const Bucket& bucket,
   // (so the spans also cover the padding between pieces), the last to the end.
   std::uint64_t handed = 0;
   auto hand = [&](std::uint64_t end) {
-    if (end > handed) filled(-1, ConstBytes(send + handed, end - handed));
+    if (end <= handed) return;
+    filled(-1, ConstBytes(send + handed, end - handed));
     handed = end;
   };
   read_in_steps([&](const std::vector<ReadRequest>& step) {
@@ -192,46 +193,35 @@ void BucketReader::read_in_steps(
 }
 
 // A scatter step's requests that continue their region's bytes from where
-// `filled` last left it, handed on (merged while they follow each other); a
-// request past a gap (bytes that land later, or bytes of narrow rows outside
-// `send`) stops its region until the bucket is filled.
+// `filled` last left it, handed on as one span per region at the step's end
+// (a split read's windows alternate regions row by row); a request past a gap
+// (bytes that land later: see fill()) stops its region until the bucket is
+// filled. Requests outside `send` (narrow rows, cut into it later) are skipped.
 void BucketReader::hand_scatter_step(const Bucket& bucket, const std::byte* send,
                                      const std::vector<ReadRequest>& step, const Filled& filled) {
-  int open = -1;  // the region of the span being merged
-  const std::byte* span = nullptr;
-  std::uint64_t span_bytes = 0;
-  auto close = [&] {
-    if (open >= 0 && span_bytes) filled(open, ConstBytes(span, span_bytes));
-    open = -1;
-    span_bytes = 0;
-  };
+  step_from_ = handed_;
+  const std::less<const std::byte*> before;
   for (const ReadRequest& r : step) {
-    if (r.dst.size == 0) continue;
-    const std::uint64_t at = static_cast<std::uint64_t>(r.dst.data - send);
-    if (r.dst.data < send || at >= bucket.bytes) continue;  // narrow rows, cut into send later
+    if (r.dst.size == 0 || before(r.dst.data, send) || !before(r.dst.data, send + bucket.bytes))
+      continue;
+    const auto at = static_cast<std::uint64_t>(r.dst.data - send);
     // The region holding it: the last one starting at or before it.
     const auto next = std::upper_bound(
         bucket.ranges.begin(), bucket.ranges.end(), at,
         [](std::uint64_t offset, const ByteRange& range) { return offset < range.offset; });
-    const auto w = static_cast<int>(next - bucket.ranges.begin()) - 1;
-    if (w < 0 || gap_[static_cast<std::size_t>(w)]) continue;
-    const ByteRange& region = bucket.ranges[static_cast<std::size_t>(w)];
-    if (at >= region.end()) continue;  // (in no region: the padding between them)
-    std::uint64_t& handed = handed_[static_cast<std::size_t>(w)];
-    if (at != region.offset + handed) {  // bytes before it are not there yet
-      if (open == w) close();
-      gap_[static_cast<std::size_t>(w)] = true;
-      continue;
-    }
-    if (open != w || span + span_bytes != r.dst.data) {
-      close();
-      open = w;
-      span = r.dst.data;
-    }
-    span_bytes += r.dst.size;
-    handed += r.dst.size;
+    const auto w = static_cast<std::size_t>(next - bucket.ranges.begin()) - 1;
+    if (next == bucket.ranges.begin() || gap_[w]) continue;
+    const ByteRange& region = bucket.ranges[w];
+    if (at >= region.end()) continue;      // (in no region: the padding between them)
+    if (at != region.offset + handed_[w])  // bytes before it are not there yet
+      gap_[w] = true;
+    else
+      handed_[w] += r.dst.size;
   }
-  close();
+  for (std::size_t w = 0; w < handed_.size(); ++w)
+    if (handed_[w] > step_from_[w])
+      filled(static_cast<int>(w), ConstBytes(send + bucket.ranges[w].offset + step_from_[w],
+                                             handed_[w] - step_from_[w]));
 }
 
 // Row-parallel: each full row is [one rank's window | the next rank's | ...]. When

@@ -43,11 +43,14 @@ class BucketReader {
   // CPUs: docs/PERFORMANCE.md, change 32). `region` is -1 for a broadcast
   // bucket's bytes, else the world rank whose scatter region holds them. Each
   // region's spans come in order and tile it (a broadcast bucket: the bytes
-  // returned), the spans of one region as soon as its bytes are contiguous from
-  // its start; bytes that land later (windows cut out of narrow rows, replicas)
-  // and what follows them come once the bucket is filled. A tensor whose bytes
-  // are not plainly in a file (file_offset 0: compressed HDF5, memory) is read
-  // in one request, however long.
+  // returned), a region's bytes at the end of each step that read them, as far
+  // as they are contiguous from its start. Bytes not read straight into place
+  // land after the read (windows cut out of narrow rows, replicas of bytes
+  // another rank's request reads, row windows copied out of full rows) or never
+  // (alignment padding): from the first such gap on, a region comes once the
+  // bucket is filled, in one span. A zero-copy broadcast bucket comes in one
+  // span, and a tensor whose bytes are not plainly in a file (file_offset 0:
+  // compressed HDF5, memory) is read in one request, however long.
   using Filled = std::function<void(int region, ConstBytes span)>;
   static constexpr std::uint64_t kFilledStep = std::uint64_t{512} << 10;
   ConstBytes fill(std::size_t index, std::byte* send, const Filled& filled = {});
@@ -111,7 +114,7 @@ class BucketReader {
   std::vector<ReadRequest> reads_, step_;
   // Bytes of each world rank's scatter region handed to `filled` so far, and
   // whether bytes landed past a gap (handed once the bucket is filled).
-  std::vector<std::uint64_t> handed_;
+  std::vector<std::uint64_t> handed_, step_from_;
   std::vector<bool> gap_;
   std::vector<Replica> replicas_;
   std::vector<NarrowRows> narrow_;

@@ -209,6 +209,10 @@ class Pipeline {
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
   PipelineStats stats_;
+  // The reader thread's time in CRC-32C, added to stats_.checksum once the
+  // threads are joined (a node reader with rotated roots also verifies, on the
+  // apply thread).
+  double reader_checksum_ = 0;
   BlockingQueue<std::unique_ptr<Slot>> free_, filled_, to_apply_;
   std::thread reader_thread_, apply_thread_;
   std::atomic<bool> stopping_{false};
@@ -275,7 +279,7 @@ void Pipeline::fill(Slot& slot) {
       const auto t = Clock::now();
       std::uint32_t& crc = slot.sums[static_cast<std::size_t>(g)];
       crc = crc32c_extend(crc, span.data, span.size);
-      stats_.checksum += since(t);
+      reader_checksum_ += since(t);
     };
   }
   if (all_read_) {  // nothing is sent, so nothing is summed
@@ -729,6 +733,7 @@ PipelineStats Pipeline::run() {
   to_apply_.close();
   if (apply_thread_.joinable()) apply_thread_.join();
   stop();
+  stats_.checksum += reader_checksum_;
   if (node_read_)
     agree_on_problem<CommError>(control_, node_error,
                                 "a transfer within a node (--readers node; ranks of that node "
