@@ -41,16 +41,17 @@ run() { mpirun -np "$np" --oversubscribe --bind-to none "$build/reload_runner" -
 run --report "$work/checkpoint.json" --distribution broadcast
 run --report "$work/hdf5.json" --weights "$work/h5/model.h5" --distribution scatter
 run --report "$work/kernel.json" --weights "$work/kernel" --kernel-format --distribution scatter
-python3 - "$work/checkpoint.json" "$work/hdf5.json" "$work/kernel.json" <<'PY'
-import json, sys
-a, h, b = (json.load(open(p)) for p in sys.argv[1:4])
+PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$here" python3 - "$work/checkpoint.json" "$work/hdf5.json" "$work/kernel.json" <<'PY'
+import sys
+from reports import load, parameter_count, differing
+a, h, b = (load(p) for p in sys.argv[1:4])
 assert a["format"] == "checkpoint" and b["format"] == "kernel", (a["format"], b["format"])
 assert not a["not_loaded"]["on_all_ranks"] and not b["not_loaded"]["on_all_ranks"]
 assert a["skipped"] and not b["skipped"], "inv_freq must be skipped in checkpoint format only"
-count = sum(len(r["params"]) for r in a["ranks"])
+count = parameter_count(a)
+assert count > 0 and count == parameter_count(h) == parameter_count(b), "parameter counts differ"
 for other, what in ((h, "HDF5"), (b, "kernel-format")):
-    differ = [(ra["rank"], n) for ra, rb in zip(a["ranks"], other["ranks"])
-              for n, p in ra["params"].items() if p != rb["params"][n]]
+    differ = differing(a, other)
     assert not differ, f"{what}: {len(differ)} parameters differ, e.g. {differ[:3]}"
 print(f"kernel-format, HDF5 and checkpoint-format reloads agree on all {count} parameter CRCs")
 PY

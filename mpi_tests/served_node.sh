@@ -53,22 +53,22 @@ check_served() {  # NAME SERVED_RANKS SERVING_RANK OUTPUT STATUS
     grep -q "\[rank $r/4\] \[warning\] --readers node: rank $r cannot read the weights (checkpoint '$missing': no such file or directory); its node is served by the reader of the node of rank $serving" <<<"$out" ||
       { echo "$out"; fail "$name: rank $r did not warn that rank $serving's node serves it"; }
   done
-  python3 - "$work/v1.json" "$work/v2.json" "$work/$name.json" "$name" <<'PY' || fail "$name: report"
-import json, sys
-v1, v2, got = (json.load(open(p)) for p in sys.argv[1:4])
+  PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$here" python3 - "$work/v1.json" "$work/v2.json" "$work/$name.json" "$name" \
+    <<'PY' || fail "$name: report"
+import sys
+from reports import load, parameter_count, differing
+v1, v2, got = (load(p) for p in sys.argv[1:4])
 name = sys.argv[4]
 assert got["nodes_served"] == 1, f"nodes_served {got['nodes_served']}, not 1"
 assert got["readers"] == "node", got["readers"]
 nl = got["not_loaded"]
 assert not nl["on_all_ranks"] and not nl["on_some_ranks"], nl
 assert len(v1["ranks"]) == len(v2["ranks"]) == len(got["ranks"]) == 4, "reports of 4 ranks"
-count = sum(len(r["params"]) for r in v2["ranks"])
-assert count > 0 and count == sum(len(r["params"]) for r in got["ranks"]), count
-changed = sum(p != r1["params"][n] for r1, r2 in zip(v1["ranks"], v2["ranks"])
-              for n, p in r2["params"].items())
+count = parameter_count(v2)
+assert count > 0 and count == parameter_count(got), count
+changed = len(differing(v2, v1))
 assert changed == count, f"only {changed} of {count} parameters differ between v1 and v2"
-differ = [(a["rank"], n) for a, b in zip(v2["ranks"], got["ranks"])
-          for n, p in a["params"].items() if p != b["params"][n]]
+differ = differing(v2, got)
 assert not differ, f"{len(differ)} parameters differ from one reader's reload of v2, e.g. {differ[:3]}"
 print(f"{name}: all {count} parameter CRCs of the 4 ranks equal one reader's reload of v2")
 PY
