@@ -38,31 +38,15 @@ std::uint64_t window_skip(const PlannedTensor& t, const TensorInfo& info, int r)
 constexpr std::uint64_t kNarrowWindow = 512;
 constexpr std::uint64_t kNarrowRowsBytes = std::uint64_t{16} << 20;
 
-// tp ranks in the order of their column windows, and each one's window bytes.
-struct WindowLayout {
-  std::vector<int> order;
-  std::vector<std::uint64_t> width;
-};
-
-WindowLayout window_layout(const PlannedTensor& t, const TensorInfo& info, int tp_size) {
-  WindowLayout l;
-  l.order.resize(static_cast<std::size_t>(tp_size));
-  std::iota(l.order.begin(), l.order.end(), 0);
-  std::sort(l.order.begin(), l.order.end(), [&](int a, int b) {
-    return t.placements[a].source_start < t.placements[b].source_start;
-  });
-  for (int r = 0; r < tp_size; ++r) l.width.push_back(window_bytes(t, info, r));
-  return l;
-}
-
 // Every window of piece p's rows in file order: each(dst, bytes), dst being where
 // tp rank r's window of that row goes in world rank home[r]'s region of `send`
 // (null for a tp rank no rank in `home` holds).
 template <typename Each>
-void for_each_window(const Bucket& bucket, const Piece& p, const WindowLayout& l,
+void for_each_window(const Bucket& bucket, const Piece& p, const BucketReader::WindowLayout& l,
                      const std::vector<int>& home, std::byte* send, Each&& each) {
   for (std::int64_t i = 0; i < p.row_end - p.row_begin; ++i)
-    for (int r : l.order) {
+    for (int k = 0; k < l.tp_size; ++k) {
+      const int r = l.order[k];
       const int w = home[r];
       each(w < 0 ? nullptr : send + bucket.ranges[w].offset + p.rank_offset[w] + i * l.width[r],
            l.width[r]);
@@ -70,6 +54,27 @@ void for_each_window(const Bucket& bucket, const Piece& p, const WindowLayout& l
 }
 
 }  // namespace
+
+BucketReader::WindowLayout BucketReader::window_layout(std::size_t planned) {
+  const auto tp = static_cast<std::size_t>(tp_size_);
+  if (laid_out_.empty()) {  // (sized at first use: most plans have no row-parallel piece)
+    laid_out_.assign(plan_.tensors.size(), false);
+    order_.resize(plan_.tensors.size() * tp);
+    width_.resize(plan_.tensors.size() * tp);
+  }
+  int* order = order_.data() + planned * tp;
+  std::uint64_t* width = width_.data() + planned * tp;
+  if (!laid_out_[planned]) {
+    const PlannedTensor& t = plan_.tensors[planned];
+    std::iota(order, order + tp, 0);
+    std::sort(order, order + tp, [&](int a, int b) {
+      return t.placements[a].source_start < t.placements[b].source_start;
+    });
+    for (int r = 0; r < tp_size_; ++r) width[r] = window_bytes(t, md_.tensors[t.index], r);
+    laid_out_[planned] = true;
+  }
+  return {order, width, tp_size_};
+}
 
 ByteRange BucketReader::contiguous_rows(const PlannedTensor& t, int r, std::int64_t a,
                                         std::int64_t b) const {
@@ -235,9 +240,10 @@ bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const 
                                     const std::vector<int>& home, std::byte* send,
                                     std::vector<ReadRequest>& reads) {
   const TensorInfo& info = md_.tensors[t.index];
-  const WindowLayout layout = window_layout(t, info, tp_size_);
+  const WindowLayout layout = window_layout(p.planned);
   std::int64_t col = 0;
-  for (int r : layout.order) {
+  for (int k = 0; k < tp_size_; ++k) {
+    const int r = layout.order[k];
     if (t.rows_for(r) < p.row_end || t.placements[r].source_start != col) return false;
     col += t.placements[r].source_length;
   }
@@ -265,9 +271,8 @@ bool BucketReader::read_row_windows(const Bucket& bucket, const Piece& p, const 
 void BucketReader::cut_narrow_windows(const Bucket& bucket, const std::vector<int>& home,
                                       std::byte* send) {
   for (const NarrowRows& n : narrow_) {
-    const PlannedTensor& t = plan_.tensors[n.piece->planned];
     const std::byte* from = rows_.data() + n.offset;
-    for_each_window(bucket, *n.piece, window_layout(t, md_.tensors[t.index], tp_size_), home, send,
+    for_each_window(bucket, *n.piece, window_layout(n.piece->planned), home, send,
                     [&](std::byte* dst, std::uint64_t bytes) {
                       if (dst) std::memcpy(dst, from, bytes);
                       from += bytes;

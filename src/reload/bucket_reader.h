@@ -70,6 +70,14 @@ class BucketReader {
   // Bytes read or copied into send buffers so far.
   std::uint64_t bytes_copied() const { return copied_; }
 
+  // A row-parallel tensor's tp ranks in the order of their column windows
+  // (order[0..tp_size)), and each tp rank's window bytes (width[r]).
+  struct WindowLayout {
+    const int* order;
+    const std::uint64_t* width;
+    int tp_size;
+  };
+
  private:
   ConstBytes fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send,
                             const Filled& filled);
@@ -86,6 +94,10 @@ class BucketReader {
   ConstBytes full_rows(std::size_t tensor, std::int64_t a, std::int64_t b,
                        std::vector<std::byte>& scratch);
   ByteRange rows_range(std::size_t tensor, std::int64_t a, std::int64_t b) const;
+  // Planned tensor `planned`'s layout, computed at its first use in this reader
+  // (a bucket of 2,000 small tensors made it, with two allocations, once per
+  // piece and twice per narrow one).
+  WindowLayout window_layout(std::size_t planned);
   // Rows [a, b) of tp rank r's slice of a column-parallel or kernel-format tensor.
   ByteRange contiguous_rows(const PlannedTensor& t, int r, std::int64_t a, std::int64_t b) const;
 
@@ -119,6 +131,9 @@ class BucketReader {
   std::vector<Replica> replicas_;
   std::vector<NarrowRows> narrow_;
   std::vector<std::byte> scratch_, rows_;
+  std::vector<bool> laid_out_;  // per planned tensor: its layout is in order_, width_
+  std::vector<int> order_;      // planned tensors x tp_size
+  std::vector<std::uint64_t> width_;
 };
 
 }  // namespace tpreload::detail
