@@ -453,6 +453,8 @@ class ByHostName final : public Communicator {
 // nodes are the hosts.
 TEST(Reload, ReadersNodeGroupsTheRanksOfAHost) {
   const std::vector<std::string> hosts = host_names();
+  // (the library's gathering, for messages: one collective, the same names)
+  EXPECT_EQ(tpreload::host_names(world()), hosts);
   const int me = world().rank(), n = world().size(), reader = n - 1;
   int first = 0;
   while (hosts[first] != hosts[me]) ++first;

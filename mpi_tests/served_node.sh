@@ -5,8 +5,9 @@
 # not exist (an MPMD job), as on a host that does not mount the checkpoint.
 #  - the last node served (scatter) and the first (broadcast, --reader-rank 2):
 #    exit status 0, the summary and --report say one node was served, each
-#    served rank warns naming the node that serves it, and every parameter CRC
-#    of every rank equals a reload where one reader read for all;
+#    served rank warns naming its host and the node (rank, host) that serves it,
+#    and every parameter CRC of every rank equals a reload where one reader read
+#    for all;
 #  - the reader rank's node cannot read: exit status 1 and, on every rank, the
 #    same error naming the path and a rank whose node could be the reader.
 set -uo pipefail
@@ -42,6 +43,7 @@ for v in v1 v2; do
 done
 
 missing=$work/not-mounted
+host=$(uname -n)  # (every emulated node's)
 check_served() {  # NAME SERVED_RANKS SERVING_RANK OUTPUT STATUS
   local name=$1 served=$2 serving=$3 out=$4 status=$5
   [ "$status" -eq 0 ] || { echo "$out"; fail "$name: exit status $status, not 0"; }
@@ -50,8 +52,8 @@ check_served() {  # NAME SERVED_RANKS SERVING_RANK OUTPUT STATUS
   [ "$(grep -c 'cannot read the weights' <<<"$out")" -eq 2 ] ||
     { echo "$out"; fail "$name: not exactly the two served ranks warned"; }
   for r in $served; do
-    grep -q "\[rank $r/4\] \[warning\] --readers node: rank $r cannot read the weights (checkpoint '$missing': no such file or directory); its node is served by the reader of the node of rank $serving" <<<"$out" ||
-      { echo "$out"; fail "$name: rank $r did not warn that rank $serving's node serves it"; }
+    grep -qF "[rank $r/4] [warning] --readers node: rank $r (host $host) cannot read the weights (checkpoint '$missing': no such file or directory); its node is served by the reader of the node of rank $serving (host $host) over the data plane" <<<"$out" ||
+      { echo "$out"; fail "$name: rank $r did not warn, naming its host, that rank $serving's node serves it"; }
   done
   PYTHONDONTWRITEBYTECODE=1 PYTHONPATH="$here" python3 - "$work/v1.json" "$work/v2.json" "$work/$name.json" "$name" \
     <<'PY' || fail "$name: report"

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -22,6 +23,23 @@ int Communicator::node_leader() {
   while (hashes[static_cast<std::size_t>(leader)] != hashes[static_cast<std::size_t>(rank())])
     ++leader;
   return leader;
+}
+
+std::vector<std::string> host_names(Communicator& comm) {
+  constexpr std::size_t kWords = 9;  // 72 bytes: HOST_NAME_MAX (64) and its end
+  static_assert(HOST_NAME_MAX < kWords * 8, "a host name fits its words");
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> words(n * kWords, 0);  // each rank sets only its own
+  char host[HOST_NAME_MAX + 1] = {};
+  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::memcpy(&words[static_cast<std::size_t>(comm.rank()) * kWords], host, sizeof host);
+  comm.allreduce_bits(words.data(), words.size(), BitOp::kOr);
+  std::vector<std::string> names;
+  for (std::size_t r = 0; r < n; ++r) {
+    const char* name = reinterpret_cast<const char*>(&words[r * kWords]);
+    names.emplace_back(name, strnlen(name, kWords * 8));
+  }
+  return names;
 }
 
 }  // namespace tpreload

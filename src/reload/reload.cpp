@@ -360,11 +360,14 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
     service = serving_nodes(world, options, own_node, problem.has_value());
     const std::vector<int>& served_by = service.served_by;
     served = !served_by.empty() && served_by[static_cast<std::size_t>(world.rank())] != own_node;
+    const std::vector<std::string> hosts = host_names(world);  // (where to fix the mount)
+    const int serving = served ? served_by[static_cast<std::size_t>(world.rank())] : -1;
     if (served && problem)
       log().warn(
-          "--readers node: rank {} cannot read the weights ({}); its node is served by the "
-          "reader of the node of rank {} over the data plane",
-          world.rank(), *problem, served_by[static_cast<std::size_t>(world.rank())]);
+          "--readers node: rank {} (host {}) cannot read the weights ({}); its node is served "
+          "by the reader of the node of rank {} (host {}) over the data plane",
+          world.rank(), hosts[static_cast<std::size_t>(world.rank())], *problem, serving,
+          hosts[static_cast<std::size_t>(serving)]);
     if (served) problem.reset();
     if (problem && service.reader_could_be >= 0)
       *problem += detail::concat(

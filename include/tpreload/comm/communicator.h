@@ -87,6 +87,10 @@ class Communicator {
   [[noreturn]] virtual void abort(int code) noexcept = 0;
 };
 
+// COLLECTIVE. Every rank's host name (gethostname, at most 64 characters), in
+// rank order: for messages that say where a rank runs.
+std::vector<std::string> host_names(Communicator& comm);
+
 // A communicator of one rank (tp = 1 without MPI): every collective is a no-op
 // or a local copy.
 std::unique_ptr<Communicator> make_local_communicator();
