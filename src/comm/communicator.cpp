@@ -4,26 +4,10 @@
 
 #include <climits>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
 namespace tpreload {
-
-// Every rank's host-name hash at its own index, summed over the ranks: each rank
-// then finds the first rank with its hash.
-int Communicator::node_leader() {
-  char host[HOST_NAME_MAX + 1] = {};
-  if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  std::vector<std::int64_t> hashes(static_cast<std::size_t>(size()), 0);
-  hashes[static_cast<std::size_t>(rank())] =
-      static_cast<std::int64_t>(std::hash<std::string>{}(host) >> 1);
-  allreduce_ints(hashes.data(), hashes.size(), IntOp::kSum);
-  int leader = 0;
-  while (hashes[static_cast<std::size_t>(leader)] != hashes[static_cast<std::size_t>(rank())])
-    ++leader;
-  return leader;
-}
 
 std::vector<std::string> host_names(Communicator& comm) {
   constexpr std::size_t kWords = 9;  // 72 bytes: HOST_NAME_MAX (64) and its end
@@ -40,6 +24,16 @@ std::vector<std::string> host_names(Communicator& comm) {
     names.emplace_back(name, strnlen(name, kWords * 8));
   }
   return names;
+}
+
+// The first rank whose host name is this rank's (names compared whole, not
+// hashed).
+int Communicator::node_leader() {
+  const std::vector<std::string> hosts = host_names(*this);
+  const auto me = static_cast<std::size_t>(rank());
+  std::size_t leader = 0;
+  while (hosts[leader] != hosts[me]) ++leader;
+  return static_cast<int>(leader);
 }
 
 }  // namespace tpreload
