@@ -267,6 +267,11 @@ struct Row {
   double unchecked = -1;  // --checksum-cost: the same reloads without checksums (else < 0)
   std::uint64_t bytes = 0, staging = 0, copied = 0;
   std::int64_t wrong = 0;
+  // crc%: the share of the reload in CRC-32C; crcCost%: the reload's time with
+  // checksums less without, as a share of it (measured: unchecked >= 0).
+  double crc_percent() const { return 100 * checksum / seconds; }
+  bool cost_measured() const { return unchecked >= 0; }
+  double crc_cost_percent() const { return 100 * (seconds - unchecked) / seconds; }
 };
 
 // This rank's model of the row, and its reference: its parameters loaded locally
@@ -501,11 +506,11 @@ void print_row(const Row& r, Communicator& world) {
             << std::setw(10) << r.bound << std::setprecision(2) << std::setw(8)
             << r.seconds / r.bound << std::setprecision(1) << std::setw(12) << r.staging / 1048576.0
             << std::setprecision(2) << std::setw(9) << (r.bytes ? double(r.copied) / r.bytes : 0.0)
-            << std::setprecision(1) << std::setw(8) << 100 * r.checksum / r.seconds << std::setw(9);
-  if (r.unchecked < 0)
-    std::cout << "-";
+            << std::setprecision(1) << std::setw(8) << r.crc_percent() << std::setw(9);
+  if (r.cost_measured())
+    std::cout << r.crc_cost_percent();
   else
-    std::cout << 100 * (r.seconds - r.unchecked) / r.seconds;
+    std::cout << "-";
   std::cout << std::setw(8) << r.wrong << std::endl;
 }
 
@@ -555,10 +560,10 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
               << verdict(r.staging / 1048576.0, limit_mb, " MB") << "\n";
     if (!o.no_checksums && (r.readers == "one" || r.readers == "node")) {
       std::cout << "#   checksums <= 5% of the reload (time in CRC-32C, rank that spends most), "
-                << what << ": " << verdict(100 * r.checksum / r.seconds, 5.0, "%") << "\n";
-      if (r.unchecked >= 0)
+                << what << ": " << verdict(r.crc_percent(), 5.0, "%") << "\n";
+      if (r.cost_measured())
         std::cout << "#   checksums <= 5% of the reload (time with - time without), " << what
-                  << ": " << verdict(100 * (r.seconds - r.unchecked) / r.seconds, 5.0, "%") << "\n";
+                  << ": " << verdict(r.crc_cost_percent(), 5.0, "%") << "\n";
     }
     if (r.readers == "one")
       std::cout << "#   reader copies per byte sent <= 1 (the read), " << what << ": "
