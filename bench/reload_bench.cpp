@@ -338,27 +338,39 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   const bool all = ro.readers == Readers::kAll;
   const bool reads = opens_source(ro, world.rank());
   auto source = reads ? open_weight_source(path) : nullptr;
-  ReloadWorkspace workspace;  // as a serving engine keeps it (ReloadableModel does)
-  for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, source.get(), ro, &workspace);
+  // As a serving engine keeps it (ReloadableModel does). A kept plan is keyed by
+  // every option, checksums included: the reloads without checksums of
+  // --checksum-cost keep theirs in a workspace of their own, or each reload
+  // would plan again.
+  ReloadWorkspace workspace, unchecked_workspace;
+  // --checksum-cost: each iteration also reloads without checksums (every rank
+  // reading sends nothing and sums nothing), warmed alike.
+  const bool cost = o.checksum_cost && !o.no_checksums && !all;
+  for (int i = 0; i < o.warmup; ++i) {
+    reload_weights(model, world, source.get(), ro, &workspace);
+    if (!cost) continue;
+    ReloadOptions unchecked = ro;
+    unchecked.checksums = false;
+    reload_weights(model, world, source.get(), unchecked, &unchecked_workspace);
+  }
   // One timed reload (max over ranks), its bytes verified.
   auto timed = [&](bool checksums) {
     scramble(model);
     cool(o, path, world);
     ro.checksums = checksums;
+    ReloadWorkspace& kept = checksums == !o.no_checksums ? workspace : unchecked_workspace;
     const auto start = Clock::now();
     if (!o.keep_open && reads)
-      source = open_weight_source(path, o.parse_every_open ? nullptr : workspace.known_listing());
-    const ReloadResult r = reload_weights(model, world, source.get(), ro, &workspace);
+      source = open_weight_source(path, o.parse_every_open ? nullptr : kept.known_listing());
+    const ReloadResult r = reload_weights(model, world, source.get(), ro, &kept);
     const double seconds =
         max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
     row.wrong += rank_model.wrong(world);
     return std::make_pair(seconds, r);
   };
-  // --checksum-cost: each iteration also reloads without checksums, first on
-  // odd iterations and second on even ones, so that drift in the machine's
-  // speed falls on both alike (evenly with an even --iters).
-  // (every rank reading sends nothing and sums nothing)
-  const bool cost = o.checksum_cost && !o.no_checksums && !all;
+  // The reloads without checksums go first on odd iterations and second on even
+  // ones, so that drift in the machine's speed falls on both alike (evenly with
+  // an even --iters).
   if (cost) row.unchecked = 0;
   for (int i = 0; i < o.iters; ++i) {
     if (cost && i % 2) row.unchecked += timed(false).first;
