@@ -267,6 +267,7 @@ struct Row {
   double unchecked = -1;  // --checksum-cost: the same reloads without checksums (else < 0)
   std::uint64_t bytes = 0, staging = 0, copied = 0;
   std::int64_t wrong = 0;
+  std::int64_t depth = 0;  // pipeline depth, the deepest rank's (chosen per rank by default)
   // crc%: the share of the reload in CRC-32C; crcCost%: the reload's time with
   // checksums less without, as a share of it (measured: unchecked >= 0).
   double crc_percent() const { return 100 * checksum / seconds; }
@@ -381,9 +382,11 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     row.bytes = all ? model.sink().total_bytes() : r.bytes_transferred;
     row.checksum += r.seconds.checksum;
     row.staging = std::max(row.staging, r.peak_staging_bytes);
+    row.depth = r.pipeline_depth;
     row.copied = r.bytes_copied_on_reader;
   }
   if (cost) row.unchecked /= o.iters;
+  world.allreduce_ints(&row.depth, 1, IntOp::kMax);
   row.seconds /= o.iters;
   row.checksum /= o.iters;
   // The bound: the same plan's buckets, raw.
@@ -497,10 +500,10 @@ void print_header(const BenchOptions& o, const ModelConfig& c, Communicator& wor
                "collectives, no model\n"
             << std::left << std::setw(11) << "# format" << std::setw(6) << "quant" << std::setw(10)
             << "dist" << std::setw(8) << "readers" << std::right << std::setw(8) << "bucketMB"
-            << std::setw(14) << "bytes" << std::setw(10) << "time(s)" << std::setw(10) << "algbw"
-            << std::setw(10) << "busbw" << std::setw(10) << "bound(s)" << std::setw(8) << "ratio"
-            << std::setw(12) << "stagingMB" << std::setw(9) << "copies" << std::setw(8) << "crc%"
-            << std::setw(9) << "crcCost%" << std::setw(8) << "wrong"
+            << std::setw(6) << "depth" << std::setw(14) << "bytes" << std::setw(10) << "time(s)"
+            << std::setw(10) << "algbw" << std::setw(10) << "busbw" << std::setw(10) << "bound(s)"
+            << std::setw(8) << "ratio" << std::setw(12) << "stagingMB" << std::setw(9) << "copies"
+            << std::setw(8) << "crc%" << std::setw(9) << "crcCost%" << std::setw(8) << "wrong"
             << "\n";
 }
 
@@ -512,8 +515,9 @@ void print_row(const Row& r, Communicator& world) {
       r.distribution == "scatter" && r.readers == "one" && n > 1 ? double(n - 1) / n : 1.0;
   std::cout << std::left << std::setw(11) << r.format << std::setw(6) << r.quantization
             << std::setw(10) << r.distribution << std::setw(8) << r.readers << std::right
-            << std::fixed << std::setprecision(1) << std::setw(8) << r.bucket_mb << std::setw(14)
-            << r.bytes << std::setprecision(4) << std::setw(10) << r.seconds << std::setprecision(2)
+            << std::fixed << std::setprecision(1) << std::setw(8) << r.bucket_mb << std::setw(6)
+            << (r.depth ? std::to_string(r.depth) : "-") << std::setw(14) << r.bytes
+            << std::setprecision(4) << std::setw(10) << r.seconds << std::setprecision(2)
             << std::setw(10) << algbw << std::setw(10) << algbw * factor << std::setprecision(4)
             << std::setw(10) << r.bound << std::setprecision(2) << std::setw(8)
             << r.seconds / r.bound << std::setprecision(1) << std::setw(12) << r.staging / 1048576.0
@@ -603,9 +607,14 @@ int main(int argc, char** argv) {
   app.add_option("--dir", o.dir, "Where checkpoints are generated (reused when present)")
       ->capture_default_str();
   app.add_option("--tp", o.tp, "Tensor-parallel size (default: world size)");
-  app.add_option("--formats", o.formats, "checkpoint and/or kernel")->capture_default_str();
-  app.add_option("--quantizations", o.quantizations, "none and/or int8")->capture_default_str();
+  app.add_option("--formats", o.formats, "checkpoint and/or kernel (separated by spaces)")
+      ->check(CLI::IsMember({"checkpoint", "kernel"}))
+      ->capture_default_str();
+  app.add_option("--quantizations", o.quantizations, "none and/or int8")
+      ->check(CLI::IsMember({"none", "int8"}))
+      ->capture_default_str();
   app.add_option("--distributions", o.distributions, "broadcast and/or scatter")
+      ->check(CLI::IsMember({"broadcast", "scatter"}))
       ->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket sizes in MiB")->capture_default_str();
   app.add_option("--readers", o.readers,
@@ -643,7 +652,8 @@ int main(int argc, char** argv) {
   app.add_flag("--parse-every-open", o.parse_every_open,
                "Open the checkpoint without the workspace's known listing: every open parses "
                "the headers again");
-  app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")
+  app.add_option("--pipeline-depth", o.pipeline_depth,
+                 "Buffers in flight per rank (0: chosen per rank, ReloadOptions::pipeline_depth)")
       ->capture_default_str();
   app.add_option("--scatter-replicated-bytes", o.scatter_replicated_bytes,
                  "Scatter: replicated tensors whose copies for every rank come to at most this "

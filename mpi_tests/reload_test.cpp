@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
@@ -559,11 +561,77 @@ TEST(Reload, StagingStaysBoundedByTheBucketNotTheModel) {
       ASSERT_TRUE(r.complete());
       // Per slot: a send and a receive buffer of at most one bucket (or one row);
       // int8 rows are quantized on arrival, so int8 adds nothing.
-      const std::uint64_t bound = o.pipeline_depth * 2 * (bucket + row);
+      // (the default depth is chosen per rank: the deepest bounds the peak over ranks)
+      std::int64_t depth = r.pipeline_depth;
+      world().allreduce_ints(&depth, 1, IntOp::kMax);
+      ASSERT_GE(depth, 1);
+      const std::uint64_t bound = static_cast<std::uint64_t>(depth) * 2 * (bucket + row);
       EXPECT_LE(r.peak_staging_bytes, bound) << quant << " " << distribution_name(dist);
       EXPECT_LT(r.peak_staging_bytes * 4, model_bytes) << quant << " " << distribution_name(dist);
     }
   }
+}
+
+// The default pipeline depth is chosen per rank: 2 where the rank may run on two
+// cores and its host has two cores for each of its ranks, else 1 (worked out
+// here from the test's own gathering of host names and the rank's affinity).
+// Every depth gives the same bytes; ranks with different explicit depths reload
+// together; ranks that differ on whether the depth is chosen are told so before
+// anything is written.
+TEST(Reload, PipelineDepthIsChosenPerRankAndNeverChangesTheBytes) {
+  const std::vector<std::string> hosts = host_names();
+  const auto on_host = static_cast<long>(
+      std::count(hosts.begin(), hosts.end(), hosts[static_cast<std::size_t>(world().rank())]));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof set, &set), 0);
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const int want = CPU_COUNT(&set) >= 2 && cores >= 2 * on_host ? 2 : 1;
+
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 610);
+  const Variant setup{world().size(), "", false};
+  const auto expected = expected_params(config, setup, ckpt);
+  for (Distribution dist : {Distribution::kBroadcast, Distribution::kScatter}) {
+    const std::string what(distribution_name(dist));
+    TensorParallelModel model(config, options_for(setup));
+    ReloadOptions o;
+    o.distribution = dist;
+    o.bucket_bytes = 2048;  // many buckets: the pipeline turns over
+    const ReloadResult chosen = reload_from(model, "", &ckpt, o);
+    ASSERT_TRUE(chosen.complete()) << what;
+    EXPECT_EQ(chosen.pipeline_depth, want)
+        << what << ": " << CPU_COUNT(&set) << " usable cores, " << cores << " on the host, "
+        << on_host << " ranks there";
+    expect_params(model, expected, what + ", depth chosen");
+    // Explicit depths, different on every other rank.
+    for (int depth : {1, 2, 3}) {
+      TensorParallelModel other(config, options_for(setup));
+      o.pipeline_depth = world().rank() % 2 ? depth : 4 - depth;
+      const ReloadResult r = reload_from(other, "", &ckpt, o);
+      ASSERT_TRUE(r.complete()) << what;
+      EXPECT_EQ(r.pipeline_depth, o.pipeline_depth) << what;
+      expect_params(other, expected, what + ", depth " + std::to_string(o.pipeline_depth));
+    }
+  }
+
+  if (world().size() < 2) return;  // (one rank cannot disagree)
+  TensorParallelModel model(config, options_for(setup));
+  std::map<std::string, at::Tensor> before;
+  for (const auto& [name, t] : model.named_parameters()) before[name] = t.clone();
+  ReloadOptions o;
+  o.pipeline_depth = world().rank() == world().size() - 1 ? 2 : 0;
+  std::string error;
+  try {
+    reload_from(model, "", &ckpt, o);
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error,
+            "ranks disagree on whether the pipeline depth is chosen per rank (every rank must "
+            "pass the same); nothing was reloaded");
+  for (const auto& [name, t] : model.named_parameters())
+    EXPECT_TRUE(testdata::same_bytes(t, before.at(name))) << name << " was written";
 }
 
 // A source whose reads of one tensor fail, as a disk error would.

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 . scripts/mpi_env.sh
 scenario=${1:-tinyllama}
 np=${2:-2}
-for depth in ${SWEEP_DEPTHS:-1 2 4}; do
+for depth in ${SWEEP_DEPTHS:-0 1 2 4}; do  # (0: chosen per rank; the depth column says what it chose)
   echo "## pipeline depth $depth"
   mpirun -np "$np" --oversubscribe --bind-to none build/bench/reload_bench --scenario "$scenario" \
     --dir "${BENCH_DIR:-/tmp/tpreload-bench}" --iters "${BENCH_ITERS:-3}" \

@@ -94,6 +94,8 @@ class ReloadResult:
     ``readers``: "one", "node" or "all" (who read the weights).
     ``rotated_broadcast_roots``: the node readers took turns at the broadcast
     buckets (``rotate_broadcast_roots=True``).
+    ``pipeline_depth``: buckets in flight on this rank (chosen per rank when the
+    option was 0, so it alone may differ between ranks).
     ``nodes_served``: with readers="node", nodes that could not open the
     weights, served by another node's reader.
     ``fingerprint``: one hex string for the whole model across ranks (with
@@ -161,7 +163,7 @@ def _describe(name, tensor, *extra):
 
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
-                   distribution="scatter", bucket_mb=8, pipeline_depth=1, reader_rank=0,
+                   distribution="scatter", bucket_mb=8, pipeline_depth=0, reader_rank=0,
                    readers="one", ranks_per_node=0, rotate_broadcast_roots=False, transport="mpi", workspace=None,
                    fingerprint=False, atomic=False, require_complete=False, checksums=True):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
@@ -189,6 +191,10 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         format (already processed and sharded: copied by name).
     quantization: None or "int8"; lora, expert_parallel: the model's layout.
     distribution: "scatter" (each rank gets its slice) or "broadcast".
+    bucket_mb: bucket size in MiB; pipeline_depth: buckets in flight per rank
+        (1: one at a time; 2: the next bucket is read while the last is moved and
+        applied; 0, the default, chooses per rank: 2 where the rank has two cores
+        of its own, else 1).
     readers: "one" (the reader rank reads and sends each rank its part), "node"
         (one reader per node reads for the ranks of its node and sends within
         it; a node that cannot open the weights is served by another node's

@@ -173,7 +173,7 @@ struct Request {
   bool lora = false, expert_parallel = false;
   std::string distribution = "scatter";
   double bucket_mb = ReloadOptions{}.bucket_bytes / 1048576.0;
-  int pipeline_depth = 1, reader_rank = 0;
+  int pipeline_depth = ReloadOptions{}.pipeline_depth, reader_rank = 0;
   std::string readers = "one";
   int ranks_per_node = 0;
   bool rotate_broadcast_roots = false;
@@ -232,6 +232,7 @@ py::dict result_dict(const ReloadResult& r,
   d["source"] = r.source;
   d["readers"] = std::string(readers_name(r.readers));
   d["rotated_broadcast_roots"] = r.rotated_broadcast_roots;
+  d["pipeline_depth"] = r.pipeline_depth;
   d["nodes_served"] = r.nodes_served;
   d["transport"] = r.transport;
   d["parameter_memory"] = r.parameter_memory;

@@ -7,6 +7,9 @@
 #include <map>
 #include <memory>
 
+#include <sched.h>
+#include <unistd.h>
+
 #include "pipeline.h"
 #include "sync.h"
 #include "tpreload/checkpoint/weight_source.h"
@@ -69,7 +72,34 @@ std::vector<std::string> names_on_some_rank(Communicator& world, const ShardingR
   return out;
 }
 
+int auto_pipeline_depth(int usable_cores, int host_cores, int ranks_on_host) {
+  const int share =
+      std::min(std::max(usable_cores, 1), std::max(host_cores, 1) / std::max(ranks_on_host, 1));
+  return share >= 2 ? 2 : 1;
+}
+
 namespace {
+
+// COLLECTIVE when options.pipeline_depth is 0 (every rank agreed it is: one
+// allreduce, host_names()). This rank's pipeline depth: the option, or the one
+// auto_pipeline_depth() chooses from the cores this rank may run on and the
+// ranks on its host.
+int chosen_pipeline_depth(Communicator& world, const ReloadOptions& o) {
+  if (o.pipeline_depth > 0) return o.pipeline_depth;
+  const std::vector<std::string> hosts = host_names(world);
+  const std::string& mine = hosts[static_cast<std::size_t>(world.rank())];
+  const auto ranks_on_host = static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const int host_cores = online > 0 ? static_cast<int>(online) : 1;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int usable = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : host_cores;
+  const int depth = auto_pipeline_depth(usable, host_cores, ranks_on_host);
+  log().debug(
+      "rank {}: pipeline depth {} (automatic: {} usable cores, {} on host {}, {} ranks there)",
+      world.rank(), depth, usable, host_cores, mine, ranks_on_host);
+  return depth;
+}
 
 // After a failure once writes began: says which parameters may now hold a mix of
 // old and new bytes. An agreed error (every rank at the same point, nothing in
@@ -157,6 +187,8 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
           {"atomic", std::uint64_t(o.atomic)},
           {"require-complete", std::uint64_t(o.require_complete)},
           {"checksums", std::uint64_t(o.checksums)},
+          // (explicit depths may differ: only the automatic choice is collective)
+          {"whether the pipeline depth is chosen per rank", std::uint64_t(o.pipeline_depth == 0)},
           {"compare-replicas", std::uint64_t(o.compare_replicas)}};
 }
 
@@ -633,7 +665,9 @@ std::optional<std::string> local_problem(const ReloadOptions& o, const Communica
     return detail::concat(who, "reader rank ", o.reader_rank, " is not a rank of the ",
                           control.size(), "-rank world");
   if (o.bucket_bytes == 0) return who + "bucket size must be positive";
-  if (o.pipeline_depth < 1) return who + "pipeline depth must be at least 1";
+  if (o.pipeline_depth < 0)
+    return detail::concat(who, "pipeline depth must be 0 (chosen per rank) or positive, not ",
+                          o.pipeline_depth);
   if (o.ranks_per_node < 0)
     return detail::concat(who, "ranks per node must be 0 (ask MPI) or positive, not ",
                           o.ranks_per_node);
@@ -675,6 +709,8 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   agree_on_problem<UsageError>(world, local_problem(options, world, data, model),
                                "checking the reload options and planes (nothing was reloaded)");
   const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
+  ReloadOptions chosen = options;  // (the pipeline depth: the option, or chosen here)
+  chosen.pipeline_depth = chosen_pipeline_depth(world, options);
   const bool reader = opens_source(options, world.rank());
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
   NodeService service;  // Readers::kNode: each rank's serving node, when some cannot read
@@ -695,6 +731,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   result.distribution = effective_distribution(options);
   result.readers = options.readers;
   result.rotated_broadcast_roots = options.rotate_broadcast_roots;
+  result.pipeline_depth = chosen.pipeline_depth;
   result.nodes_served = service.nodes_served;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
@@ -741,7 +778,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     detail::NodePlanes* node = options.readers == Readers::kNode
                                    ? &node_planes(world, data, options, kept, service)
                                    : nullptr;
-    stats = detail::run_pipeline(planned, model, world, data, source, options, kept, node);
+    stats = detail::run_pipeline(planned, model, world, data, source, chosen, kept, node);
     // Zero-copy buckets went out of the mapping during the transfer: were they
     // all still backed by the file?
     std::optional<std::string> mapping_problem;

@@ -81,6 +81,7 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
       {"distribution", distribution_name(r.distribution)},
       {"readers", readers_name(r.readers)},
       {"rotated_broadcast_roots", r.rotated_broadcast_roots},
+      {"pipeline_depth", r.pipeline_depth},
       {"nodes_served", r.nodes_served},
       {"source", r.source},
       {"bytes_read", r.bytes_read},
@@ -138,7 +139,8 @@ std::string summary_text(const ReloadResult& r) {
       << (r.transport.empty() ? "?" : r.transport) << " into "
       << (r.parameter_memory.empty() ? "?" : r.parameter_memory) << " memory\n  peak staging "
       << r.peak_staging_bytes << " bytes per rank (host " << r.staging.host << ", pinned "
-      << r.staging.pinned << ", device " << r.staging.device << ")\n"
+      << r.staging.pinned << ", device " << r.staging.device << "), pipeline depth "
+      << r.pipeline_depth << " on this rank\n"
       << "  seconds: total " << r.seconds.total << ", prepare " << r.seconds.prepare << ", read "
       << r.seconds.read << ", transfer " << r.seconds.transfer << ", apply " << r.seconds.apply
       << ", finish " << r.seconds.finish << ", validate " << r.seconds.validate << " (checksums "

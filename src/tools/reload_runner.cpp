@@ -109,9 +109,13 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket size in MiB (staging per buffer)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--pipeline-depth", o.pipeline_depth, "Buffers in flight per rank")
+  app.add_option("--pipeline-depth", o.pipeline_depth,
+                 "Buffers in flight per rank: 1 reads, moves and applies one bucket at a time; 2 "
+                 "overlaps the read of the next bucket with the transfer and apply of the last "
+                 "(three threads); 0 chooses per rank: 2 where the rank has two cores of its own "
+                 "(its CPU affinity, and the host's cores over its ranks), else 1")
       ->capture_default_str()
-      ->check(CLI::Range(1, 16));
+      ->check(CLI::Range(0, 16));
   app.add_option("--reader-rank", o.reader_rank, "World rank that reads the checkpoint")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);

@@ -97,6 +97,13 @@ bool opens_source(const ReloadOptions& options, int rank);
 // first rank of its block of ranks_per_node).
 int node_of(Communicator& world, const ReloadOptions& options);
 
+// The pipeline depth that ReloadOptions::pipeline_depth 0 chooses for a rank
+// that may run on `usable_cores` cores (its CPU affinity) of a host with
+// `host_cores` online cores shared by `ranks_on_host` ranks: 2 when its share,
+// the smaller of the two counts (usable, host / ranks), is at least 2 cores,
+// else 1. Counts below 1 count as 1.
+int auto_pipeline_depth(int usable_cores, int host_cores, int ranks_on_host);
+
 struct ReloadOptions {
   WeightFormat format = WeightFormat::kCheckpoint;
   // Defaults chosen by scripts/sweep.sh (docs/PERFORMANCE.md, "Defaults"): on the
@@ -110,8 +117,13 @@ struct ReloadOptions {
   // around them in the file instead of one read each (PlanOptions); 0 broadcasts
   // every replicated tensor.
   std::uint64_t scatter_replicated_bytes = PlanOptions::kScatterReplicatedBytes;
-  int pipeline_depth = 1;  // buffers per rank in flight (>= 1)
-  int reader_rank = 0;     // world rank that opens and reads the source (kOne)
+  // Buffers per rank in flight. With 1 a bucket is read, moved and applied
+  // before the next one is read; with 2 the read of bucket k+1, the transfer of
+  // k and the apply of k-1 overlap on three threads. 0 (the default) chooses per
+  // rank (auto_pipeline_depth): 2 where the rank has two cores of its own, else
+  // 1 (on shared cores the threads only compete: docs/PERFORMANCE.md, "Defaults").
+  int pipeline_depth = 0;
+  int reader_rank = 0;  // world rank that opens and reads the source (kOne)
   // Who reads the checkpoint (see Readers): the reader rank alone, one rank per
   // node, or every rank its own slices (with kNode and kAll each rank needs a
   // source of the same files: opens_source()).
@@ -188,7 +200,8 @@ struct ReloadResult {
   Distribution distribution = Distribution::kBroadcast;
   Readers readers = Readers::kOne;
   bool rotated_broadcast_roots = false;  // ReloadOptions::rotate_broadcast_roots was set
-  int nodes_served = 0;  // Readers::kNode: nodes that could not read, served by another's reader
+  int pipeline_depth = 0;  // buffers in flight on this rank (chosen when the option was 0)
+  int nodes_served = 0;    // Readers::kNode: nodes that could not read, served by another's reader
   std::vector<std::string> loaded;  // expected names this rank loaded
   std::vector<std::string> not_loaded_on_all_ranks;
   std::map<std::string, std::vector<int>> not_loaded_on_some_ranks;  // name -> ranks missing it
