@@ -103,6 +103,24 @@ TEST(Engine, DeviceParametersOverHostAndDeviceTransports) {
   }
 }
 
+// The depth a rank gets by default: 2 only with two cores of its own, counted
+// both ways (its affinity, and the host's cores shared by its ranks).
+TEST(Engine, ThePipelineDepthChosenNeedsTwoCoresPerRank) {
+  struct Case {
+    int usable, host, ranks, want;
+    const char* what;
+  };
+  for (const Case c :
+       {Case{1, 64, 8, 1, "bound to one core of a big host"},
+        Case{64, 64, 8, 2, "8 ranks sharing 64 cores"}, Case{8, 64, 8, 2, "bound to 8 cores each"},
+        Case{64, 64, 64, 1, "a rank per core"},
+        Case{64, 64, 33, 1, "fewer than 2 cores each (64 / 33)"},
+        Case{2, 2, 1, 2, "one rank on 2 cores"}, Case{2, 2, 2, 1, "two ranks on 2 cores"},
+        Case{2, 2, 4, 1, "oversubscribed"}, Case{4, 5, 2, 2, "5 cores for 2 ranks"},
+        Case{4, 3, 2, 1, "3 cores for 2 ranks"}, Case{0, 0, 0, 1, "counts missing"}})
+    EXPECT_EQ(auto_pipeline_depth(c.usable, c.host, c.ranks), c.want) << c.what;
+}
+
 TEST(Engine, HostParametersStageInPageableMemoryOnly) {
   Fixture f;
   TensorParallelModel model(f.config, options(nullptr));
