@@ -59,12 +59,18 @@ std::vector<std::string> neither(const TensorParallelModel& m, const Versions& v
   return out;
 }
 
-std::vector<std::string> not_v1(const TensorParallelModel& m, const Versions& v) {
+// Parameters that are not `version`'s slices for this rank.
+std::vector<std::string> not_version(const TensorParallelModel& m, const ModelConfig& config,
+                                     const std::map<std::string, at::Tensor>& version) {
   std::vector<std::string> out;
   for (const auto& [name, t] :
-       testdata::expected_shards(v.config, v.v1, world().size(), world().rank()))
+       testdata::expected_shards(config, version, world().size(), world().rank()))
     if (!testdata::same_bytes(m.parameter_for_reload(name), t)) out.push_back(name);
   return out;
+}
+
+std::vector<std::string> not_v1(const TensorParallelModel& m, const Versions& v) {
+  return not_version(m, v.config, v.v1);
 }
 
 // The rank whose bytes are flipped: not the reader (rank 0), and one that holds
@@ -72,17 +78,20 @@ std::vector<std::string> not_v1(const TensorParallelModel& m, const Versions& v)
 // be empty in a bucket, and a transfer of nothing has no bit to flip).
 constexpr int kVictim = 1;
 
-// Reload v2 over v1 with bit `bit` of transfer `nth` flipped on rank kVictim.
-std::string reload_with_a_flip(TensorParallelModel& model, const Versions& v, ReloadOptions o,
-                               int nth) {
-  auto source = testdata::memory_source(v.v1);
+// Reload `to` over `from` with bit `bit` of transfer `nth` flipped on rank
+// kVictim.
+std::string reload_with_a_flip(TensorParallelModel& model,
+                               const std::map<std::string, at::Tensor>& from,
+                               const std::map<std::string, at::Tensor>& to, ReloadOptions o,
+                               int nth, std::uint64_t bit = 12345) {
+  auto source = testdata::memory_source(from);
   reload_weights(model, world(), world().rank() == 0 ? source.get() : nullptr, ReloadOptions{});
   auto inner = make_communicator_transport(world());
   std::unique_ptr<DataTransport> data = std::move(inner);
   if (world().rank() == kVictim)
-    data =
-        std::make_unique<FaultyTransport>(std::move(data), nth, FaultyTransport::Fault::kFlipBit);
-  source = testdata::memory_source(v.v2);
+    data = std::make_unique<FaultyTransport>(std::move(data), nth, FaultyTransport::Fault::kFlipBit,
+                                             std::chrono::seconds(5), bit);
+  source = testdata::memory_source(to);
   try {
     reload_weights(model, world(), *data, world().rank() == 0 ? source.get() : nullptr, o);
   } catch (const CommError& e) {
@@ -91,6 +100,11 @@ std::string reload_with_a_flip(TensorParallelModel& model, const Versions& v, Re
   return "";
 }
 
+// Scatter: the flip in bucket 2 lands in what the victim receives, all of which
+// it applies. Broadcast: the victim verifies only the bytes its writes read, so
+// a flip in a bucket it takes nothing from changes nothing; the flips go into
+// bucket after bucket until one is caught, and each one before must have left
+// every parameter exactly version 2.
 TEST(Integrity, AFlippedBitIsCaughtWhereItLandedAndNeverWritten) {
   TPRELOAD_REQUIRE_RANKS(2);
   const Versions v;
@@ -101,14 +115,21 @@ TEST(Integrity, AFlippedBitIsCaughtWhereItLandedAndNeverWritten) {
       o.distribution = d;
       o.bucket_bytes = 3000;
       o.atomic = atomic;
-      const std::string error = reload_with_a_flip(model, v, o, 2);
       const std::string where = std::string(distribution_name(d)) + (atomic ? ", atomic" : "");
+      int nth = 2;
+      std::string error = reload_with_a_flip(model, v.v1, v.v2, o, nth);
+      for (; error.empty() && d == Distribution::kBroadcast && nth < 12;
+           error = reload_with_a_flip(model, v.v1, v.v2, o, ++nth)) {
+        const auto wrong = not_version(model, v.config, v.v2);
+        EXPECT_TRUE(wrong.empty()) << where << ": a flip in bucket " << nth
+                                   << " went unnoticed and landed in " << wrong.front();
+      }
       ASSERT_FALSE(error.empty()) << where << ": the flipped bit went unnoticed";
       EXPECT_TRUE(same_on_every_rank(error)) << where << ": " << error;
-      EXPECT_NE(
-          error.find("verifying the transferred bytes failed on rank " + std::to_string(kVictim) +
-                     "/" + std::to_string(world().size()) + ": bucket 2 of "),
-          std::string::npos)
+      EXPECT_NE(error.find("verifying the transferred bytes failed on rank " +
+                           std::to_string(kVictim) + "/" + std::to_string(world().size()) +
+                           ": bucket " + std::to_string(nth) + " of "),
+                std::string::npos)
           << error;
       EXPECT_NE(error.find("arrived corrupted on rank " + std::to_string(kVictim)),
                 std::string::npos)
@@ -124,6 +145,49 @@ TEST(Integrity, AFlippedBitIsCaughtWhereItLandedAndNeverWritten) {
   }
 }
 
+// Broadcast buckets of many 64 KiB verify blocks: flips spread over a bucket
+// are caught where the victim reads the bytes and change nothing elsewhere.
+// Both must happen (a rank reads its own rows of the column-parallel tensors,
+// not the others').
+TEST(Integrity, ABroadcastReceiverVerifiesTheBytesItReadsAndNoOthers) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const ModelConfig config = parse_model_config(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":2000,
+      "torch_dtype":"bfloat16"})",
+      "verify blocks test");
+  const Versions v{config, testdata::random_checkpoint(config, 811),
+                   testdata::random_checkpoint(config, 812)};
+  ReloadOptions o;
+  o.distribution = Distribution::kBroadcast;
+  o.bucket_bytes = 1 << 20;
+  int caught = 0, harmless = 0;
+  for (int nth : {2, 3}) {
+    for (std::uint64_t j = 0; j < 16; ++j) {
+      TensorParallelModel model(config, on_this_rank());
+      const std::uint64_t bit = j * (std::uint64_t{64} << 13) + 8 * 777 + 3;  // every 64 KiB
+      const std::string error = reload_with_a_flip(model, v.v1, v.v2, o, nth, bit);
+      const std::string where = "transfer " + std::to_string(nth) + ", bit " + std::to_string(bit);
+      ASSERT_TRUE(same_on_every_rank(error)) << where << ": " << error;
+      if (error.empty()) {
+        ++harmless;
+        const auto wrong = not_version(model, config, v.v2);
+        EXPECT_TRUE(wrong.empty()) << where << ": unnoticed, and landed in " << wrong.front();
+        continue;
+      }
+      ++caught;
+      EXPECT_NE(error.find("arrived corrupted on rank " + std::to_string(kVictim) + "/" +
+                           std::to_string(world().size()) + " in its bytes ["),
+                std::string::npos)
+          << where << ": " << error;
+      EXPECT_TRUE(neither(model, v).empty())
+          << where << ": a corrupted parameter was written: " << neither(model, v).front();
+    }
+  }
+  EXPECT_GT(caught, 0) << "no flip landed in bytes the victim reads: the test proves nothing";
+  EXPECT_GT(harmless, 0) << "every flip was caught: the victim verifies bytes it does not read";
+}
+
 TEST(Integrity, WithoutChecksumsTheSameFlipLandsSilently) {
   TPRELOAD_REQUIRE_RANKS(2);
   const Versions v;
@@ -131,7 +195,7 @@ TEST(Integrity, WithoutChecksumsTheSameFlipLandsSilently) {
   ReloadOptions o;
   o.bucket_bytes = 3000;
   o.checksums = false;
-  const std::string error = reload_with_a_flip(model, v, o, 2);
+  const std::string error = reload_with_a_flip(model, v.v1, v.v2, o, 2);
   EXPECT_EQ(error, "");
   std::int64_t corrupted = neither(model, v).size();
   world().allreduce_ints(&corrupted, 1, IntOp::kSum);

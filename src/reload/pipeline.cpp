@@ -13,6 +13,7 @@
 #include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
+#include "tpreload/model/row_writes.h"
 
 namespace tpreload::detail {
 namespace {
@@ -29,6 +30,17 @@ class CorruptedBucket final : public CommError {
  public:
   using CommError::CommError;
 };
+
+// A broadcast bucket is summed in blocks of this many bytes (a multiple of
+// kCrc32cBlock, so that a device's raw block CRCs combine into them): a
+// receiver verifies only the blocks its writes read, not the whole bucket it
+// received (docs/PERFORMANCE.md, change 35).
+constexpr std::uint64_t kVerifyBlock = std::uint64_t{64} << 10;
+static_assert(kVerifyBlock % kCrc32cBlock == 0, "verify blocks combine from device blocks");
+
+std::size_t verify_blocks(std::uint64_t bytes) {
+  return static_cast<std::size_t>((bytes + kVerifyBlock - 1) / kVerifyBlock);
+}
 
 std::string hex(std::uint32_t v) {
   char text[11];
@@ -59,11 +71,15 @@ struct Slot {
   std::byte* apply_stage = nullptr;  // device: this rank's view, host transport + device params
   ConstBytes payload;                // reader rank, broadcast: the bytes to send (a view or `send`)
   std::optional<std::string> read_error;
-  // CRC-32C of what each rank receives (scatter: one per world rank; broadcast:
-  // one), computed by the reader from the bytes it read.
+  // CRC-32Cs the reader computed from the bytes it read: scatter, one of what
+  // each rank of the group receives; broadcast, one per kVerifyBlock of the
+  // bucket (`summed`: the bytes summed so far, in order).
   std::vector<std::uint32_t> sums;
-  std::optional<std::uint32_t> expected;  // a receiver's: what the reader sent
-  std::uint32_t* block_sums = nullptr;    // pinned: raw block CRCs of a device view
+  std::uint64_t summed = 0;
+  // A receiver's: what the reader sent (scatter: its view's CRC; broadcast: the
+  // bucket's block CRCs). Empty: nothing to verify.
+  std::vector<std::uint32_t> expected;
+  std::uint32_t* block_sums = nullptr;  // pinned: raw block CRCs of a device view
 };
 
 class Pipeline {
@@ -176,6 +192,9 @@ class Pipeline {
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
                                        const std::optional<std::string>& mine);
   void verify(Slot& slot, const std::byte* view, bool device_memory);
+  const std::vector<std::uint32_t>& blocks_read(std::size_t bucket);
+  [[noreturn]] void raise_corrupted(const Slot& slot, std::uint64_t begin, std::uint64_t end,
+                                    std::uint32_t got, std::uint32_t sent) const;
   std::string bucket_tensors(std::size_t bucket) const;
   std::optional<std::unique_ptr<Slot>> next_filled(std::size_t k);
   void report_progress(std::size_t buckets_done, bool finished);
@@ -209,6 +228,9 @@ class Pipeline {
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
   PipelineStats stats_;
+  // Broadcast buckets: the kVerifyBlock blocks this rank's writes read, per
+  // bucket, found at the bucket's first verify (apply thread).
+  std::vector<std::optional<std::vector<std::uint32_t>>> blocks_read_;
   // The reader thread's time in CRC-32C, added to stats_.checksum once the
   // threads are joined (a node reader with rotated roots also verifies, on the
   // apply thread).
@@ -270,15 +292,26 @@ void Pipeline::fill(Slot& slot) {
   // Summed as read, a step at a time while the step is in the core's cache:
   // what each rank of the group receives (its running CRC-32C in slot.sums).
   slot.sums.clear();
+  slot.summed = 0;
   BucketReader::Filled sum;
-  if (!all_read_ && summed(slot.bucket)) {
-    slot.sums.assign(bucket.scatter ? static_cast<std::size_t>(group_.size()) : 1, 0);
+  const bool sums = !all_read_ && summed(slot.bucket);
+  if (sums) {
+    slot.sums.assign(
+        bucket.scatter ? static_cast<std::size_t>(group_.size()) : verify_blocks(bucket.bytes), 0);
     sum = [&](int region, ConstBytes span) {
-      const int g = region < 0 ? 0 : group_rank_of(region);
-      if (g < 0 || (region >= 0 && g == group_rank_)) return;  // not sent to the group
       const auto t = Clock::now();
-      std::uint32_t& crc = slot.sums[static_cast<std::size_t>(g)];
-      crc = crc32c_extend(crc, span.data, span.size);
+      if (region < 0) {  // broadcast: the spans tile the bucket in order, cut into blocks
+        for (std::uint64_t done = 0; done < span.size;) {
+          const std::size_t k = static_cast<std::size_t>(slot.summed / kVerifyBlock);
+          const std::uint64_t n = std::min(span.size - done, (k + 1) * kVerifyBlock - slot.summed);
+          slot.sums.at(k) = crc32c_extend(slot.sums[k], span.data + done, n);
+          done += n;
+          slot.summed += n;
+        }
+      } else if (const int g = group_rank_of(region); g >= 0 && g != group_rank_) {
+        std::uint32_t& crc = slot.sums[static_cast<std::size_t>(g)];
+        crc = crc32c_extend(crc, span.data, span.size);  // (not sent to the group: not summed)
+      }
       reader_checksum_ += since(t);
     };
   }
@@ -298,6 +331,9 @@ void Pipeline::fill(Slot& slot) {
                        spaces_.device->describe()));
     slot.payload = ConstBytes(slot.send, bucket.bytes);
   }
+  if (sums && !bucket.scatter && slot.summed != bucket.bytes)  // (the reader's own invariant)
+    raise<Error>("bucket ", slot.bucket + 1, ": the reader summed ", slot.summed, " of its ",
+                 bucket.bytes, " bytes in order (a broadcast bucket's spans must tile it)");
   // Bytes read through the file's mapping (zero-copy payloads, full rows) that
   // the file no longer backs read as zeros: this bucket is not sent.
   source_->check_mapped_reads();
@@ -318,30 +354,78 @@ std::string Pipeline::bucket_tensors(std::size_t bucket) const {
   return names;
 }
 
-// Apply thread, before anything of the bucket is written: this rank's view must
-// hold exactly the bytes the reader read.
+// Broadcast bucket `bucket`: the kVerifyBlock blocks of the bucket that this
+// rank's writes read (write_source_end), in order; computed once per reload.
+const std::vector<std::uint32_t>& Pipeline::blocks_read(std::size_t bucket) {
+  if (blocks_read_.empty()) blocks_read_.resize(plan_.buckets.size());
+  auto& blocks = blocks_read_[bucket];
+  if (blocks) return *blocks;
+  const std::uint64_t n = plan_.buckets[bucket].bytes;
+  std::vector<char> read(verify_blocks(n), 0);
+  const auto& params = model_.rules().params();
+  for (const RowWrite& w : applies_[bucket].writes) {
+    const std::uint64_t end = std::min(n, write_source_end(w, params.at(w.slot)));
+    for (std::uint64_t k = w.src_offset / kVerifyBlock; k * kVerifyBlock < end; ++k) read[k] = 1;
+  }
+  blocks.emplace();
+  for (std::size_t k = 0; k < read.size(); ++k)
+    if (read[k]) blocks->push_back(static_cast<std::uint32_t>(k));
+  return *blocks;
+}
+
+[[noreturn]] void Pipeline::raise_corrupted(const Slot& slot, std::uint64_t begin,
+                                            std::uint64_t end, std::uint32_t got,
+                                            std::uint32_t sent) const {
+  const Bucket& bucket = plan_.buckets[slot.bucket];
+  const std::uint64_t n = view_bytes(bucket);
+  raise<CorruptedBucket>(
+      "bucket ", slot.bucket + 1, " of ", plan_.buckets.size(), " (", n, " bytes of ",
+      bucket_tensors(slot.bucket), ") arrived corrupted on rank ", rank_, "/", control_.size(),
+      begin == 0 && end == n ? std::string() : concat(" in its bytes [", begin, ", ", end, ")"),
+      ": CRC-32C ", hex(got), ", the reader sent ", hex(sent), "; none of it was applied");
+}
+
+// Apply thread, before anything of the bucket is written: the bytes this rank
+// applies must be exactly the bytes the reader read. A scatter view is checked
+// whole; of a broadcast bucket, the blocks this rank's writes read (a bit
+// flipped in bytes only other ranks use changes nothing here).
 void Pipeline::verify(Slot& slot, const std::byte* view, bool device_memory) {
-  if (!slot.expected) return;
+  if (slot.expected.empty()) return;
   const auto start = Clock::now();
-  const std::uint64_t n = view_bytes(plan_.buckets[slot.bucket]);
-  std::uint32_t got = 0;
-  if (!device_memory) {
-    got = crc32c(view, n);
-  } else {
+  const Bucket& bucket = plan_.buckets[slot.bucket];
+  const std::uint64_t n = view_bytes(bucket);
+  if (device_memory) {
     if (!apply_stream_) apply_stream_ = spaces_.device->make_stream();
     apply_stream_->crc32c_blocks(view, n, slot.block_sums);
     synchronize(
         *apply_stream_, options_.device_timeout,
         concat("checksumming bucket ", slot.bucket + 1, " on ", spaces_.device->describe()));
-    got = crc32c_from_blocks(slot.block_sums, n);
+  }
+  // The CRC-32C of the view's bytes [begin, end).
+  auto crc = [&](std::uint64_t begin, std::uint64_t end) {
+    if (!device_memory) return crc32c(view + begin, end - begin);
+    return crc32c_from_blocks(slot.block_sums + begin / kCrc32cBlock, end - begin);
+  };
+  std::optional<std::pair<std::uint64_t, std::uint32_t>> bad;  // (block start, its CRC)
+  std::uint32_t sent = 0;
+  if (bucket.scatter) {
+    if (const std::uint32_t got = crc(0, n); got != slot.expected.at(0)) bad = {0, got};
+    sent = slot.expected[0];
+  } else {
+    for (const std::uint32_t k : blocks_read(slot.bucket)) {
+      const std::uint64_t begin = k * kVerifyBlock;
+      const std::uint32_t got = crc(begin, std::min(n, begin + kVerifyBlock));
+      if (got == slot.expected.at(k)) continue;
+      bad = {begin, got};
+      sent = slot.expected[k];
+      break;
+    }
   }
   stats_.checksum += since(start);
-  if (got != *slot.expected)
-    raise<CorruptedBucket>("bucket ", slot.bucket + 1, " of ", plan_.buckets.size(), " (", n,
-                           " bytes of ", bucket_tensors(slot.bucket),
-                           ") arrived corrupted on rank ", rank_, "/", control_.size(),
-                           ": CRC-32C ", hex(got), ", the reader sent ", hex(*slot.expected),
-                           "; none of it was applied");
+  if (bad) {
+    const std::uint64_t end = bucket.scatter ? n : std::min(n, bad->first + kVerifyBlock);
+    raise_corrupted(slot, bad->first, end, bad->second, sent);
+  }
 }
 
 void Pipeline::reader_loop() {
@@ -376,7 +460,9 @@ bool Pipeline::announce_read_status(Slot& slot) {
   // [status, then the CRC-32C of what each rank receives]: one broadcast.
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const std::size_t sums =
-      summed(slot.bucket) ? (bucket.scatter ? static_cast<std::size_t>(group_.size()) : 1) : 0;
+      summed(slot.bucket)
+          ? (bucket.scatter ? static_cast<std::size_t>(group_.size()) : verify_blocks(bucket.bytes))
+          : 0;
   std::vector<std::int64_t> message_head(1 + sums, 0);
   message_head[0] = problem ? 1 : 0;
   if (reader_ && !problem)
@@ -384,10 +470,14 @@ bool Pipeline::announce_read_status(Slot& slot) {
   group_.broadcast(MutableBytes(message_head.data(), message_head.size() * sizeof(std::int64_t)),
                    root_);
   const std::int64_t status = message_head[0];
-  slot.expected.reset();
-  if (status == 0 && sums && !reader_)
-    slot.expected =
-        static_cast<std::uint32_t>(message_head[1 + (bucket.scatter ? group_rank_ : 0)]);
+  slot.expected.clear();
+  if (status == 0 && sums && !reader_) {
+    if (bucket.scatter)
+      slot.expected.push_back(static_cast<std::uint32_t>(message_head[1 + group_rank_]));
+    else
+      for (std::size_t k = 0; k < sums; ++k)
+        slot.expected.push_back(static_cast<std::uint32_t>(message_head[1 + k]));
+  }
   if (status != 0 && !node_read_) raise_read_failure(slot.bucket, options_.reader_rank, problem);
   return status == 0;
 }
@@ -398,18 +488,21 @@ bool Pipeline::announce_read_status(Slot& slot) {
 // whether the bucket goes out.
 bool Pipeline::announce_world_status(Slot& slot) {
   const int root = world_root(slot.bucket);
-  const bool summed_here = summed(slot.bucket);
-  std::int64_t head[2] = {0, 0};  // [failed, CRC-32C]: the world's maximum
+  const std::size_t sums =
+      summed(slot.bucket) ? verify_blocks(plan_.buckets[slot.bucket].bytes) : 0;
+  // [failed, the block CRC-32Cs]: the world's maximum
+  std::vector<std::int64_t> head(1 + sums, 0);
   if (rank_ == root) {
     if (slot.read_error)
       head[0] = 1;
-    else if (summed_here)
-      head[1] = slot.sums.at(0);
+    else
+      for (std::size_t k = 0; k < sums; ++k) head[1 + k] = slot.sums.at(k);
   }
-  control_.allreduce_ints(head, 2, IntOp::kMax);
-  slot.expected.reset();
-  if (head[0] == 0 && summed_here && rank_ != root)
-    slot.expected = static_cast<std::uint32_t>(head[1]);
+  allreduce_ints(control_, head, IntOp::kMax);
+  slot.expected.clear();
+  if (head[0] == 0 && rank_ != root)
+    for (std::size_t k = 0; k < sums; ++k)
+      slot.expected.push_back(static_cast<std::uint32_t>(head[1 + k]));
   return head[0] == 0;
 }
 

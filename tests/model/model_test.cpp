@@ -9,6 +9,7 @@
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/model.h"
+#include "tpreload/model/row_writes.h"
 
 namespace tpreload {
 namespace {
@@ -225,6 +226,77 @@ TEST(Int8, KernelFormatCopiesWeightsAndScalesStraight) {
   EXPECT_NE(
       copy.check_kernel_tensor("model.layers.0.mlp.down_proj.weight", {64, 48}, DType::kBFloat16),
       "");
+}
+
+// write_source_end: a write reads its source only before it (bytes after it, and
+// between rows, may be anything), and it does read the byte just before it. The
+// ends are worked out here from the shapes: hidden 64, intermediate 96, tp 4.
+TEST(RowWrites, ASinkWriteReadsItsSourceUpToWriteSourceEndAndNoFurther) {
+  const ModelConfig config = parse_model_config(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":100,
+      "torch_dtype":"bfloat16"})",
+      "test");
+  struct Case {
+    const char* tensor;
+    DType src;
+    std::string quantization;
+    std::uint64_t end;
+    const char* what;
+  };
+  // up_proj [96, 64] on tp rank 2: rows 48-71 are its; written: rows [48, 53)
+  // of a source whose row 0 is at byte 64, 128-byte rows (256 in float32).
+  const std::uint64_t row = 64 * 2;
+  for (const Case c : {
+           Case{"model.layers.0.mlp.up_proj.weight", DType::kBFloat16, "", 64 + 53 * row,
+                "column-parallel rows copied"},
+           Case{"model.layers.0.mlp.up_proj.weight", DType::kFloat32, "", 64 + 53 * 2 * row,
+                "column-parallel rows converted from float32"},
+           Case{"model.layers.0.mlp.up_proj.weight", DType::kBFloat16, "int8", 64 + 53 * row,
+                "column-parallel rows quantized"},
+           // down_proj [64, 96]: columns [48, 72) of each 192-byte row, rows 8-12.
+           Case{"model.layers.0.mlp.down_proj.weight", DType::kBFloat16, "", 64 + 12 * 192 + 72 * 2,
+                "a row-parallel window of each row"},
+       }) {
+    ModelOptions mo;
+    mo.tp_size = 4;
+    mo.tp_rank = 2;
+    mo.quantization = c.quantization;
+    TensorParallelModel model(config, mo);
+    const Placement pl = *model.rules().place(c.tensor, 2);
+    const bool column = std::string(c.tensor).find("up_proj") != std::string::npos;
+    // Rows [row0, row0 + 5) of a source whose row 0 is at byte 64: row row0 at
+    // 64 + row0 x the source row's bytes.
+    const std::int64_t row0 = column ? 48 : 8;
+    const std::uint64_t src_row = column ? (c.src == DType::kFloat32 ? 2 * row : row) : 192;
+    const auto w = checkpoint_row_write(model.rules(), pl, c.src, row0, 5, false,
+                                        64 + static_cast<std::uint64_t>(row0) * src_row);
+    ASSERT_TRUE(w) << c.what;
+    const ParamSpec& param = model.rules().params().at(w->slot);
+    ASSERT_EQ(write_source_end(*w, param), c.end) << c.what;
+    // Finite values of any of the source dtypes: small exponents.
+    std::vector<std::byte> clean(c.end + 512);
+    for (std::size_t i = 0; i < clean.size(); ++i)
+      clean[i] = static_cast<std::byte>((i * 37 + 11) % 61);
+    auto written = [&](const std::vector<std::byte>& src) {
+      model.sink().write(*w, src.data());
+      std::vector<at::Tensor> out;
+      for (const auto& [name, t] : model.named_parameters()) out.push_back(t.clone());
+      return out;
+    };
+    auto same = [](const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (!testdata::same_bytes(a[i], b[i])) return false;
+      return true;
+    };
+    const auto want = written(clean);
+    std::vector<std::byte> after = clean;  // everything from the end on: other values
+    for (std::size_t i = c.end; i < after.size(); ++i) after[i] = std::byte{0x3c};
+    EXPECT_TRUE(same(written(after), want)) << c.what << ": read a byte at or after its end";
+    std::vector<std::byte> last = clean;  // its last byte: another value
+    last[c.end - 1] = std::byte{0x3c};
+    EXPECT_FALSE(same(written(last), want)) << c.what << ": its last byte was not read";
+  }
 }
 
 TEST(Forward, SingleRankMatchesTheReference) {

@@ -56,6 +56,13 @@ std::uint64_t shape_row_bytes(const std::vector<std::int64_t>& shape, DType dtyp
 std::int64_t param_rows(const std::vector<std::int64_t>& shape);
 std::uint64_t param_row_bytes(const std::vector<std::int64_t>& shape, DType dtype);
 
+// One past the last source byte a write into `param` reads: its rows lie
+// src_pitch apart from src_offset, each the parameter row's elements in the
+// write's src_dtype, so it reads only [w.src_offset, write_source_end(w, param))
+// (nothing for a write of no rows: src_offset itself). What a receiver must have
+// verified before the write.
+std::uint64_t write_source_end(const RowWrite& w, const ParamSpec& param);
+
 // Whether values of `from` may be written into a parameter of `to`: the same
 // dtype, or both floating (converted, round to nearest even, as torch's .to()
 // does). Integer and other dtypes are never converted. Into an int8 (quantized)
