@@ -17,6 +17,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -263,16 +264,30 @@ struct Row {
   double bucket_mb;
   std::string readers = "one";  // one, node, all, or "whole": every rank loads the whole checkpoint
   double seconds = 0, bound = 0;
-  double checksum = 0;    // of `seconds`: computing and verifying CRC-32Cs (max over ranks)
-  double unchecked = -1;  // --checksum-cost: the same reloads without checksums (else < 0)
+  double checksum = 0;  // of `seconds`: computing and verifying CRC-32Cs (max over ranks)
+  // --checksum-cost: each iteration's reload with checksums and the one without
+  // (empty without the option).
+  std::vector<double> checked = {}, unchecked = {};
   std::uint64_t bytes = 0, staging = 0, copied = 0;
   std::int64_t wrong = 0;
   std::int64_t depth = 0;  // pipeline depth, the deepest rank's (chosen per rank by default)
   // crc%: the share of the reload in CRC-32C; crcCost%: the reload's time with
-  // checksums less without, as a share of it (measured: unchecked >= 0).
+  // checksums less without, as a share of it: the median of the iterations'
+  // differences over the median time with them (one slow reload of either kind
+  // moves a mean of differences by its whole delay; a median, by little).
   double crc_percent() const { return 100 * checksum / seconds; }
-  bool cost_measured() const { return unchecked >= 0; }
-  double crc_cost_percent() const { return 100 * (seconds - unchecked) / seconds; }
+  bool cost_measured() const { return !unchecked.empty(); }
+  double crc_cost_percent() const {
+    std::vector<double> differences;
+    for (std::size_t i = 0; i < checked.size(); ++i)
+      differences.push_back(checked[i] - unchecked.at(i));
+    return 100 * median(differences) / median(checked);
+  }
+  static double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  }
 };
 
 // This rank's model of the row, and its reference: its parameters loaded locally
@@ -372,11 +387,11 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   // The reloads without checksums go first on odd iterations and second on even
   // ones, so that drift in the machine's speed falls on both alike (evenly with
   // an even --iters).
-  if (cost) row.unchecked = 0;
   for (int i = 0; i < o.iters; ++i) {
-    if (cost && i % 2) row.unchecked += timed(false).first;
+    if (cost && i % 2) row.unchecked.push_back(timed(false).first);
     const auto [seconds, r] = timed(!o.no_checksums);
-    if (cost && i % 2 == 0) row.unchecked += timed(false).first;
+    if (cost && i % 2 == 0) row.unchecked.push_back(timed(false).first);
+    if (cost) row.checked.push_back(seconds);
     row.seconds += seconds;
     // Every rank reading: the bytes of its parameters (what it must place).
     row.bytes = all ? model.sink().total_bytes() : r.bytes_transferred;
@@ -385,7 +400,6 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     row.depth = r.pipeline_depth;
     row.copied = r.bytes_copied_on_reader;
   }
-  if (cost) row.unchecked /= o.iters;
   world.allreduce_ints(&row.depth, 1, IntOp::kMax);
   row.seconds /= o.iters;
   row.checksum /= o.iters;
@@ -578,8 +592,8 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
       std::cout << "#   checksums <= 5% of the reload (time in CRC-32C, rank that spends most), "
                 << what << ": " << verdict(r.crc_percent(), 5.0, "%") << "\n";
       if (r.cost_measured())
-        std::cout << "#   checksums <= 5% of the reload (time with - time without), " << what
-                  << ": " << verdict(r.crc_cost_percent(), 5.0, "%") << "\n";
+        std::cout << "#   checksums <= 5% of the reload (median of time with - time without), "
+                  << what << ": " << verdict(r.crc_cost_percent(), 5.0, "%") << "\n";
     }
     if (r.readers == "one")
       std::cout << "#   reader copies per byte sent <= 1 (the read), " << what << ": "
@@ -644,8 +658,8 @@ int main(int argc, char** argv) {
                "Reload without the CRC-32C of the transferred bytes (ReloadOptions::checksums)");
   app.add_flag("--checksum-cost", o.checksum_cost,
                "Also time every reload without checksums, alternating which goes first, and "
-               "print what the checksums cost (crcCost%: the difference, as a share of the "
-               "reload with them; use an even --iters)");
+               "print what the checksums cost (crcCost%: the median of the iterations' "
+               "differences, as a share of the median reload with them; use an even --iters)");
   app.add_flag("--keep-open", o.keep_open,
                "Open the checkpoint once and reuse it; by default each timed reload opens it, "
                "as a reload of a new checkpoint does, given the listing the workspace kept");
