@@ -107,8 +107,9 @@ int auto_pipeline_depth(int usable_cores, int host_cores, int ranks_on_host);
 struct ReloadOptions {
   WeightFormat format = WeightFormat::kCheckpoint;
   // Defaults chosen by scripts/sweep.sh (docs/PERFORMANCE.md, "Defaults"): on the
-  // 2-core reference machines scatter with 8 MiB buckets and one buffer in flight
-  // was fastest; sweep again on a machine with cores to spare for the pipeline.
+  // 2-core reference machines scatter with 8 MiB buckets was fastest, and one
+  // buffer in flight wherever ranks share cores (the depth is chosen per rank);
+  // sweep again on a machine with cores to spare for the pipeline.
   Distribution distribution = Distribution::kScatter;
   std::uint64_t bucket_bytes = std::uint64_t{8} << 20;
   // Scatter: replicated tensors whose copies for the whole world come to at most
