@@ -91,9 +91,16 @@ int chosen_pipeline_depth(Communicator& world, const ReloadOptions& o) {
   const auto ranks_on_host = static_cast<int>(std::count(hosts.begin(), hosts.end(), mine));
   const long online = sysconf(_SC_NPROCESSORS_ONLN);
   const int host_cores = online > 0 ? static_cast<int>(online) : 1;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int usable = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : host_cores;
+  // (a set sized for the host: a fixed cpu_set_t holds 1,024 CPUs)
+  const int most = std::max(host_cores, CPU_SETSIZE);
+  cpu_set_t* set = CPU_ALLOC(most);
+  const std::size_t size = CPU_ALLOC_SIZE(most);
+  int usable = host_cores;
+  if (set) {
+    CPU_ZERO_S(size, set);
+    if (sched_getaffinity(0, size, set) == 0) usable = CPU_COUNT_S(size, set);
+    CPU_FREE(set);
+  }
   const int depth = auto_pipeline_depth(usable, host_cores, ranks_on_host);
   log().debug(
       "rank {}: pipeline depth {} (automatic: {} usable cores, {} on host {}, {} ranks there)",
