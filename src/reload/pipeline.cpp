@@ -192,7 +192,20 @@ class Pipeline {
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
                                        const std::optional<std::string>& mine);
   void verify(Slot& slot, const std::byte* view, bool device_memory);
-  const std::vector<std::uint32_t>& blocks_read(std::size_t bucket);
+  // Bytes [begin, end) of this rank's view of a bucket, checked against
+  // Slot::expected[sum] before the bucket is applied.
+  struct Check {
+    std::uint64_t begin, end;
+    std::size_t sum;
+  };
+  const std::vector<Check>& checks(std::size_t bucket);
+  // CRC-32Cs announced for `bucket`: one per rank of the group (scatter) or per
+  // kVerifyBlock of it (broadcast); none when it is not summed.
+  std::size_t sum_count(std::size_t bucket) const {
+    if (!summed(bucket)) return 0;
+    const Bucket& b = plan_.buckets[bucket];
+    return b.scatter ? static_cast<std::size_t>(group_.size()) : verify_blocks(b.bytes);
+  }
   [[noreturn]] void raise_corrupted(const Slot& slot, std::uint64_t begin, std::uint64_t end,
                                     std::uint32_t got, std::uint32_t sent) const;
   std::string bucket_tensors(std::size_t bucket) const;
@@ -228,9 +241,8 @@ class Pipeline {
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
   PipelineStats stats_;
-  // Broadcast buckets: the kVerifyBlock blocks this rank's writes read, per
-  // bucket, found at the bucket's first verify (apply thread).
-  std::vector<std::optional<std::vector<std::uint32_t>>> blocks_read_;
+  // Per bucket, found at its first verify (apply thread): what is checked.
+  std::vector<std::optional<std::vector<Check>>> checks_;
   // The reader thread's time in CRC-32C, added to stats_.checksum once the
   // threads are joined (a node reader with rotated roots also verifies, on the
   // apply thread).
@@ -296,8 +308,7 @@ void Pipeline::fill(Slot& slot) {
   BucketReader::Filled sum;
   const bool sums = !all_read_ && summed(slot.bucket);
   if (sums) {
-    slot.sums.assign(
-        bucket.scatter ? static_cast<std::size_t>(group_.size()) : verify_blocks(bucket.bytes), 0);
+    slot.sums.assign(sum_count(slot.bucket), 0);
     sum = [&](int region, ConstBytes span) {
       const auto t = Clock::now();
       if (region < 0) {  // broadcast: the spans tile the bucket in order, cut into blocks
@@ -354,23 +365,29 @@ std::string Pipeline::bucket_tensors(std::size_t bucket) const {
   return names;
 }
 
-// Broadcast bucket `bucket`: the kVerifyBlock blocks of the bucket that this
-// rank's writes read (write_source_end), in order; computed once per reload.
-const std::vector<std::uint32_t>& Pipeline::blocks_read(std::size_t bucket) {
-  if (blocks_read_.empty()) blocks_read_.resize(plan_.buckets.size());
-  auto& blocks = blocks_read_[bucket];
-  if (blocks) return *blocks;
-  const std::uint64_t n = plan_.buckets[bucket].bytes;
+// What this rank checks of `bucket`, computed once per reload: its whole view
+// of a scatter bucket; of a broadcast bucket, the kVerifyBlock blocks its
+// writes read (from each write's src_offset to write_source_end), in order.
+const std::vector<Pipeline::Check>& Pipeline::checks(std::size_t bucket) {
+  if (checks_.empty()) checks_.resize(plan_.buckets.size());
+  auto& list = checks_[bucket];
+  if (list) return *list;
+  list.emplace();
+  const Bucket& b = plan_.buckets[bucket];
+  const std::uint64_t n = view_bytes(b);
+  if (b.scatter) {
+    list->push_back({0, n, 0});
+    return *list;
+  }
   std::vector<char> read(verify_blocks(n), 0);
   const auto& params = model_.rules().params();
   for (const RowWrite& w : applies_[bucket].writes) {
     const std::uint64_t end = std::min(n, write_source_end(w, params.at(w.slot)));
     for (std::uint64_t k = w.src_offset / kVerifyBlock; k * kVerifyBlock < end; ++k) read[k] = 1;
   }
-  blocks.emplace();
   for (std::size_t k = 0; k < read.size(); ++k)
-    if (read[k]) blocks->push_back(static_cast<std::uint32_t>(k));
-  return *blocks;
+    if (read[k]) list->push_back({k * kVerifyBlock, std::min(n, (k + 1) * kVerifyBlock), k});
+  return *list;
 }
 
 [[noreturn]] void Pipeline::raise_corrupted(const Slot& slot, std::uint64_t begin,
@@ -386,15 +403,14 @@ const std::vector<std::uint32_t>& Pipeline::blocks_read(std::size_t bucket) {
 }
 
 // Apply thread, before anything of the bucket is written: the bytes this rank
-// applies must be exactly the bytes the reader read. A scatter view is checked
-// whole; of a broadcast bucket, the blocks this rank's writes read (a bit
-// flipped in bytes only other ranks use changes nothing here).
+// applies must be exactly the bytes the reader read (checks(): a bit flipped in
+// broadcast bytes only other ranks use changes nothing here).
 void Pipeline::verify(Slot& slot, const std::byte* view, bool device_memory) {
   if (slot.expected.empty()) return;
+  const auto& list = checks(slot.bucket);
+  if (list.empty()) return;  // (nothing of it is applied here)
   const auto start = Clock::now();
-  const Bucket& bucket = plan_.buckets[slot.bucket];
-  const std::uint64_t n = view_bytes(bucket);
-  if (!bucket.scatter && blocks_read(slot.bucket).empty()) return;  // (nothing of it applied here)
+  const std::uint64_t n = view_bytes(plan_.buckets[slot.bucket]);
   if (device_memory) {
     if (!apply_stream_) apply_stream_ = spaces_.device->make_stream();
     apply_stream_->crc32c_blocks(view, n, slot.block_sums);
@@ -402,31 +418,16 @@ void Pipeline::verify(Slot& slot, const std::byte* view, bool device_memory) {
         *apply_stream_, options_.device_timeout,
         concat("checksumming bucket ", slot.bucket + 1, " on ", spaces_.device->describe()));
   }
-  // The CRC-32C of the view's bytes [begin, end).
-  auto crc = [&](std::uint64_t begin, std::uint64_t end) {
-    if (!device_memory) return crc32c(view + begin, end - begin);
-    return crc32c_from_blocks(slot.block_sums + begin / kCrc32cBlock, end - begin);
-  };
-  std::optional<std::pair<std::uint64_t, std::uint32_t>> bad;  // (block start, its CRC)
-  std::uint32_t sent = 0;
-  if (bucket.scatter) {
-    if (const std::uint32_t got = crc(0, n); got != slot.expected.at(0)) bad = {0, got};
-    sent = slot.expected[0];
-  } else {
-    for (const std::uint32_t k : blocks_read(slot.bucket)) {
-      const std::uint64_t begin = k * kVerifyBlock;
-      const std::uint32_t got = crc(begin, std::min(n, begin + kVerifyBlock));
-      if (got == slot.expected.at(k)) continue;
-      bad = {begin, got};
-      sent = slot.expected[k];
-      break;
-    }
+  for (const Check& c : list) {
+    const std::uint32_t got =
+        device_memory
+            ? crc32c_from_blocks(slot.block_sums + c.begin / kCrc32cBlock, c.end - c.begin)
+            : crc32c(view + c.begin, c.end - c.begin);
+    if (got == slot.expected.at(c.sum)) continue;
+    stats_.checksum += since(start);
+    raise_corrupted(slot, c.begin, c.end, got, slot.expected[c.sum]);
   }
   stats_.checksum += since(start);
-  if (bad) {
-    const std::uint64_t end = bucket.scatter ? n : std::min(n, bad->first + kVerifyBlock);
-    raise_corrupted(slot, bad->first, end, bad->second, sent);
-  }
 }
 
 void Pipeline::reader_loop() {
@@ -460,10 +461,7 @@ bool Pipeline::announce_read_status(Slot& slot) {
   if (reader_) problem = slot.read_error;
   // [status, then the CRC-32C of what each rank receives]: one broadcast.
   const Bucket& bucket = plan_.buckets[slot.bucket];
-  const std::size_t sums =
-      summed(slot.bucket)
-          ? (bucket.scatter ? static_cast<std::size_t>(group_.size()) : verify_blocks(bucket.bytes))
-          : 0;
+  const std::size_t sums = sum_count(slot.bucket);
   std::vector<std::int64_t> message_head(1 + sums, 0);
   message_head[0] = problem ? 1 : 0;
   if (reader_ && !problem)
@@ -489,8 +487,7 @@ bool Pipeline::announce_read_status(Slot& slot) {
 // whether the bucket goes out.
 bool Pipeline::announce_world_status(Slot& slot) {
   const int root = world_root(slot.bucket);
-  const std::size_t sums =
-      summed(slot.bucket) ? verify_blocks(plan_.buckets[slot.bucket].bytes) : 0;
+  const std::size_t sums = sum_count(slot.bucket);  // (a broadcast bucket's blocks)
   // [failed, the block CRC-32Cs]: the world's maximum
   std::vector<std::int64_t> head(1 + sums, 0);
   if (rank_ == root) {
