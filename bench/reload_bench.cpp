@@ -161,9 +161,7 @@ std::uint64_t read_own_slices(const BucketApply& a, const ShardingRules& rules,
   for (std::size_t i = 0; i < a.writes.size(); ++i) {
     const RowWrite& w = a.writes[i];
     if (w.rows <= 0) continue;
-    const ParamSpec& param = rules.params().at(w.slot);
-    const std::uint64_t width = param_row_bytes(param.shape, param.dtype) /
-                                dtype_size(param.dtype) * dtype_size(w.src_dtype);
+    const std::uint64_t width = write_source_row_bytes(w, rules.params().at(w.slot));
     const auto rows = static_cast<std::uint64_t>(w.rows);
     const std::size_t tensor = a.sources.at(i).tensor;
     if (w.src_pitch <= width) {
@@ -204,10 +202,8 @@ double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* s
   if (all) {  // the buffer's size: a pass's bytes, counted without reading
     for (const BucketApply& a : *own)
       for (const RowWrite& w : a.writes) {
-        const ParamSpec& param = rules.params().at(w.slot);
         own_bytes += static_cast<std::uint64_t>(std::max<std::int64_t>(0, w.rows)) *
-                     (param_row_bytes(param.shape, param.dtype) / dtype_size(param.dtype) *
-                      dtype_size(w.src_dtype));
+                     write_source_row_bytes(w, rules.params().at(w.slot));
       }
   }
   std::vector<std::byte> send(world.rank() == reader && !all ? largest : 0),

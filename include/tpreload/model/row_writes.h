@@ -56,11 +56,13 @@ std::uint64_t shape_row_bytes(const std::vector<std::int64_t>& shape, DType dtyp
 std::int64_t param_rows(const std::vector<std::int64_t>& shape);
 std::uint64_t param_row_bytes(const std::vector<std::int64_t>& shape, DType dtype);
 
+// Bytes of one source row of a write into `param`: the parameter row's
+// elements in the write's src_dtype.
+std::uint64_t write_source_row_bytes(const RowWrite& w, const ParamSpec& param);
 // One past the last source byte a write into `param` reads: its rows lie
-// src_pitch apart from src_offset, each the parameter row's elements in the
-// write's src_dtype, so it reads only [w.src_offset, write_source_end(w, param))
-// (nothing for a write of no rows: src_offset itself). What a receiver must have
-// verified before the write.
+// src_pitch apart from src_offset, each write_source_row_bytes long, so it reads
+// only [w.src_offset, write_source_end(w, param)) (nothing for a write of no
+// rows: src_offset itself). What a receiver must have verified before the write.
 std::uint64_t write_source_end(const RowWrite& w, const ParamSpec& param);
 
 // Whether values of `from` may be written into a parameter of `to`: the same

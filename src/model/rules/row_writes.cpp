@@ -36,11 +36,15 @@ std::uint64_t param_row_bytes(const std::vector<std::int64_t>& shape, DType dtyp
   return static_cast<std::uint64_t>(shape.back()) * dtype_size(dtype);
 }
 
+std::uint64_t write_source_row_bytes(const RowWrite& w, const ParamSpec& param) {
+  return param_row_bytes(param.shape, param.dtype) / dtype_size(param.dtype) *
+         dtype_size(w.src_dtype);
+}
+
 std::uint64_t write_source_end(const RowWrite& w, const ParamSpec& param) {
   if (w.rows <= 0) return w.src_offset;
-  const std::uint64_t row =
-      param_row_bytes(param.shape, param.dtype) / dtype_size(param.dtype) * dtype_size(w.src_dtype);
-  return w.src_offset + static_cast<std::uint64_t>(w.rows - 1) * w.src_pitch + row;
+  return w.src_offset + static_cast<std::uint64_t>(w.rows - 1) * w.src_pitch +
+         write_source_row_bytes(w, param);
 }
 
 bool convertible(DType from, DType to, bool quantized) {
