@@ -261,26 +261,40 @@ TEST(Integrity, ReplicasThatDifferAfterAReloadFailItOnEveryRank) {
 TEST(Integrity, RanksThatDisagreeOnOptionsAreToldWhichBeforeAnyTransfer) {
   TPRELOAD_REQUIRE_RANKS(2);
   const Versions v;
-  TensorParallelModel model(v.config, on_this_rank());
-  auto source = testdata::memory_source(v.v1);
-  ReloadOptions o;
-  if (world().rank() == world().size() - 1) {
-    o.bucket_bytes = 4096;
-    o.checksums = false;
+  struct Case {
+    std::function<void(ReloadOptions&)> on_last_rank;
+    std::string error;
+  };
+  const std::vector<Case> cases = {
+      {[](ReloadOptions& o) {
+         o.bucket_bytes = 4096;
+         o.checksums = false;
+       },
+       "ranks disagree on the bucket size, checksums (every rank must pass the same); "
+       "nothing was reloaded"},
+      // Explicit depths may differ; a depth chosen on some ranks only may not (the
+      // choice is collective).
+      {[](ReloadOptions& o) { o.pipeline_depth = 2; },
+       "ranks disagree on whether the pipeline depth is chosen per rank (every rank must pass "
+       "the same); nothing was reloaded"},
+  };
+  for (const Case& c : cases) {
+    TensorParallelModel model(v.config, on_this_rank());
+    auto source = testdata::memory_source(v.v1);
+    ReloadOptions o;
+    if (world().rank() == world().size() - 1) c.on_last_rank(o);
+    std::map<std::string, at::Tensor> before;
+    for (const auto& [name, t] : model.named_parameters()) before[name] = t.clone();
+    std::string error;
+    try {
+      reload_weights(model, world(), world().rank() == 0 ? source.get() : nullptr, o);
+    } catch (const UsageError& e) {
+      error = e.what();
+    }
+    EXPECT_EQ(error, c.error);
+    for (const auto& [name, t] : model.named_parameters())
+      EXPECT_TRUE(testdata::same_bytes(t, before.at(name))) << name << " was written";
   }
-  std::map<std::string, at::Tensor> before;
-  for (const auto& [name, t] : model.named_parameters()) before[name] = t.clone();
-  std::string error;
-  try {
-    reload_weights(model, world(), world().rank() == 0 ? source.get() : nullptr, o);
-  } catch (const UsageError& e) {
-    error = e.what();
-  }
-  EXPECT_EQ(error,
-            "ranks disagree on the bucket size, checksums (every rank must pass the same); "
-            "nothing was reloaded");
-  for (const auto& [name, t] : model.named_parameters())
-    EXPECT_TRUE(testdata::same_bytes(t, before.at(name))) << name << " was written";
 }
 
 // The checkpoint is cut short after the reader opened it: reads through the

@@ -247,7 +247,7 @@ TEST(RowWrites, ASinkWriteReadsItsSourceUpToWriteSourceEndAndNoFurther) {
   // up_proj [96, 64] on tp rank 2: rows 48-71 are its; written: rows [48, 53)
   // of a source whose row 0 is at byte 64, 128-byte rows (256 in float32).
   const std::uint64_t row = 64 * 2;
-  for (const Case c : {
+  for (const Case& c : {
            Case{"model.layers.0.mlp.up_proj.weight", DType::kBFloat16, "", 64 + 53 * row,
                 "column-parallel rows copied"},
            Case{"model.layers.0.mlp.up_proj.weight", DType::kFloat32, "", 64 + 53 * 2 * row,
