@@ -123,6 +123,60 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
   }
 }
 
+// A broadcast bucket verified block by block where the view is in device
+// memory (the device sums 4 KiB blocks, the host combines them into the 64 KiB
+// blocks a rank's writes read): a flip is caught where rank 1 reads the bytes,
+// naming them, and changes nothing elsewhere; both happen.
+TEST(DataPlane, ABroadcastViewOnTheDeviceIsVerifiedWhereItIsRead) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const ModelConfig config = parse_model_config(
+      R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
+      "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
+      "torch_dtype":"bfloat16"})",
+      "device verify blocks test");
+  const int tp = world().size();
+  const auto v1 = testdata::random_checkpoint(config, 1201),
+             v2 = testdata::random_checkpoint(config, 1202);
+  const auto want = testdata::expected_shards(config, v2, tp, world().rank());
+  int caught = 0, harmless = 0;
+  for (std::uint64_t j = 0; j < 16; ++j) {
+    PlaneSetup s = make_plane(Plane::kDeviceTransport);
+    TensorParallelModel model(config, model_options(tp, s));
+    ReloadOptions o;
+    o.distribution = Distribution::kBroadcast;
+    o.bucket_bytes = 1 << 20;
+    ReloadWorkspace ws;
+    reload(model, *s.data, v1, o, ws);
+    const std::uint64_t bit = j * (std::uint64_t{64} << 13) + 8 * 999 + 5;  // every 64 KiB
+    std::unique_ptr<DataTransport> data = std::move(s.data);
+    if (world().rank() == 1)
+      data = std::make_unique<testing::FaultyTransport>(std::move(data), 2,
+                                                        testing::FaultyTransport::Fault::kFlipBit,
+                                                        std::chrono::seconds(5), bit);
+    std::string error;
+    try {
+      reload(model, *data, v2, o, ws);
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    const std::string what = "bit " + std::to_string(bit);
+    ASSERT_TRUE(mpitest::same_on_every_rank(error)) << what << ": " << error;
+    if (error.empty()) {
+      ++harmless;
+      for (const auto& [name, t] : want)
+        EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
+            << what << ": unnoticed, and landed in " << name;
+      continue;
+    }
+    ++caught;
+    EXPECT_NE(error.find("arrived corrupted on rank 1/" + std::to_string(tp) + " in its bytes ["),
+              std::string::npos)
+        << what << ": " << error;
+  }
+  EXPECT_GT(caught, 0) << "no flip landed in bytes rank 1 reads: the test proves nothing";
+  EXPECT_GT(harmless, 0) << "every flip was caught: rank 1 verifies bytes it does not read";
+}
+
 TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
   const ModelConfig config = testdata::tiny_config("mistral_mqa");
   const auto ckpt = testdata::random_checkpoint(config, 1200);
