@@ -129,11 +129,7 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
 // naming them, and changes nothing elsewhere; both happen.
 TEST(DataPlane, ABroadcastViewOnTheDeviceIsVerifiedWhereItIsRead) {
   TPRELOAD_REQUIRE_RANKS(2);
-  const ModelConfig config = parse_model_config(
-      R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
-      "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
-      "torch_dtype":"bfloat16"})",
-      "device verify blocks test");
+  const ModelConfig config = testdata::tiny_config("llama_wide");
   const int tp = world().size();
   const auto v1 = testdata::random_checkpoint(config, 1201),
              v2 = testdata::random_checkpoint(config, 1202);

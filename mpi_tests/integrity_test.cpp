@@ -151,11 +151,7 @@ TEST(Integrity, AFlippedBitIsCaughtWhereItLandedAndNeverWritten) {
 // not the others').
 TEST(Integrity, ABroadcastReceiverVerifiesTheBytesItReadsAndNoOthers) {
   TPRELOAD_REQUIRE_RANKS(2);
-  const ModelConfig config = parse_model_config(
-      R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
-      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":2000,
-      "torch_dtype":"bfloat16"})",
-      "verify blocks test");
+  const ModelConfig config = testdata::tiny_config("llama_wide");
   const Versions v{config, testdata::random_checkpoint(config, 811),
                    testdata::random_checkpoint(config, 812)};
   ReloadOptions o;

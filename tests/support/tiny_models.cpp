@@ -41,6 +41,10 @@ ModelConfig tiny_config(const std::string& name) {
       "vocab_size":110,"rms_norm_eps":1e-6,"tie_word_embeddings":false,"num_experts":8,
       "num_experts_per_tok":3,"moe_intermediate_size":16,"decoder_sparse_step":2,
       "norm_topk_prob":false,"torch_dtype":"float16"})";
+  else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
+    json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
+      "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
+      "torch_dtype":"bfloat16"})";
   else
     throw std::invalid_argument("unknown tiny config '" + name + "'");
   return parse_model_config(json, name);

@@ -18,7 +18,9 @@ namespace tpreload::testdata {
 // "mistral_mqa" (untied, float16, 8 heads / 1 KV head, vocab 200),
 // "qwen3_dense" (Qwen3: head_dim 16 != hidden / heads, q/k norms, q/k/v/o biases),
 // "qwen3_moe" (Qwen3-MoE: 8 experts, top 2, renormalised; layer 1 dense; tied),
-// "qwen3_moe_plain" (float16, every second layer sparse, top 3, not renormalised).
+// "qwen3_moe_plain" (float16, every second layer sparse, top 3, not renormalised),
+// "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
+// need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {"llama_gqa",   "qwen2_tied", "mistral_mqa",
                                            "qwen3_dense", "qwen3_moe",  "qwen3_moe_plain"};
