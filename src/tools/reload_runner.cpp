@@ -113,7 +113,8 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                  "Buffers in flight per rank: 1 reads, moves and applies one bucket at a time; 2 "
                  "overlaps the read of the next bucket with the transfer and apply of the last "
                  "(three threads); 0 chooses per rank: 2 where the rank has two cores of its own "
-                 "(its CPU affinity, and the host's cores over its ranks), else 1")
+                 "(its CPU affinity, and the host's cores over its ranks), else 1. A depth other "
+                 "than 0 may differ between ranks; 0 is given on every rank or on none")
       ->capture_default_str()
       ->check(CLI::Range(0, 16));
   app.add_option("--reader-rank", o.reader_rank, "World rank that reads the checkpoint")
@@ -207,7 +208,9 @@ void add_options(CLI::App& app, RunnerOptions& o) {
 // collectively (how many reloads, whether a report's fingerprints are gathered,
 // the demo's extra steps, the planes) must be the same on every rank, or ranks
 // would wait on collectives their peers never post. Those of one rank only
-// (--weights, --read-timeout on the reader, logging, progress) may differ.
+// (--weights, --read-timeout on the reader, logging, progress) may differ, and so
+// may an explicit --pipeline-depth (the reload itself agrees on whether the
+// depth is chosen per rank, the one case that changes its collectives).
 void agree_on_options(const RunnerOptions& o, Communicator& world) {
   auto text = [](const std::string& s) {
     return static_cast<std::uint64_t>(std::hash<std::string>{}(s));
@@ -224,7 +227,6 @@ void agree_on_options(const RunnerOptions& o, Communicator& world) {
        {"--expert-parallel", o.expert_parallel},
        {"--distribution", text(o.distribution)},
        {"--bucket-mb", text(std::to_string(o.bucket_mb))},
-       {"--pipeline-depth", static_cast<std::uint64_t>(o.pipeline_depth)},
        {"--reader-rank", static_cast<std::uint64_t>(o.reader_rank)},
        {"--readers", text(o.readers)},
        {"--ranks-per-node", static_cast<std::uint64_t>(o.ranks_per_node)},
