@@ -266,7 +266,9 @@ struct Row {
   std::vector<double> checked = {}, unchecked = {};
   std::uint64_t bytes = 0, staging = 0, copied = 0;
   std::int64_t wrong = 0;
-  std::int64_t depth = 0;  // pipeline depth, the deepest rank's (chosen per rank by default)
+  // Pipeline depth, the deepest rank's (chosen per rank by default); 0, printed
+  // "-", where no rank ran a pipeline (--readers all into host memory).
+  std::int64_t depth = 0;
   // crc%: the share of the reload in CRC-32C; crcCost%: the reload's time with
   // checksums less without, as a share of it: the median of the iterations'
   // differences over the median time with them (one slow reload of either kind

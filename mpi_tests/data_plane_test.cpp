@@ -117,6 +117,9 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
                 << what << ": " << name;
           EXPECT_EQ(pointers(model), before) << what;
           EXPECT_EQ(r.transport, p == Plane::kDeviceTransport ? "emulated-device" : "mpi") << what;
+          // Every rank reading into host parameters needs no pipeline; device
+          // parameters are staged through one at the depth asked for.
+          EXPECT_EQ(r.pipeline_depth, mode == 2 && p == Plane::kMpiHost ? 0 : 2) << what;
         }
       }
     }

@@ -203,6 +203,12 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
         if (mode.readers == Readers::kAll) {  // nothing moved between ranks
           EXPECT_EQ(r.bytes_transferred, 0u) << what;
           EXPECT_EQ(r.distribution, Distribution::kScatter) << what;
+          // Host parameters: every write read straight into its parameter, no
+          // staging and no pipeline, whatever the source.
+          EXPECT_EQ(r.peak_staging_bytes, 0u) << what;
+          EXPECT_EQ(r.pipeline_depth, 0) << what;
+        } else {
+          EXPECT_GE(r.pipeline_depth, 1) << what;
         }
         expect_params(model, want, what);
         expect_same_layout(model, before);

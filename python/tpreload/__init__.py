@@ -95,7 +95,9 @@ class ReloadResult:
     ``rotated_broadcast_roots``: the node readers took turns at the broadcast
     buckets (``rotate_broadcast_roots=True``).
     ``pipeline_depth``: buckets in flight on this rank (chosen per rank when the
-    option was 0, so it alone may differ between ranks).
+    option was 0, so it may differ between ranks); 0 where no pipeline ran
+    (readers="all" into host memory reads each write straight into its
+    parameter).
     ``nodes_served``: with readers="node", nodes that could not open the
     weights, served by another node's reader.
     ``fingerprint``: one hex string for the whole model across ranks (with

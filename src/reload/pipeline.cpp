@@ -772,6 +772,7 @@ PipelineStats Pipeline::run() {
   agree_on_problem<CommError>(control_, problem, "allocating staging buffers");
   started_ = Clock::now();
   if (direct) {
+    stats_.direct = true;
     run_direct();
     return stats_;
   }

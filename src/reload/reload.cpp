@@ -786,6 +786,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
                                    ? &node_planes(world, data, options, kept, service)
                                    : nullptr;
     stats = detail::run_pipeline(planned, model, world, data, source, chosen, kept, node);
+    if (stats.direct) result.pipeline_depth = 0;
     // Zero-copy buckets went out of the mapping during the transfer: were they
     // all still backed by the file?
     std::optional<std::string> mapping_problem;

@@ -139,8 +139,11 @@ std::string summary_text(const ReloadResult& r) {
       << (r.transport.empty() ? "?" : r.transport) << " into "
       << (r.parameter_memory.empty() ? "?" : r.parameter_memory) << " memory\n  peak staging "
       << r.peak_staging_bytes << " bytes per rank (host " << r.staging.host << ", pinned "
-      << r.staging.pinned << ", device " << r.staging.device << "), pipeline depth "
-      << r.pipeline_depth << " on this rank\n"
+      << r.staging.pinned << ", device " << r.staging.device << "), "
+      << (r.pipeline_depth > 0
+              ? "pipeline depth " + std::to_string(r.pipeline_depth) + " on this rank"
+              : std::string("no pipeline on this rank (writes read straight into the parameters)"))
+      << "\n"
       << "  seconds: total " << r.seconds.total << ", prepare " << r.seconds.prepare << ", read "
       << r.seconds.read << ", transfer " << r.seconds.transfer << ", apply " << r.seconds.apply
       << ", finish " << r.seconds.finish << ", validate " << r.seconds.validate << " (checksums "

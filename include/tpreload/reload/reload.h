@@ -201,8 +201,11 @@ struct ReloadResult {
   Distribution distribution = Distribution::kBroadcast;
   Readers readers = Readers::kOne;
   bool rotated_broadcast_roots = false;  // ReloadOptions::rotate_broadcast_roots was set
-  int pipeline_depth = 0;  // buffers in flight on this rank (chosen when the option was 0)
-  int nodes_served = 0;    // Readers::kNode: nodes that could not read, served by another's reader
+  // Buffers in flight on this rank (chosen when the option was 0); 0 where it
+  // ran no pipeline: with Readers::kAll and parameters in host memory each write
+  // is read straight into its parameter.
+  int pipeline_depth = 0;
+  int nodes_served = 0;  // Readers::kNode: nodes that could not read, served by another's reader
   std::vector<std::string> loaded;  // expected names this rank loaded
   std::vector<std::string> not_loaded_on_all_ranks;
   std::map<std::string, std::vector<int>> not_loaded_on_some_ranks;  // name -> ranks missing it
