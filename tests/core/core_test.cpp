@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
 #include "tpreload/core/dtype.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/float_bits.h"
 #include "tpreload/core/log.h"
 
 namespace tpreload {
@@ -28,6 +33,28 @@ TEST(DType, SpellingsOfEachFormat) {
   EXPECT_EQ(dtype_from_safetensors("F8_E4M3"), std::nullopt);
   EXPECT_EQ(dtype_from_name("float8"), std::nullopt);
   EXPECT_EQ(dtype_from_safetensors("bf16"), std::nullopt);  // case matters in the format
+}
+
+// Every float16 pattern, against its value worked out from the IEEE fields:
+// (1 + m / 1024) * 2^(e - 15), m * 2^-24 for e = 0, infinity for e = 31 and
+// m = 0, and a NaN that keeps its bits otherwise.
+TEST(FloatBits, EveryFloat16PatternConvertsExactly) {
+  for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+    const std::uint32_t e = (h >> 10) & 31u, m = h & 1023u;
+    const double sign = h & 0x8000u ? -1.0 : 1.0;
+    const float got = fbits::from_half(static_cast<std::uint16_t>(h));
+    std::uint32_t got_bits;
+    std::memcpy(&got_bits, &got, sizeof got_bits);
+    if (e == 31 && m != 0) {
+      EXPECT_EQ(got_bits, (h & 0x8000u) << 16 | 0x7F800000u | m << 13) << "NaN " << h;
+      continue;
+    }
+    const double want = e == 31  ? sign * HUGE_VAL
+                        : e == 0 ? sign * std::ldexp(m, -24)
+                                 : sign * std::ldexp(1.0 + m / 1024.0, static_cast<int>(e) - 15);
+    EXPECT_EQ(static_cast<double>(got), want) << "pattern " << h;
+    EXPECT_EQ(std::signbit(got), (h & 0x8000u) != 0) << "pattern " << h;  // -0 too
+  }
 }
 
 TEST(Errors, RaiseBuildsTheMessageAndType) {

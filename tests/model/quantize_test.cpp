@@ -1,5 +1,7 @@
 #include "tpreload/model/quantize.h"
 
+#include "tpreload/core/error.h"
+
 #include <gtest/gtest.h>
 
 #include <c10/util/Half.h>
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace tpreload {
@@ -41,7 +44,8 @@ void reference(const std::vector<float>& w, std::int64_t cols, std::vector<std::
     scale[r] = s;
     for (std::int64_t c = 0; c < cols; ++c) {
       const float v = std::nearbyint(w[r * cols + c] / s);
-      q[r * cols + c] = std::isnan(v) ? -127 : static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
+      q[r * cols + c] =
+          std::isnan(v) ? -127 : static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
     }
   }
 }
@@ -67,7 +71,46 @@ void expect_matches_formula(const std::vector<std::uint16_t>& bits, std::int64_t
   EXPECT_EQ(std::memcmp(scale.data(), want_scale.data(), rows * sizeof(float)), 0) << "f32 scales";
 }
 
-TEST(Quantize, RandomRowsOfEveryWidthMatchTheFormula) {
+// Every test runs at each instruction-set level this CPU has (the kernels are
+// compiled once per level: vector widths and tails differ, the bytes may not).
+class Quantize : public ::testing::TestWithParam<QuantizeLevel> {
+  detail::ScopedQuantizeLevel level_{GetParam()};
+};
+
+std::vector<QuantizeLevel> levels_of_this_cpu() {
+  std::vector<QuantizeLevel> out;
+  for (QuantizeLevel l : {QuantizeLevel::kBaseline, QuantizeLevel::kAvx2, QuantizeLevel::kAvx512})
+    if (quantize_supports(l)) out.push_back(l);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryLevel, Quantize, ::testing::ValuesIn(levels_of_this_cpu()),
+                         [](const ::testing::TestParamInfo<QuantizeLevel>& p) {
+                           return std::string(quantize_level_name(p.param));
+                         });
+
+TEST(QuantizeLevels, AScopedLevelIsTheOneInUseUntilItEnds) {
+  const QuantizeLevel best = quantize_level();
+  EXPECT_TRUE(quantize_supports(QuantizeLevel::kBaseline));
+  EXPECT_EQ(detail::quantize_level_in_use(), best);
+  for (QuantizeLevel l : levels_of_this_cpu()) {
+    detail::ScopedQuantizeLevel use(l);
+    EXPECT_EQ(detail::quantize_level_in_use(), l);
+    {
+      detail::ScopedQuantizeLevel inner(QuantizeLevel::kBaseline);
+      EXPECT_EQ(detail::quantize_level_in_use(), QuantizeLevel::kBaseline);
+    }
+    EXPECT_EQ(detail::quantize_level_in_use(), l);
+  }
+  EXPECT_EQ(detail::quantize_level_in_use(), best);
+  for (QuantizeLevel l : {QuantizeLevel::kAvx2, QuantizeLevel::kAvx512}) {
+    if (!quantize_supports(l)) {
+      EXPECT_THROW(detail::ScopedQuantizeLevel{l}, UsageError) << quantize_level_name(l);
+    }
+  }
+}
+
+TEST_P(Quantize, RandomRowsOfEveryWidthMatchTheFormula) {
   std::mt19937 gen(11);
   std::uniform_int_distribution<int> exponent(-20, 4);
   std::normal_distribution<float> mantissa(0.0f, 1.0f);
@@ -79,9 +122,9 @@ TEST(Quantize, RandomRowsOfEveryWidthMatchTheFormula) {
   }
 }
 
-TEST(Quantize, TiesRoundToEvenAndZeroRowsScaleByOne) {
+TEST_P(Quantize, TiesRoundToEvenAndZeroRowsScaleByOne) {
   // max 127 makes the scale exactly 1, so every .5 is a tie.
-  const std::vector<float> row = {127.0f, 2.5f, 3.5f, -2.5f, -3.5f, 0.5f, -0.5f, 1.5f,
+  const std::vector<float> row = {127.0f, 2.5f, 3.5f,   -2.5f,   -3.5f, 0.5f, -0.5f, 1.5f,
                                   -0.0f,  0.0f, 126.5f, -127.0f, 64.5f, 1.0f, -1.0f, 0.25f};
   std::vector<std::uint16_t> bits(row.size());
   std::transform(row.begin(), row.end(), bits.begin(), float_to_bf16);
@@ -99,14 +142,17 @@ TEST(Quantize, TiesRoundToEvenAndZeroRowsScaleByOne) {
   expect_matches_formula(zeros, 20);
 }
 
-TEST(Quantize, NanIsLeftOutOfTheScaleAndInfinityAndSubnormalsFollowTheFormula) {
+TEST_P(Quantize, NanIsLeftOutOfTheScaleAndInfinityAndSubnormalsFollowTheFormula) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   const float tiny = std::numeric_limits<float>::denorm_min() * 65536.0f * 3;  // a bf16 subnormal
   const std::vector<std::vector<float>> rows = {
-      {1.0f, nan, -2.0f, 0.5f, 3.0f, nan, 0.0f, -1.0f, 2.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f},
-      {1.0f, inf, -2.0f, 0.5f, 3.0f, -inf, 0.0f, -1.0f, 2.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f},
-      {tiny, -tiny, tiny / 3, 0.0f, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, -tiny},
+      {1.0f, nan, -2.0f, 0.5f, 3.0f, nan, 0.0f, -1.0f, 2.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
+       1.0f, 1.0f},
+      {1.0f, inf, -2.0f, 0.5f, 3.0f, -inf, 0.0f, -1.0f, 2.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
+       1.0f, 1.0f},
+      {tiny, -tiny, tiny / 3, 0.0f, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny, tiny,
+       tiny, tiny, -tiny},
   };
   for (const auto& row : rows) {
     std::vector<std::uint16_t> bits(row.size());
@@ -125,7 +171,7 @@ TEST(Quantize, NanIsLeftOutOfTheScaleAndInfinityAndSubnormalsFollowTheFormula) {
   EXPECT_EQ(q[4], 127);
 }
 
-TEST(Quantize, StridedRowsQuantizeAsTheirContiguousCopy) {
+TEST_P(Quantize, StridedRowsQuantizeAsTheirContiguousCopy) {
   // A row-parallel shard seen inside the whole tensor: columns [5, 5 + 37) of 70.
   std::mt19937 gen(12);
   std::normal_distribution<float> normal(0.0f, 0.02f);
@@ -161,10 +207,11 @@ namespace {
 // float16 sources: every one of the 65,536 bit patterns (zeros, subnormals, the
 // largest normals, infinities, NaNs), converted here by c10::Half, not by the
 // kernel's own conversion.
-TEST(Quantize, EveryFloat16PatternMatchesTheFormula) {
+TEST_P(Quantize, EveryFloat16PatternMatchesTheFormula) {
   for (std::int64_t cols : {1, 3, 16, 257, 4096}) {
     std::vector<std::uint16_t> bits(65536);
-    for (std::uint32_t i = 0; i < bits.size(); ++i) bits[i] = static_cast<std::uint16_t>(i * 40503u);
+    for (std::uint32_t i = 0; i < bits.size(); ++i)
+      bits[i] = static_cast<std::uint16_t>(i * 40503u);
     bits.resize(bits.size() / cols * cols);
     std::vector<float> values(bits.size());
     for (std::size_t i = 0; i < bits.size(); ++i)
@@ -177,7 +224,8 @@ TEST(Quantize, EveryFloat16PatternMatchesTheFormula) {
     std::vector<float> scale(rows, -1);
     quantize_rows_f16(bits.data(), rows, cols, cols, q.data(), scale.data());
     EXPECT_EQ(q, want_q) << "cols " << cols;
-    EXPECT_EQ(std::memcmp(scale.data(), want_scale.data(), rows * sizeof(float)), 0) << "cols " << cols;
+    EXPECT_EQ(std::memcmp(scale.data(), want_scale.data(), rows * sizeof(float)), 0)
+        << "cols " << cols;
   }
 }
 

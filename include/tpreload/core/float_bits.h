@@ -47,13 +47,20 @@ TPRELOAD_HOST_DEVICE inline std::uint16_t to_bfloat16(float value) {
   return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// Every case computed and one selected by masks, without branches, so that
+// loops over many values vectorize (the int8 kernel's float16 rows).
 TPRELOAD_HOST_DEVICE inline float from_half(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
-  if (exp == 0x1F) return float_of(sign | 0x7F800000u | (man << 13));  // infinity, NaN
-  if (exp != 0) return float_of(sign | ((exp + 112u) << 23) | (man << 13));
+  const std::uint32_t special = sign | 0x7F800000u | (man << 13);  // infinity, NaN
+  const std::uint32_t normal = sign | ((exp + 112u) << 23) | (man << 13);
   // zero or subnormal: man x 2^-24, exact in float
-  return float_of(bits_of(static_cast<float>(man) * 5.9604644775390625e-8f) | sign);
+  const std::uint32_t small =
+      bits_of(static_cast<float>(static_cast<std::int32_t>(man)) * 5.9604644775390625e-8f) | sign;
+  const std::uint32_t is_special = 0u - static_cast<std::uint32_t>(exp == 0x1Fu);
+  const std::uint32_t is_small = 0u - static_cast<std::uint32_t>(exp == 0u);
+  return float_of((special & is_special) | (small & is_small) |
+                  (normal & ~(is_special | is_small)));
 }
 
 TPRELOAD_HOST_DEVICE inline std::uint16_t to_half(float value) {

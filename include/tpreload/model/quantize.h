@@ -7,7 +7,7 @@
 //   q[r][c]  = clamp(nearbyint(w / scale[r]), -127, 127), ties to even (as
 //              at::round), a NaN becoming -127.
 // The result is exact: the same bytes as that formula evaluated element by element
-// in float, whatever the vector width the processor offers. The device kernel
+// in float, whatever the vector width the processor offers (each level below). The device kernel
 // (DeviceStream::quantize_int8) computes the same bytes.
 #pragma once
 
@@ -23,5 +23,34 @@ void quantize_rows_f16(const std::uint16_t* w, std::int64_t rows, std::int64_t c
                        std::int64_t row_stride, std::int8_t* q, float* scale);
 void quantize_rows_f32(const float* w, std::int64_t rows, std::int64_t cols,
                        std::int64_t row_stride, std::int8_t* q, float* scale);
+
+// The instruction-set level the kernels above are compiled for (x86-64 with
+// GCC: x86-64-v4 with AVX-512, x86-64-v3 with AVX2, and the baseline; elsewhere
+// the baseline alone), ordered: a CPU that runs one runs those below it.
+enum class QuantizeLevel { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+
+// The best level this CPU runs, chosen once; the kernels run at it.
+QuantizeLevel quantize_level();
+const char* quantize_level_name(QuantizeLevel level);  // "avx512", "avx2", "baseline"
+bool quantize_supports(QuantizeLevel level);
+
+namespace detail {
+// While alive, the kernels run at `level` instead, in every thread (tests run
+// each level this CPU has; one at a time, not nested across threads). Throws
+// UsageError for a level this CPU cannot run.
+class ScopedQuantizeLevel {
+ public:
+  explicit ScopedQuantizeLevel(QuantizeLevel level);
+  ~ScopedQuantizeLevel();
+  ScopedQuantizeLevel(const ScopedQuantizeLevel&) = delete;
+  ScopedQuantizeLevel& operator=(const ScopedQuantizeLevel&) = delete;
+
+ private:
+  int before_;
+};
+
+// The level the kernels run at now: a ScopedQuantizeLevel's, else quantize_level().
+QuantizeLevel quantize_level_in_use();
+}  // namespace detail
 
 }  // namespace tpreload

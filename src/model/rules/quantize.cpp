@@ -1,21 +1,25 @@
 #include "tpreload/model/quantize.h"
 
+#include "tpreload/core/error.h"
 #include "tpreload/core/float_bits.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
-// Built once per instruction set (AVX-512, AVX2, baseline x86-64) and picked at
-// load time: the loops below vectorize, and wider vectors are most of the speed.
-// Loops at -O3 because the build's -O2 cost model leaves them scalar.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define TPRELOAD_QUANTIZE_KERNEL \
-  __attribute__((optimize("O3"), target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// Built once per instruction set (AVX-512, AVX2, baseline x86-64: the
+// x86-64-v4, -v3 and baseline levels) and picked once at run time: the loops
+// below vectorize, and wider vectors are most of the speed. Loops at -O3 because
+// the build's -O2 cost model leaves them scalar. Every level is callable where
+// the CPU has it (detail::ScopedQuantizeLevel), so that the tests run each one.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TPRELOAD_QUANTIZE_LEVELS 1
+#define TPRELOAD_QUANTIZE_KERNEL(level) __attribute__((optimize("O3"), target(level)))
 #elif defined(__GNUC__) && !defined(__clang__)
-#define TPRELOAD_QUANTIZE_KERNEL __attribute__((optimize("O3")))
+#define TPRELOAD_QUANTIZE_KERNEL(level) __attribute__((optimize("O3")))
 #else
-#define TPRELOAD_QUANTIZE_KERNEL
+#define TPRELOAD_QUANTIZE_KERNEL(level)
 #endif
 
 namespace tpreload {
@@ -105,25 +109,124 @@ __attribute__((always_inline)) inline void quantize(const T* w, std::int64_t row
   }
 }
 
+static_assert(sizeof(Half) == sizeof(std::uint16_t));
+
+// The three kernels compiled for one instruction-set level.
+#define TPRELOAD_QUANTIZE_AT(name, level)                                                          \
+  struct name {                                                                                    \
+    TPRELOAD_QUANTIZE_KERNEL(level)                                                                \
+    static void bf16(const std::uint16_t* w, std::int64_t rows, std::int64_t cols,                 \
+                     std::int64_t row_stride, std::int8_t* q, float* scale) {                      \
+      quantize(w, rows, cols, row_stride, q, scale);                                               \
+    }                                                                                              \
+    TPRELOAD_QUANTIZE_KERNEL(level)                                                                \
+    static void f16(const std::uint16_t* w, std::int64_t rows, std::int64_t cols,                  \
+                    std::int64_t row_stride, std::int8_t* q, float* scale) {                       \
+      quantize(reinterpret_cast<const Half*>(w), rows, cols, row_stride, q, scale);                \
+    }                                                                                              \
+    TPRELOAD_QUANTIZE_KERNEL(level)                                                                \
+    static void f32(const float* w, std::int64_t rows, std::int64_t cols, std::int64_t row_stride, \
+                    std::int8_t* q, float* scale) {                                                \
+      quantize(w, rows, cols, row_stride, q, scale);                                               \
+    }                                                                                              \
+  };
+
+#if defined(TPRELOAD_QUANTIZE_LEVELS)
+TPRELOAD_QUANTIZE_AT(Avx512, "arch=x86-64-v4")
+TPRELOAD_QUANTIZE_AT(Avx2, "arch=x86-64-v3")
+TPRELOAD_QUANTIZE_AT(Baseline, "arch=x86-64")
+#else
+TPRELOAD_QUANTIZE_AT(Baseline, "")
+#endif
+
+struct Kernels {
+  decltype(&Baseline::bf16) bf16;
+  decltype(&Baseline::f16) f16;
+  decltype(&Baseline::f32) f32;
+};
+
+template <typename Level>
+constexpr Kernels kernels_of() {
+  return {&Level::bf16, &Level::f16, &Level::f32};
+}
+
+// By QuantizeLevel.
+#if defined(TPRELOAD_QUANTIZE_LEVELS)
+constexpr Kernels kKernels[] = {kernels_of<Baseline>(), kernels_of<Avx2>(), kernels_of<Avx512>()};
+#else
+constexpr Kernels kKernels[] = {kernels_of<Baseline>(), kernels_of<Baseline>(),
+                                kernels_of<Baseline>()};
+#endif
+
+QuantizeLevel best_level() {
+#if defined(TPRELOAD_QUANTIZE_LEVELS)
+  if (__builtin_cpu_supports("x86-64-v4")) return QuantizeLevel::kAvx512;
+  if (__builtin_cpu_supports("x86-64-v3")) return QuantizeLevel::kAvx2;
+#endif
+  return QuantizeLevel::kBaseline;
+}
+
+// The level a ScopedQuantizeLevel asks for, or -1.
+std::atomic<int> asked{-1};
+
+const Kernels& kernels() {
+  return kKernels[static_cast<int>(detail::quantize_level_in_use())];
+}
+
 }  // namespace
 
-TPRELOAD_QUANTIZE_KERNEL void quantize_rows_bf16(const std::uint16_t* w, std::int64_t rows,
-                                                 std::int64_t cols, std::int64_t row_stride,
-                                                 std::int8_t* q, float* scale) {
-  quantize(w, rows, cols, row_stride, q, scale);
+QuantizeLevel quantize_level() {
+  static const QuantizeLevel level = best_level();
+  return level;
 }
 
-TPRELOAD_QUANTIZE_KERNEL void quantize_rows_f16(const std::uint16_t* w, std::int64_t rows,
-                                                std::int64_t cols, std::int64_t row_stride,
-                                                std::int8_t* q, float* scale) {
-  static_assert(sizeof(Half) == sizeof(std::uint16_t));
-  quantize(reinterpret_cast<const Half*>(w), rows, cols, row_stride, q, scale);
+const char* quantize_level_name(QuantizeLevel level) {
+  switch (level) {
+    case QuantizeLevel::kAvx512:
+      return "avx512";
+    case QuantizeLevel::kAvx2:
+      return "avx2";
+    default:
+      return "baseline";
+  }
 }
 
-TPRELOAD_QUANTIZE_KERNEL void quantize_rows_f32(const float* w, std::int64_t rows,
-                                                std::int64_t cols, std::int64_t row_stride,
-                                                std::int8_t* q, float* scale) {
-  quantize(w, rows, cols, row_stride, q, scale);
+bool quantize_supports(QuantizeLevel level) {
+  return level <= quantize_level();
 }
+
+void quantize_rows_bf16(const std::uint16_t* w, std::int64_t rows, std::int64_t cols,
+                        std::int64_t row_stride, std::int8_t* q, float* scale) {
+  kernels().bf16(w, rows, cols, row_stride, q, scale);
+}
+
+void quantize_rows_f16(const std::uint16_t* w, std::int64_t rows, std::int64_t cols,
+                       std::int64_t row_stride, std::int8_t* q, float* scale) {
+  kernels().f16(w, rows, cols, row_stride, q, scale);
+}
+
+void quantize_rows_f32(const float* w, std::int64_t rows, std::int64_t cols,
+                       std::int64_t row_stride, std::int8_t* q, float* scale) {
+  kernels().f32(w, rows, cols, row_stride, q, scale);
+}
+
+namespace detail {
+ScopedQuantizeLevel::ScopedQuantizeLevel(QuantizeLevel level)
+    : before_(asked.load(std::memory_order_relaxed)) {
+  if (!quantize_supports(level))
+    raise<UsageError>("the int8 kernels cannot run at the ", quantize_level_name(level),
+                      " level on this CPU (it has ", quantize_level_name(quantize_level()), ")");
+  asked.store(static_cast<int>(level), std::memory_order_relaxed);
+}
+
+ScopedQuantizeLevel::~ScopedQuantizeLevel() {
+  asked.store(before_, std::memory_order_relaxed);
+}
+
+QuantizeLevel quantize_level_in_use() {
+  const int level = asked.load(std::memory_order_relaxed);
+  return level >= 0 ? static_cast<QuantizeLevel>(level) : quantize_level();
+}
+}  // namespace detail
 
 }  // namespace tpreload
