@@ -155,7 +155,8 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                "(default: reload what is there and report the rest, exit status 3)");
   app.add_flag("--no-checksums", o.no_checksums,
                "Do not verify the transferred bytes (by default the reader sends a CRC-32C of "
-               "each rank's share of every bucket and each rank checks it before applying; a "
+               "each rank's share of every scatter bucket and of every 64 KiB of a broadcast "
+               "bucket, and each rank checks the bytes it will apply before applying any; a "
                "mismatch ends the reload with an error on every rank)");
   app.add_flag("--no-compare-replicas", o.no_compare_replicas,
                "With several replicas (world size > --tp), do not compare the replicas' "
