@@ -2,7 +2,9 @@
 // level it runs (avx512, avx2, baseline: QuantizeLevel), for bfloat16, float16
 // and float32 rows of 5632 columns (a TinyLlama MLP row) in a buffer written
 // before the clock starts (a live model's memory is warm). Prints the best of
-// five passes of each, in G elements/s. Why the kernels are built per level:
+// five passes of each, in G elements/s, and in `wrong` how many of the three
+// outputs differ from the baseline level's (exit status 1 if any). Why the
+// kernels are built per level:
 // docs/PERFORMANCE.md, change 7.
 //   build/bench/quantize_bench
 #include <algorithm>
@@ -20,14 +22,25 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::int64_t kRows = 2048, kCols = 5632;
 
+// One kernel's output: the quantized rows and their scales.
+struct Output {
+  std::vector<std::int8_t> q;
+  std::vector<float> scale;
+  bool operator==(const Output& o) const {
+    return q == o.q && std::memcmp(scale.data(), o.scale.data(), scale.size() * sizeof(float)) == 0;
+  }
+};
+
+// The best rate of five passes (the first pass warms the output), leaving the
+// output in `out`.
 template <typename T, typename Kernel>
-double best_rate(const std::vector<T>& w, Kernel kernel) {
-  std::vector<std::int8_t> q(w.size(), 1);
-  std::vector<float> scale(kRows, 1.0f);
+double best_rate(const std::vector<T>& w, Kernel kernel, Output& out) {
+  out.q.assign(w.size(), 1);
+  out.scale.assign(kRows, 1.0f);
   double best = 0;
-  for (int pass = 0; pass < 6; ++pass) {  // the first warms the output
+  for (int pass = 0; pass < 6; ++pass) {
     const auto t0 = Clock::now();
-    kernel(w.data(), kRows, kCols, kCols, q.data(), scale.data());
+    kernel(w.data(), kRows, kCols, kCols, out.q.data(), out.scale.data());
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (pass > 0) best = std::max(best, static_cast<double>(w.size()) / s / 1e9);
   }
@@ -54,13 +67,25 @@ int main() {
       "# int8 kernel, %lld rows x %lld columns, best of 5, G elements/s; chosen level: %s\n",
       static_cast<long long>(kRows), static_cast<long long>(kCols),
       quantize_level_name(quantize_level()));
-  std::printf("%-10s %10s %10s %10s\n", "level", "bf16", "f16", "f32");
-  for (QuantizeLevel l : {QuantizeLevel::kAvx512, QuantizeLevel::kAvx2, QuantizeLevel::kBaseline}) {
+  std::printf("%-10s %10s %10s %10s %6s\n", "level", "bf16", "f16", "f32", "wrong");
+  // Every level's bytes against the baseline's (run first), as the kernels promise.
+  Output base[3];
+  int wrong_levels = 0;
+  for (QuantizeLevel l : {QuantizeLevel::kBaseline, QuantizeLevel::kAvx2, QuantizeLevel::kAvx512}) {
     if (!quantize_supports(l)) continue;
     detail::ScopedQuantizeLevel use(l);
-    std::printf("%-10s %10.2f %10.2f %10.2f\n", quantize_level_name(l),
-                best_rate(bf16, quantize_rows_bf16), best_rate(f16, quantize_rows_f16),
-                best_rate(f32, quantize_rows_f32));
+    Output out[3];
+    const double rates[3] = {best_rate(bf16, quantize_rows_bf16, out[0]),
+                             best_rate(f16, quantize_rows_f16, out[1]),
+                             best_rate(f32, quantize_rows_f32, out[2])};
+    int wrong = 0;
+    for (int k = 0; k < 3; ++k) {
+      if (l == QuantizeLevel::kBaseline) base[k] = out[k];
+      wrong += out[k] == base[k] ? 0 : 1;
+    }
+    wrong_levels += wrong ? 1 : 0;
+    std::printf("%-10s %10.2f %10.2f %10.2f %6d\n", quantize_level_name(l), rates[0], rates[1],
+                rates[2], wrong);
   }
-  return 0;
+  return wrong_levels ? 1 : 0;
 }

@@ -554,7 +554,7 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
     if (value <= limit) {
       out << " met";
     } else {
-      out << " MISSED by " << value - limit << unit;
+      out << " MISSED by " << std::setprecision(3) << value - limit << unit;
       missed = true;
     }
     return out.str();

@@ -142,7 +142,8 @@ std::string summary_text(const ReloadResult& r) {
       << r.staging.pinned << ", device " << r.staging.device << "), "
       << (r.pipeline_depth > 0
               ? "pipeline depth " + std::to_string(r.pipeline_depth) + " on this rank"
-              : std::string("no pipeline on this rank (writes read straight into the parameters)"))
+              : std::string("no pipeline on this rank (no bucket buffers: each write read from the "
+                            "source for its parameter)"))
       << "\n"
       << "  seconds: total " << r.seconds.total << ", prepare " << r.seconds.prepare << ", read "
       << r.seconds.read << ", transfer " << r.seconds.transfer << ", apply " << r.seconds.apply

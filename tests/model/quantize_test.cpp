@@ -89,6 +89,25 @@ INSTANTIATE_TEST_SUITE_P(EveryLevel, Quantize, ::testing::ValuesIn(levels_of_thi
                            return std::string(quantize_level_name(p.param));
                          });
 
+// The level chosen is the best this CPU runs, by its features asked one by one
+// (x86-64-v4 is v3 plus AVX-512 F, BW, CD, DQ and VL; v3 is AVX2, FMA, BMI1/2
+// and more, of which these are the ones every v3 CPU is named for).
+TEST(QuantizeLevels, TheLevelChosenIsTheBestThisCpuRuns) {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+  const bool v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                  __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2");
+  const bool v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                  __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+                  __builtin_cpu_supports("avx512vl");
+  const QuantizeLevel want = v4   ? QuantizeLevel::kAvx512
+                             : v3 ? QuantizeLevel::kAvx2
+                                  : QuantizeLevel::kBaseline;
+#else
+  const QuantizeLevel want = QuantizeLevel::kBaseline;  // (one level built)
+#endif
+  EXPECT_EQ(quantize_level(), want) << quantize_level_name(quantize_level());
+}
+
 TEST(QuantizeLevels, AScopedLevelIsTheOneInUseUntilItEnds) {
   const QuantizeLevel best = quantize_level();
   EXPECT_TRUE(quantize_supports(QuantizeLevel::kBaseline));

@@ -45,7 +45,8 @@ def test_reload_in_place_from_safetensors(world, shared_dir, distribution, reade
                                 weights_path=os.path.join(shared_dir, "v2"), distribution=distribution,
                                 fingerprint=True, readers=readers, ranks_per_node=1,
                                 rotate_broadcast_roots=rotate, pipeline_depth=3)
-    assert r.complete and r.pipeline_depth == 3, "the depth given is the depth run"
+    # (every rank reading into host tensors reads each write straight into its tensor: no pipeline)
+    assert r.complete and r.pipeline_depth == (0 if readers == "all" else 3), "the depth run"
     assert_holds(params, expected_shards(v2, tp, world.rank), "v2")
     assert {n: t.data_ptr() for n, t in params.items()} == pointers, "a parameter moved"
     assert r.seconds["total"] > 0 and r.readers == readers and r.rotated_broadcast_roots == rotate

@@ -13,7 +13,11 @@
 // below vectorize, and wider vectors are most of the speed. Loops at -O3 because
 // the build's -O2 cost model leaves them scalar. Every level is callable where
 // the CPU has it (detail::ScopedQuantizeLevel), so that the tests run each one.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// The file is compiled for baseline x86-64 whatever the build's -march
+// (CMakeLists.txt): the inline helpers below then inline into every level's
+// kernels, and no copy of them can need more than the baseline. GCC 12 or later:
+// __builtin_cpu_supports knows the x86-64-v* levels.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
 #define TPRELOAD_QUANTIZE_LEVELS 1
 #define TPRELOAD_QUANTIZE_KERNEL(level) __attribute__((optimize("O3"), target(level)))
 #elif defined(__GNUC__) && !defined(__clang__)
@@ -160,6 +164,7 @@ constexpr Kernels kKernels[] = {kernels_of<Baseline>(), kernels_of<Baseline>(),
 
 QuantizeLevel best_level() {
 #if defined(TPRELOAD_QUANTIZE_LEVELS)
+  __builtin_cpu_init();
   if (__builtin_cpu_supports("x86-64-v4")) return QuantizeLevel::kAvx512;
   if (__builtin_cpu_supports("x86-64-v3")) return QuantizeLevel::kAvx2;
 #endif
