@@ -274,6 +274,7 @@ void Pipeline::allocate_slots() {
   const bool read_stage = reader_ && !all_read_ && spaces_.device_transport;
   const bool apply_stage = spaces_.device_params && !spaces_.device_transport;
   const int depth = std::max(1, options_.pipeline_depth);
+  stats_.depth = depth;
   auto take = [&](int i, Role role, std::uint64_t bytes, Allocator& allocator) -> std::byte* {
     if (bytes == 0) return nullptr;
     std::byte* p = workspace_.buffer(i * kRoles + role, bytes, allocator);
@@ -772,7 +773,6 @@ PipelineStats Pipeline::run() {
   agree_on_problem<CommError>(control_, problem, "allocating staging buffers");
   started_ = Clock::now();
   if (direct) {
-    stats_.direct = true;
     run_direct();
     return stats_;
   }

@@ -28,9 +28,10 @@ struct PipelineStats {
   std::optional<std::string> apply_error;  // first apply failure on this rank
   std::optional<std::string> corrupted;    // a bucket that failed its checksum here
   bool device_stuck = false;  // device work timed out: its staging buffers are abandoned
-  // Readers::kAll with parameters in host memory: each write read straight into
-  // its parameter, one bucket after another, with no staging and no pipeline.
-  bool direct = false;
+  // Buffer slots this rank ran with; 0 for none (Readers::kAll with parameters in
+  // host memory: each write read straight into its parameter, one bucket after
+  // another, with no staging).
+  int depth = 0;
 };
 
 // A plan a ReloadWorkspace keeps for the next reload (see ReloadWorkspace).

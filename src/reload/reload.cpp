@@ -738,7 +738,6 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   result.distribution = effective_distribution(options);
   result.readers = options.readers;
   result.rotated_broadcast_roots = options.rotate_broadcast_roots;
-  result.pipeline_depth = chosen.pipeline_depth;
   result.nodes_served = service.nodes_served;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
@@ -786,7 +785,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
                                    ? &node_planes(world, data, options, kept, service)
                                    : nullptr;
     stats = detail::run_pipeline(planned, model, world, data, source, chosen, kept, node);
-    if (stats.direct) result.pipeline_depth = 0;
+    result.pipeline_depth = stats.depth;
     // Zero-copy buckets went out of the mapping during the transfer: were they
     // all still backed by the file?
     std::optional<std::string> mapping_problem;
