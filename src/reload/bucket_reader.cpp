@@ -38,22 +38,96 @@ std::uint64_t window_skip(const PlannedTensor& t, const TensorInfo& info, int r)
 constexpr std::uint64_t kNarrowWindow = 512;
 constexpr std::uint64_t kNarrowRowsBytes = std::uint64_t{16} << 20;
 
-// Every window of piece p's rows in file order: each(dst, bytes), dst being where
-// tp rank r's window of that row goes in world rank home[r]'s region of `send`
-// (null for a tp rank no rank in `home` holds).
+}  // namespace
+
+OwnPlacements place_own_writes(const BucketApply& apply, const ParameterSink& sink,
+                               std::uint64_t region_bytes) {
+  struct Source {
+    std::uint64_t begin, end;
+    std::size_t write;
+    std::byte* dst;  // null: not a plain host copy
+  };
+  const auto& params = sink.rules().params();
+  std::vector<Source> sources;
+  for (std::size_t i = 0; i < apply.writes.size(); ++i) {
+    const RowWrite& w = apply.writes[i];
+    const std::uint64_t end = write_source_end(w, params.at(w.slot));
+    if (end <= w.src_offset) continue;  // reads nothing
+    const auto rows = sink.host_rows_where(w);
+    const bool plain = rows && end == w.src_offset + rows->size && end <= region_bytes;
+    sources.push_back({w.src_offset, end, i, plain ? rows->data : nullptr});
+  }
+  std::sort(sources.begin(), sources.end(),
+            [](const Source& a, const Source& b) { return a.begin < b.begin; });
+  OwnPlacements out;
+  out.placed.assign(apply.writes.size(), 0);
+  std::uint64_t reach = 0;  // the furthest end of the sources before the one looked at
+  for (std::size_t k = 0; k < sources.size(); ++k) {
+    const Source& s = sources[k];
+    const bool alone =
+        (k == 0 || reach <= s.begin) && (k + 1 == sources.size() || sources[k + 1].begin >= s.end);
+    reach = std::max(reach, s.end);
+    if (!alone || !s.dst) continue;
+    out.spans.push_back({s.begin, s.end, s.dst});
+    out.placed[s.write] = 1;
+  }
+  return out;
+}
+
 template <typename Each>
-void for_each_window(const Bucket& bucket, const Piece& p, const BucketReader::WindowLayout& l,
-                     const std::vector<int>& home, std::byte* send, Each&& each) {
+void BucketReader::locate(const Bucket& bucket, std::byte* send, int w, std::uint64_t at,
+                          std::uint64_t n, Each&& each) const {
+  std::byte* region = send + bucket.ranges[w].offset;
+  if (!placed_region(static_cast<std::size_t>(w))) {
+    each(region + at, n);
+    return;
+  }
+  const std::vector<Placement>& spans = *placed_.spans;
+  const std::uint64_t end = at + n;
+  // The first placement that ends after `at`.
+  auto s = std::upper_bound(spans.begin(), spans.end(), at,
+                            [](std::uint64_t a, const Placement& p) { return a < p.end; });
+  while (at < end) {
+    if (s == spans.end() || s->begin >= end) {
+      each(region + at, end - at);
+      return;
+    }
+    if (at < s->begin) {
+      each(region + at, s->begin - at);
+      at = s->begin;
+    }
+    const std::uint64_t stop = std::min(end, s->end);
+    each(s->dst + (at - s->begin), stop - at);
+    at = stop;
+    ++s;
+  }
+}
+
+template <typename Each>
+void BucketReader::for_each_window(const Bucket& bucket, const Piece& p, const WindowLayout& l,
+                                   const std::vector<int>& home, std::byte* send,
+                                   Each&& each) const {
   for (std::int64_t i = 0; i < p.row_end - p.row_begin; ++i)
     for (int k = 0; k < l.tp_size; ++k) {
       const int r = l.order[k];
       const int w = home[r];
-      each(w < 0 ? nullptr : send + bucket.ranges[w].offset + p.rank_offset[w] + i * l.width[r],
-           l.width[r]);
+      if (w < 0)
+        each(nullptr, l.width[r]);
+      else
+        locate(bucket, send, w, p.rank_offset[w] + i * l.width[r], l.width[r], each);
     }
 }
 
-}  // namespace
+void BucketReader::copy_region(const Bucket& bucket, std::byte* send, int to, std::uint64_t to_at,
+                               int from, std::uint64_t from_at, std::uint64_t n) {
+  locate(bucket, send, to, to_at, n, [&](std::byte* dst, std::uint64_t part) {
+    locate(bucket, send, from, from_at, part, [&](std::byte* src, std::uint64_t bytes) {
+      replicas_.push_back({dst, src, bytes});
+      dst += bytes;
+    });
+    from_at += part;
+  });
+}
 
 BucketReader::WindowLayout BucketReader::window_layout(std::size_t planned) {
   const auto tp = static_cast<std::size_t>(tp_size_);
@@ -224,7 +298,7 @@ void BucketReader::hand_scatter_step(const Bucket& bucket, const std::byte* send
       handed_[w] += r.dst.size;
   }
   for (std::size_t w = 0; w < handed_.size(); ++w)
-    if (handed_[w] > step_from_[w])
+    if (handed_[w] > step_from_[w] && !placed_region(w))
       filled(static_cast<int>(w), ConstBytes(send + bucket.ranges[w].offset + step_from_[w],
                                              handed_[w] - step_from_[w]));
 }
@@ -286,7 +360,9 @@ void BucketReader::cut_narrow_windows(const Bucket& bucket, const std::vector<in
 // read of a row-parallel piece reads every tp rank's window, into its home or,
 // for a tp rank no wanted rank holds, into world rank r's region (never sent).
 void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
-                                const std::vector<bool>* wanted, const Filled& filled) {
+                                const std::vector<bool>* wanted, const Filled& filled,
+                                Placed placed) {
+  placed_ = placed;
   std::vector<int> home(tp_size_, -1);
   for (int w = 0; w < world_size_; ++w)
     if ((!wanted || (*wanted)[w]) && home[w % tp_size_] < 0) home[w % tp_size_] = w;
@@ -301,7 +377,6 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan_.tensors[p.planned];
     const TensorInfo& info = md_.tensors[t.index];
-    const std::size_t piece_reads = reads.size();  // where this piece's requests start
     const bool windows = row_parallel(t, info);
     const bool split = windows && read_row_windows(bucket, p, t, split_home, send, reads);
     const bool cut = split && !narrow_.empty() && narrow_.back().piece == &p;
@@ -314,35 +389,46 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
     // Otherwise row-parallel slices all come from the same full rows: read them once.
     ConstBytes shared_rows;
     if (windows && !split) shared_rows = full_rows(t.index, p.row_begin, p.row_end, scratch_);
+    requested_.clear();
     for (int w = 0; w < world_size_; ++w) {
       if (wanted && !(*wanted)[w]) continue;
       const int r = w % tp_size_;
       const std::int64_t end = std::min(p.row_end, t.rows_for(r));
       if (end <= p.row_begin) continue;
-      std::byte* dst = send + bucket.ranges[w].offset + p.rank_offset[w];
+      const std::uint64_t at = p.rank_offset[w];
       const std::uint64_t n =
           static_cast<std::uint64_t>(end - p.row_begin) * t.row_bytes_for(r, info);
       if (w != home[r]) {  // a replica: same bytes as its tp rank's home
-        replicas.push_back({dst, send + bucket.ranges[home[r]].offset + p.rank_offset[home[r]], n});
+        copy_region(bucket, send, w, at, home[r], p.rank_offset[home[r]], n);
       } else if (split) {    // read above
       } else if (windows) {  // each full row contributes its column window
         const std::uint64_t full = shape_row_bytes(info.shape, info.dtype);
         const std::uint64_t width = window_bytes(t, info, r);
         const std::uint64_t skip = window_skip(t, info, r);
-        for (std::int64_t i = 0; i < end - p.row_begin; ++i)
-          std::memcpy(dst + i * width, shared_rows.data + i * full + skip, width);
+        for (std::int64_t i = 0; i < end - p.row_begin; ++i) {
+          const std::byte* from = shared_rows.data + i * full + skip;
+          locate(bucket, send, w, at + i * width, width, [&](std::byte* dst, std::uint64_t part) {
+            std::memcpy(dst, from, part);
+            from += part;
+          });
+        }
       } else {  // column-parallel or kernel format: contiguous full rows
         const ByteRange range = contiguous_rows(t, r, p.row_begin, end);
         // Rows an earlier tp rank reads too (a replicated tensor: every rank
         // holds all of it) are read once: a second read of the same bytes would
         // also break the run of file-adjacent requests the source merges.
-        const auto same = std::find_if(
-            reads.begin() + static_cast<std::ptrdiff_t>(piece_reads), reads.end(),
-            [&](const ReadRequest& q) { return q.index == t.index && q.range == range; });
-        if (same != reads.end())
-          replicas.push_back({dst, same->dst.data, n});
-        else
-          reads.push_back({t.index, range, MutableBytes(dst, n)});
+        const auto same = std::find_if(requested_.begin(), requested_.end(),
+                                       [&](const Requested& q) { return q.range == range; });
+        if (same != requested_.end()) {
+          copy_region(bucket, send, w, at, same->region, same->at, n);
+        } else {
+          requested_.push_back({range, w, at});
+          std::uint64_t from = range.offset;
+          locate(bucket, send, w, at, n, [&](std::byte* dst, std::uint64_t part) {
+            reads.push_back({t.index, {from, part}, MutableBytes(dst, part)});
+            from += part;
+          });
+        }
       }
       copied_ += n;
     }
@@ -366,7 +452,7 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
   for (const Replica& c : replicas) std::memcpy(c.dst, c.src, c.n);
   if (filled)  // what landed past a gap, and what no step reached
     for (std::size_t w = 0; w < bucket.ranges.size(); ++w)
-      if (handed_[w] < bucket.ranges[w].length)
+      if (handed_[w] < bucket.ranges[w].length && !placed_region(w))
         filled(static_cast<int>(w), ConstBytes(send + bucket.ranges[w].offset + handed_[w],
                                                bucket.ranges[w].length - handed_[w]));
 }
@@ -413,20 +499,21 @@ ConstBytes BucketReader::fill_own(std::size_t index, int world_rank, std::byte* 
   return ConstBytes(dst, bucket.ranges[world_rank].length);
 }
 
-ConstBytes BucketReader::fill(std::size_t index, std::byte* send, const Filled& filled) {
+ConstBytes BucketReader::fill(std::size_t index, std::byte* send, const Filled& filled,
+                              Placed placed) {
   const Bucket& bucket = plan_.buckets.at(index);
   if (!bucket.scatter) return fill_broadcast(index, bucket, send, filled);
-  fill_scatter(bucket, send, nullptr, filled);
+  fill_scatter(bucket, send, nullptr, filled, placed);
   return ConstBytes(send, bucket.bytes);
 }
 
 ConstBytes BucketReader::fill_ranks(std::size_t index, const std::vector<int>& ranks,
-                                    std::byte* send, const Filled& filled) {
+                                    std::byte* send, const Filled& filled, Placed placed) {
   const Bucket& bucket = plan_.buckets.at(index);
   if (!bucket.scatter) return fill_broadcast(index, bucket, send, filled);
   std::vector<bool> wanted(static_cast<std::size_t>(world_size_), false);
   for (int w : ranks) wanted[static_cast<std::size_t>(w)] = true;
-  fill_scatter(bucket, send, &wanted, filled);
+  fill_scatter(bucket, send, &wanted, filled, placed);
   return ConstBytes(send, bucket.bytes);
 }
 

@@ -8,7 +8,8 @@
 // few preadv calls per bucket; bytes two ranks hold (replicated tensors,
 // replicas of a tp rank) are read once and copied. With Readers::kAll each rank fills its own
 // region the same way (fill_own); with Readers::kNode a node's reader fills its node's regions
-// (fill_ranks). No torch, no transport here.
+// (fill_ranks). The reader's own region can be read straight into its
+// parameters instead (Placed). No torch, no transport here.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +17,39 @@
 #include <vector>
 
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/model/parameter_sink.h"
 #include "tpreload/reload/plan.h"
 
 namespace tpreload::detail {
+
+// Bytes [begin, end) of a scatter region (offsets as the region's writes count
+// them) placed at `dst` instead of the send buffer.
+struct Placement {
+  std::uint64_t begin = 0, end = 0;
+  std::byte* dst = nullptr;
+};
+
+// One world rank's region of a bucket, placed by `spans` (sorted, disjoint);
+// bytes outside them go to the send buffer as usual.
+struct Placed {
+  int world_rank = -1;
+  const std::vector<Placement>* spans = nullptr;
+};
+
+// The reader's own region of a scatter bucket read straight into its
+// parameters: of its writes `apply.writes`, the plain copies of contiguous rows
+// into host memory (ParameterSink::host_rows_where) whose source bytes no other
+// write reads (a tensor two parameters take, tied embeddings, stays in the
+// send buffer), as placements, with which writes they are (`placed`, per
+// write: the apply skips those). Their rows change while the bucket is read,
+// before anything is sent: a caller counts them as written (host_rows) once a
+// read of the bucket began. Nothing for a device sink.
+struct OwnPlacements {
+  std::vector<Placement> spans;
+  std::vector<char> placed;
+};
+OwnPlacements place_own_writes(const BucketApply& apply, const ParameterSink& sink,
+                               std::uint64_t region_bytes);
 
 class BucketReader {
  public:
@@ -53,7 +84,13 @@ class BucketReader {
   // compressed HDF5, memory) is read in one request, however long.
   using Filled = std::function<void(int region, ConstBytes span)>;
   static constexpr std::uint64_t kFilledStep = std::uint64_t{512} << 10;
-  ConstBytes fill(std::size_t index, std::byte* send, const Filled& filled = {});
+  //
+  // `placed`, where given, puts bytes of one rank's scatter region elsewhere:
+  // they are read or copied straight to their placement (bytes of that region
+  // other ranks repeat are copied from there), never into `send`, and not
+  // handed to `filled`.
+  ConstBytes fill(std::size_t index, std::byte* send, const Filled& filled = {},
+                  Placed placed = {});
 
   // Readers::kAll: bucket `index` as world rank `world_rank` receives it (its
   // scatter region, or the whole of a broadcast bucket), read into `dst` (host
@@ -65,11 +102,12 @@ class BucketReader {
   // regions of world ranks `ranks` (a node's) filled, each tp rank's slice read
   // once (a rank whose tp rank an earlier one of `ranks` holds gets a copy).
   ConstBytes fill_ranks(std::size_t index, const std::vector<int>& ranks, std::byte* send,
-                        const Filled& filled = {});
+                        const Filled& filled = {}, Placed placed = {});
 
-  // Bytes read or copied into send buffers so far.
+  // Bytes read or copied into send buffers (or their placements) so far.
   std::uint64_t bytes_copied() const { return copied_; }
 
+ private:
   // A row-parallel tensor's tp ranks in the order of their column windows
   // (order[0..tp_size)), and each tp rank's window bytes (width[r]).
   struct WindowLayout {
@@ -77,8 +115,20 @@ class BucketReader {
     const std::uint64_t* width;
     int tp_size;
   };
-
- private:
+  // Bytes [at, at + n) of world rank w's region: each(dst, bytes) for each
+  // part in order, in `send` or where placed_ puts them.
+  template <typename Each>
+  void locate(const Bucket& bucket, std::byte* send, int w, std::uint64_t at, std::uint64_t n,
+              Each&& each) const;
+  // Every window of piece p's rows in file order: each(dst, bytes), dst being
+  // where tp rank r's window of that row goes in world rank home[r]'s region
+  // (null for a tp rank no rank in `home` holds; a placed window may come in parts).
+  template <typename Each>
+  void for_each_window(const Bucket& bucket, const Piece& p, const WindowLayout& l,
+                       const std::vector<int>& home, std::byte* send, Each&& each) const;
+  // Replica copies of n bytes: region `from` at `from_at` to region `to` at `to_at`.
+  void copy_region(const Bucket& bucket, std::byte* send, int to, std::uint64_t to_at, int from,
+                   std::uint64_t from_at, std::uint64_t n);
   ConstBytes fill_broadcast(std::size_t index, const Bucket& bucket, std::byte* send,
                             const Filled& filled);
   void read_in_steps(const std::function<void(const std::vector<ReadRequest>&)>& after_step);
@@ -86,7 +136,11 @@ class BucketReader {
                          const std::vector<ReadRequest>& step, const Filled& filled);
   bool send_mapped(std::size_t index, const Bucket& bucket, ConstBytes& payload);
   void fill_scatter(const Bucket& bucket, std::byte* send, const std::vector<bool>* wanted,
-                    const Filled& filled);
+                    const Filled& filled, Placed placed);
+  // Whether world rank w's region is placed elsewhere in the fill in progress.
+  bool placed_region(std::size_t w) const {
+    return placed_.spans && !placed_.spans->empty() && static_cast<int>(w) == placed_.world_rank;
+  }
   bool read_row_windows(const Bucket& bucket, const Piece& p, const PlannedTensor& t,
                         const std::vector<int>& home, std::byte* send,
                         std::vector<ReadRequest>& reads);
@@ -131,6 +185,15 @@ class BucketReader {
   std::vector<Replica> replicas_;
   std::vector<NarrowRows> narrow_;
   std::vector<std::byte> scratch_, rows_;
+  // Rows of the piece being laid out that some tp rank requested: (file range,
+  // the region and offset it lands in), so that a rank needing the same rows copies them.
+  struct Requested {
+    ByteRange range;
+    int region;
+    std::uint64_t at;
+  };
+  std::vector<Requested> requested_;
+  Placed placed_;               // the scatter fill in progress's
   std::vector<bool> laid_out_;  // per planned tensor: its layout is in order_, width_
   std::vector<int> order_;      // planned tensors x tp_size
   std::vector<std::uint64_t> width_;

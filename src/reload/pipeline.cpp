@@ -135,6 +135,18 @@ class Pipeline {
     if (reads_)
       files_ = std::make_unique<BucketReader>(plan_, planned.metadata, *source, control.size(),
                                               model.rules().tp_size(), options.zero_copy);
+    // The reader's own region of a scatter bucket never leaves it: its plain
+    // copies into host parameters are read straight into them (no staging copy
+    // and no apply copy for those bytes).
+    if (reader_ && !all_read_ && !spaces_.device_transport && !spaces_.device_params)
+      for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
+        const Bucket& bucket = plan_.buckets[b];
+        if (!bucket.scatter || world_root(b) >= 0) continue;
+        OwnPlacements own = place_own_writes(applies_[b], sink_, bucket.ranges[rank_].length);
+        if (own.spans.empty()) continue;
+        own_.resize(plan_.buckets.size());
+        own_[b] = std::move(own);
+      }
   }
 
   ~Pipeline() { stop(); }
@@ -238,6 +250,17 @@ class Pipeline {
   std::vector<std::vector<ByteRange>> node_ranges_;
   std::vector<int> world_roots_;  // kNode, rotated roots: per bucket (see world_root())
   Spaces spaces_;
+  // Per scatter bucket this rank reads: its own writes read straight into the
+  // parameters (place_own_writes; empty when none or not this rank's to place).
+  std::vector<OwnPlacements> own_;
+  // Buckets whose placed writes may have landed: their fill began (reader
+  // thread), or every bucket once counted as written after the threads end.
+  std::atomic<std::size_t> placing_{0};
+  bool placed_counted_ = false;
+  Placed placed(std::size_t bucket) const {
+    if (bucket >= own_.size() || own_[bucket].spans.empty()) return {};
+    return {rank_, &own_[bucket].spans};
+  }
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
   PipelineStats stats_;
@@ -330,8 +353,10 @@ void Pipeline::fill(Slot& slot) {
   if (all_read_) {  // nothing is sent, so nothing is summed
     slot.payload = files_->fill_own(slot.bucket, rank_, slot.recv);
   } else if (!spaces_.device_transport) {
-    slot.payload = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.send, sum)
-                              : files_->fill(slot.bucket, slot.send, sum);
+    const Placed own = placed(slot.bucket);
+    if (own.spans) placing_ = slot.bucket + 1;  // (its parameters may change from here on)
+    slot.payload = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.send, sum, own)
+                              : files_->fill(slot.bucket, slot.send, sum, own);
   } else {
     const ConstBytes host = node_read_
                                 ? files_->fill_ranks(slot.bucket, members_, slot.read_stage, sum)
@@ -520,8 +545,11 @@ void Pipeline::agree_on_read_status(std::size_t bucket, const std::optional<std:
 // (`mine` there), reaches every rank, which raises it.
 void Pipeline::raise_read_failure(std::size_t bucket, int rank,
                                   const std::optional<std::string>& mine) {
-  std::int64_t head[2] = {static_cast<std::int64_t>(bucket),
-                          rank_ == rank ? static_cast<std::int64_t>(mine->size()) : 0};
+  // [bucket, the error's length, whether the failing rank reads its own rows of
+  // the bucket straight into its parameters]
+  std::int64_t head[3] = {static_cast<std::int64_t>(bucket),
+                          rank_ == rank ? static_cast<std::int64_t>(mine->size()) : 0,
+                          rank_ == rank && placed(bucket).spans ? 1 : 0};
   control_.broadcast(MutableBytes(head, sizeof head), rank);
   std::string message(static_cast<std::size_t>(head[1]), '\0');
   if (rank_ == rank) message = *mine;
@@ -544,7 +572,11 @@ void Pipeline::raise_read_failure(std::size_t bucket, int rank,
                        "already replaced"
       : node_read_   ? "; the ranks of that node had applied the buckets before it, the ranks of "
                        "every other node all of theirs"
-                     : "; weights of earlier buckets were already replaced");
+                     : "; weights of earlier buckets were already replaced",
+      head[2] ? concat("; so were rank ", rank,
+                       "'s own rows of this bucket read before the failure (it reads them "
+                       "straight into its parameters)")
+              : std::string());
 }
 
 void Pipeline::transfer(Slot& slot) {
@@ -622,8 +654,15 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
                             bool direct) {
   auto start = Clock::now();
   std::vector<ReadRequest> reads;
+  const std::vector<char>* placed = !direct && bucket < own_.size() && !own_[bucket].placed.empty()
+                                        ? &own_[bucket].placed
+                                        : nullptr;
   for (std::size_t i = 0; i < a.writes.size(); ++i) {
     const RowWrite& w = a.writes[i];
+    if (placed && (*placed)[i]) {  // read into place with the bucket
+      sink_.host_rows(w);
+      continue;
+    }
     if (!direct) {
       sink_.write(w, src);
       continue;
@@ -746,6 +785,13 @@ void Pipeline::stop() {
   to_apply_.close();
   if (reader_thread_.joinable()) reader_thread_.join();
   if (apply_thread_.joinable()) apply_thread_.join();
+  // Writes read into place with a bucket that was never applied (a failed
+  // read, an apply that stopped) changed their parameters all the same.
+  if (placed_counted_) return;
+  placed_counted_ = true;
+  for (std::size_t b = 0; b < std::min<std::size_t>(placing_, own_.size()); ++b)
+    for (std::size_t i = 0; i < own_[b].placed.size(); ++i)
+      if (own_[b].placed[i]) sink_.host_rows(applies_[b].writes[i]);
 }
 
 void Pipeline::report_progress(std::size_t buckets_done, bool finished) {

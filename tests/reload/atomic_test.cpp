@@ -169,6 +169,43 @@ TEST(Atomic, WithoutItAFailureNamesWhatMayBeMixedAndNothingElseChanged) {
   }
 }
 
+// The reader reads its own rows of a scatter bucket straight into its
+// parameters: a read that fails part-way through a bucket has changed some of
+// them though the bucket is never applied. Every parameter that changed must
+// be named, for a failure at each of several points of the read.
+TEST(Atomic, WithoutItAFailedReadNamesTheRowsReadIntoPlaceBeforeIt) {
+  Fixture f;
+  std::uint64_t total = 0;
+  for (const auto& [name, t] : f.v2) total += static_cast<std::uint64_t>(t.nbytes());
+  int said_so = 0;
+  for (int eighth = 1; eighth < 8; ++eighth) {
+    TensorParallelModel model(f.config, on(nullptr));
+    load(model, *f.control, f.v1);
+    ReloadOptions o;
+    o.bucket_bytes = 4096;
+    o.distribution = Distribution::kScatter;
+    testing::FaultySource source(testdata::memory_source(f.v2), total * eighth / 8,
+                                 testing::FaultySource::Fault::kFail);
+    std::string text;
+    try {
+      reload_weights(model, *f.control, &source, o);
+      FAIL() << "the injected read failure went unnoticed";
+    } catch (const CheckpointError& e) {
+      text = e.what();
+    }
+    const auto& touched = model.sink().touched_names();
+    const auto [same, differ] = compare(model, f.config, f.v1);
+    for (const auto& name : differ)
+      EXPECT_TRUE(std::find(touched.begin(), touched.end(), name) != touched.end())
+          << "failure at " << eighth << "/8: " << name << " changed but is not named: " << text;
+    EXPECT_FALSE(differ.empty()) << "failure at " << eighth << "/8 changed nothing";
+    said_so += text.find(
+                   "; so were rank 0's own rows of this bucket read before the failure (it "
+                   "reads them straight into its parameters)") != std::string::npos;
+  }
+  EXPECT_GT(said_so, 0) << "no failing bucket said that the reader's rows of it changed";
+}
+
 TEST(RequireComplete, AMissingTensorIsRefusedBeforeAnyWriteNamingIt) {
   Fixture f;
   TensorParallelModel model(f.config, on(nullptr));

@@ -34,11 +34,13 @@ SourceMetadata metadata_of(WeightSource& source) {
 // Runs the plan for every world rank and returns each rank's model. With
 // `ranks_per_node` > 0 each node's reader fills only its node's regions
 // (BucketReader::fill_ranks, as for --readers node) before its ranks apply.
-std::vector<std::unique_ptr<TensorParallelModel>> simulate(const ModelConfig& config,
-                                                           WeightSource& source,
-                                                           const PlanOptions& o,
-                                                           const std::string& quantization,
-                                                           int ranks_per_node = 0) {
+// With `place_reader` the reader (world rank 0, or each node's first rank)
+// reads its own plain copies straight into its parameters (place_own_writes,
+// as the pipeline does with host parameters) and applies only the rest; the
+// bytes placed must never land in the send buffer, and some must be placed.
+std::vector<std::unique_ptr<TensorParallelModel>> simulate(
+    const ModelConfig& config, WeightSource& source, const PlanOptions& o,
+    const std::string& quantization, int ranks_per_node = 0, bool place_reader = false) {
   const SourceMetadata md = metadata_of(source);
   std::vector<std::unique_ptr<TensorParallelModel>> models;
   std::vector<std::vector<BucketApply>> applies;
@@ -55,22 +57,44 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(const ModelConfig& co
     applies.push_back(resolve_applies(plan, md, models[w]->rules(), o, w));
   detail::BucketReader reader(plan, md, source, o.world_size, o.tp_size, /*zero_copy=*/false);
   std::vector<std::byte> send(plan.largest_bucket);
+  constexpr std::byte kMarker{0xA5};
+  std::uint64_t placed_bytes = 0;
   const int per_node = ranks_per_node > 0 ? ranks_per_node : o.world_size;
   for (std::size_t b = 0; b < plan.buckets.size(); ++b)
     for (int node = 0; node < o.world_size; node += per_node) {
       std::vector<int> ranks;
       for (int w = node; w < std::min(o.world_size, node + per_node); ++w) ranks.push_back(w);
-      const ConstBytes bytes = ranks_per_node > 0 ? reader.fill_ranks(b, ranks, send.data())
-                                                  : reader.fill(b, send.data());
+      const Bucket& bucket = plan.buckets[b];
+      detail::OwnPlacements own;
+      if (place_reader && bucket.scatter)
+        own = detail::place_own_writes(applies[node][b], models[node]->sink(),
+                                       bucket.ranges[node].length);
+      const detail::Placed placed{node, &own.spans};
+      std::fill(send.begin(), send.end(), kMarker);
+      const ConstBytes bytes = ranks_per_node > 0
+                                   ? reader.fill_ranks(b, ranks, send.data(), {}, placed)
+                                   : reader.fill(b, send.data(), {}, placed);
+      for (const detail::Placement& p : own.spans) {
+        placed_bytes += p.end - p.begin;
+        const std::byte* region = send.data() + bucket.ranges[node].offset;
+        EXPECT_TRUE(std::all_of(region + p.begin, region + p.end,
+                                [&](std::byte c) { return c == kMarker; }))
+            << "bucket " << b << ": placed bytes [" << p.begin << ", " << p.end << ") of rank "
+            << node << " landed in the send buffer";
+      }
       for (int w : ranks) {
-        const Bucket& bucket = plan.buckets[b];
         const std::byte* view = bucket.scatter ? bytes.data + bucket.ranges[w].offset : bytes.data;
         ParameterSink& sink = models[w]->sink();
-        for (const RowWrite& write : applies[w][b].writes) sink.write(write, view);
+        const auto& writes = applies[w][b].writes;
+        for (std::size_t i = 0; i < writes.size(); ++i)
+          if (w != node || own.placed.empty() || !own.placed[i]) sink.write(writes[i], view);
         for (const RowZero& z : applies[w][b].zeros) sink.zero(z);
         for (const auto& [slot, shards] : applies[w][b].completed) sink.mark_loaded(slot, shards);
       }
     }
+  if (place_reader && o.distribution == Distribution::kScatter) {
+    EXPECT_GT(placed_bytes, 0u);
+  }
   return models;
 }
 
@@ -97,17 +121,21 @@ TEST(Resolution, CheckpointFormatOnEverySimulatedRank) {
         // Scatter with replicated tensors broadcast, or scattered (each rank its copy).
         for (std::uint64_t replicated : {std::uint64_t{0}, std::uint64_t{1} << 30}) {
           for (std::uint64_t bucket : {std::uint64_t{300}, std::uint64_t{1} << 30}) {
-            auto source = testdata::memory_source(ckpt);
-            const std::string what = std::string(name) + " world " + std::to_string(world) +
-                                     " tp " + std::to_string(tp) + " " +
-                                     std::string(distribution_name(d)) + " bucket " +
-                                     std::to_string(bucket) + " replicated scattered up to " +
-                                     std::to_string(replicated);
-            const auto models = simulate(
-                config, *source, {WeightFormat::kCheckpoint, d, bucket, world, tp, replicated}, "");
-            expect_equal_to(
-                models, [&](int r) { return testdata::expected_shards(config, ckpt, tp, r); },
-                WeightFormat::kCheckpoint, what);
+            for (bool place : {false, true}) {
+              if (place && d == Distribution::kBroadcast) continue;
+              auto source = testdata::memory_source(ckpt);
+              const std::string what =
+                  std::string(name) + " world " + std::to_string(world) + " tp " +
+                  std::to_string(tp) + " " + std::string(distribution_name(d)) + " bucket " +
+                  std::to_string(bucket) + " replicated scattered up to " +
+                  std::to_string(replicated) + (place ? " reader's region placed" : "");
+              const auto models = simulate(
+                  config, *source, {WeightFormat::kCheckpoint, d, bucket, world, tp, replicated},
+                  "", 0, place);
+              expect_equal_to(
+                  models, [&](int r) { return testdata::expected_shards(config, ckpt, tp, r); },
+                  WeightFormat::kCheckpoint, what);
+            }
           }
         }
       }
@@ -140,16 +168,20 @@ TEST(Resolution, RowParallelWindowsOfEveryWidthLandInTheirRanks) {
   for (auto [world, tp, per_node] : std::vector<std::tuple<int, int, int>>{
            {2, 2, 0}, {4, 4, 0}, {8, 8, 0}, {4, 2, 0}, {16, 8, 0}, {8, 8, 4}, {4, 4, 2}}) {
     for (std::uint64_t bucket : {std::uint64_t{1} << 16, std::uint64_t{1} << 30}) {
-      auto source = testdata::memory_source(ckpt);
-      const std::string what = "wide rows world " + std::to_string(world) + " tp " +
-                               std::to_string(tp) + " ranks per node " + std::to_string(per_node) +
-                               " bucket " + std::to_string(bucket);
-      const auto models = simulate(
-          config, *source,
-          {WeightFormat::kCheckpoint, Distribution::kScatter, bucket, world, tp, 0}, "", per_node);
-      expect_equal_to(
-          models, [&](int r) { return testdata::expected_shards(config, ckpt, tp, r); },
-          WeightFormat::kCheckpoint, what);
+      for (bool place : {false, true}) {
+        auto source = testdata::memory_source(ckpt);
+        const std::string what = "wide rows world " + std::to_string(world) + " tp " +
+                                 std::to_string(tp) + " ranks per node " +
+                                 std::to_string(per_node) + " bucket " + std::to_string(bucket) +
+                                 (place ? " reader's region placed" : "");
+        const auto models =
+            simulate(config, *source,
+                     {WeightFormat::kCheckpoint, Distribution::kScatter, bucket, world, tp, 0}, "",
+                     per_node, place);
+        expect_equal_to(
+            models, [&](int r) { return testdata::expected_shards(config, ckpt, tp, r); },
+            WeightFormat::kCheckpoint, what);
+      }
     }
   }
 }
@@ -303,14 +335,78 @@ TEST(Resolution, KernelFormatShardsLandByName) {
       local.load_weights(*s);
       for (const auto& [n, t] : local.named_parameters()) want[r][n] = t.clone();
     }
-    for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
-      auto source = open_weight_source(dir + quant);
-      const auto models = simulate(config, *source, {WeightFormat::kKernel, d, 500, 4, 2}, quant);
-      expect_equal_to(
-          models, [&](int r) { return want[r]; }, WeightFormat::kKernel,
-          "kernel " + quant + " " + std::string(distribution_name(d)));
-    }
+    for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter})
+      for (bool place : {false, d == Distribution::kScatter}) {
+        auto source = open_weight_source(dir + quant);
+        const auto models =
+            simulate(config, *source, {WeightFormat::kKernel, d, 500, 4, 2}, quant, 0, place);
+        expect_equal_to(
+            models, [&](int r) { return want[r]; }, WeightFormat::kKernel,
+            "kernel " + quant + " " + std::string(distribution_name(d)) +
+                (place ? " reader's region placed" : ""));
+      }
   }
+}
+
+// Which of a rank's writes its own region is read straight into: plain copies
+// of contiguous rows into host parameters whose source bytes no other write
+// reads and which lie inside the region, each placed at its parameter's rows
+// (the address worked out here from the tensor itself).
+TEST(Resolution, OnlyPlainCopiesWhoseSourceNoOtherWriteReadsArePlaced) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  ModelOptions mo;
+  mo.tp_size = 2;
+  TensorParallelModel model(config, mo);
+  const auto& params = model.rules().params();
+  const auto slot_of = [&](const std::string& name) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      if (params[i].name == name) return static_cast<ParamSlot>(i);
+    ADD_FAILURE() << name;
+    return ParamSlot{0};
+  };
+  const std::string a_name = "model.layers.0.self_attn.o_proj.weight";
+  const std::string b_name = "model.layers.1.self_attn.o_proj.weight";
+  const ParamSlot a = slot_of(a_name), b = slot_of(b_name);
+  const at::Tensor ta = model.parameter_for_reload(a_name), tb = model.parameter_for_reload(b_name);
+  const auto width = static_cast<std::uint64_t>(ta.size(1) * ta.element_size());
+  const std::int64_t rows = ta.size(0);
+  auto copy = [&](ParamSlot slot, std::uint64_t src, std::int64_t dest, std::int64_t n) {
+    RowWrite w;
+    w.slot = slot;
+    w.kind = WriteKind::kCopy;
+    w.src_dtype = params[slot].dtype;
+    w.src_offset = src;
+    w.src_pitch = width;
+    w.dest_row = dest;
+    w.rows = n;
+    return w;
+  };
+  const std::uint64_t region = 100 * width;
+  BucketApply apply;
+  apply.writes = {
+      copy(a, 0, 0, 2),                  // 0: placed
+      copy(a, 10 * width, 2, 2),         // 1: its last row is also write 2's first
+      copy(b, 11 * width, 0, 1),         // 2
+      copy(a, 20 * width, rows - 1, 2),  // 3: rows past the parameter's
+      copy(b, 30 * width, 3, 1),         // 4: strided (below)
+      copy(b, region - width, 5, 2),     // 5: past the region
+      copy(b, 40 * width, 6, 3),         // 6: placed
+      copy(a, 50 * width, 4, 0),         // 7: no rows
+  };
+  apply.writes[4].src_pitch = 2 * width;
+  const detail::OwnPlacements own = detail::place_own_writes(apply, model.sink(), region);
+  EXPECT_EQ(own.placed, (std::vector<char>{1, 0, 0, 0, 0, 0, 1, 0}));
+  ASSERT_EQ(own.spans.size(), 2u);
+  auto* base_a = static_cast<std::byte*>(ta.data_ptr());
+  auto* base_b = static_cast<std::byte*>(tb.data_ptr());
+  EXPECT_EQ(own.spans[0].begin, 0u);
+  EXPECT_EQ(own.spans[0].end, 2 * width);
+  EXPECT_EQ(own.spans[0].dst, base_a);
+  EXPECT_EQ(own.spans[1].begin, 40 * width);
+  EXPECT_EQ(own.spans[1].end, 43 * width);
+  EXPECT_EQ(own.spans[1].dst, base_b + 6 * tb.size(1) * tb.element_size());
+  // Counting nothing as written: the model still reports no parameter touched.
+  EXPECT_TRUE(model.sink().touched_names().empty());
 }
 
 TEST(Resolution, EachPieceResolvesToAtMostOneWriteAndEveryShardCompletesOnce) {

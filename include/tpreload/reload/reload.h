@@ -213,7 +213,8 @@ struct ReloadResult {
   std::uint64_t bytes_read = 0;         // by the reader rank (kNode, kAll: the most any rank read)
   std::uint64_t bytes_transferred = 0;  // bytes the reader rank sent (kNode: the most a node's
                                         // reader sent to the other ranks of its node)
-  std::uint64_t bytes_copied_on_reader = 0;  // bytes the reader read or copied into send buffers
+  // bytes the reader read or copied into send buffers (its own scatter rows: into its parameters)
+  std::uint64_t bytes_copied_on_reader = 0;
   std::uint64_t peak_staging_bytes = 0;      // max over ranks of staging.total()
   StagingBytes staging;                      // per memory space, each the max over ranks
   std::string transport;                     // the data plane's backend ("mpi", "nccl", ...)
