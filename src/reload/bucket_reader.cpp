@@ -40,22 +40,22 @@ constexpr std::uint64_t kNarrowRowsBytes = std::uint64_t{16} << 20;
 
 }  // namespace
 
-OwnPlacements place_own_writes(const BucketApply& apply, const ParameterSink& sink,
+OwnPlacements place_own_writes(const BucketApply& apply, const std::vector<ParamSpec>& params,
                                std::uint64_t region_bytes) {
   struct Source {
     std::uint64_t begin, end;
     std::size_t write;
-    std::byte* dst;  // null: not a plain host copy
+    bool plain;  // a plain copy of rows inside its parameter and the region
   };
-  const auto& params = sink.rules().params();
   std::vector<Source> sources;
   for (std::size_t i = 0; i < apply.writes.size(); ++i) {
     const RowWrite& w = apply.writes[i];
-    const std::uint64_t end = write_source_end(w, params.at(w.slot));
+    const ParamSpec& param = params.at(w.slot);
+    const std::uint64_t end = write_source_end(w, param);
     if (end <= w.src_offset) continue;  // reads nothing
-    const auto rows = sink.host_rows_where(w);
-    const bool plain = rows && end == w.src_offset + rows->size && end <= region_bytes;
-    sources.push_back({w.src_offset, end, i, plain ? rows->data : nullptr});
+    const bool plain = plain_row_copy(w, param) && w.dest_row >= 0 &&
+                       w.dest_row + w.rows <= param_rows(param.shape) && end <= region_bytes;
+    sources.push_back({w.src_offset, end, i, plain});
   }
   std::sort(sources.begin(), sources.end(),
             [](const Source& a, const Source& b) { return a.begin < b.begin; });
@@ -67,8 +67,12 @@ OwnPlacements place_own_writes(const BucketApply& apply, const ParameterSink& si
     const bool alone =
         (k == 0 || reach <= s.begin) && (k + 1 == sources.size() || sources[k + 1].begin >= s.end);
     reach = std::max(reach, s.end);
-    if (!alone || !s.dst) continue;
-    out.spans.push_back({s.begin, s.end, s.dst});
+    if (!alone || !s.plain) continue;
+    const RowWrite& w = apply.writes[s.write];
+    const ParamSpec& param = params[w.slot];
+    out.spans.push_back(
+        {s.begin, s.end, w.slot,
+         static_cast<std::uint64_t>(w.dest_row) * param_row_bytes(param.shape, param.dtype)});
     out.placed[s.write] = 1;
   }
   return out;
@@ -97,7 +101,7 @@ void BucketReader::locate(const Bucket& bucket, std::byte* send, int w, std::uin
       at = s->begin;
     }
     const std::uint64_t stop = std::min(end, s->end);
-    each(s->dst + (at - s->begin), stop - at);
+    each(placed_.storage[s->slot] + s->offset + (at - s->begin), stop - at);
     at = stop;
     ++s;
   }

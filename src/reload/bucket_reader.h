@@ -17,38 +17,42 @@
 #include <vector>
 
 #include "tpreload/checkpoint/weight_source.h"
-#include "tpreload/model/parameter_sink.h"
 #include "tpreload/reload/plan.h"
 
 namespace tpreload::detail {
 
 // Bytes [begin, end) of a scatter region (offsets as the region's writes count
-// them) placed at `dst` instead of the send buffer.
+// them) placed in parameter `slot`'s storage at byte `offset` instead of the
+// send buffer.
 struct Placement {
   std::uint64_t begin = 0, end = 0;
-  std::byte* dst = nullptr;
+  ParamSlot slot = kNoSlot;
+  std::uint64_t offset = 0;
 };
 
-// One world rank's region of a bucket, placed by `spans` (sorted, disjoint);
-// bytes outside them go to the send buffer as usual.
+// One world rank's region of a bucket, placed by `spans` (sorted, disjoint)
+// into the storage of each parameter slot (`storage[slot]`, host memory);
+// bytes outside the spans go to the send buffer as usual.
 struct Placed {
   int world_rank = -1;
   const std::vector<Placement>* spans = nullptr;
+  std::byte* const* storage = nullptr;
 };
 
-// The reader's own region of a scatter bucket read straight into its
-// parameters: of its writes `apply.writes`, the plain copies of contiguous rows
-// into host memory (ParameterSink::host_rows_where) whose source bytes no other
-// write reads (a tensor two parameters take, tied embeddings, stays in the
-// send buffer), as placements, with which writes they are (`placed`, per
-// write: the apply skips those). Their rows change while the bucket is read,
-// before anything is sent: a caller counts them as written (host_rows) once a
-// read of the bucket began. Nothing for a device sink.
+// A rank's own region of a scatter bucket read straight into its parameters
+// (when they are in host memory): of its writes `apply.writes` into `params`,
+// the plain copies of contiguous rows (plain_row_copy) inside the parameter and
+// the region whose source bytes no other write reads (a tensor two parameters
+// took would stay in the send buffer), as placements, with which writes they
+// are (`placed`, per write: the apply skips those). Their rows change while
+// the bucket is read, before anything is sent: a caller counts them as
+// written (ParameterSink::host_rows) once a read of the bucket began. Pure:
+// kept with the plan.
 struct OwnPlacements {
   std::vector<Placement> spans;
   std::vector<char> placed;
 };
-OwnPlacements place_own_writes(const BucketApply& apply, const ParameterSink& sink,
+OwnPlacements place_own_writes(const BucketApply& apply, const std::vector<ParamSpec>& params,
                                std::uint64_t region_bytes);
 
 class BucketReader {

@@ -91,6 +91,7 @@ class Pipeline {
         metadata_(planned.metadata),
         applies_(planned.applies),
         direct_applies_(planned.direct_applies),
+        own_(planned.own),
         model_(model),
         sink_(model.sink()),
         control_(control),
@@ -138,15 +139,10 @@ class Pipeline {
     // The reader's own region of a scatter bucket never leaves it: its plain
     // copies into host parameters are read straight into them (no staging copy
     // and no apply copy for those bytes).
-    if (reader_ && !all_read_ && !spaces_.device_transport && !spaces_.device_params)
-      for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
-        const Bucket& bucket = plan_.buckets[b];
-        if (!bucket.scatter || world_root(b) >= 0) continue;
-        OwnPlacements own = place_own_writes(applies_[b], sink_, bucket.ranges[rank_].length);
-        if (own.spans.empty()) continue;
-        own_.resize(plan_.buckets.size());
-        own_[b] = std::move(own);
-      }
+    if (reader_ && !all_read_ && !spaces_.device_transport && !spaces_.device_params &&
+        !own_.empty())
+      for (ParamSlot slot = 0; slot < sink_.size(); ++slot)
+        storage_.push_back(sink_.storage(slot).data);
   }
 
   ~Pipeline() { stop(); }
@@ -228,6 +224,9 @@ class Pipeline {
   const SourceMetadata& metadata_;
   const std::vector<BucketApply>& applies_;
   const std::vector<BucketApply>& direct_applies_;
+  // Per scatter bucket, this rank's writes it reads straight into the
+  // parameters when it reads the bucket (CachedPlan::own).
+  const std::vector<OwnPlacements>& own_;
   std::vector<std::byte> chunk_;  // direct applies: full rows read for a write
   ReloadTarget& model_;
   ParameterSink& sink_;
@@ -250,16 +249,17 @@ class Pipeline {
   std::vector<std::vector<ByteRange>> node_ranges_;
   std::vector<int> world_roots_;  // kNode, rotated roots: per bucket (see world_root())
   Spaces spaces_;
-  // Per scatter bucket this rank reads: its own writes read straight into the
-  // parameters (place_own_writes; empty when none or not this rank's to place).
-  std::vector<OwnPlacements> own_;
-  // Buckets whose placed writes may have landed: their fill began (reader
-  // thread), or every bucket once counted as written after the threads end.
+  // Where each parameter's rows are, for the writes this rank reads straight
+  // into them (own_); empty: nothing is placed on this rank.
+  std::vector<std::byte*> storage_;
+  // Buckets whose placed writes may have landed: their fill began (reader thread).
   std::atomic<std::size_t> placing_{0};
-  bool placed_counted_ = false;
+  bool placed_counted_ = false;  // placed writes counted as written (stop())
   Placed placed(std::size_t bucket) const {
-    if (bucket >= own_.size() || own_[bucket].spans.empty()) return {};
-    return {rank_, &own_[bucket].spans};
+    if (storage_.empty() || bucket >= own_.size() || own_[bucket].spans.empty() ||
+        world_root(bucket) >= 0)
+      return {};
+    return {rank_, &own_[bucket].spans, storage_.data()};
   }
   std::unique_ptr<BucketReader> files_;
   std::unique_ptr<DeviceStream> read_stream_, apply_stream_;  // owned by their threads
@@ -654,9 +654,8 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
                             bool direct) {
   auto start = Clock::now();
   std::vector<ReadRequest> reads;
-  const std::vector<char>* placed = !direct && bucket < own_.size() && !own_[bucket].placed.empty()
-                                        ? &own_[bucket].placed
-                                        : nullptr;
+  const std::vector<char>* placed =
+      !direct && this->placed(bucket).spans ? &own_[bucket].placed : nullptr;
   for (std::size_t i = 0; i < a.writes.size(); ++i) {
     const RowWrite& w = a.writes[i];
     if (placed && (*placed)[i]) {  // read into place with the bucket
@@ -789,9 +788,10 @@ void Pipeline::stop() {
   // read, an apply that stopped) changed their parameters all the same.
   if (placed_counted_) return;
   placed_counted_ = true;
-  for (std::size_t b = 0; b < std::min<std::size_t>(placing_, own_.size()); ++b)
-    for (std::size_t i = 0; i < own_[b].placed.size(); ++i)
-      if (own_[b].placed[i]) sink_.host_rows(applies_[b].writes[i]);
+  for (std::size_t b = 0; b < placing_; ++b)
+    if (placed(b).spans)
+      for (std::size_t i = 0; i < own_[b].placed.size(); ++i)
+        if (own_[b].placed[i]) sink_.host_rows(applies_[b].writes[i]);
 }
 
 void Pipeline::report_progress(std::size_t buckets_done, bool finished) {

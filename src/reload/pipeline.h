@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "bucket_reader.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/data_transport.h"
 #include "tpreload/model/target.h"
@@ -47,6 +48,9 @@ struct CachedPlan {
   // Readers::kAll: the same writes straight out of the source's tensors, for a
   // source with views and parameters in host memory (no bucket buffer at all).
   std::vector<BucketApply> direct_applies;
+  // Per bucket (none with Readers::kAll), this rank's writes it reads straight
+  // into its parameters when it reads a scatter bucket with host parameters.
+  std::vector<OwnPlacements> own;
 };
 
 // Readers::kNode: this rank's node, as a control communicator and a data

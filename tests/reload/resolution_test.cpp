@@ -66,10 +66,15 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(
       for (int w = node; w < std::min(o.world_size, node + per_node); ++w) ranks.push_back(w);
       const Bucket& bucket = plan.buckets[b];
       detail::OwnPlacements own;
-      if (place_reader && bucket.scatter)
-        own = detail::place_own_writes(applies[node][b], models[node]->sink(),
+      std::vector<std::byte*> storage;
+      if (place_reader && bucket.scatter) {
+        const ParameterSink& sink = models[node]->sink();
+        own = detail::place_own_writes(applies[node][b], sink.rules().params(),
                                        bucket.ranges[node].length);
-      const detail::Placed placed{node, &own.spans};
+        for (ParamSlot slot = 0; slot < sink.size(); ++slot)
+          storage.push_back(sink.storage(slot).data);
+      }
+      const detail::Placed placed{node, &own.spans, storage.data()};
       std::fill(send.begin(), send.end(), kMarker);
       const ConstBytes bytes = ranks_per_node > 0
                                    ? reader.fill_ranks(b, ranks, send.data(), {}, placed)
@@ -349,7 +354,7 @@ TEST(Resolution, KernelFormatShardsLandByName) {
 }
 
 // Which of a rank's writes its own region is read straight into: plain copies
-// of contiguous rows into host parameters whose source bytes no other write
+// of contiguous rows inside their parameter whose source bytes no other write
 // reads and which lie inside the region, each placed at its parameter's rows
 // (the address worked out here from the tensor itself).
 TEST(Resolution, OnlyPlainCopiesWhoseSourceNoOtherWriteReadsArePlaced) {
@@ -368,6 +373,7 @@ TEST(Resolution, OnlyPlainCopiesWhoseSourceNoOtherWriteReadsArePlaced) {
   const std::string b_name = "model.layers.1.self_attn.o_proj.weight";
   const ParamSlot a = slot_of(a_name), b = slot_of(b_name);
   const at::Tensor ta = model.parameter_for_reload(a_name), tb = model.parameter_for_reload(b_name);
+  ASSERT_EQ(ta.sizes(), tb.sizes());
   const auto width = static_cast<std::uint64_t>(ta.size(1) * ta.element_size());
   const std::int64_t rows = ta.size(0);
   auto copy = [&](ParamSlot slot, std::uint64_t src, std::int64_t dest, std::int64_t n) {
@@ -394,19 +400,20 @@ TEST(Resolution, OnlyPlainCopiesWhoseSourceNoOtherWriteReadsArePlaced) {
       copy(a, 50 * width, 4, 0),         // 7: no rows
   };
   apply.writes[4].src_pitch = 2 * width;
-  const detail::OwnPlacements own = detail::place_own_writes(apply, model.sink(), region);
+  const detail::OwnPlacements own = detail::place_own_writes(apply, params, region);
   EXPECT_EQ(own.placed, (std::vector<char>{1, 0, 0, 0, 0, 0, 1, 0}));
   ASSERT_EQ(own.spans.size(), 2u);
-  auto* base_a = static_cast<std::byte*>(ta.data_ptr());
-  auto* base_b = static_cast<std::byte*>(tb.data_ptr());
   EXPECT_EQ(own.spans[0].begin, 0u);
   EXPECT_EQ(own.spans[0].end, 2 * width);
-  EXPECT_EQ(own.spans[0].dst, base_a);
+  EXPECT_EQ(own.spans[0].slot, a);
+  EXPECT_EQ(own.spans[0].offset, 0u);
   EXPECT_EQ(own.spans[1].begin, 40 * width);
   EXPECT_EQ(own.spans[1].end, 43 * width);
-  EXPECT_EQ(own.spans[1].dst, base_b + 6 * tb.size(1) * tb.element_size());
-  // Counting nothing as written: the model still reports no parameter touched.
-  EXPECT_TRUE(model.sink().touched_names().empty());
+  EXPECT_EQ(own.spans[1].slot, b);
+  // Row 6 of b, from the tensor's own geometry: where those rows are in memory.
+  const auto* base_b = static_cast<const std::byte*>(tb.data_ptr());
+  EXPECT_EQ(model.sink().storage(b).data + own.spans[1].offset,
+            base_b + 6 * tb.stride(0) * tb.element_size());
 }
 
 TEST(Resolution, EachPieceResolvesToAtMostOneWriteAndEveryShardCompletesOnce) {

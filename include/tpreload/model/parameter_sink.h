@@ -71,10 +71,6 @@ class ParameterSink {
   // nullopt for any other write. Counts as the write (the slot is touched);
   // throws as write() does.
   std::optional<MutableBytes> host_rows(const RowWrite& w);
-  // Where host_rows() would place `w`, without counting the write: also nullopt
-  // for rows outside the parameter (write() raises those). A caller that places
-  // the bytes ahead of the write calls host_rows() once they may have landed.
-  std::optional<MutableBytes> host_rows_where(const RowWrite& w) const;
   void zero(const RowZero& z);
   // Wait until every write so far landed (device); no-op on the host. Throws
   // CommTimeoutError naming the device after `timeout`.
@@ -133,7 +129,6 @@ class ParameterSink {
 
  private:
   void begin_write(const RowWrite& w, const ParamSpec& param);
-  std::optional<MutableBytes> plain_host_rows(const RowWrite& w) const;
   void write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   void write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   DeviceStream& stream();

@@ -64,6 +64,9 @@ std::uint64_t write_source_row_bytes(const RowWrite& w, const ParamSpec& param);
 // only [w.src_offset, write_source_end(w, param)) (nothing for a write of no
 // rows: src_offset itself). What a receiver must have verified before the write.
 std::uint64_t write_source_end(const RowWrite& w, const ParamSpec& param);
+// A plain copy of contiguous rows into `param`: its source is the parameter's
+// rows byte for byte, [src_offset, src_offset + rows x row bytes).
+bool plain_row_copy(const RowWrite& w, const ParamSpec& param);
 
 // Whether values of `from` may be written into a parameter of `to`: the same
 // dtype, or both floating (converted, round to nearest even, as torch's .to()

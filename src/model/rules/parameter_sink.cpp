@@ -70,24 +70,10 @@ void ParameterSink::begin_write(const RowWrite& w, const ParamSpec& param) {
 }
 
 std::optional<MutableBytes> ParameterSink::host_rows(const RowWrite& w) {
-  auto rows = plain_host_rows(w);
-  if (rows) begin_write(w, rules_.params()[w.slot]);
-  return rows;
-}
-
-std::optional<MutableBytes> ParameterSink::host_rows_where(const RowWrite& w) const {
   const ParamSpec& param = rules_.params().at(w.slot);
-  if (w.dest_row < 0 || w.dest_row + w.rows > param_rows(param.shape)) return std::nullopt;
-  return plain_host_rows(w);
-}
-
-// A plain copy of contiguous rows into host memory: its rows in the parameter,
-// not checked against the parameter's rows.
-std::optional<MutableBytes> ParameterSink::plain_host_rows(const RowWrite& w) const {
-  const ParamSpec& param = rules_.params().at(w.slot);
+  if (device_ || !plain_row_copy(w, param)) return std::nullopt;
+  begin_write(w, param);
   const std::uint64_t width = param_row_bytes(param.shape, param.dtype);
-  if (device_ || w.kind != WriteKind::kCopy || w.src_pitch != width || w.rows <= 0)
-    return std::nullopt;
   return MutableBytes(storage_[w.slot].data + static_cast<std::uint64_t>(w.dest_row) * width,
                       static_cast<std::uint64_t>(w.rows) * width);
 }

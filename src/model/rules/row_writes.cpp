@@ -47,6 +47,11 @@ std::uint64_t write_source_end(const RowWrite& w, const ParamSpec& param) {
          write_source_row_bytes(w, param);
 }
 
+bool plain_row_copy(const RowWrite& w, const ParamSpec& param) {
+  return w.kind == WriteKind::kCopy && w.rows > 0 &&
+         w.src_pitch == param_row_bytes(param.shape, param.dtype);
+}
+
 bool convertible(DType from, DType to, bool quantized) {
   if (quantized)
     return from == DType::kBFloat16 || from == DType::kFloat16 || from == DType::kFloat32;
