@@ -24,6 +24,8 @@
 namespace tpreload {
 namespace {
 
+TPRELOAD_WORLD_SIZE_DIVIDES(8, "the tiny models' 8 attention heads are split tp = world size ways");
+
 using mpitest::mpi_world;
 using mpitest::world;
 using testing::EmulatedDevice;

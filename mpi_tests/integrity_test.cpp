@@ -22,6 +22,8 @@
 namespace tpreload {
 namespace {
 
+TPRELOAD_WORLD_SIZE_DIVIDES(8, "the tiny models' 8 attention heads are split tp = world size ways");
+
 using mpitest::same_on_every_rank;
 using mpitest::world;
 using testing::FaultyTransport;

@@ -11,6 +11,8 @@
 namespace tpreload {
 namespace {
 
+TPRELOAD_WORLD_SIZE_DIVIDES(8, "the tiny models' 8 attention heads are split tp = world size ways");
+
 using mpitest::world;
 
 const std::vector<std::int64_t> kTokens = {5, 63, 64, 99, 0, 17, 42, 8, 77};

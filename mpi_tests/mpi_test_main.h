@@ -59,7 +59,35 @@ class SharedDir {
   std::string path_;
 };
 
+// The world sizes a binary's tests can run at: those that divide `divides`
+// (the tiny models' 8 attention heads, split tp = world size ways). Any other
+// size fails the run once, before any test, saying which sizes work; instead
+// of every test failing with "cannot split the model". Register with
+// TPRELOAD_WORLD_SIZE_DIVIDES.
+class WorldSizeDivides : public ::testing::Environment {
+ public:
+  WorldSizeDivides(int divides, std::string why) : divides_(divides), why_(std::move(why)) {}
+  void SetUp() override {
+    const int n = world().size();
+    if (divides_ % n == 0) return;
+    std::string sizes;
+    for (int k = 1; k <= divides_; ++k)
+      if (divides_ % k == 0) sizes += (sizes.empty() ? "" : ", ") + std::to_string(k);
+    GTEST_FAIL() << "these tests run at world sizes that divide " << divides_ << " (" << why_
+                 << "): " << sizes << "; this job has " << n << " ranks";
+  }
+
+ private:
+  int divides_;
+  std::string why_;
+};
+
 }  // namespace tpreload::mpitest
+
+// In a test binary's source, at namespace scope: see WorldSizeDivides.
+#define TPRELOAD_WORLD_SIZE_DIVIDES(n, why)                                               \
+  [[maybe_unused]] static ::testing::Environment* const tpreload_world_size_environment = \
+      ::testing::AddGlobalTestEnvironment(new ::tpreload::mpitest::WorldSizeDivides((n), (why)))
 
 // Skip the test (on every rank alike) when the world has fewer than n ranks.
 #define TPRELOAD_REQUIRE_RANKS(n)                                      \
