@@ -40,42 +40,99 @@ constexpr std::uint64_t kNarrowRowsBytes = std::uint64_t{16} << 20;
 
 }  // namespace
 
-OwnPlacements place_own_writes(const BucketApply& apply, const std::vector<ParamSpec>& params,
-                               std::uint64_t region_bytes) {
+namespace {
+
+// Per bucket and write, whether the rows it writes (and an int8 write's scales)
+// are rows no other write or zeroing of `applies` touches.
+std::vector<std::vector<char>> sole_writers(const std::vector<BucketApply>& applies,
+                                            const std::vector<ParamSpec>& params) {
+  struct Rows {
+    ParamSlot slot;
+    std::int64_t begin, end;
+    std::size_t bucket, write;  // write: kNone for a zeroing
+  };
+  constexpr std::size_t kNone = ~std::size_t{0};
+  std::vector<Rows> rows;
+  std::vector<std::vector<char>> sole(applies.size());
+  for (std::size_t b = 0; b < applies.size(); ++b) {
+    const BucketApply& a = applies[b];
+    sole[b].assign(a.writes.size(), 1);
+    for (std::size_t i = 0; i < a.writes.size(); ++i) {
+      const RowWrite& w = a.writes[i];
+      if (w.rows <= 0) continue;
+      rows.push_back({w.slot, w.dest_row, w.dest_row + w.rows, b, i});
+      if (w.kind == WriteKind::kQuantizeInt8)
+        rows.push_back({params.at(w.slot).scale_slot, w.dest_row, w.dest_row + w.rows, b, i});
+    }
+    for (const RowZero& z : a.zeros) rows.push_back({z.slot, z.row_begin, z.row_end, b, kNone});
+  }
+  std::sort(rows.begin(), rows.end(), [](const Rows& x, const Rows& y) {
+    return x.slot != y.slot ? x.slot < y.slot : x.begin < y.begin;
+  });
+  // Within a slot, sorted by start: a range overlaps another when it starts
+  // before the furthest end so far (then it and that range's owner share rows).
+  std::size_t reach = 0;  // index of the range reaching furthest in this slot
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    const Rows& r = rows[k];
+    if (k > 0 && rows[reach].slot == r.slot && r.begin < rows[reach].end) {
+      for (const Rows* shared : {&r, static_cast<const Rows*>(&rows[reach])})
+        if (shared->write != kNone) sole[shared->bucket][shared->write] = 0;
+    }
+    if (k == 0 || rows[reach].slot != r.slot || r.end > rows[reach].end) reach = k;
+  }
+  return sole;
+}
+
+}  // namespace
+
+std::vector<OwnPlacements> place_own_writes(const Plan& plan,
+                                            const std::vector<BucketApply>& applies,
+                                            const std::vector<ParamSpec>& params, int world_rank) {
   struct Source {
     std::uint64_t begin, end;
     std::size_t write;
-    bool plain;  // a plain copy of rows inside its parameter and the region
+    bool plain;  // a plain copy of rows inside its parameter and the region, sole writer of them
   };
+  const std::vector<std::vector<char>> sole = sole_writers(applies, params);
+  std::vector<OwnPlacements> placements(plan.buckets.size());
   std::vector<Source> sources;
-  for (std::size_t i = 0; i < apply.writes.size(); ++i) {
-    const RowWrite& w = apply.writes[i];
-    const ParamSpec& param = params.at(w.slot);
-    const std::uint64_t end = write_source_end(w, param);
-    if (end <= w.src_offset) continue;  // reads nothing
-    const bool plain = plain_row_copy(w, param) && w.dest_row >= 0 &&
-                       w.dest_row + w.rows <= param_rows(param.shape) && end <= region_bytes;
-    sources.push_back({w.src_offset, end, i, plain});
+  for (std::size_t b = 0; b < plan.buckets.size() && b < applies.size(); ++b) {
+    const Bucket& bucket = plan.buckets[b];
+    if (!bucket.scatter) continue;
+    const std::uint64_t region_bytes =
+        bucket.ranges.at(static_cast<std::size_t>(world_rank)).length;
+    const BucketApply& apply = applies[b];
+    sources.clear();
+    for (std::size_t i = 0; i < apply.writes.size(); ++i) {
+      const RowWrite& w = apply.writes[i];
+      const ParamSpec& param = params.at(w.slot);
+      const std::uint64_t end = write_source_end(w, param);
+      if (end <= w.src_offset) continue;  // reads nothing
+      const bool plain = plain_row_copy(w, param) && w.dest_row >= 0 &&
+                         w.dest_row + w.rows <= param_rows(param.shape) && end <= region_bytes &&
+                         sole[b][i];
+      sources.push_back({w.src_offset, end, i, plain});
+    }
+    std::sort(sources.begin(), sources.end(),
+              [](const Source& x, const Source& y) { return x.begin < y.begin; });
+    OwnPlacements& out = placements[b];
+    out.placed.assign(apply.writes.size(), 0);
+    std::uint64_t reach = 0;  // the furthest end of the sources before the one looked at
+    for (std::size_t k = 0; k < sources.size(); ++k) {
+      const Source& src = sources[k];
+      const bool alone = (k == 0 || reach <= src.begin) &&
+                         (k + 1 == sources.size() || sources[k + 1].begin >= src.end);
+      reach = std::max(reach, src.end);
+      if (!alone || !src.plain) continue;
+      const RowWrite& w = apply.writes[src.write];
+      const ParamSpec& param = params[w.slot];
+      out.spans.push_back(
+          {src.begin, src.end, w.slot,
+           static_cast<std::uint64_t>(w.dest_row) * param_row_bytes(param.shape, param.dtype)});
+      out.placed[src.write] = 1;
+    }
   }
-  std::sort(sources.begin(), sources.end(),
-            [](const Source& a, const Source& b) { return a.begin < b.begin; });
-  OwnPlacements out;
-  out.placed.assign(apply.writes.size(), 0);
-  std::uint64_t reach = 0;  // the furthest end of the sources before the one looked at
-  for (std::size_t k = 0; k < sources.size(); ++k) {
-    const Source& s = sources[k];
-    const bool alone =
-        (k == 0 || reach <= s.begin) && (k + 1 == sources.size() || sources[k + 1].begin >= s.end);
-    reach = std::max(reach, s.end);
-    if (!alone || !s.plain) continue;
-    const RowWrite& w = apply.writes[s.write];
-    const ParamSpec& param = params[w.slot];
-    out.spans.push_back(
-        {s.begin, s.end, w.slot,
-         static_cast<std::uint64_t>(w.dest_row) * param_row_bytes(param.shape, param.dtype)});
-    out.placed[s.write] = 1;
-  }
-  return out;
+  return placements;
 }
 
 template <typename Each>

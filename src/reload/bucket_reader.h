@@ -39,21 +39,24 @@ struct Placed {
   std::byte* const* storage = nullptr;
 };
 
-// A rank's own region of a scatter bucket read straight into its parameters
-// (when they are in host memory): of its writes `apply.writes` into `params`,
-// the plain copies of contiguous rows (plain_row_copy) inside the parameter and
-// the region whose source bytes no other write reads (a tensor two parameters
-// took would stay in the send buffer), as placements, with which writes they
-// are (`placed`, per write: the apply skips those). Their rows change while
-// the bucket is read, before anything is sent: a caller counts them as
-// written (ParameterSink::host_rows) once a read of the bucket began. Pure:
-// kept with the plan.
+// World rank `world_rank`'s own regions of the scatter buckets of `plan` read
+// straight into its parameters (when they are in host memory), per bucket: of
+// its writes (`applies`, into `params`), the plain copies of contiguous rows
+// (plain_row_copy) inside their parameter and the region whose source bytes
+// no other write of the bucket reads (a tensor two parameters took stays in
+// the send buffer) and whose rows no other write or zeroing of any bucket
+// touches (a placed write can land before an earlier bucket is applied), as
+// placements, with which writes they are (`placed`, per write: the apply
+// skips those). Their rows change while the bucket is read, before anything
+// is sent: a caller counts them as written (ParameterSink::host_rows) once a
+// read of the bucket began. Pure: kept with the plan.
 struct OwnPlacements {
   std::vector<Placement> spans;
   std::vector<char> placed;
 };
-OwnPlacements place_own_writes(const BucketApply& apply, const std::vector<ParamSpec>& params,
-                               std::uint64_t region_bytes);
+std::vector<OwnPlacements> place_own_writes(const Plan& plan,
+                                            const std::vector<BucketApply>& applies,
+                                            const std::vector<ParamSpec>& params, int world_rank);
 
 class BucketReader {
  public:

@@ -80,6 +80,7 @@ struct Slot {
   // bucket's block CRCs). Empty: nothing to verify.
   std::vector<std::uint32_t> expected;
   std::uint32_t* block_sums = nullptr;  // pinned: raw block CRCs of a device view
+  bool placed = false;  // the reader's own writes were read into place (own_[bucket])
 };
 
 class Pipeline {
@@ -140,9 +141,11 @@ class Pipeline {
     // copies into host parameters are read straight into them (no staging copy
     // and no apply copy for those bytes).
     if (reader_ && !all_read_ && !spaces_.device_transport && !spaces_.device_params &&
-        !own_.empty())
+        !own_.empty()) {
       for (ParamSlot slot = 0; slot < sink_.size(); ++slot)
         storage_.push_back(sink_.storage(slot).data);
+      placing_.assign(plan_.buckets.size(), 0);
+    }
   }
 
   ~Pipeline() { stop(); }
@@ -190,7 +193,9 @@ class Pipeline {
   void transfer(Slot& slot);
   const std::byte* apply_source(Slot& slot);
   void apply(Slot& slot);
-  void apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src, bool direct);
+  // `placed`: which of a's writes the fill read into place (skipped here).
+  void apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src, bool direct,
+                    const std::vector<char>* placed = nullptr);
   bool can_apply_direct() const;
   void run_direct();
   void write_in_chunks(const RowWrite& w, const WriteSource& from);
@@ -252,9 +257,11 @@ class Pipeline {
   // Where each parameter's rows are, for the writes this rank reads straight
   // into them (own_); empty: nothing is placed on this rank.
   std::vector<std::byte*> storage_;
-  // Buckets whose placed writes may have landed: their fill began (reader thread).
-  std::atomic<std::size_t> placing_{0};
-  bool placed_counted_ = false;  // placed writes counted as written (stop())
+  // Per bucket, whether its placed writes may have landed: its fill began with
+  // them (written by the reader thread, read once it is joined).
+  std::vector<char> placing_;
+  bool placed_counted_ = false;             // placed writes counted as written (stop())
+  std::atomic<bool> apply_stopped_{false};  // the apply thread met an error: nothing more is placed
   Placed placed(std::size_t bucket) const {
     if (storage_.empty() || bucket >= own_.size() || own_[bucket].spans.empty() ||
         world_root(bucket) >= 0)
@@ -353,8 +360,11 @@ void Pipeline::fill(Slot& slot) {
   if (all_read_) {  // nothing is sent, so nothing is summed
     slot.payload = files_->fill_own(slot.bucket, rank_, slot.recv);
   } else if (!spaces_.device_transport) {
-    const Placed own = placed(slot.bucket);
-    if (own.spans) placing_ = slot.bucket + 1;  // (its parameters may change from here on)
+    // Once the apply stopped (a failed write, a corrupted bucket), nothing more
+    // goes into the parameters.
+    const Placed own = apply_stopped_ ? Placed{} : placed(slot.bucket);
+    slot.placed = own.spans != nullptr;
+    if (own.spans) placing_.at(slot.bucket) = 1;  // (its parameters may change from here on)
     slot.payload = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.send, sum, own)
                               : files_->fill(slot.bucket, slot.send, sum, own);
   } else {
@@ -547,9 +557,10 @@ void Pipeline::raise_read_failure(std::size_t bucket, int rank,
                                   const std::optional<std::string>& mine) {
   // [bucket, the error's length, whether the failing rank reads its own rows of
   // the bucket straight into its parameters]
-  std::int64_t head[3] = {static_cast<std::int64_t>(bucket),
-                          rank_ == rank ? static_cast<std::int64_t>(mine->size()) : 0,
-                          rank_ == rank && placed(bucket).spans ? 1 : 0};
+  std::int64_t head[3] = {
+      static_cast<std::int64_t>(bucket),
+      rank_ == rank ? static_cast<std::int64_t>(mine->size()) : 0,
+      rank_ == rank && !options_.atomic && bucket < placing_.size() && placing_[bucket] ? 1 : 0};
   control_.broadcast(MutableBytes(head, sizeof head), rank);
   std::string message(static_cast<std::size_t>(head[1]), '\0');
   if (rank_ == rank) message = *mine;
@@ -573,9 +584,9 @@ void Pipeline::raise_read_failure(std::size_t bucket, int rank,
       : node_read_   ? "; the ranks of that node had applied the buckets before it, the ranks of "
                        "every other node all of theirs"
                      : "; weights of earlier buckets were already replaced",
-      head[2] ? concat("; so were rank ", rank,
-                       "'s own rows of this bucket read before the failure (it reads them "
-                       "straight into its parameters)")
+      head[2] ? concat("; rank ", rank,
+                       "'s own rows of this bucket may have changed too (it reads them straight "
+                       "into its parameters)")
               : std::string());
 }
 
@@ -639,7 +650,8 @@ const std::byte* Pipeline::apply_source(Slot& slot) {
 }
 
 void Pipeline::apply(Slot& slot) {
-  apply_writes(slot.bucket, applies_[slot.bucket], apply_source(slot), false);
+  apply_writes(slot.bucket, applies_[slot.bucket], apply_source(slot), false,
+               slot.placed ? &own_[slot.bucket].placed : nullptr);
 }
 
 // Bucket `bucket`'s writes from `src` (a bucket buffer), or, for a direct apply,
@@ -651,11 +663,9 @@ void Pipeline::apply(Slot& slot) {
 // times the bytes for a window, cost less than copying out of a freshly opened
 // mapping (docs/PERFORMANCE.md, change 26).
 void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src,
-                            bool direct) {
+                            bool direct, const std::vector<char>* placed) {
   auto start = Clock::now();
   std::vector<ReadRequest> reads;
-  const std::vector<char>* placed =
-      !direct && this->placed(bucket).spans ? &own_[bucket].placed : nullptr;
   for (std::size_t i = 0; i < a.writes.size(); ++i) {
     const RowWrite& w = a.writes[i];
     if (placed && (*placed)[i]) {  // read into place with the bucket
@@ -751,6 +761,7 @@ void Pipeline::apply_loop() {
       } catch (const std::exception& e) {
         stats_.apply_error = e.what();
       }
+      if (stats_.apply_error || stats_.corrupted) apply_stopped_ = true;
     }
     free_.push(std::move(*slot));
   }
@@ -788,8 +799,8 @@ void Pipeline::stop() {
   // read, an apply that stopped) changed their parameters all the same.
   if (placed_counted_) return;
   placed_counted_ = true;
-  for (std::size_t b = 0; b < placing_; ++b)
-    if (placed(b).spans)
+  for (std::size_t b = 0; b < placing_.size(); ++b)
+    if (placing_[b])
       for (std::size_t i = 0; i < own_[b].placed.size(); ++i)
         if (own_[b].placed[i]) sink_.host_rows(applies_[b].writes[i]);
 }

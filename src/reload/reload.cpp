@@ -483,13 +483,8 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
     fresh->direct_applies = resolve_direct_applies(fresh->plan, fresh->metadata, model.rules(),
                                                    plan_options, world.rank());
   else  // (for the rank that reads: this one, or any with a reader per node)
-    for (std::size_t b = 0; b < fresh->plan.buckets.size(); ++b) {
-      const Bucket& bucket = fresh->plan.buckets[b];
-      fresh->own.push_back(bucket.scatter
-                               ? detail::place_own_writes(fresh->applies[b], model.rules().params(),
-                                                          bucket.ranges[world.rank()].length)
-                               : detail::OwnPlacements{});
-    }
+    fresh->own =
+        detail::place_own_writes(fresh->plan, fresh->applies, model.rules().params(), world.rank());
   workspace.keep_plan(std::move(fresh));
   return *workspace.cached_plan();
 }

@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include <set>
+
 #include "../support/emulated_device.h"
 #include "../support/faults.h"
 #include "../support/tiny_models.h"
@@ -13,6 +15,7 @@
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/model.h"
+#include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
 
 namespace tpreload {
@@ -177,33 +180,111 @@ TEST(Atomic, WithoutItAFailedReadNamesTheRowsReadIntoPlaceBeforeIt) {
   Fixture f;
   std::uint64_t total = 0;
   for (const auto& [name, t] : f.v2) total += static_cast<std::uint64_t>(t.nbytes());
-  int said_so = 0;
-  for (int eighth = 1; eighth < 8; ++eighth) {
-    TensorParallelModel model(f.config, on(nullptr));
-    load(model, *f.control, f.v1);
-    ReloadOptions o;
-    o.bucket_bytes = 4096;
-    o.distribution = Distribution::kScatter;
-    testing::FaultySource source(testdata::memory_source(f.v2), total * eighth / 8,
-                                 testing::FaultySource::Fault::kFail);
-    std::string text;
-    try {
-      reload_weights(model, *f.control, &source, o);
-      FAIL() << "the injected read failure went unnoticed";
-    } catch (const CheckpointError& e) {
-      text = e.what();
+  for (bool atomic : {false, true}) {
+    int said_so = 0;
+    for (int eighth = 1; eighth < 8; ++eighth) {
+      const std::string what =
+          (atomic ? "atomic, " : "") + std::string("failure at ") + std::to_string(eighth) + "/8";
+      TensorParallelModel model(f.config, on(nullptr));
+      load(model, *f.control, f.v1);
+      ReloadOptions o;
+      o.bucket_bytes = 4096;
+      o.distribution = Distribution::kScatter;
+      o.atomic = atomic;
+      testing::FaultySource source(testdata::memory_source(f.v2), total * eighth / 8,
+                                   testing::FaultySource::Fault::kFail);
+      std::string text;
+      try {
+        reload_weights(model, *f.control, &source, o);
+        FAIL() << what << ": the injected read failure went unnoticed";
+      } catch (const CheckpointError& e) {
+        text = e.what();
+      }
+      const auto& touched = model.sink().touched_names();
+      const auto [same, differ] = compare(model, f.config, f.v1);
+      said_so += text.find(
+                     "; rank 0's own rows of this bucket may have changed too (it reads them "
+                     "straight into its parameters)") != std::string::npos;
+      if (atomic) {  // the rows went to the second copy
+        EXPECT_TRUE(differ.empty()) << what << ": " << *differ.begin() << " changed";
+        continue;
+      }
+      for (const auto& name : differ)
+        EXPECT_TRUE(std::find(touched.begin(), touched.end(), name) != touched.end())
+            << what << ": " << name << " changed but is not named: " << text;
+      EXPECT_FALSE(differ.empty()) << what << " changed nothing";
     }
-    const auto& touched = model.sink().touched_names();
-    const auto [same, differ] = compare(model, f.config, f.v1);
-    for (const auto& name : differ)
-      EXPECT_TRUE(std::find(touched.begin(), touched.end(), name) != touched.end())
-          << "failure at " << eighth << "/8: " << name << " changed but is not named: " << text;
-    EXPECT_FALSE(differ.empty()) << "failure at " << eighth << "/8 changed nothing";
-    said_so += text.find(
-                   "; so were rank 0's own rows of this bucket read before the failure (it "
-                   "reads them straight into its parameters)") != std::string::npos;
+    if (atomic)
+      EXPECT_EQ(said_so, 0) << "an atomic reload said that parameters may have changed";
+    else
+      EXPECT_GT(said_so, 0) << "no failing bucket said that the reader's rows of it changed";
   }
-  EXPECT_GT(said_so, 0) << "no failing bucket said that the reader's rows of it changed";
+}
+
+// A model whose post-load processing of one layer fails: the apply stops there.
+class FailsAfterLayer final : public ReloadTarget {
+ public:
+  FailsAfterLayer(TensorParallelModel& model, std::int64_t layer) : model_(model), layer_(layer) {}
+  const ShardingRules& rules() const override { return model_.rules(); }
+  int tp_rank() const override { return model_.tp_rank(); }
+  ParameterSink& sink() override { return model_.sink(); }
+  void finish_layer(std::int64_t layer) override {
+    if (layer == layer_) raise<ModelError>("injected failure processing layer ", layer);
+    model_.finish_layer(layer);
+  }
+  void finish() override { model_.finish(); }
+
+ private:
+  TensorParallelModel& model_;
+  std::int64_t layer_;
+};
+
+// Once the apply stopped, the reader reads nothing more into its parameters:
+// with one buffer slot, a parameter whose writes all lie in buckets after the
+// one whose processing failed keeps its old bytes, and every parameter that
+// changed is named. (Which bucket holds which write comes from the plan the
+// reload makes for the same options.)
+TEST(Atomic, WithoutItNothingIsReadIntoPlaceOnceTheApplyStopped) {
+  Fixture f;
+  TensorParallelModel model(f.config, on(nullptr));
+  load(model, *f.control, f.v1);
+  FailsAfterLayer failing(model, 0);
+  ReloadOptions o;
+  o.bucket_bytes = 4096;
+  o.distribution = Distribution::kScatter;
+  o.pipeline_depth = 1;
+  auto source = testdata::memory_source(f.v2);
+  // The bucket after which layer 0 is processed, and the parameters written up to it.
+  const SourceMetadata md{source->describe(), source->tensors(), source->kernel_format()};
+  const PlanOptions po{WeightFormat::kCheckpoint, Distribution::kScatter, o.bucket_bytes, 1, 1,
+                       o.scatter_replicated_bytes};
+  const Plan plan = make_plan(md, model.rules(), po);
+  const auto applies = resolve_applies(plan, md, model.rules(), po, 0);
+  std::set<std::string> written;  // by the buckets up to the failing one
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    for (const RowWrite& w : applies[b].writes) written.insert(model.rules().params()[w.slot].name);
+    const auto& done = plan.buckets[b].finished_layers;
+    if (std::find(done.begin(), done.end(), 0) != done.end()) break;
+  }
+  std::string text;
+  try {
+    reload_weights(failing, *f.control, source.get(), o);
+    FAIL() << "the injected failure went unnoticed";
+  } catch (const ModelError& e) {
+    text = e.what();
+  }
+  EXPECT_NE(text.find("injected failure processing layer 0"), std::string::npos) << text;
+  const auto& touched = model.sink().touched_names();
+  const auto [same, differ] = compare(model, f.config, f.v1);
+  EXPECT_FALSE(differ.empty()) << "layer 0 was written before it failed";
+  for (const auto& name : differ) {
+    EXPECT_EQ(written.count(name), 1u) << name << " changed after the apply stopped: " << text;
+    EXPECT_TRUE(std::find(touched.begin(), touched.end(), name) != touched.end())
+        << name << " changed but is not named";
+  }
+  std::size_t later = 0;  // parameters written only after the failing bucket
+  for (const auto& name : same) later += written.count(name) == 0;
+  EXPECT_GT(later, 0u) << "the check saw no parameter written only after the failure";
 }
 
 TEST(RequireComplete, AMissingTensorIsRefusedBeforeAnyWriteNamingIt) {

@@ -34,13 +34,22 @@ SourceMetadata metadata_of(WeightSource& source) {
 // Runs the plan for every world rank and returns each rank's model. With
 // `ranks_per_node` > 0 each node's reader fills only its node's regions
 // (BucketReader::fill_ranks, as for --readers node) before its ranks apply.
-// With `place_reader` the reader (world rank 0, or each node's first rank)
-// reads its own plain copies straight into its parameters (place_own_writes,
-// as the pipeline does with host parameters) and applies only the rest; the
-// bytes placed must never land in the send buffer, and some must be placed.
+// With `place` the reader places a rank's own plain copies straight into that
+// rank's parameters (place_own_writes, as the pipeline does for the reader with
+// host parameters) and that rank applies only the rest: kFirst, each node's
+// first rank (world rank 0 with one reader, the home of its tp rank); kLast,
+// each node's last rank (a replica when the node holds more ranks than tp, as
+// a reader_rank of the last rank is). The bytes placed must never land in the
+// send buffer, and some must be placed.
+enum class Place { kNone, kFirst, kLast };
+std::string place_name(Place p) {
+  return p == Place::kFirst  ? " first rank's region placed"
+         : p == Place::kLast ? " last rank's region placed"
+                             : "";
+}
 std::vector<std::unique_ptr<TensorParallelModel>> simulate(
     const ModelConfig& config, WeightSource& source, const PlanOptions& o,
-    const std::string& quantization, int ranks_per_node = 0, bool place_reader = false) {
+    const std::string& quantization, int ranks_per_node = 0, Place place = Place::kNone) {
   const SourceMetadata md = metadata_of(source);
   std::vector<std::unique_ptr<TensorParallelModel>> models;
   std::vector<std::vector<BucketApply>> applies;
@@ -60,44 +69,51 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(
   constexpr std::byte kMarker{0xA5};
   std::uint64_t placed_bytes = 0;
   const int per_node = ranks_per_node > 0 ? ranks_per_node : o.world_size;
+  // Per node, the rank placed and its placements (kept with the plan, as the pipeline's).
+  std::map<int, std::pair<int, std::vector<detail::OwnPlacements>>> placing;
+  for (int node = 0; place != Place::kNone && node < o.world_size; node += per_node) {
+    const int w = place == Place::kFirst ? node : std::min(o.world_size, node + per_node) - 1;
+    placing[node] = {w, detail::place_own_writes(plan, applies[w], models[w]->rules().params(), w)};
+  }
   for (std::size_t b = 0; b < plan.buckets.size(); ++b)
     for (int node = 0; node < o.world_size; node += per_node) {
       std::vector<int> ranks;
       for (int w = node; w < std::min(o.world_size, node + per_node); ++w) ranks.push_back(w);
       const Bucket& bucket = plan.buckets[b];
-      detail::OwnPlacements own;
+      const int placed_rank = placing.count(node) ? placing[node].first : -1;
+      const detail::OwnPlacements no_placements;
+      const detail::OwnPlacements& own =
+          placed_rank >= 0 ? placing[node].second.at(b) : no_placements;
       std::vector<std::byte*> storage;
-      if (place_reader && bucket.scatter) {
-        const ParameterSink& sink = models[node]->sink();
-        own = detail::place_own_writes(applies[node][b], sink.rules().params(),
-                                       bucket.ranges[node].length);
+      if (placed_rank >= 0) {
+        const ParameterSink& sink = models[placed_rank]->sink();
         for (ParamSlot slot = 0; slot < sink.size(); ++slot)
           storage.push_back(sink.storage(slot).data);
       }
-      const detail::Placed placed{node, &own.spans, storage.data()};
+      const detail::Placed placed{placed_rank, &own.spans, storage.data()};
       std::fill(send.begin(), send.end(), kMarker);
       const ConstBytes bytes = ranks_per_node > 0
                                    ? reader.fill_ranks(b, ranks, send.data(), {}, placed)
                                    : reader.fill(b, send.data(), {}, placed);
       for (const detail::Placement& p : own.spans) {
         placed_bytes += p.end - p.begin;
-        const std::byte* region = send.data() + bucket.ranges[node].offset;
+        const std::byte* region = send.data() + bucket.ranges[placed_rank].offset;
         EXPECT_TRUE(std::all_of(region + p.begin, region + p.end,
                                 [&](std::byte c) { return c == kMarker; }))
             << "bucket " << b << ": placed bytes [" << p.begin << ", " << p.end << ") of rank "
-            << node << " landed in the send buffer";
+            << placed_rank << " landed in the send buffer";
       }
       for (int w : ranks) {
         const std::byte* view = bucket.scatter ? bytes.data + bucket.ranges[w].offset : bytes.data;
         ParameterSink& sink = models[w]->sink();
         const auto& writes = applies[w][b].writes;
         for (std::size_t i = 0; i < writes.size(); ++i)
-          if (w != node || own.placed.empty() || !own.placed[i]) sink.write(writes[i], view);
+          if (w != placed_rank || own.placed.empty() || !own.placed[i]) sink.write(writes[i], view);
         for (const RowZero& z : applies[w][b].zeros) sink.zero(z);
         for (const auto& [slot, shards] : applies[w][b].completed) sink.mark_loaded(slot, shards);
       }
     }
-  if (place_reader && o.distribution == Distribution::kScatter) {
+  if (place != Place::kNone && o.distribution == Distribution::kScatter) {
     EXPECT_GT(placed_bytes, 0u);
   }
   return models;
@@ -126,14 +142,14 @@ TEST(Resolution, CheckpointFormatOnEverySimulatedRank) {
         // Scatter with replicated tensors broadcast, or scattered (each rank its copy).
         for (std::uint64_t replicated : {std::uint64_t{0}, std::uint64_t{1} << 30}) {
           for (std::uint64_t bucket : {std::uint64_t{300}, std::uint64_t{1} << 30}) {
-            for (bool place : {false, true}) {
-              if (place && d == Distribution::kBroadcast) continue;
+            for (Place place : {Place::kNone, Place::kFirst, Place::kLast}) {
+              if (place != Place::kNone && d == Distribution::kBroadcast) continue;
               auto source = testdata::memory_source(ckpt);
-              const std::string what =
-                  std::string(name) + " world " + std::to_string(world) + " tp " +
-                  std::to_string(tp) + " " + std::string(distribution_name(d)) + " bucket " +
-                  std::to_string(bucket) + " replicated scattered up to " +
-                  std::to_string(replicated) + (place ? " reader's region placed" : "");
+              const std::string what = std::string(name) + " world " + std::to_string(world) +
+                                       " tp " + std::to_string(tp) + " " +
+                                       std::string(distribution_name(d)) + " bucket " +
+                                       std::to_string(bucket) + " replicated scattered up to " +
+                                       std::to_string(replicated) + place_name(place);
               const auto models = simulate(
                   config, *source, {WeightFormat::kCheckpoint, d, bucket, world, tp, replicated},
                   "", 0, place);
@@ -173,12 +189,12 @@ TEST(Resolution, RowParallelWindowsOfEveryWidthLandInTheirRanks) {
   for (auto [world, tp, per_node] : std::vector<std::tuple<int, int, int>>{
            {2, 2, 0}, {4, 4, 0}, {8, 8, 0}, {4, 2, 0}, {16, 8, 0}, {8, 8, 4}, {4, 4, 2}}) {
     for (std::uint64_t bucket : {std::uint64_t{1} << 16, std::uint64_t{1} << 30}) {
-      for (bool place : {false, true}) {
+      for (Place place : {Place::kNone, Place::kFirst, Place::kLast}) {
         auto source = testdata::memory_source(ckpt);
         const std::string what = "wide rows world " + std::to_string(world) + " tp " +
                                  std::to_string(tp) + " ranks per node " +
                                  std::to_string(per_node) + " bucket " + std::to_string(bucket) +
-                                 (place ? " reader's region placed" : "");
+                                 place_name(place);
         const auto models =
             simulate(config, *source,
                      {WeightFormat::kCheckpoint, Distribution::kScatter, bucket, world, tp, 0}, "",
@@ -246,7 +262,10 @@ TEST(Resolution, SummedAsReadEveryRegionInOrderWithItsFinalBytes) {
       const SourceMetadata md = metadata_of(*source);
       for (auto [world, tp, per_node] : std::vector<std::tuple<int, int, int>>{
                {2, 2, 0}, {4, 4, 0}, {4, 2, 0}, {8, 8, 0}, {8, 8, 4}, {8, 2, 4}}) {
-        for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+        for (auto [d, place] :
+             std::vector<std::pair<Distribution, bool>>{{Distribution::kBroadcast, false},
+                                                        {Distribution::kScatter, false},
+                                                        {Distribution::kScatter, true}}) {
           const std::uint64_t bucket_bytes = wide ? std::uint64_t{3} << 20 : 700;
           const PlanOptions o{WeightFormat::kCheckpoint, d, bucket_bytes, world, tp, 4096};
           ModelOptions mo;
@@ -256,12 +275,33 @@ TEST(Resolution, SummedAsReadEveryRegionInOrderWithItsFinalBytes) {
           detail::BucketReader reader(plan, md, *source, world, tp, zero_copy);
           detail::BucketReader plain(plan, md, *source, world, tp, zero_copy);
           std::vector<std::byte> send(plan.largest_bucket), want(plan.largest_bucket);
-          const std::string what = std::string(name) + " " + from + " world " +
-                                   std::to_string(world) + " tp " + std::to_string(tp) +
-                                   " nodes of " + std::to_string(per_node) + " " +
-                                   std::string(distribution_name(d));
+          const std::string what =
+              std::string(name) + " " + from + " world " + std::to_string(world) + " tp " +
+              std::to_string(tp) + " nodes of " + std::to_string(per_node) + " " +
+              std::string(distribution_name(d)) + (place ? " reader's region placed" : "");
           std::size_t stepped = 0;  // regions handed in more than one span
           const int per = per_node ? per_node : world;
+          // With `place`, each node's reader (its first rank) reads its own rows
+          // into a model of its own: that region is never handed, the others
+          // are as without it (a replica of the reader copies from its rows).
+          struct Reader {
+            std::unique_ptr<TensorParallelModel> model;
+            std::vector<detail::OwnPlacements> own;
+            std::vector<std::byte*> storage;
+          };
+          std::map<int, Reader> readers;
+          for (int node = 0; place && node < world; node += per) {
+            ModelOptions mine = mo;
+            mine.tp_rank = node % tp;
+            Reader& r = readers[node];
+            r.model = std::make_unique<TensorParallelModel>(config, mine);
+            r.own =
+                detail::place_own_writes(plan, resolve_applies(plan, md, r.model->rules(), o, node),
+                                         r.model->rules().params(), node);
+            for (ParamSlot slot = 0; slot < r.model->sink().size(); ++slot)
+              r.storage.push_back(r.model->sink().storage(slot).data);
+          }
+          std::uint64_t placed_bytes = 0;
           for (std::size_t b = 0; b < plan.buckets.size(); ++b)
             for (int node = 0; node < world; node += per) {
               const Bucket& bucket = plan.buckets[b];
@@ -281,13 +321,27 @@ TEST(Resolution, SummedAsReadEveryRegionInOrderWithItsFinalBytes) {
               const auto marker = static_cast<int>(0x11 * (b % 15 + 1));
               std::memset(send.data(), marker, send.size());
               std::memset(want.data(), marker ^ 0xFF, want.size());
-              const ConstBytes got = per_node ? reader.fill_ranks(b, ranks, send.data(), filled)
-                                              : reader.fill(b, send.data(), filled);
+              detail::Placed placed;
+              if (place) {
+                const Reader& r = readers.at(node);
+                placed = {node, &r.own.at(b).spans, r.storage.data()};
+                for (const detail::Placement& p : r.own.at(b).spans)
+                  placed_bytes += p.end - p.begin;
+              }
+              const ConstBytes got = per_node
+                                         ? reader.fill_ranks(b, ranks, send.data(), filled, placed)
+                                         : reader.fill(b, send.data(), filled, placed);
               const ConstBytes plain_got =
                   per_node ? plain.fill_ranks(b, ranks, want.data()) : plain.fill(b, want.data());
               std::vector<std::pair<int, ByteRange>> checked;  // (region, its bytes in `got`)
               if (bucket.scatter)
-                for (int w : ranks) checked.push_back({w, bucket.ranges[w]});
+                for (int w : ranks) {
+                  if (placed.spans && !placed.spans->empty() && w == node) {
+                    EXPECT_EQ(seen.count(w), 0u) << what << " bucket " << b << ": placed, handed";
+                    continue;
+                  }
+                  checked.push_back({w, bucket.ranges[w]});
+                }
               else
                 checked.push_back({-1, {0, got.size}});
               for (const auto& [region, r] : checked) {
@@ -312,6 +366,9 @@ TEST(Resolution, SummedAsReadEveryRegionInOrderWithItsFinalBytes) {
             }
           if (wide && from == "file" && world <= 4) {
             EXPECT_GT(stepped, 0u) << what << ": no region was handed in steps";
+          }
+          if (place) {
+            EXPECT_GT(placed_bytes, 0u) << what << ": nothing was placed";
           }
         }
       }
@@ -341,26 +398,28 @@ TEST(Resolution, KernelFormatShardsLandByName) {
       for (const auto& [n, t] : local.named_parameters()) want[r][n] = t.clone();
     }
     for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter})
-      for (bool place : {false, d == Distribution::kScatter}) {
+      for (Place place :
+           {Place::kNone, d == Distribution::kScatter ? Place::kLast : Place::kNone}) {
         auto source = open_weight_source(dir + quant);
         const auto models =
             simulate(config, *source, {WeightFormat::kKernel, d, 500, 4, 2}, quant, 0, place);
         expect_equal_to(
             models, [&](int r) { return want[r]; }, WeightFormat::kKernel,
-            "kernel " + quant + " " + std::string(distribution_name(d)) +
-                (place ? " reader's region placed" : ""));
+            "kernel " + quant + " " + std::string(distribution_name(d)) + place_name(place));
       }
   }
 }
 
-// Which of a rank's writes its own region is read straight into: plain copies
-// of contiguous rows inside their parameter whose source bytes no other write
-// reads and which lie inside the region, each placed at its parameter's rows
-// (the address worked out here from the tensor itself).
-TEST(Resolution, OnlyPlainCopiesWhoseSourceNoOtherWriteReadsArePlaced) {
+// Which of a rank's writes its own regions are read straight into: plain
+// copies of contiguous rows inside their parameter and the region, whose source
+// bytes no other write of the bucket reads and whose rows no other write or
+// zeroing of any bucket touches; in scatter buckets only. Each is placed at its
+// parameter's rows (the address worked out here from the tensor itself).
+TEST(Resolution, OnlyPlainCopiesWhoseSourceAndRowsNoOtherWriteSharesArePlaced) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   ModelOptions mo;
   mo.tp_size = 2;
+  mo.tp_rank = 1;
   TensorParallelModel model(config, mo);
   const auto& params = model.rules().params();
   const auto slot_of = [&](const std::string& name) {
@@ -376,6 +435,7 @@ TEST(Resolution, OnlyPlainCopiesWhoseSourceNoOtherWriteReadsArePlaced) {
   ASSERT_EQ(ta.sizes(), tb.sizes());
   const auto width = static_cast<std::uint64_t>(ta.size(1) * ta.element_size());
   const std::int64_t rows = ta.size(0);
+  ASSERT_GE(rows, 42);
   auto copy = [&](ParamSlot slot, std::uint64_t src, std::int64_t dest, std::int64_t n) {
     RowWrite w;
     w.slot = slot;
@@ -387,33 +447,52 @@ TEST(Resolution, OnlyPlainCopiesWhoseSourceNoOtherWriteReadsArePlaced) {
     w.rows = n;
     return w;
   };
-  const std::uint64_t region = 100 * width;
-  BucketApply apply;
-  apply.writes = {
+  const std::uint64_t region = 100 * width;  // world rank 1's region of the scatter buckets
+  Plan plan;
+  plan.buckets.resize(3);
+  for (int k : {0, 1}) {
+    plan.buckets[k].scatter = true;
+    plan.buckets[k].ranges = {{0, 5 * width}, {5 * width, region}};
+  }
+  std::vector<BucketApply> applies(3);
+  applies[0].writes = {
       copy(a, 0, 0, 2),                  // 0: placed
-      copy(a, 10 * width, 2, 2),         // 1: its last row is also write 2's first
+      copy(a, 10 * width, 2, 2),         // 1: its last source row is write 2's
       copy(b, 11 * width, 0, 1),         // 2
       copy(a, 20 * width, rows - 1, 2),  // 3: rows past the parameter's
       copy(b, 30 * width, 3, 1),         // 4: strided (below)
       copy(b, region - width, 5, 2),     // 5: past the region
-      copy(b, 40 * width, 6, 3),         // 6: placed
+      copy(b, 40 * width, 6, 3),         // 6: rows 6-8 of b, row 7 written in bucket 1
       copy(a, 50 * width, 4, 0),         // 7: no rows
+      copy(a, 60 * width, 30, 2),        // 8: inside write 9's source, write 10 between them
+      copy(a, 55 * width, 10, 8),        // 9: strided (below): reads [55, 70) rows of width
+      copy(b, 57 * width, 20, 1),        // 10: inside write 9's source
+      copy(a, 80 * width, 40, 1),        // 11: row 40 of a, zeroed in bucket 1
+      copy(b, 90 * width, 30, 2),        // 12: placed
   };
-  apply.writes[4].src_pitch = 2 * width;
-  const detail::OwnPlacements own = detail::place_own_writes(apply, params, region);
-  EXPECT_EQ(own.placed, (std::vector<char>{1, 0, 0, 0, 0, 0, 1, 0}));
-  ASSERT_EQ(own.spans.size(), 2u);
-  EXPECT_EQ(own.spans[0].begin, 0u);
-  EXPECT_EQ(own.spans[0].end, 2 * width);
-  EXPECT_EQ(own.spans[0].slot, a);
-  EXPECT_EQ(own.spans[0].offset, 0u);
-  EXPECT_EQ(own.spans[1].begin, 40 * width);
-  EXPECT_EQ(own.spans[1].end, 43 * width);
-  EXPECT_EQ(own.spans[1].slot, b);
-  // Row 6 of b, from the tensor's own geometry: where those rows are in memory.
+  applies[0].writes[4].src_pitch = 2 * width;
+  applies[0].writes[9].src_pitch = 2 * width;
+  applies[1].writes = {copy(b, 0, 7, 1)};
+  applies[1].zeros = {RowZero{a, 40, 41}};
+  applies[2].writes = {copy(a, 0, 50, 1)};  // a broadcast bucket: nothing placed
+  const auto own = detail::place_own_writes(plan, applies, params, 1);
+  ASSERT_EQ(own.size(), 3u);
+  EXPECT_EQ(own[0].placed, (std::vector<char>{1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}));
+  ASSERT_EQ(own[0].spans.size(), 2u);
+  EXPECT_EQ(own[0].spans[0].begin, 0u);
+  EXPECT_EQ(own[0].spans[0].end, 2 * width);
+  EXPECT_EQ(own[0].spans[0].slot, a);
+  EXPECT_EQ(own[0].spans[0].offset, 0u);
+  EXPECT_EQ(own[0].spans[1].begin, 90 * width);
+  EXPECT_EQ(own[0].spans[1].end, 92 * width);
+  EXPECT_EQ(own[0].spans[1].slot, b);
+  // Row 30 of b, from the tensor's own geometry: where those rows are in memory.
   const auto* base_b = static_cast<const std::byte*>(tb.data_ptr());
-  EXPECT_EQ(model.sink().storage(b).data + own.spans[1].offset,
-            base_b + 6 * tb.stride(0) * tb.element_size());
+  EXPECT_EQ(model.sink().storage(b).data + own[0].spans[1].offset,
+            base_b + 30 * tb.stride(0) * tb.element_size());
+  EXPECT_TRUE(own[1].spans.empty());
+  EXPECT_EQ(own[1].placed, std::vector<char>{0});
+  EXPECT_TRUE(own[2].spans.empty());
 }
 
 TEST(Resolution, EachPieceResolvesToAtMostOneWriteAndEveryShardCompletesOnce) {
