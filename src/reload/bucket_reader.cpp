@@ -336,7 +336,8 @@ void BucketReader::read_in_steps(
 // `filled` last left it, handed on as one span per region at the step's end
 // (a split read's windows alternate regions row by row); a request past a gap
 // (bytes that land later: see fill()) stops its region until the bucket is
-// filled. Requests outside `send` (narrow rows, cut into it later) are skipped.
+// filled. Requests outside `send` (narrow rows, cut into it later; placed
+// bytes) and in a placed region are skipped.
 void BucketReader::hand_scatter_step(const Bucket& bucket, const std::byte* send,
                                      const std::vector<ReadRequest>& step, const Filled& filled) {
   step_from_ = handed_;
@@ -350,7 +351,7 @@ void BucketReader::hand_scatter_step(const Bucket& bucket, const std::byte* send
         bucket.ranges.begin(), bucket.ranges.end(), at,
         [](std::uint64_t offset, const ByteRange& range) { return offset < range.offset; });
     const auto w = static_cast<std::size_t>(next - bucket.ranges.begin()) - 1;
-    if (next == bucket.ranges.begin() || gap_[w]) continue;
+    if (next == bucket.ranges.begin() || gap_[w] || placed_region(w)) continue;
     const ByteRange& region = bucket.ranges[w];
     if (at >= region.end()) continue;      // (in no region: the padding between them)
     if (at != region.offset + handed_[w])  // bytes before it are not there yet
@@ -359,7 +360,7 @@ void BucketReader::hand_scatter_step(const Bucket& bucket, const std::byte* send
       handed_[w] += r.dst.size;
   }
   for (std::size_t w = 0; w < handed_.size(); ++w)
-    if (handed_[w] > step_from_[w] && !placed_region(w))
+    if (handed_[w] > step_from_[w])
       filled(static_cast<int>(w), ConstBytes(send + bucket.ranges[w].offset + step_from_[w],
                                              handed_[w] - step_from_[w]));
 }

@@ -48,8 +48,9 @@ struct CachedPlan {
   // Readers::kAll: the same writes straight out of the source's tensors, for a
   // source with views and parameters in host memory (no bucket buffer at all).
   std::vector<BucketApply> direct_applies;
-  // Per bucket (none with Readers::kAll), this rank's writes it reads straight
-  // into its parameters when it reads a scatter bucket with host parameters.
+  // Per bucket, on a rank that may read for others (the reader rank; any rank
+  // with Readers::kNode), this rank's writes it reads straight into its
+  // parameters when it reads a scatter bucket with host parameters.
   std::vector<OwnPlacements> own;
 };
 

@@ -482,7 +482,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   if (all_read)
     fresh->direct_applies = resolve_direct_applies(fresh->plan, fresh->metadata, model.rules(),
                                                    plan_options, world.rank());
-  else  // (for the rank that reads: this one, or any with a reader per node)
+  else if (options.readers == Readers::kNode || world.rank() == options.reader_rank)
     fresh->own =
         detail::place_own_writes(fresh->plan, fresh->applies, model.rules().params(), world.rank());
   workspace.keep_plan(std::move(fresh));
