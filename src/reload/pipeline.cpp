@@ -114,12 +114,16 @@ class Pipeline {
     spaces_.device_params = sink_.memory() == MemoryKind::kDevice;
     // Every rank reading its own bytes moves nothing over the data plane.
     spaces_.device_transport = data.memory() == MemoryKind::kDevice && !all_read_;
-    if (node_read_)
+    if (node_read_) {
+      group_ranks_.assign(static_cast<std::size_t>(control.size()), -1);
+      for (std::size_t g = 0; g < members_.size(); ++g)
+        group_ranks_.at(static_cast<std::size_t>(members_[g])) = static_cast<int>(g);
       for (const Bucket& b : plan_.buckets) {
         auto& ranges = node_ranges_.emplace_back();
         if (b.scatter)
           for (int w : members_) ranges.push_back(b.ranges[static_cast<std::size_t>(w)]);
       }
+    }
     if (node_read_ && options.rotate_broadcast_roots) {
       std::size_t turn = 0;  // the node readers take the broadcast buckets in turn
       for (const Bucket& b : plan_.buckets) {
@@ -179,9 +183,7 @@ class Pipeline {
   }
   // World rank w's rank in the group, -1 outside it.
   int group_rank_of(int w) const {
-    if (!node_read_) return w;
-    const auto it = std::find(members_.begin(), members_.end(), w);
-    return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+    return node_read_ ? group_ranks_[static_cast<std::size_t>(w)] : w;
   }
   std::uint64_t view_bytes(const Bucket& b) const {
     return b.scatter ? b.ranges[rank_].length : b.bytes;
@@ -246,6 +248,7 @@ class Pipeline {
   const int group_rank_;            // in the group
   const int root_;                  // the group's reader, a group rank
   const std::vector<int> members_;  // kNode: the group's world ranks (else the world's, in order)
+  std::vector<int> group_ranks_;    // kNode: per world rank, its rank in the group (-1 outside)
   const bool reader_;               // the group's reader (Readers::kOne: the only one that reads)
   const bool all_read_;   // Readers::kAll: every rank reads its own region, nothing is sent
   const bool node_read_;  // Readers::kNode: a reader per node, transfers within the node
