@@ -137,7 +137,7 @@ std::vector<OwnPlacements> place_own_writes(const Plan& plan,
 
 template <typename Each>
 void BucketReader::locate(const Bucket& bucket, std::byte* send, int w, std::uint64_t at,
-                          std::uint64_t n, Each&& each) const {
+                          std::uint64_t n, Each&& each) {
   std::byte* region = send + bucket.ranges[w].offset;
   if (!placed_region(static_cast<std::size_t>(w))) {
     each(region + at, n);
@@ -145,9 +145,13 @@ void BucketReader::locate(const Bucket& bucket, std::byte* send, int w, std::uin
   }
   const std::vector<Placement>& spans = *placed_.spans;
   const std::uint64_t end = at + n;
-  // The first placement that ends after `at`.
-  auto s = std::upper_bound(spans.begin(), spans.end(), at,
-                            [](std::uint64_t a, const Placement& p) { return a < p.end; });
+  // The first placement that ends after `at`: the one the last call ended in
+  // when it still does (a piece's rows come in order), else searched for.
+  auto s = spans.begin() + static_cast<std::ptrdiff_t>(std::min(placed_hint_, spans.size()));
+  if (s == spans.end() || s->end <= at || (s != spans.begin() && std::prev(s)->end > at))
+    s = std::upper_bound(spans.begin(), spans.end(), at,
+                         [](std::uint64_t a, const Placement& p) { return a < p.end; });
+  placed_hint_ = static_cast<std::size_t>(s - spans.begin());
   while (at < end) {
     if (s == spans.end() || s->begin >= end) {
       each(region + at, end - at);
@@ -166,8 +170,7 @@ void BucketReader::locate(const Bucket& bucket, std::byte* send, int w, std::uin
 
 template <typename Each>
 void BucketReader::for_each_window(const Bucket& bucket, const Piece& p, const WindowLayout& l,
-                                   const std::vector<int>& home, std::byte* send,
-                                   Each&& each) const {
+                                   const std::vector<int>& home, std::byte* send, Each&& each) {
   for (std::int64_t i = 0; i < p.row_end - p.row_begin; ++i)
     for (int k = 0; k < l.tp_size; ++k) {
       const int r = l.order[k];
@@ -425,6 +428,7 @@ void BucketReader::fill_scatter(const Bucket& bucket, std::byte* send,
                                 const std::vector<bool>* wanted, const Filled& filled,
                                 Placed placed) {
   placed_ = placed;
+  placed_hint_ = 0;
   std::vector<int> home(tp_size_, -1);
   for (int w = 0; w < world_size_; ++w)
     if ((!wanted || (*wanted)[w]) && home[w % tp_size_] < 0) home[w % tp_size_] = w;

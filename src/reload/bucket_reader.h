@@ -126,13 +126,13 @@ class BucketReader {
   // part in order, in `send` or where placed_ puts them.
   template <typename Each>
   void locate(const Bucket& bucket, std::byte* send, int w, std::uint64_t at, std::uint64_t n,
-              Each&& each) const;
+              Each&& each);
   // Every window of piece p's rows in file order: each(dst, bytes), dst being
   // where tp rank r's window of that row goes in world rank home[r]'s region
   // (null for a tp rank no rank in `home` holds; a placed window may come in parts).
   template <typename Each>
   void for_each_window(const Bucket& bucket, const Piece& p, const WindowLayout& l,
-                       const std::vector<int>& home, std::byte* send, Each&& each) const;
+                       const std::vector<int>& home, std::byte* send, Each&& each);
   // Replica copies of n bytes: region `from` at `from_at` to region `to` at `to_at`.
   void copy_region(const Bucket& bucket, std::byte* send, int to, std::uint64_t to_at, int from,
                    std::uint64_t from_at, std::uint64_t n);
@@ -200,9 +200,10 @@ class BucketReader {
     std::uint64_t at;
   };
   std::vector<Requested> requested_;
-  Placed placed_;               // the scatter fill in progress's
-  std::vector<bool> laid_out_;  // per planned tensor: its layout is in order_, width_
-  std::vector<int> order_;      // planned tensors x tp_size
+  Placed placed_;                // the scatter fill in progress's
+  std::size_t placed_hint_ = 0;  // the placement locate() last started from
+  std::vector<bool> laid_out_;   // per planned tensor: its layout is in order_, width_
+  std::vector<int> order_;       // planned tensors x tp_size
   std::vector<std::uint64_t> width_;
 };
 
