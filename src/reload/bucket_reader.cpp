@@ -38,49 +38,32 @@ std::uint64_t window_skip(const PlannedTensor& t, const TensorInfo& info, int r)
 constexpr std::uint64_t kNarrowWindow = 512;
 constexpr std::uint64_t kNarrowRowsBytes = std::uint64_t{16} << 20;
 
-}  // namespace
+// An interval [begin, end) of a group (`key`: a parameter slot, or one bucket's
+// source bytes) with the index of what it belongs to.
+struct Interval {
+  std::uint64_t key, begin, end;
+  std::size_t owner;
+};
 
-namespace {
-
-// Per bucket and write, whether the rows it writes (and an int8 write's scales)
-// are rows no other write or zeroing of `applies` touches.
-std::vector<std::vector<char>> sole_writers(const std::vector<BucketApply>& applies,
-                                            const std::vector<ParamSpec>& params) {
-  struct Rows {
-    ParamSlot slot;
-    std::int64_t begin, end;
-    std::size_t bucket, write;  // write: kNone for a zeroing
-  };
-  constexpr std::size_t kNone = ~std::size_t{0};
-  std::vector<Rows> rows;
-  std::vector<std::vector<char>> sole(applies.size());
-  for (std::size_t b = 0; b < applies.size(); ++b) {
-    const BucketApply& a = applies[b];
-    sole[b].assign(a.writes.size(), 1);
-    for (std::size_t i = 0; i < a.writes.size(); ++i) {
-      const RowWrite& w = a.writes[i];
-      if (w.rows <= 0) continue;
-      rows.push_back({w.slot, w.dest_row, w.dest_row + w.rows, b, i});
-      if (w.kind == WriteKind::kQuantizeInt8)
-        rows.push_back({params.at(w.slot).scale_slot, w.dest_row, w.dest_row + w.rows, b, i});
-    }
-    for (const RowZero& z : a.zeros) rows.push_back({z.slot, z.row_begin, z.row_end, b, kNone});
-  }
-  std::sort(rows.begin(), rows.end(), [](const Rows& x, const Rows& y) {
-    return x.slot != y.slot ? x.slot < y.slot : x.begin < y.begin;
+// Per owner (0..owners), whether none of its intervals overlaps another of the
+// same key. Sorted by key and start, an interval overlaps an earlier one when
+// it starts before the furthest end so far, a later one when the next starts
+// before its end.
+std::vector<char> alone(std::vector<Interval> v, std::size_t owners) {
+  std::sort(v.begin(), v.end(), [](const Interval& x, const Interval& y) {
+    return x.key != y.key ? x.key < y.key : x.begin < y.begin;
   });
-  // Within a slot, sorted by start: a range overlaps another when it starts
-  // before the furthest end so far (then it and that range's owner share rows).
-  std::size_t reach = 0;  // index of the range reaching furthest in this slot
-  for (std::size_t k = 0; k < rows.size(); ++k) {
-    const Rows& r = rows[k];
-    if (k > 0 && rows[reach].slot == r.slot && r.begin < rows[reach].end) {
-      for (const Rows* shared : {&r, static_cast<const Rows*>(&rows[reach])})
-        if (shared->write != kNone) sole[shared->bucket][shared->write] = 0;
-    }
-    if (k == 0 || rows[reach].slot != r.slot || r.end > rows[reach].end) reach = k;
+  std::vector<char> out(owners, 1);
+  std::uint64_t reach = 0;  // the furthest end so far within the key
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    const Interval& i = v[k];
+    if (k == 0 || v[k - 1].key != i.key) reach = 0;
+    const bool before = reach > i.begin;
+    const bool after = k + 1 < v.size() && v[k + 1].key == i.key && v[k + 1].begin < i.end;
+    if ((before || after) && i.owner < owners) out[i.owner] = 0;
+    reach = std::max(reach, i.end);
   }
-  return sole;
+  return out;
 }
 
 }  // namespace
@@ -88,14 +71,30 @@ std::vector<std::vector<char>> sole_writers(const std::vector<BucketApply>& appl
 std::vector<OwnPlacements> place_own_writes(const Plan& plan,
                                             const std::vector<BucketApply>& applies,
                                             const std::vector<ParamSpec>& params, int world_rank) {
-  struct Source {
-    std::uint64_t begin, end;
-    std::size_t write;
-    bool plain;  // a plain copy of rows inside its parameter and the region, sole writer of them
-  };
-  const std::vector<std::vector<char>> sole = sole_writers(applies, params);
+  // Writes numbered across buckets (first[b] + i); the rows each writes (an
+  // int8 write's scales too) and each zeroing (owner: none) on one list.
+  std::vector<std::size_t> first(applies.size() + 1, 0);
+  for (std::size_t b = 0; b < applies.size(); ++b)
+    first[b + 1] = first[b] + applies[b].writes.size();
+  const std::size_t writes = first.back();
+  std::vector<Interval> rows;
+  for (std::size_t b = 0; b < applies.size(); ++b) {
+    for (std::size_t i = 0; i < applies[b].writes.size(); ++i) {
+      const RowWrite& w = applies[b].writes[i];
+      if (w.rows <= 0 || w.dest_row < 0) continue;
+      const auto begin = static_cast<std::uint64_t>(w.dest_row);
+      const auto end = begin + static_cast<std::uint64_t>(w.rows);
+      rows.push_back({w.slot, begin, end, first[b] + i});
+      if (w.kind == WriteKind::kQuantizeInt8)
+        rows.push_back({params.at(w.slot).scale_slot, begin, end, first[b] + i});
+    }
+    for (const RowZero& z : applies[b].zeros)
+      rows.push_back({z.slot, static_cast<std::uint64_t>(z.row_begin),
+                      static_cast<std::uint64_t>(z.row_end), writes});
+  }
+  const std::vector<char> sole = alone(std::move(rows), writes);
   std::vector<OwnPlacements> placements(plan.buckets.size());
-  std::vector<Source> sources;
+  std::vector<Interval> sources;
   for (std::size_t b = 0; b < plan.buckets.size() && b < applies.size(); ++b) {
     const Bucket& bucket = plan.buckets[b];
     if (!bucket.scatter) continue;
@@ -105,32 +104,25 @@ std::vector<OwnPlacements> place_own_writes(const Plan& plan,
     sources.clear();
     for (std::size_t i = 0; i < apply.writes.size(); ++i) {
       const RowWrite& w = apply.writes[i];
-      const ParamSpec& param = params.at(w.slot);
-      const std::uint64_t end = write_source_end(w, param);
-      if (end <= w.src_offset) continue;  // reads nothing
-      const bool plain = plain_row_copy(w, param) && w.dest_row >= 0 &&
-                         w.dest_row + w.rows <= param_rows(param.shape) && end <= region_bytes &&
-                         sole[b][i];
-      sources.push_back({w.src_offset, end, i, plain});
+      const std::uint64_t end = write_source_end(w, params.at(w.slot));
+      if (end > w.src_offset) sources.push_back({0, w.src_offset, end, i});
     }
-    std::sort(sources.begin(), sources.end(),
-              [](const Source& x, const Source& y) { return x.begin < y.begin; });
+    const std::vector<char> read_alone = alone(sources, apply.writes.size());
     OwnPlacements& out = placements[b];
     out.placed.assign(apply.writes.size(), 0);
-    std::uint64_t reach = 0;  // the furthest end of the sources before the one looked at
-    for (std::size_t k = 0; k < sources.size(); ++k) {
-      const Source& src = sources[k];
-      const bool alone = (k == 0 || reach <= src.begin) &&
-                         (k + 1 == sources.size() || sources[k + 1].begin >= src.end);
-      reach = std::max(reach, src.end);
-      if (!alone || !src.plain) continue;
-      const RowWrite& w = apply.writes[src.write];
+    for (const Interval& src : sources) {  // (in write order; the spans sorted below)
+      const RowWrite& w = apply.writes[src.owner];
       const ParamSpec& param = params[w.slot];
+      if (!read_alone[src.owner] || !sole[first[b] + src.owner] || !plain_row_copy(w, param) ||
+          w.dest_row < 0 || w.dest_row + w.rows > param_rows(param.shape) || src.end > region_bytes)
+        continue;
       out.spans.push_back(
           {src.begin, src.end, w.slot,
            static_cast<std::uint64_t>(w.dest_row) * param_row_bytes(param.shape, param.dtype)});
-      out.placed[src.write] = 1;
+      out.placed[src.owner] = 1;
     }
+    std::sort(out.spans.begin(), out.spans.end(),
+              [](const Placement& x, const Placement& y) { return x.begin < y.begin; });
   }
   return placements;
 }

@@ -215,10 +215,10 @@ struct ReloadResult {
                                         // reader sent to the other ranks of its node)
   // bytes the reader read or copied into send buffers (its own scatter rows: into its parameters)
   std::uint64_t bytes_copied_on_reader = 0;
-  std::uint64_t peak_staging_bytes = 0;      // max over ranks of staging.total()
-  StagingBytes staging;                      // per memory space, each the max over ranks
-  std::string transport;                     // the data plane's backend ("mpi", "nccl", ...)
-  std::string parameter_memory;              // "host" or the device's description
+  std::uint64_t peak_staging_bytes = 0;  // max over ranks of staging.total()
+  StagingBytes staging;                  // per memory space, each the max over ranks
+  std::string transport;                 // the data plane's backend ("mpi", "nccl", ...)
+  std::string parameter_memory;          // "host" or the device's description
   std::size_t buckets = 0;
   PhaseSeconds seconds;  // max over ranks
 
