@@ -80,7 +80,6 @@ struct Slot {
   // bucket's block CRCs). Empty: nothing to verify.
   std::vector<std::uint32_t> expected;
   std::uint32_t* block_sums = nullptr;  // pinned: raw block CRCs of a device view
-  bool placed = false;  // the reader's own writes were read into place (own_[bucket])
 };
 
 class Pipeline {
@@ -148,7 +147,7 @@ class Pipeline {
         !own_.empty()) {
       for (ParamSlot slot = 0; slot < sink_.size(); ++slot)
         storage_.push_back(sink_.storage(slot).data);
-      placing_.assign(plan_.buckets.size(), 0);
+      placing_.assign(plan_.buckets.size(), kNotPlaced);
     }
   }
 
@@ -260,11 +259,15 @@ class Pipeline {
   // Where each parameter's rows are, for the writes this rank reads straight
   // into them (own_); empty: nothing is placed on this rank.
   std::vector<std::byte*> storage_;
-  // Per bucket, whether its placed writes may have landed: its fill began with
-  // them (written by the reader thread, read once it is joined).
-  std::vector<char> placing_;
-  bool placed_counted_ = false;             // placed writes counted as written (stop())
+  // Per bucket: whether its fill began with placed writes, which may have
+  // landed from then on (the reader thread), and whether they were counted as
+  // written since (the apply, else stop() once the threads are joined).
+  enum Placing : char { kNotPlaced, kPlaced, kCounted };
+  std::vector<Placing> placing_;
   std::atomic<bool> apply_stopped_{false};  // the apply thread met an error: nothing more is placed
+  bool placed_in_fill(std::size_t bucket) const {
+    return bucket < placing_.size() && placing_[bucket] != kNotPlaced;
+  }
   Placed placed(std::size_t bucket) const {
     if (storage_.empty() || bucket >= own_.size() || own_[bucket].spans.empty() ||
         world_root(bucket) >= 0)
@@ -366,8 +369,7 @@ void Pipeline::fill(Slot& slot) {
     // Once the apply stopped (a failed write, a corrupted bucket), nothing more
     // goes into the parameters.
     const Placed own = apply_stopped_ ? Placed{} : placed(slot.bucket);
-    slot.placed = own.spans != nullptr;
-    if (own.spans) placing_.at(slot.bucket) = 1;  // (its parameters may change from here on)
+    if (own.spans) placing_.at(slot.bucket) = kPlaced;  // (its parameters may change from here on)
     slot.payload = node_read_ ? files_->fill_ranks(slot.bucket, members_, slot.send, sum, own)
                               : files_->fill(slot.bucket, slot.send, sum, own);
   } else {
@@ -560,10 +562,9 @@ void Pipeline::raise_read_failure(std::size_t bucket, int rank,
                                   const std::optional<std::string>& mine) {
   // [bucket, the error's length, whether the failing rank reads its own rows of
   // the bucket straight into its parameters]
-  std::int64_t head[3] = {
-      static_cast<std::int64_t>(bucket),
-      rank_ == rank ? static_cast<std::int64_t>(mine->size()) : 0,
-      rank_ == rank && !options_.atomic && bucket < placing_.size() && placing_[bucket] ? 1 : 0};
+  std::int64_t head[3] = {static_cast<std::int64_t>(bucket),
+                          rank_ == rank ? static_cast<std::int64_t>(mine->size()) : 0,
+                          rank_ == rank && !options_.atomic && placed_in_fill(bucket) ? 1 : 0};
   control_.broadcast(MutableBytes(head, sizeof head), rank);
   std::string message(static_cast<std::size_t>(head[1]), '\0');
   if (rank_ == rank) message = *mine;
@@ -653,8 +654,10 @@ const std::byte* Pipeline::apply_source(Slot& slot) {
 }
 
 void Pipeline::apply(Slot& slot) {
+  const bool placed = placed_in_fill(slot.bucket);
   apply_writes(slot.bucket, applies_[slot.bucket], apply_source(slot), false,
-               slot.placed ? &own_[slot.bucket].placed : nullptr);
+               placed ? &own_[slot.bucket].placed : nullptr);
+  if (placed) placing_[slot.bucket] = kCounted;
 }
 
 // Bucket `bucket`'s writes from `src` (a bucket buffer), or, for a direct apply,
@@ -800,12 +803,12 @@ void Pipeline::stop() {
   if (apply_thread_.joinable()) apply_thread_.join();
   // Writes read into place with a bucket that was never applied (a failed
   // read, an apply that stopped) changed their parameters all the same.
-  if (placed_counted_) return;
-  placed_counted_ = true;
-  for (std::size_t b = 0; b < placing_.size(); ++b)
-    if (placing_[b])
-      for (std::size_t i = 0; i < own_[b].placed.size(); ++i)
-        if (own_[b].placed[i]) sink_.host_rows(applies_[b].writes[i]);
+  for (std::size_t b = 0; b < placing_.size(); ++b) {
+    if (placing_[b] != kPlaced) continue;
+    for (std::size_t i = 0; i < own_[b].placed.size(); ++i)
+      if (own_[b].placed[i]) sink_.host_rows(applies_[b].writes[i]);
+    placing_[b] = kCounted;
+  }
 }
 
 void Pipeline::report_progress(std::size_t buckets_done, bool finished) {
