@@ -24,7 +24,7 @@
 namespace tpreload {
 namespace {
 
-TPRELOAD_WORLD_SIZE_DIVIDES(8, "the tiny models' 8 attention heads are split tp = world size ways");
+TPRELOAD_TINY_MODEL_WORLD_SIZES();
 
 using mpitest::mpi_world;
 using mpitest::world;

@@ -63,7 +63,7 @@ class SharedDir {
 // (the tiny models' 8 attention heads, split tp = world size ways). Any other
 // size fails the run once, before any test, saying which sizes work; instead
 // of every test failing with "cannot split the model". Register with
-// TPRELOAD_WORLD_SIZE_DIVIDES.
+// TPRELOAD_TINY_MODEL_WORLD_SIZES.
 class WorldSizeDivides : public ::testing::Environment {
  public:
   WorldSizeDivides(int divides, std::string why) : divides_(divides), why_(std::move(why)) {}
@@ -84,10 +84,13 @@ class WorldSizeDivides : public ::testing::Environment {
 
 }  // namespace tpreload::mpitest
 
-// In a test binary's source, at namespace scope: see WorldSizeDivides.
-#define TPRELOAD_WORLD_SIZE_DIVIDES(n, why)                                               \
+// In the source of a test binary whose tests split the tiny models
+// (tests/support) tp = world size ways, at namespace scope: every tiny model
+// has 8 attention heads, so the binary runs at world sizes that divide 8.
+#define TPRELOAD_TINY_MODEL_WORLD_SIZES()                                                 \
   [[maybe_unused]] static ::testing::Environment* const tpreload_world_size_environment = \
-      ::testing::AddGlobalTestEnvironment(new ::tpreload::mpitest::WorldSizeDivides((n), (why)))
+      ::testing::AddGlobalTestEnvironment(new ::tpreload::mpitest::WorldSizeDivides(      \
+          8, "the tiny models' 8 attention heads are split tp = world size ways"))
 
 // Skip the test (on every rank alike) when the world has fewer than n ranks.
 #define TPRELOAD_REQUIRE_RANKS(n)                                      \
