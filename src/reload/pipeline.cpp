@@ -268,10 +268,9 @@ class Pipeline {
   bool placed_in_fill(std::size_t bucket) const {
     return bucket < placing_.size() && placing_[bucket] != kNotPlaced;
   }
+  // (Only scatter buckets have placements; a rotated root sends broadcast buckets only.)
   Placed placed(std::size_t bucket) const {
-    if (storage_.empty() || bucket >= own_.size() || own_[bucket].spans.empty() ||
-        world_root(bucket) >= 0)
-      return {};
+    if (storage_.empty() || bucket >= own_.size() || own_[bucket].spans.empty()) return {};
     return {rank_, &own_[bucket].spans, storage_.data()};
   }
   std::unique_ptr<BucketReader> files_;
