@@ -48,7 +48,7 @@ struct Placed {
 // touches (a placed write can land before an earlier bucket is applied), as
 // placements, with which writes they are (`placed`, per write: the apply
 // skips those). Their rows change while the bucket is read, before anything
-// is sent: a caller counts them as written (ParameterSink::host_rows) once a
+// is sent: a caller counts them as written (ParameterSink::count_placed) once a
 // read of the bucket began. Pure: kept with the plan.
 struct OwnPlacements {
   std::vector<Placement> spans;

@@ -674,7 +674,7 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
   for (std::size_t i = 0; i < a.writes.size(); ++i) {
     const RowWrite& w = a.writes[i];
     if (placed && (*placed)[i]) {  // read into place with the bucket
-      sink_.host_rows(w);
+      sink_.count_placed(w);
       continue;
     }
     if (!direct) {
@@ -805,7 +805,7 @@ void Pipeline::stop() {
   for (std::size_t b = 0; b < placing_.size(); ++b) {
     if (placing_[b] != kPlaced) continue;
     for (std::size_t i = 0; i < own_[b].placed.size(); ++i)
-      if (own_[b].placed[i]) sink_.host_rows(applies_[b].writes[i]);
+      if (own_[b].placed[i]) sink_.count_placed(applies_[b].writes[i]);
     placing_[b] = kCounted;
   }
 }

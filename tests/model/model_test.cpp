@@ -299,6 +299,57 @@ TEST(RowWrites, ASinkWriteReadsItsSourceUpToWriteSourceEndAndNoFurther) {
   }
 }
 
+// A plain copy of contiguous rows is handed out as the parameter's own bytes
+// (a caller reads them straight from a file); anything else is not. Handing
+// them out, or counting a write placed earlier, names the parameter among
+// those a failed reload may have mixed.
+TEST(RowWrites, HostRowsArePlainCopiesOnlyAndEveryPlacedWriteIsNamed) {
+  const ModelConfig config = tiny_config("llama_gqa");
+  TensorParallelModel model(config, opts(1, 0));
+  ParameterSink& sink = model.sink();
+  auto write_into = [&](const std::string& name, std::int64_t dest_row, std::int64_t rows) {
+    const at::Tensor t = model.parameter_for_reload(name);
+    RowWrite w;
+    w.slot = model.rules().find_slot(name);
+    w.src_dtype = sink.rules().params().at(w.slot).dtype;
+    w.src_pitch = static_cast<std::uint64_t>(t.size(1) * t.element_size());
+    w.dest_row = dest_row;
+    w.rows = rows;
+    return std::make_pair(w, t);
+  };
+  sink.begin_load();
+  const std::string down = "model.layers.0.mlp.down_proj.weight";
+  auto [w, t] = write_into(down, 1, 2);
+  const auto rows = sink.host_rows(w);
+  ASSERT_TRUE(rows);
+  EXPECT_EQ(rows->data, static_cast<std::byte*>(t.data_ptr()) + w.src_pitch);
+  EXPECT_EQ(rows->size, 2 * w.src_pitch);
+  RowWrite window = w;  // rows of a wider source: a window, not a plain copy
+  window.src_pitch *= 2;
+  EXPECT_FALSE(sink.host_rows(window));
+  RowWrite converted = w;
+  converted.kind = WriteKind::kQuantizeInt8;
+  EXPECT_FALSE(sink.host_rows(converted));
+  EXPECT_EQ(sink.touched_names(), std::vector<std::string>{down});
+
+  const std::string up = "model.layers.1.mlp.gate_up_proj.weight";
+  auto [placed, up_tensor] = write_into(up, 0, 1);
+  sink.count_placed(placed);
+  EXPECT_EQ(sink.touched_names(), (std::vector<std::string>{down, up}));
+  placed.dest_row = up_tensor.size(0);  // one row past the parameter's end
+  try {
+    sink.count_placed(placed);
+    FAIL() << "a write past the parameter's rows was counted";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("into parameter '" + up + "' of " +
+                                         std::to_string(up_tensor.size(0)) + " rows"),
+              std::string::npos)
+        << e.what();
+  }
+  sink.begin_load();
+  EXPECT_TRUE(sink.touched_names().empty());
+}
+
 TEST(Forward, SingleRankMatchesTheReference) {
   const std::vector<std::int64_t> tokens = {1, 17, 99, 3, 42, 0, 64};
   auto comm = make_local_communicator();

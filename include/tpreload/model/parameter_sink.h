@@ -71,6 +71,10 @@ class ParameterSink {
   // nullopt for any other write. Counts as the write (the slot is touched);
   // throws as write() does.
   std::optional<MutableBytes> host_rows(const RowWrite& w);
+  // Counts a write whose rows a caller placed itself, from an earlier
+  // host_rows() or a placement resolved against storage(): the slot is touched.
+  // Throws as write() does.
+  void count_placed(const RowWrite& w);
   void zero(const RowZero& z);
   // Wait until every write so far landed (device); no-op on the host. Throws
   // CommTimeoutError naming the device after `timeout`.

@@ -78,6 +78,10 @@ std::optional<MutableBytes> ParameterSink::host_rows(const RowWrite& w) {
                       static_cast<std::uint64_t>(w.rows) * width);
 }
 
+void ParameterSink::count_placed(const RowWrite& w) {
+  begin_write(w, rules_.params().at(w.slot));
+}
+
 void ParameterSink::write(const RowWrite& w, const std::byte* src) {
   const ParamSpec& param = rules_.params().at(w.slot);
   if (w.rows <= 0) return;
