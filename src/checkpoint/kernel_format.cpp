@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "../core/json_depth.h"
 #include "file_util.h"
 #include "safetensors_source.h"
 #include "tpreload/core/error.h"
@@ -24,7 +25,7 @@ json parse_info_json(const std::string& file) {
   if (!detail::is_regular_file(file)) info_fail(file, "no such file");
   if (detail::file_size(file) > 100'000'000) info_fail(file, "file exceeds 100000000 bytes");
   try {
-    json j = json::parse(detail::read_text_file(file));
+    json j = detail::parse_json(detail::read_text_file(file));
     if (!j.is_object()) info_fail(file, "not a JSON object");
     return j;
   } catch (const json::exception& e) {
@@ -94,7 +95,7 @@ std::string kernel_format_shard_name(int rank, int tp_size) {
 std::string kernel_format_json(const KernelFormatInfo& info) {
   json config;
   try {
-    config = json::parse(info.config_json);
+    config = detail::parse_json(info.config_json);
   } catch (const json::exception& e) {
     raise<UsageError>("kernel format: config_json is not valid JSON: ", e.what());
   }

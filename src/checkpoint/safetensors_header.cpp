@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "../core/json_depth.h"
 #include "file_util.h"
 #include "shape_util.h"
 #include "tpreload/checkpoint/safetensors.h"
@@ -161,11 +162,24 @@ class HeaderBuilder final : public nlohmann::json_sax<json> {
     if (parent.is_array())
       parent.push_back(std::move(v));
     else
-      parent[keys_.back()] = std::move(v);
+      member(parent) = std::move(v);
     return true;
+  }
+  // The member of `parent` that the last key names. A field twice in a
+  // tensor's entry is refused, as the format's reference parser refuses it,
+  // not the last one taken; elsewhere (metadata, keys no one reads) the last
+  // one wins, as there.
+  json& member(json& parent) {
+    const std::string& k = keys_.back();
+    if (&parent == &entry_ && name_ != "__metadata__" && parent.contains(k))
+      fail(origin_, "tensor '", name_, "': field '", k, "' appears twice");
+    return parent[k];
   }
   bool open(json&& container) {
     if (!top_) return top_ = true;  // the header object itself
+    if (open_.size() >= static_cast<std::size_t>(detail::kMaxJsonDepth))
+      fail(origin_, "header entry '", name_, "' is nested deeper than ", detail::kMaxJsonDepth,
+           " levels");
     json* at = nullptr;
     if (open_.empty()) {
       entry_ = std::move(container);
@@ -174,7 +188,7 @@ class HeaderBuilder final : public nlohmann::json_sax<json> {
       parent.push_back(std::move(container));
       at = &parent.back();
     } else {
-      at = &(parent[keys_.back()] = std::move(container));
+      at = &(member(parent) = std::move(container));
     }
     open_.push_back(at);
     keys_.emplace_back();

@@ -9,6 +9,7 @@
 #include <set>
 #include <utility>
 
+#include "../core/json_depth.h"
 #include "file_util.h"
 #include "tpreload/checkpoint/safetensors.h"
 #include "tpreload/core/error.h"
@@ -251,7 +252,7 @@ json parse_index(const std::string& path) {
   if (size > kMaxIndexBytes)
     index_fail(path, "file of ", size, " bytes exceeds the limit of ", kMaxIndexBytes);
   try {
-    json j = json::parse(detail::read_text_file(path));
+    json j = detail::parse_json(detail::read_text_file(path));
     if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
       index_fail(path, "no 'weight_map' object");
     return j;

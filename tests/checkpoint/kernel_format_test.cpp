@@ -106,6 +106,12 @@ TEST(KernelFormat, BrokenDirectoriesNameTheProblem) {
   test::write_file(json_path, j.dump());
   EXPECT_EQ(test::error_of([&] { read_kernel_format_info(dir.path()); }),
             prefix + "'tp_size' 0 is not an integer in [1, 99999]");
+  // Nested too deep to print (printing recurses once per level): refused as parsed.
+  test::write_file(json_path, "{\"x\":" + std::string(100'000, '[') + std::string(100'000, ']') +
+                                  "," + j.dump().substr(1));
+  const std::string deep = test::error_of([&] { read_kernel_format_info(dir.path()); });
+  EXPECT_EQ(deep.rfind(prefix + "not valid JSON: ", 0), 0u) << deep;
+  EXPECT_NE(deep.find("nested deeper than 64 levels"), std::string::npos) << deep;
   EXPECT_THROW(write(dir / "x", info(3), rank_tensors(2)), UsageError);
 }
 

@@ -136,6 +136,25 @@ TEST_F(SafetensorsCorpus, DuplicateNames) {
             prefix() + "duplicate tensor name 'a' in header");
 }
 
+// Printing a value recurses once per level: a header nesting 100,000 arrays
+// overflowed the stack in the message that named it. Anything nested deeper
+// than 64 levels is refused as it is parsed. A field twice in a tensor's entry
+// is refused as the format's reference parser refuses it, not the last one taken.
+TEST_F(SafetensorsCorpus, DeepNestingAndAFieldTwiceAreRefusedByName) {
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  EXPECT_EQ(open_error(R"({"a":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", ""),
+            prefix() + "header entry 'a' is nested deeper than 64 levels");
+  EXPECT_EQ(open_error(R"({"__metadata__":{"k":)" + deep + "}}", ""),
+            prefix() + "header entry '__metadata__' is nested deeper than 64 levels");
+  // 64 levels under the header (the entry's object is the first) still parse.
+  const std::string levels_63 = std::string(63, '[') + std::string(63, ']');
+  EXPECT_EQ(open_error(R"({"__metadata__":{"k":)" + levels_63 + "}}", ""),
+            prefix() + "'__metadata__' value of key 'k' is not a string: " + levels_63);
+  EXPECT_EQ(
+      open_error(R"({"a":{"dtype":"I8","dtype":"F32","shape":[1],"data_offsets":[0,4]}})", "abcd"),
+      prefix() + "tensor 'a': field 'dtype' appears twice");
+}
+
 TEST_F(SafetensorsCorpus, MetadataThatIsNotStrings) {
   EXPECT_EQ(open_error(R"({"__metadata__":{"k":3}})", ""),
             prefix() + "'__metadata__' value of key 'k' is not a string: 3");
@@ -192,6 +211,17 @@ TEST_F(SafetensorsIndexCorpus, IndexThatIsNotJsonOrHasNoWeightMap) {
   test::write_file(index(), "{\"metadata\": {}}");
   EXPECT_EQ(test::error_of([&] { open_safetensors(dir_.path()); }),
             prefix() + "no 'weight_map' object");
+}
+
+TEST_F(SafetensorsIndexCorpus, IndexNestedTooDeepIsRefusedNotPrinted) {
+  // A non-string metadata value is kept as its JSON text: printing 100,000
+  // levels of it overflowed the stack.
+  const std::string deep = std::string(100'000, '[') + std::string(100'000, ']');
+  test::write_file(index(),
+                   R"({"metadata":{"k":)" + deep + R"(},"weight_map":{"a":"f1.safetensors"}})");
+  const std::string error = test::error_of([&] { open_safetensors(dir_.path()); });
+  EXPECT_EQ(error.rfind(prefix() + "not valid JSON: ", 0), 0u) << error;
+  EXPECT_NE(error.find("nested deeper than 64 levels"), std::string::npos) << error;
 }
 
 TEST_F(SafetensorsIndexCorpus, SameTensorInTwoFilesWithoutIndex) {

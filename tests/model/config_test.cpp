@@ -67,6 +67,12 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(error_of(moe.replace(moe.find("\"num_experts\":128"), 17, "\"num_experts\":4"))
                 .find("num_experts_per_tok 8 exceeds num_experts 4"),
             std::string::npos);
+  moe = kMoe;  // a field no one reads, nested too deep to print
+  const std::string deep =
+      error_of(moe.replace(moe.find("\"norm_topk_prob\""), 0,
+                           "\"x\":" + std::string(100'000, '[') + std::string(100'000, ']') + ","));
+  EXPECT_EQ(deep.rfind("config.json: not valid JSON: ", 0), 0u) << deep;
+  EXPECT_NE(deep.find("nested deeper than 64 levels"), std::string::npos) << deep;
   moe = kMoe;
   EXPECT_NE(error_of(moe.replace(moe.find("\"dtype\":\"bfloat16\""), 18, "\"dtype\":\"int8\""))
                 .find("dtype 'int8' is not a floating type"),

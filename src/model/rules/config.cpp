@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../../core/json_depth.h"
 #include "tpreload/core/error.h"
 
 namespace tpreload {
@@ -111,7 +112,7 @@ bool ModelConfig::sparse_layer(std::int64_t layer) const {
 ModelConfig parse_model_config(const std::string& text, const std::string& origin) {
   json j;
   try {
-    j = json::parse(text);
+    j = detail::parse_json(text);
   } catch (const json::exception& e) {
     raise<ModelError>(origin, ": not valid JSON: ", e.what());
   }
