@@ -694,6 +694,9 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
   sink_.flush(options_.device_timeout);
   for (const auto& [param, shards] : a.completed) sink_.mark_loaded(param, shards);
   stats_.apply += since(start);
+  // An atomic reload's layers are in the second copy until the commit, which
+  // processes them after it (the model's own storage still holds the old ones).
+  if (options_.atomic) return;
   start = Clock::now();
   for (std::int64_t layer : plan_.buckets[bucket].finished_layers) model_.finish_layer(layer);
   stats_.finish += since(start);

@@ -774,9 +774,15 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   }
   result.seconds.prepare = since(start);
   detail::PipelineStats stats;
+  // Post-load processing: an atomic reload's per-layer processing too, which
+  // waits for the commit (the pipeline processes each layer after the bucket
+  // that completes it otherwise).
   auto run_finish = [&] {
     std::optional<std::string> finish_problem;
     try {
+      if (options.atomic)
+        for (const Bucket& b : plan.buckets)
+          for (std::int64_t layer : b.finished_layers) model.finish_layer(layer);
       model.finish();
     } catch (const std::exception& e) {
       finish_problem = e.what();
@@ -822,8 +828,28 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     // Every rank holds its whole shard: commit only if every rank says so.
     agree_on_problem<CommError>(world, std::nullopt, "the atomic reload's commit vote");
     const auto t = Clock::now();
-    sink.commit_shadow(options.device_timeout);  // local copies: nothing in them can be refused
-    run_finish();
+    // Local copies: nothing in them can be refused, but a device can fail to
+    // finish them in time, and post-load processing can fail. Either way the
+    // new weights are in place (on that device's rank, maybe in part).
+    std::optional<std::string> stuck;
+    try {
+      sink.commit_shadow(options.device_timeout);
+    } catch (const std::exception& e) {
+      stuck = e.what();
+    }
+    try {
+      agree_on_problem<CommError>(world, stuck, "committing the atomic reload");
+    } catch (const std::exception& e) {
+      rethrow_with(e,
+                   "; atomic reload: every rank had voted to commit, so the ranks whose copies "
+                   "did not finish may hold a mix of old and new weights and every other rank "
+                   "holds the new ones");
+    }
+    try {
+      run_finish();
+    } catch (const std::exception& e) {
+      rethrow_with(e, "; atomic reload: every rank had committed the new weights");
+    }
     result.seconds.finish += since(t);
   }
   result.seconds.read = stats.read;
@@ -851,7 +877,8 @@ ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& opti
     ReloadResult failed;
     failed.atomic = options.atomic;
     failed.error = e.what();
-    if (!options.atomic) failed.possibly_mixed = model_.sink().touched_names();
+    if (!options.atomic || model_.sink().commit_began())
+      failed.possibly_mixed = model_.sink().touched_names();
     if (!failed.possibly_mixed.empty()) {
       log().warn("reload failed after writing {} parameters; running {} invalidation callbacks",
                  failed.possibly_mixed.size(), callbacks_.size());

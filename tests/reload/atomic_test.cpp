@@ -12,6 +12,7 @@
 #include "../support/faults.h"
 #include "../support/tiny_models.h"
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/agreement.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/model.h"
@@ -285,6 +286,131 @@ TEST(Atomic, WithoutItNothingIsReadIntoPlaceOnceTheApplyStopped) {
   std::size_t later = 0;  // parameters written only after the failing bucket
   for (const auto& name : same) later += written.count(name) == 0;
   EXPECT_GT(later, 0u) << "the check saw no parameter written only after the failure";
+}
+
+// Records, for each layer it is asked to process, whether every parameter of
+// that layer already held the new version's bytes; finish() can be made to fail.
+class RecordsLayers final : public ReloadTarget {
+ public:
+  RecordsLayers(TensorParallelModel& model, std::map<std::string, at::Tensor> want)
+      : model_(model), want_(std::move(want)) {}
+  const ShardingRules& rules() const override { return model_.rules(); }
+  int tp_rank() const override { return model_.tp_rank(); }
+  ParameterSink& sink() override { return model_.sink(); }
+  void finish_layer(std::int64_t layer) override {
+    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+    bool fresh = true;
+    for (const auto& [name, t] : want_)
+      if (name.rfind(prefix, 0) == 0)
+        fresh = fresh && testdata::same_bytes(model_.parameter_for_reload(name), t);
+    layers.push_back(layer);
+    fresh_when_processed.push_back(fresh);
+  }
+  void finish() override {
+    if (fail_finish) raise<ModelError>("injected failure in finish");
+  }
+
+  std::vector<std::int64_t> layers;
+  std::vector<bool> fresh_when_processed;
+  bool fail_finish = false;
+
+ private:
+  TensorParallelModel& model_;
+  std::map<std::string, at::Tensor> want_;
+};
+
+// Per-layer processing reads the model's own storage, which in an atomic
+// reload holds the old weights until the commit: each layer is processed once,
+// in order, and sees its new weights, in either mode.
+TEST(Atomic, EachLayerIsProcessedOnceWithItsNewWeights) {
+  Fixture f;
+  for (bool atomic : {false, true}) {
+    TensorParallelModel model(f.config, on(nullptr));
+    load(model, *f.control, f.v1);
+    RecordsLayers target(model, testdata::expected_shards(f.config, f.v2, 1, 0));
+    ReloadOptions o;
+    o.atomic = atomic;
+    o.bucket_bytes = 600;
+    auto source = testdata::memory_source(f.v2);
+    ASSERT_TRUE(reload_weights(target, *f.control, source.get(), o).complete());
+    std::vector<std::int64_t> every_layer(static_cast<std::size_t>(f.config.num_hidden_layers));
+    for (std::size_t l = 0; l < every_layer.size(); ++l)
+      every_layer[l] = static_cast<std::int64_t>(l);
+    EXPECT_EQ(target.layers, every_layer) << (atomic ? "atomic" : "default");
+    for (std::size_t i = 0; i < target.layers.size(); ++i)
+      EXPECT_TRUE(target.fresh_when_processed[i])
+          << (atomic ? "atomic" : "default") << ": layer " << target.layers[i]
+          << " was processed while it held old weights";
+  }
+}
+
+// After the vote the new weights are committed: a failure from there on says
+// so, and the callbacks run (caches built from the old weights must go).
+TEST(Atomic, AFailureAfterTheCommitSaysTheNewWeightsAreInPlace) {
+  Fixture f;
+  TensorParallelModel model(f.config, on(nullptr));
+  load(model, *f.control, f.v1);
+  RecordsLayers target(model, {});
+  target.fail_finish = true;
+  auto data = make_communicator_transport(*f.control);
+  ReloadableModel served(target, {}, data.get());
+  std::vector<ReloadResult> seen;
+  served.on_reloaded([&](const ReloadResult& r) { seen.push_back(r); });
+  ReloadOptions o;
+  o.atomic = true;
+  auto source = testdata::memory_source(f.v2);
+  try {
+    served.reload_from(*f.control, o, source.get());
+    FAIL() << "the failure in finish() went unnoticed";
+  } catch (const ModelError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("post-load processing (finish) failed on rank 0/1: injected failure in "
+                        "finish; atomic reload: every rank had committed the new weights"),
+              std::string::npos)
+        << text;
+  }
+  EXPECT_TRUE(compare(model, f.config, f.v2).second.empty()) << "the commit was not whole";
+  ASSERT_EQ(seen.size(), 1u) << "the callbacks did not run though every weight changed";
+  EXPECT_EQ(seen[0].possibly_mixed.size(), model.named_parameters().size());
+}
+
+// A device that does not finish the commit's copies in time: the error is
+// agreed (no rank waits for the stuck one in the next collective) and names
+// what may be mixed; the callbacks run.
+TEST(Atomic, ADeviceStuckInTheCommitIsAnAgreedErrorAndRunsTheCallbacks) {
+  Fixture f;
+  auto dev = std::make_shared<EmulatedDevice>();
+  TensorParallelModel model(f.config, on(dev));
+  load(model, *f.control, f.v1);
+  auto data =
+      testing::make_emulated_device_transport(make_communicator_transport(*f.control), *dev);
+  ReloadableModel served(model, {}, data.get());
+  std::vector<ReloadResult> seen;
+  served.on_reloaded([&](const ReloadResult& r) { seen.push_back(r); });
+  // Only the commit writes into the model's own storage in an atomic reload.
+  const at::Tensor norm = model.parameter_for_reload("model.norm.weight");
+  dev->stall_on_write_to(norm.data_ptr(), static_cast<std::uint64_t>(norm.nbytes()));
+  ReloadOptions o;
+  o.atomic = true;
+  o.device_timeout = 300ms;
+  auto source = testdata::memory_source(f.v2);
+  try {
+    served.reload_from(*f.control, o, source.get());
+    FAIL() << "a commit that never finished went unnoticed";
+  } catch (const CommError& e) {
+    const std::string text = e.what();
+    EXPECT_TRUE(dynamic_cast<const AgreedError*>(&e)) << text;
+    EXPECT_NE(text.find("committing the atomic reload failed on rank 0/1: "), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("emulated device"), std::string::npos) << text;
+    EXPECT_NE(text.find("; atomic reload: every rank had voted to commit, so the ranks whose "
+                        "copies did not finish may hold a mix of old and new weights"),
+              std::string::npos)
+        << text;
+  }
+  EXPECT_TRUE(dev->stalled());
+  ASSERT_EQ(seen.size(), 1u) << "the callbacks did not run though weights may have changed";
+  EXPECT_EQ(seen[0].possibly_mixed.size(), model.named_parameters().size());
 }
 
 TEST(RequireComplete, AMissingTensorIsRefusedBeforeAnyWriteNamingIt) {

@@ -179,6 +179,7 @@ class EmulatedStream final : public DeviceStream {
   void check(const void* dst, std::uint64_t dn, const void* src, std::uint64_t sn, CopyKind kind,
              const char* what) const {
     const std::string op = std::string(what);
+    device_.queued_write(dst, dn);
     if (kind == CopyKind::kHostToDevice) {
       require_device(dst, dn, (op + " destination").c_str());
       require_host(src, sn, (op + " source").c_str());

@@ -23,9 +23,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 
 #include "tpreload/comm/data_transport.h"
 #include "tpreload/comm/device.h"
@@ -55,6 +57,12 @@ class EmulatedDevice final : public Device {
   std::uint64_t operations() const { return operations_; }
   void stall(bool on) { stalled_ = on; }
   bool stalled() const { return stalled_; }
+  // The device stalls, as with stall(true), once a copy that writes into
+  // [p, p + n) is queued: a device stuck in one particular copy.
+  void stall_on_write_to(const void* p, std::uint64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stall_on_ = {static_cast<const std::byte*>(p), n};
+  }
   // Device memory beyond `bytes` live at once is refused (CommError), as a full
   // GPU refuses it; 0: no limit.
   void set_memory_limit(std::uint64_t bytes) { memory_limit_ = bytes; }
@@ -63,6 +71,13 @@ class EmulatedDevice final : public Device {
   std::chrono::milliseconds delay() const { return std::chrono::milliseconds(delay_ms_.load()); }
   int polls_before_done() const { return polls_; }
 
+  // Internal (the streams): a copy into [p, p + n) is queued.
+  void queued_write(const void* p, std::uint64_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto* d = static_cast<const std::byte*>(p);
+    if (n && stall_on_.second && d < stall_on_.first + stall_on_.second && stall_on_.first < d + n)
+      stalled_ = true;
+  }
   // Internal (the allocators and streams): bookkeeping.
   std::byte* take(MemoryKind kind, std::uint64_t bytes);
   void give(MemoryKind kind, std::byte* p);
@@ -76,6 +91,7 @@ class EmulatedDevice final : public Device {
   std::atomic<std::uint64_t> operations_{0};
   std::atomic<std::uint64_t> memory_limit_{0};
   mutable std::mutex mutex_;
+  std::pair<const std::byte*, std::uint64_t> stall_on_{nullptr, 0};
   std::map<const std::byte*, std::uint64_t> device_blocks_;  // device memory: start -> size
   std::map<const std::byte*, std::uint64_t> sizes_;          // every block: start -> size
   std::uint64_t live_[3] = {0, 0, 0}, peak_[3] = {0, 0, 0};

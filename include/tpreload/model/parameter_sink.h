@@ -109,8 +109,13 @@ class ParameterSink {
   void begin_shadow(std::chrono::milliseconds timeout = std::chrono::minutes(5));
   bool shadowed() const { return static_cast<bool>(shadow_); }
   // Copies the shadow over the parameters (waiting for the device copies up to
-  // `timeout`) and frees it.
+  // `timeout`) and frees it. Throws CommTimeoutError naming the device when
+  // the writes into the shadow or the copies do not finish in time: the
+  // parameters may then hold a mix of old and new bytes.
   void commit_shadow(std::chrono::milliseconds timeout = std::chrono::minutes(5));
+  // Whether a commit began copying since begin_load(): the parameters
+  // written (touched_names) may have changed even in an atomic reload.
+  bool commit_began() const { return commit_began_; }
   // Frees the shadow: the parameters hold what they held at begin_shadow().
   // Device writes still queued into it must land first; when they do not
   // within `timeout` (a stuck device) it is abandoned instead of freed.
@@ -144,6 +149,7 @@ class ParameterSink {
   std::vector<ParamStorage> params_;   // the parameters themselves
   Buffer shadow_;
   std::vector<bool> touched_;
+  bool commit_began_ = false;
   std::shared_ptr<Device> device_;
   std::unique_ptr<DeviceStream> stream_;
   // Shard bits since begin_load(): slot s owns bits [first_bit_[s], first_bit_[s + 1]).

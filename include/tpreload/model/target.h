@@ -27,7 +27,9 @@ class ReloadTarget {
   virtual bool lora() const { return false; }
 
   // Post-load processing: after the bucket that completes decoder layer `layer`,
-  // and after the whole load. Local to this rank; may throw.
+  // and after the whole load; in an atomic reload every finish_layer (in layer
+  // order) and then finish() after the commit, when the parameters hold the
+  // new weights. Local to this rank; may throw.
   virtual void finish_layer(std::int64_t /*layer*/) {}
   virtual void finish() {}
 

@@ -225,7 +225,8 @@ struct ReloadResult {
   bool atomic = false;  // ReloadOptions::atomic was set
   // A failed reload (what ReloadableModel hands its callbacks before it
   // rethrows): the error, and this rank's parameters that may hold a mix of old
-  // and new bytes (none after an atomic reload failed: they are as they were).
+  // and new bytes (none after an atomic reload failed before its commit: they
+  // are as they were; those written after one failed in or after its commit).
   std::string error;
   std::vector<std::string> possibly_mixed;
 

@@ -176,6 +176,7 @@ void ParameterSink::flush(std::chrono::milliseconds timeout) {
 void ParameterSink::begin_load() {
   std::fill(loaded_.begin(), loaded_.end(), 0);
   touched_.assign(storage_.size(), false);
+  commit_began_ = false;
 }
 
 std::vector<std::string> ParameterSink::touched_names() const {
@@ -238,6 +239,7 @@ void ParameterSink::begin_shadow(std::chrono::milliseconds timeout) {
 void ParameterSink::commit_shadow(std::chrono::milliseconds timeout) {
   if (!shadow_) raise<UsageError>("parameter sink: commit without a shadow copy");
   flush(timeout);  // every write into the shadow landed
+  commit_began_ = true;
   copy_all(storage_, params_);
   flush(timeout);
   storage_ = params_;
