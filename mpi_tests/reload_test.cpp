@@ -695,19 +695,22 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
                                                "model.layers.1.mlp.down_proj.weight", views);
     else if (all || node)
       source = testdata::memory_source(ckpt);
+    // What was applied before the failure (in atomic mode: to the second copy,
+    // so the error says only that nothing changed).
+    const std::string state =
+        atomic ? "; atomic reload: every parameter is as it was before the reload"
+        : all  ? "; every rank had applied the buckets it read before this failure (the others "
+                 "all of theirs)"
+        : node ? "; the ranks of that node had applied the buckets before it, the ranks of every "
+                 "other node all of theirs"
+               : "; weights of earlier buckets were already replaced";
     const std::string expected =
-        all ? "failed on rank " + std::to_string(last) +
-                  " (--readers all: each rank reads its own slices): I/O error reading "
-                  "'model.layers.1.mlp.down_proj.weight'; every rank had applied the buckets it "
-                  "read before this failure (the others all of theirs)"
-        : node ? "failed on reader rank " + std::to_string(failing) +
-                     " (--readers node: each node's reader reads for the ranks of its node): I/O "
-                     "error reading 'model.layers.1.mlp.down_proj.weight'; the ranks of that node "
-                     "had applied the buckets before it, the ranks of every other node all of "
-                     "theirs"
-               : "failed on reader rank 0: I/O error reading "
-                 "'model.layers.1.mlp.down_proj.weight'; weights of earlier buckets were already "
-                 "replaced";
+        (all ? "failed on rank " + std::to_string(last) +
+                   " (--readers all: each rank reads its own slices)"
+         : node ? "failed on reader rank " + std::to_string(failing) +
+                      " (--readers node: each node's reader reads for the ranks of its node)"
+                : std::string("failed on reader rank 0")) +
+        ": I/O error reading 'model.layers.1.mlp.down_proj.weight'" + state;
     try {
       reload_weights(model, world(), source.get(), o);
       FAIL() << "a failed read went unnoticed: " << mode_name(mode);

@@ -155,7 +155,7 @@ class Pipeline {
 
   PipelineStats run();
   void stop();
-  bool device_stuck() const { return stats_.device_stuck; }
+  bool device_stuck() const { return stats_.device_stuck || staging_stuck_; }
 
  private:
   // Readers::kNode with rotated roots: the world rank of the node reader that
@@ -282,6 +282,9 @@ class Pipeline {
   // threads are joined (a node reader with rotated roots also verifies, on the
   // apply thread).
   double reader_checksum_ = 0;
+  // The reader thread's copy of a bucket to the device timed out: that work may
+  // still touch the staging buffers (abandoned after the run, as the apply's).
+  std::atomic<bool> staging_stuck_{false};
   BlockingQueue<std::unique_ptr<Slot>> free_, filled_, to_apply_;
   std::thread reader_thread_, apply_thread_;
   std::atomic<bool> stopping_{false};
@@ -482,6 +485,9 @@ void Pipeline::reader_loop() {
     fill_started_ = now_ns();
     try {
       fill(**slot);
+    } catch (const CommTimeoutError& e) {  // (only the device copy waits with a timeout)
+      (*slot)->read_error = concat("the device did not finish staging it: ", e.what());
+      staging_stuck_ = true;
     } catch (const std::exception& e) {
       (*slot)->read_error = e.what();
     }
@@ -570,6 +576,18 @@ void Pipeline::raise_read_failure(std::size_t bucket, int rank,
   control_.broadcast(MutableBytes(message.data(), message.size()), rank);
   // Every rank raises this after the same broadcasts, with no transfer in flight.
   const bool world_bucket = world_root(static_cast<std::size_t>(head[0])) >= 0;
+  // What had been applied: in atomic mode only to the second copy (the caller
+  // adds that every parameter is as it was).
+  const char* applied =
+      options_.atomic ? ""
+      : all_read_ ? "; every rank had applied the buckets it read before this failure (the others "
+                    "all of theirs)"
+      : world_bucket ? "; every rank stopped at this bucket: weights of earlier buckets were "
+                       "already replaced"
+      : node_read_   ? "; the ranks of that node had applied the buckets before it, the ranks of "
+                       "every other node all of theirs"
+      : head[0] > 0  ? "; weights of earlier buckets were already replaced"
+                     : "";
   raise<Agreed<CheckpointError>>(
       "reading bucket ", head[0] + 1, " of ", plan_.buckets.size(),
       all_read_ ? " failed on rank " : " failed on reader rank ", rank,
@@ -579,14 +597,7 @@ void Pipeline::raise_read_failure(std::size_t bucket, int rank,
             "every rank)"
       : node_read_ ? " (--readers node: each node's reader reads for the ranks of its node)"
                    : "",
-      ": ", message,
-      all_read_ ? "; every rank had applied the buckets it read before this failure (the others "
-                  "all of theirs)"
-      : world_bucket ? "; every rank stopped at this bucket: weights of earlier buckets were "
-                       "already replaced"
-      : node_read_   ? "; the ranks of that node had applied the buckets before it, the ranks of "
-                       "every other node all of theirs"
-                     : "; weights of earlier buckets were already replaced",
+      ": ", message, applied,
       head[2] ? concat("; rank ", rank,
                        "'s own rows of this bucket may have changed too (it reads them straight "
                        "into its parameters)")
@@ -899,6 +910,7 @@ PipelineStats Pipeline::run() {
     agree_on_read_status(failed_read ? failed_read->bucket : 0,
                          failed_read ? failed_read->read_error : std::nullopt);
   if (files_) stats_.bytes_copied = files_->bytes_copied();
+  stats_.device_stuck = stats_.device_stuck || staging_stuck_;
   return stats_;
 }
 

@@ -245,6 +245,39 @@ TEST(Engine, AStalledDeviceTimesOutNamingItAndItsBuffersAreAbandoned) {
   device->stall(false);
 }
 
+// The same on the reader's side: with a device data plane the reader copies
+// each bucket to the device before sending it. A copy that never finishes is
+// the reader's failure on every rank, naming the device, and the staging it
+// may still touch is abandoned.
+TEST(Engine, AStalledStagingCopyOnTheReaderNamesTheDeviceAndAbandonsItsBuffers) {
+  Fixture f;
+  auto device = std::make_shared<EmulatedDevice>();
+  TensorParallelModel model(f.config, options(device));
+  auto data =
+      testing::make_emulated_device_transport(make_communicator_transport(*f.control), *device);
+  device->stall(true);  // the reader's copy of the first bucket is the first device work
+  ReloadOptions o;
+  o.device_timeout = 200ms;
+  ReloadWorkspace workspace;
+  auto source = testdata::memory_source(f.v1);
+  try {
+    reload_weights(model, *f.control, *data, source.get(), o, &workspace);
+    FAIL() << "a stalled staging copy went unnoticed";
+  } catch (const CheckpointError& e) {
+    const std::string text = e.what();
+    EXPECT_NE(text.find("reading bucket 1 of "), std::string::npos) << text;
+    EXPECT_NE(text.find(": the device did not finish staging it: copying bucket 1 ("),
+              std::string::npos)
+        << text;
+    EXPECT_NE(text.find("emulated device did not complete on the device within 200 ms"),
+              std::string::npos)
+        << text;
+  }
+  EXPECT_EQ(workspace.bytes(), 0u) << "staging the stuck copy may touch was kept for reuse";
+  EXPECT_GT(device->live_bytes(MemoryKind::kPinnedHost), 0u) << "it was freed";
+  device->stall(false);
+}
+
 // Waiting for a slot that a slow apply holds is not a stalled read: with a device
 // slower per bucket than read_stall_timeout, the reload completes (the reader
 // rank used to abort the job here).
