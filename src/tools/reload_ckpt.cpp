@@ -291,6 +291,7 @@ int run_shard(const ShardArgs& a) {
     config_path = std::filesystem::is_directory(a.in)
                       ? a.in
                       : std::filesystem::path(a.in).parent_path().string();
+  if (config_path.empty()) config_path = ".";  // IN is a file in the working directory
   const ModelConfig config = load_model_config(config_path);
   const auto source = open_weight_source(a.in);
   write_kernel_shards(config, *source, a.out, {a.tp, a.quantization, a.expert_parallel});
@@ -333,8 +334,9 @@ int main(int argc, char** argv) {
     if (inspect->parsed()) return run_inspect(path);
     if (verify->parsed()) return run_verify(path, read_data);
     return 0;
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // (CLI11's own codes are 100 and up)
+    const int printed = app.exit(e);
+    return printed == 0 ? 0 : 2;
   } catch (const tpreload::Error& e) {
     std::cerr << "reload_ckpt: error: " << e.what() << "\n";
     return 1;

@@ -449,7 +449,8 @@ int main(int argc, char** argv) {
       "of an MPI job.\n\nThe reader rank reads the checkpoint and broadcasts or scatters it in "
       "buckets; every rank copies its shard into the existing parameter storage; an allreduce "
       "checks that every expected weight arrived. Exit status: 0 when every expected parameter "
-      "loaded on every rank, 3 when some did not (they are listed), 1 on errors.\n\nExamples:\n"
+      "loaded on every rank, 3 when some did not (they are listed), 1 on errors, 2 on bad "
+      "command-line usage; with --demo, 4 when the demo's own check fails.\n\nExamples:\n"
       "  mpirun -np 4 reload_runner --demo\n"
       "  mpirun -np 8 reload_runner --model /models/llama --tp 4 --weights /ckpt/step-200\n"
       "  mpirun -np 4 reload_runner --model /models/llama --weights /ckpt/kernel-tp4 "
@@ -459,8 +460,9 @@ int main(int argc, char** argv) {
   add_options(app, options);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+  } catch (const CLI::ParseError& e) {  // (CLI11's own codes are 100 and up)
+    const int printed = app.exit(e);
+    return printed == 0 ? 0 : 2;
   }
   CommOptions comm_options;
   comm_options.timeout = std::chrono::seconds(options.timeout_s);
