@@ -51,6 +51,11 @@ def fail(why):
     sys.exit("report: FAIL: %s: %s" % (mode, why))
 if "model.h5" not in failed.get("error", ""):
     fail("the error does not name the file: %r" % failed.get("error"))
+# How the failed reload ran: the documented defaults (scatter, one reader).
+settings = {k: failed.get(k) for k in ("format", "distribution", "readers", "atomic")}
+if settings != {"format": "checkpoint", "distribution": "scatter", "readers": "one",
+                "atomic": mode == "atomic"}:
+    fail("the report does not say how the reload ran: %s" % settings)
 named = set(failed["possibly_changed"])
 if mode == "atomic" and named:
     fail("an atomic reload named changed parameters: %s" % sorted(named))

@@ -2,6 +2,7 @@
 # The README's first command: install, build, and run reload_runner's demo on 4 ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export BUILD_DIR=${BUILD_DIR:-build}  # (setup.sh builds there)
 scripts/setup.sh
 NP=${NP:-4}
-launch/mpirun.sh "$NP" build/reload_runner --demo
+launch/mpirun.sh "$NP" "$BUILD_DIR/reload_runner" --demo

@@ -4,17 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+export BUILD_DIR=${BUILD_DIR:-build}  # (setup.sh builds there)
 scripts/setup.sh
 . scripts/mpi_env.sh
 # The CUDA variant (CUDA device, NCCL transport, GPU check, gpu_tests) is built
 # whenever the machine has the toolkit; make sure detection did not quietly fail.
-if grep -q '^TPRELOAD_CUDA:BOOL=ON' build/CMakeCache.txt; then
+if grep -q '^TPRELOAD_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
   echo "test.sh: CUDA variant built (tpreload_cuda, tpreload_nccl, tpreload_gpu_check, gpu_tests)"
 elif [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
   echo "test.sh: a CUDA toolkit is installed but the build has TPRELOAD_CUDA off" >&2
   exit 1
 fi
-ctest --test-dir build --output-on-failure --timeout 900
+ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900
 # The checkpoint readers again under AddressSanitizer + UBSan (broken-file corpus):
 # a second build dir holding only the checkpoint test binary.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPRELOAD_ASAN=ON -DTPRELOAD_CUDA=OFF >/dev/null

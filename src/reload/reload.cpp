@@ -735,18 +735,13 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     agree_on_problem<ValidationError>(world, unplanned_problem(plan, model, options.format),
                                       "--require-complete (nothing was reloaded)");
 
-  ReloadResult result;
+  ReloadResult result = result_for(options);
   result.source = md.description;
-  result.format = options.format;
-  result.distribution = effective_distribution(options);
-  result.readers = options.readers;
-  result.rotated_broadcast_roots = options.rotate_broadcast_roots;
   result.nodes_served = service.nodes_served;
   result.skipped = plan.skipped;
   result.buckets = plan.buckets.size();
   result.transport = data.backend();
   result.parameter_memory = sink.device() ? sink.device()->describe() : "host";
-  result.atomic = options.atomic;
   struct ShadowGuard {  // an atomic reload that does not commit leaves the parameters alone
     ParameterSink& sink;
     std::chrono::milliseconds timeout;
@@ -862,6 +857,16 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   return result;
 }
 
+ReloadResult result_for(const ReloadOptions& options) {
+  ReloadResult r;
+  r.format = options.format;
+  r.distribution = effective_distribution(options);
+  r.readers = options.readers;
+  r.rotated_broadcast_roots = options.rotate_broadcast_roots;
+  r.atomic = options.atomic;
+  return r;
+}
+
 // ------------------------------------------------------------ ReloadableModel
 
 ReloadableModel::ReloadableModel(ReloadTarget& model, WeightLocation location, DataTransport* data)
@@ -874,8 +879,7 @@ ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& opti
     return reload_weights(model_, world, source, options, &workspace_);
   } catch (const std::exception& e) {
     // Weights that changed before the failure: caches derived from them must go.
-    ReloadResult failed;
-    failed.atomic = options.atomic;
+    ReloadResult failed = result_for(options);
     failed.error = e.what();
     if (!options.atomic || model_.sink().commit_began())
       failed.possibly_mixed = model_.sink().touched_names();

@@ -328,12 +328,14 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
   log().info("loading {} ({} layers, tp {}) from {} into {}", config.architecture,
              config.num_hidden_layers, model.options().tp_size, o.model_dir, plane.describe());
   ReloadResult initial, last;
+  ReloadOptions attempted = reload_options(o, false);  // the reload a failure stopped
   try {
-    initial = served.reload(world, reload_options(o, false));
+    initial = served.reload(world, attempted);
     if (world.rank() == 0) std::cout << "initial load:\n" << summary_text(initial);
     last = initial;
     for (int i = 0; i < o.repeat; ++i) {
-      last = served.reload(world, reload_options(o, o.kernel_format), o.weights);
+      attempted = reload_options(o, o.kernel_format);
+      last = served.reload(world, attempted, o.weights);
       if (world.rank() == 0)
         std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
     }
@@ -342,9 +344,8 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
     // report says what happened and what the parameters hold now. (Any other
     // error ends the job; there is no one left to write it.)
     if (!o.report.empty() && dynamic_cast<const AgreedError*>(&e)) {
-      ReloadResult report;
+      ReloadResult report = result_for(attempted);
       report.error = e.what();
-      report.atomic = o.atomic;
       report.possibly_mixed = names_on_some_rank(
           world, model.rules(),
           failed.error.empty() ? std::vector<std::string>{} : failed.possibly_mixed);

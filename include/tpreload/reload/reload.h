@@ -235,6 +235,12 @@ struct ReloadResult {
   }
 };
 
+// A result that records how a reload with `options` runs: format, the
+// distribution as run (--readers all lays buckets out as scatter), readers,
+// rotated roots, atomic. What a reload's result starts from, and what a failed
+// one reports (ReloadableModel's callbacks, the runner's --report).
+ReloadResult result_for(const ReloadOptions& options);
+
 // COLLECTIVE (one allreduce). The parameters (by name, sorted) that appear in
 // `mine` on at least one rank: e.g. what some rank wrote before a failure.
 std::vector<std::string> names_on_some_rank(Communicator& world, const ShardingRules& rules,
