@@ -266,7 +266,10 @@ ReloadOptions reload_options(const RunnerOptions& o, bool kernel) {
 
 // --tp's default from the launcher's variables (the ranks per node over several
 // nodes), said once in the log; the world size where they say nothing usable.
-int tp_from_layout(const Communicator& world) {
+// COLLECTIVE (one allreduce): each rank sees only its own node's count, so on
+// nodes with different counts the ranks would choose differently; they agree
+// on the world size then.
+int tp_from_layout(Communicator& world) {
   LaunchLayout layout = layout_from_environment();
   if (layout.world_size != world.size()) {  // not launched as the variables say (a singleton run)
     layout = LaunchLayout{};
@@ -274,7 +277,17 @@ int tp_from_layout(const Communicator& world) {
     layout.world_rank = world.rank();
   }
   std::string why;
-  const int tp = default_tp_size(layout, &why);
+  int tp = default_tp_size(layout, &why);
+  std::vector<std::int64_t> range{tp, -tp};  // [the largest, minus the smallest]
+  allreduce_ints(world, range, IntOp::kMax);
+  if (range[0] != -range[1]) {
+    why = tpreload::detail::concat(
+        "--tp not given: tp ", world.size(),
+        " (the world size: the launcher's variables give the nodes different "
+        "numbers of ranks, which would make tp ",
+        -range[1], " on some ranks and ", range[0], " on others)");
+    tp = world.size();
+  }
   static bool said = false;
   if (world.rank() == 0 && !said) log().info("{}", why);
   said = true;
@@ -282,13 +295,17 @@ int tp_from_layout(const Communicator& world) {
   return tp;
 }
 
-ModelOptions model_options(const RunnerOptions& o, const Communicator& world,
-                           const DataPlane& plane) {
+ModelOptions model_options(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
   ModelOptions m;
   m.device = plane.device;
   m.tp_size = o.tp > 0 ? o.tp : tp_from_layout(world);
+  // Every rank has the same tp (agreed options or layout); agreed all the same,
+  // so that the job ends cleanly on every rank instead of aborting.
+  std::optional<std::string> problem;
   if (world.size() % m.tp_size != 0)
-    raise<UsageError>("--tp ", m.tp_size, " does not divide the world size ", world.size());
+    problem = tpreload::detail::concat("--tp ", m.tp_size, " does not divide the world size ",
+                                       world.size());
+  agree_on_problem<UsageError>(world, problem, "choosing the tp size");
   m.tp_rank = world.rank() % m.tp_size;
   m.quantization = o.quantization;
   m.lora = o.lora;
@@ -308,7 +325,11 @@ void write_report(const RunnerOptions& o, const ReloadResult& r, TensorParallelM
 }
 
 int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
-  if (o.model_dir.empty()) raise<UsageError>("--model DIR is required (or use --demo)");
+  agree_on_problem<UsageError>(
+      world,
+      o.model_dir.empty() ? std::optional<std::string>("--model DIR is required (or use --demo)")
+                          : std::nullopt,
+      "reading the options");
   // Every rank reads the config (from its own file system): a problem on any
   // rank is the same error on every rank, which then all end cleanly.
   ModelConfig config;
