@@ -30,10 +30,18 @@ using namespace tpreload;
 
 namespace {
 
+// One call at a time, in any thread: MPI runs at MPI_THREAD_SERIALIZED, and a
+// reload uses its workspace's buffers, the World's planes and communicator
+// until it returns. Every call that touches them (collectives, Workspace
+// release, finalize) takes this mutex with the GIL released (a reload takes the
+// GIL inside it never, but another thread may hold it while it waits here).
+std::timed_mutex& calls_mutex() {
+  static std::timed_mutex m;
+  return m;
+}
+
 // The MPI world of the process. Initialises MPI when the process has not (and
 // then finalizes it in finalize(), which the package registers with atexit).
-// Calls hold a mutex: MPI runs at MPI_THREAD_SERIALIZED and the planes and
-// workspaces are not shared between threads.
 class World {
  public:
   World() {
@@ -47,7 +55,6 @@ class World {
     if (!comm_) raise<UsageError>("the tpreload World was finalized");
     return *comm_;
   }
-  std::mutex& mutex() { return mutex_; }
   // A collective failed on this rank alone (its peers may be waiting in one):
   // the process must not finalize MPI, which would wait for them forever.
   void poison() { poisoned_ = true; }
@@ -58,7 +65,7 @@ class World {
   template <typename F>
   auto collective(F&& step) {
     py::gil_scoped_release release;
-    std::lock_guard<std::mutex> lock(mutex_);
+    std::lock_guard<std::timed_mutex> lock(calls_mutex());
     try {
       return step();
     } catch (const AgreedError&) {
@@ -103,7 +110,19 @@ class World {
     o.comm = comm().options();
     return planes_.emplace(key, open_data_plane(comm(), o)).first->second;
   }
+  // Waits for a call still running in another thread (a daemon thread at
+  // exit) up to the communicator's timeout; past it MPI cannot be finalized
+  // under that call, and the job is ended instead.
   void finalize() {
+    py::gil_scoped_release release;
+    std::unique_lock<std::timed_mutex> lock(calls_mutex(), std::defer_lock);
+    const auto wait = comm_ ? comm_->options().timeout : std::chrono::milliseconds(0);
+    if (!lock.try_lock_for(wait)) {
+      log().error("ending the MPI job: a tpreload call still runs in another thread after {} s",
+                  std::chrono::duration_cast<std::chrono::seconds>(wait).count());
+      log().flush();
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     planes_.clear();
     comm_.reset();
     if (!mpi_) return;
@@ -121,7 +140,6 @@ class World {
   std::unique_ptr<MpiRuntime> mpi_;
   std::unique_ptr<MpiCommunicator> comm_;
   std::map<std::string, DataPlane> planes_;
-  std::mutex mutex_;
   bool poisoned_ = false;
 };
 
@@ -393,10 +411,20 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_property_readonly("poisoned", &World::poisoned)
       .def("finalize", &World::finalize);
 
+  // A reload in another thread may be using the workspace: wait for it.
   py::class_<ReloadWorkspace>(m, "Workspace")
       .def(py::init<>())
-      .def_property_readonly("bytes", [](const ReloadWorkspace& w) { return w.bytes(); })
-      .def("release", &ReloadWorkspace::release);
+      .def_property_readonly("bytes",
+                             [](const ReloadWorkspace& w) {
+                               py::gil_scoped_release release;
+                               std::lock_guard<std::timed_mutex> lock(calls_mutex());
+                               return w.bytes();
+                             })
+      .def("release", [](ReloadWorkspace& w) {
+        py::gil_scoped_release release;
+        std::lock_guard<std::timed_mutex> lock(calls_mutex());
+        w.release();
+      });
 
   py::class_<Request>(m, "Request")
       .def(py::init<>())

@@ -359,3 +359,48 @@ def test_checksums_can_be_turned_off_and_cost_nothing_then(world, shared_dir):
         assert_holds(params, expected_shards(ckpt, tp, world.rank), "checksums=%s" % checksums)
         if not checksums:
             assert r.seconds["checksum"] == 0
+
+
+def test_a_workspace_released_in_another_thread_waits_for_the_reload_using_it(world, shared_dir):
+    # While rank 0 is slow to hand over its weights, the other ranks' reloads run
+    # (waiting in a collective) with the workspace's buffers and plan: a release
+    # from another thread must wait for the reload to end, not free them under it.
+    import threading
+    import time
+    if world.size == 1:
+        pytest.skip("the reload waits in a collective only for a peer")
+    tp = world.size
+    if world.rank == 0:
+        write_model_dir(shared_dir, {})
+    world.barrier()
+    config = os.path.join(shared_dir, "config.json")
+    ckpt = checkpoint(6)
+
+    def slowly():
+        for item in ckpt.items():
+            time.sleep(0.6 / len(ckpt))
+            yield item
+
+    params = zeros_like_shards(world, tp)
+    ws = tpreload.Workspace()
+    done = {}
+
+    def run():
+        it = slowly() if world.rank == 0 else None
+        done["result"] = tpreload.reload_weights(params, config, world=world, weights_iterator=it,
+                                                 workspace=ws, bucket_mb=0.01)
+
+    thread = threading.Thread(target=run)
+    started = time.monotonic()
+    thread.start()
+    time.sleep(0.2)
+    ws.release()
+    waited = time.monotonic() - started
+    thread.join()
+    assert done["result"].complete
+    assert_holds(params, expected_shards(ckpt, tp, world.rank), "released during the reload")
+    # The other ranks' reloads cannot end before rank 0 has read its iterator
+    # (0.6 s), so a release that waited for them returns after that. (Rank 0
+    # itself is still reading its iterator, outside the reload's lock.)
+    if world.rank != 0:
+        assert waited >= 0.45, "released after %.2f s, while a reload used it" % waited
