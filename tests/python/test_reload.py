@@ -17,6 +17,14 @@ def zeros_like_shards(world, tp):
     return {n: torch.zeros(t.shape, dtype=t.dtype) for n, t in shapes.items()}
 
 
+def config_only(world, shared_dir):
+    """The model's config.json in shared_dir (written by rank 0), for weights from an iterator."""
+    if world.rank == 0:
+        write_model_dir(shared_dir, {})
+    world.barrier()
+    return os.path.join(shared_dir, "config.json")
+
+
 def assert_holds(params, want, what):
     for name, t in want.items():
         assert torch.equal(params[name].view(torch.int16), t.view(torch.int16)), "%s: %s differs" % (what, name)
@@ -97,10 +105,7 @@ def test_reload_from_hdf5(world, shared_dir):
 
 def test_weights_iterator_in_both_formats(world, shared_dir):
     tp = world.size
-    if world.rank == 0:
-        write_model_dir(shared_dir, {})
-    world.barrier()
-    config = os.path.join(shared_dir, "config.json")
+    config = config_only(world, shared_dir)
     ckpt = checkpoint(4)
     params = zeros_like_shards(world, tp)
     # Checkpoint format: Hugging Face names and full tensors, float32 into the bfloat16 model.
@@ -370,10 +375,7 @@ def test_a_workspace_released_in_another_thread_waits_for_the_reload_using_it(wo
     if world.size == 1:
         pytest.skip("the reload waits in a collective only for a peer")
     tp = world.size
-    if world.rank == 0:
-        write_model_dir(shared_dir, {})
-    world.barrier()
-    config = os.path.join(shared_dir, "config.json")
+    config = config_only(world, shared_dir)
     ckpt = checkpoint(6)
 
     def slowly():
