@@ -51,8 +51,16 @@ std::vector<std::int64_t> dataset_shape(hid_t space, const std::string& where) {
   return {dims.begin(), dims.end()};
 }
 
-void check_filters(hid_t dataset, const std::string& where) {
+// Data stored in the file, through filters this libhdf5 has. A virtual
+// dataset's data lives in other files, and HDF5 reads a missing one as fill
+// values without an error: refused.
+void check_storage(hid_t dataset, const std::string& where) {
   H5Id plist = detail::h5_plist(H5Dget_create_plist(dataset));
+  if (H5Pget_layout(plist.get()) == H5D_VIRTUAL)
+    raise<CheckpointError>(where,
+                           ": dataset is virtual (its data lives in other files, which HDF5 "
+                           "reads as fill values when they are missing); tpreload reads only "
+                           "data stored in the file");
   const int n = H5_CHECK(H5Pget_nfilters(plist.get()));
   for (int i = 0; i < n; ++i) {
     unsigned flags = 0, config = 0;
@@ -161,7 +169,7 @@ void Hdf5Source::add_dataset(const std::string& link, std::map<std::string, std:
     raise<CheckpointError>(where, ": shape ", detail::shape_string(info.shape),
                            " overflows 64 bits");
   info.nbytes = *nbytes;
-  check_filters(object.get(), where);
+  check_storage(object.get(), where);
   info.file_offset = contiguous_offset(object.get());
   infos_.push_back(std::move(info));
   datasets_.push_back(link);

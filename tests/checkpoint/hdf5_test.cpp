@@ -320,6 +320,23 @@ TEST_F(Hdf5Corpus, SameNameFlatAndNested) {
   EXPECT_EQ(open_error(), prefix("a.b", "/a.b") + "the name is also dataset '/a/b'");
 }
 
+// A virtual dataset maps another file's data; HDF5 reads a missing one as
+// zeros without an error, so the dataset is refused whether it is there or not.
+TEST_F(Hdf5Corpus, VirtualDataset) {
+  const std::vector<hsize_t> dims{4};
+  {
+    Raw space(H5Screate_simple(1, dims.data(), nullptr), &H5Sclose);
+    Raw dcpl(H5Pcreate(H5P_DATASET_CREATE), &H5Pclose);
+    ASSERT_GE(H5Pset_virtual(dcpl, space, "elsewhere.h5", "/s", space), 0);
+    Raw file = raw_file(path_);
+    Raw ds(H5Dcreate2(file, "v", H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT), &H5Dclose);
+  }
+  EXPECT_EQ(open_error(), prefix("v", "/v") +
+                              "dataset is virtual (its data lives in other files, which HDF5 reads "
+                              "as fill values when they are missing); tpreload reads only data "
+                              "stored in the file");
+}
+
 TEST_F(Hdf5Corpus, MissingFile) {
   EXPECT_EQ(open_error(), "hdf5 file '" + path_ + "': no such file");
 }
