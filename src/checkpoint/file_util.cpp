@@ -47,7 +47,8 @@ void FileDescriptor::close(const std::string& path) {
 MappedFile MappedFile::open(const std::string& path) {
   MappedFile m;
   m.path_ = path;
-  m.fd_ = FileDescriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // (O_NONBLOCK: opening a FIFO by that name must not wait for a writer)
+  m.fd_ = FileDescriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (m.fd_.get() < 0) raise<CheckpointError>("cannot open '", path, "': ", errno_text(errno));
   struct stat st {};
   if (::fstat(m.fd_.get(), &st) != 0)

@@ -1,5 +1,6 @@
 // Parsing and validation of a safetensors header (see safetensors.h).
 #include <fcntl.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -422,13 +423,11 @@ SafetensorsHeader parse_safetensors_header(std::string_view json_text, std::uint
 
 namespace detail {
 
-SafetensorsHeaderText read_safetensors_header_text(const std::string& path) {
-  detail::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path, "cannot open: ", std::strerror(errno));
-  const std::uint64_t size = detail::file_size(path);
+SafetensorsHeaderText read_safetensors_header_text(int fd, std::uint64_t size,
+                                                   const std::string& path) {
   if (size < 8) fail(path, "file is ", size, " bytes, too small for the 8-byte header length");
   unsigned char len_bytes[8];
-  detail::pread_exact(fd.get(), len_bytes, 8, 0, path);
+  detail::pread_exact(fd, len_bytes, 8, 0, path);
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
   if (n > kSafetensorsMaxHeaderBytes)
@@ -436,8 +435,18 @@ SafetensorsHeaderText read_safetensors_header_text(const std::string& path) {
   if (n > size - 8)
     fail(path, "header length ", n, " runs past the end of the ", size, "-byte file");
   SafetensorsHeaderText out{size, std::string(n, '\0')};
-  detail::pread_exact(fd.get(), out.text.data(), n, 8, path);
+  detail::pread_exact(fd, out.text.data(), n, 8, path);
   return out;
+}
+
+SafetensorsHeaderText read_safetensors_header_text(const std::string& path) {
+  // (O_NONBLOCK: opening a FIFO by that name must not wait for a writer)
+  detail::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) fail(path, "cannot open: ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat: ", std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  return read_safetensors_header_text(fd.get(), static_cast<std::uint64_t>(st.st_size), path);
 }
 
 }  // namespace detail

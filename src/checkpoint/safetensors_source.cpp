@@ -44,10 +44,16 @@ class SafetensorsSource final : public WeightSource {
   SafetensorsSource(const std::vector<SafetensorsShard>& shards, SafetensorsSourceOptions options,
                     const std::shared_ptr<const KnownListing>& known)
       : options_(std::move(options)) {
+    // Each file is opened once: its header is read from the descriptor it is
+    // mapped through, so header and data are one file's even if another is
+    // renamed over the path meanwhile.
     std::vector<ListedFile> files;
     files.reserve(shards.size());
+    maps_.reserve(shards.size());
     for (const auto& shard : shards) {
-      SafetensorsHeaderText h = read_safetensors_header_text(shard.path);
+      maps_.push_back(MappedFile::open(shard.path));
+      SafetensorsHeaderText h =
+          read_safetensors_header_text(maps_.back().fd(), maps_.back().size(), shard.path);
       files.push_back({shard.path, shard.tp_rank, h.file_size, std::move(h.text)});
     }
     const int tp_size = options_.kernel_format ? options_.kernel_format->tp_size : 0;
@@ -56,14 +62,6 @@ class SafetensorsSource final : public WeightSource {
       listing_ = std::static_pointer_cast<const SafetensorsListing>(known);
     else
       listing_ = list(std::move(files), tp_size);
-    maps_.reserve(listing_->files.size());
-    for (const ListedFile& f : listing_->files) {
-      maps_.push_back(MappedFile::open(f.path));
-      if (maps_.back().size() != f.size)
-        raise<CheckpointError>(
-            "safetensors file '", f.path, "' changed size while opening: ", f.size,
-            " bytes when its header was read, ", maps_.back().size(), " when mapped");
-    }
     metadata_ = listing_->metadata;
     for (auto& [key, value] : options_.extra_metadata) metadata_[key] = value;
   }

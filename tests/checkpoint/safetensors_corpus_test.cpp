@@ -1,6 +1,7 @@
 // The broken-file corpus for safetensors: every file is laid down by hand here, and
 // each must fail with exactly the one-line error below (file, tensor, values).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
@@ -31,6 +32,16 @@ class SafetensorsCorpus : public ::testing::Test {
 std::string f32(const std::string& name, const std::string& shape, int begin, int end) {
   return "\"" + name + R"(":{"dtype":"F32","shape":)" + shape + R"(,"data_offsets":[)" +
          std::to_string(begin) + "," + std::to_string(end) + "]}";
+}
+
+// A FIFO by the file's name is refused, not waited on (opening one for reading
+// blocks until some writer opens it).
+TEST_F(SafetensorsCorpus, AFifoIsRefusedNotWaitedFor) {
+  ASSERT_EQ(::mkfifo(path_.c_str(), 0600), 0);
+  EXPECT_EQ(test::error_of([&] { read_safetensors_header(path_); }),
+            prefix() + "not a regular file");
+  EXPECT_EQ(test::error_of([&] { open_safetensors(path_); }),
+            "'" + path_ + "' is not a regular file");
 }
 
 TEST_F(SafetensorsCorpus, FileTooShortForTheHeaderLength) {

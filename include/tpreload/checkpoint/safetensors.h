@@ -74,12 +74,18 @@ void parse_safetensors_entries_general(std::string_view json_text, SafetensorsHe
 // The header of `path` as it is on disk (its JSON text, unparsed) and the
 // file's size, read with pread: what read_safetensors_header() parses, and what
 // a known listing's files are compared with. Throws CheckpointError for a file
-// that cannot be read or whose length field is out of bounds.
+// that cannot be read or whose length field is out of bounds, or that is not a
+// regular file.
 struct SafetensorsHeaderText {
   std::uint64_t file_size = 0;
   std::string text;
 };
 SafetensorsHeaderText read_safetensors_header_text(const std::string& path);
+// The same from a file open as `fd`, of `size` bytes (`path` names it in errors):
+// a source reads the header from the descriptor it maps, so that header and
+// data come from one file even when another is renamed over the path.
+SafetensorsHeaderText read_safetensors_header_text(int fd, std::uint64_t size,
+                                                   const std::string& path);
 }  // namespace detail
 
 // Read (with pread: no tensor data is touched) and validate the header of `path`.
