@@ -106,9 +106,9 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                  "reader cuts each rank's slice and sends only that")
       ->check(CLI::IsMember({"broadcast", "scatter"}))
       ->capture_default_str();
-  app.add_option("--bucket-mb", o.bucket_mb, "Bucket size in MiB (staging per buffer)")
+  app.add_option("--bucket-mb", o.bucket_mb, "Bucket size in MiB (staging per buffer), up to 1 TiB")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::PositiveNumber & CLI::Range(0.0, 1048576.0));
   app.add_option("--pipeline-depth", o.pipeline_depth,
                  "Buffers in flight per rank: 1 reads, moves and applies one bucket at a time; 2 "
                  "overlaps the read of the next bucket with the transfer and apply of the last "
