@@ -290,6 +290,7 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     try {  // with the GIL: descriptors are Python objects
       options = reload_options(q);
       reader = opens_source(options, world.rank());
+      if (q.tp_size < 0) raise<UsageError>("tp_size must be positive, got ", q.tp_size);
       q.tp_size = q.tp_size > 0 ? q.tp_size : world.size();
       if (world.size() % q.tp_size != 0)
         raise<UsageError>("tp_size ", q.tp_size, " does not divide the world size ", world.size());

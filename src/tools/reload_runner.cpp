@@ -83,12 +83,14 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option("--model", o.model_dir,
                  "Hugging Face-style model directory: config.json plus safetensors (one file or "
                  "sharded with model.safetensors.index.json) or one HDF5 file");
-  app.add_option("--weights", o.weights,
-                 "Reload from this checkpoint directory or file (a kernel-format directory with "
-                 "--kernel-format); default: --model again");
+  CLI::Option* weights =
+      app.add_option("--weights", o.weights,
+                     "Reload from this checkpoint directory or file (a kernel-format directory "
+                     "with --kernel-format); default: --model again");
   app.add_flag("--kernel-format", o.kernel_format,
-               "The weights are kernel-format shards (made by `reload_ckpt shard`): copy them "
-               "straight into the parameters");
+               "The weights given with --weights are kernel-format shards (made by `reload_ckpt "
+               "shard`): copy them straight into the parameters")
+      ->needs(weights);
   app.add_option(
          "--tp", o.tp,
          "Tensor-parallel size; the world is replicas x tp, world rank w is tp rank w % tp of "

@@ -263,6 +263,9 @@ def test_a_problem_on_one_rank_is_the_same_error_on_every_rank(world, shared_dir
     # Only the reader is given both a path and an iterator.
     e = raised(weights_path=shared_dir, weights_iterator=[] if world.rank == 0 else None)
     assert isinstance(e, tpreload.UsageError) and "not both" in str(e)
+    # A tp size that is not a size.
+    e = raised(tp_size=-tp)
+    assert isinstance(e, tpreload.UsageError) and "tp_size must be positive, got %d" % -tp in str(e)
     # The reader's iterator yields something that is not a pair.
     e = raised(weights_iterator=[("x",)] if world.rank == 0 else None)
     assert isinstance(e, tpreload.UsageError) and "rank 0/" in str(e)
