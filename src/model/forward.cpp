@@ -73,8 +73,9 @@ at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& m
 at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string& p) const {
   const at::Tensor gate_up = linear(y, p + "mlp.gate_up_proj");
   const std::int64_t inter = gate_up.size(1) / 2;
+  // Row-parallel: down_proj's (replicated) bias is added once, by tp rank 0.
   return linear(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter),
-                p + "mlp.down_proj");
+                p + "mlp.down_proj", /*add_bias=*/tp_rank() == 0);
 }
 
 // The rank's share of a sparse MoE block (Qwen3-MoE): the replicated router picks

@@ -150,13 +150,26 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
                                                                    const DataTransport& data) {
   const ModelConfig& c = model.rules().config();
   std::uint64_t layout = fnv(1469598103934665603ull, c.architecture);
-  for (std::int64_t v :
-       {c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.num_attention_heads,
-        c.num_key_value_heads, c.head_dim, c.vocab_size, std::int64_t(c.tie_word_embeddings),
-        std::int64_t(c.attention_bias), std::int64_t(c.dtype), std::int64_t(model.lora()),
-        std::int64_t(c.qk_norm), c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size,
-        c.decoder_sparse_step, std::int64_t(c.norm_topk_prob),
-        std::int64_t(model.rules().expert_parallel())})
+  for (std::int64_t v : {c.hidden_size,
+                         c.intermediate_size,
+                         c.num_hidden_layers,
+                         c.num_attention_heads,
+                         c.num_key_value_heads,
+                         c.head_dim,
+                         c.vocab_size,
+                         std::int64_t(c.tie_word_embeddings),
+                         std::int64_t(c.attention_bias),
+                         std::int64_t(c.o_proj_bias),
+                         std::int64_t(c.mlp_bias),
+                         std::int64_t(c.dtype),
+                         std::int64_t(model.lora()),
+                         std::int64_t(c.qk_norm),
+                         c.num_experts,
+                         c.num_experts_per_tok,
+                         c.moe_intermediate_size,
+                         c.decoder_sparse_step,
+                         std::int64_t(c.norm_topk_prob),
+                         std::int64_t(model.rules().expert_parallel())})
     layout = fnv(layout, static_cast<std::uint64_t>(v));
   layout = fnv(layout, model.rules().quantization());
   for (const ParamSpec& p : model.rules().params()) {

@@ -2,6 +2,8 @@
 // the errors a wrong config gets.
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "tpreload/core/error.h"
 #include "tpreload/model/config.h"
 #include "tpreload/model/sharding.h"
@@ -50,6 +52,59 @@ TEST(Config, Qwen3MoeKeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(back.mlp_only_layers, c.mlp_only_layers);
   EXPECT_EQ(back.decoder_sparse_step, 2);
   EXPECT_EQ(back.num_experts, 128);
+}
+
+// Which biases a checkpoint holds, as vLLM reads the config: Llama and Mistral
+// (llama.py) take q/k/v and o_proj biases from attention_bias or bias, with
+// qkv_bias, when present, deciding q/k/v's, and gate/up/down biases from
+// mlp_bias; Qwen2 (qwen2.py) always has q/k/v biases and no others; Qwen3
+// (qwen3.py) takes q/k/v's from attention_bias, never o_proj's or the MLP's.
+TEST(Config, BiasesAsVllmReadsTheConfig) {
+  struct Case {
+    const char* arch;
+    const char* fields;
+    bool qkv, o, mlp;
+  };
+  for (const Case& c : {
+           Case{"LlamaForCausalLM", "", false, false, false},
+           Case{"LlamaForCausalLM", R"("attention_bias":true,)", true, true, false},
+           Case{"LlamaForCausalLM", R"("bias":true,)", true, true, false},
+           Case{"LlamaForCausalLM", R"("bias":true,"qkv_bias":false,)", false, true, false},
+           Case{"LlamaForCausalLM", R"("qkv_bias":true,)", true, false, false},
+           Case{"LlamaForCausalLM", R"("attention_bias":null,"mlp_bias":true,)", false, false,
+                true},
+           Case{"MistralForCausalLM", R"("mlp_bias":true,"attention_bias":true,)", true, true,
+                true},
+           Case{"Qwen2ForCausalLM", R"("attention_bias":false,"mlp_bias":true,)", true, false,
+                false},
+           Case{"Qwen3ForCausalLM", R"("attention_bias":true,"mlp_bias":true,)", true, false,
+                false},
+           Case{"Qwen3ForCausalLM", "", false, false, false},
+       }) {
+    const std::string json = std::string(R"({"architectures":[")") + c.arch + R"("],)" + c.fields +
+                             R"("hidden_size":32,"intermediate_size":64,"num_hidden_layers":1,
+                             "num_attention_heads":4,"num_key_value_heads":2,"vocab_size":50,
+                             "torch_dtype":"bfloat16"})";
+    const ModelConfig config = parse_model_config(json, "config.json");
+    std::set<std::string> biases, want;
+    for (const auto& spec : checkpoint_tensor_specs(config))
+      if (spec.name.size() > 5 && spec.name.compare(spec.name.size() - 5, 5, ".bias") == 0)
+        biases.insert(spec.name);
+    const std::string p = "model.layers.0.";
+    if (c.qkv)
+      for (const char* x : {"q", "k", "v"}) want.insert(p + "self_attn." + x + "_proj.bias");
+    if (c.o) want.insert(p + "self_attn.o_proj.bias");
+    if (c.mlp)
+      for (const char* x : {"gate", "up", "down"}) want.insert(p + "mlp." + x + "_proj.bias");
+    EXPECT_EQ(biases, want) << json;
+    // Written back and read again, the same model.
+    const auto again = parse_model_config(model_config_to_json(config), "written");
+    EXPECT_TRUE(config_differences(config, again).empty()) << json;
+  }
+  std::string bad = kMoe;
+  EXPECT_NE(error_of(bad.replace(bad.find("\"norm_topk_prob\""), 0, "\"attention_bias\":\"yes\","))
+                .find("config.json: field 'attention_bias' must be true or false, got \"yes\""),
+            std::string::npos);
 }
 
 TEST(Config, WrongConfigsNameTheirField) {

@@ -41,6 +41,10 @@ ModelConfig tiny_config(const std::string& name) {
       "vocab_size":110,"rms_norm_eps":1e-6,"tie_word_embeddings":false,"num_experts":8,
       "num_experts_per_tok":3,"moe_intermediate_size":16,"decoder_sparse_step":2,
       "norm_topk_prob":false,"torch_dtype":"float16"})";
+  else if (name == "llama_mlp_bias")  // o_proj and MLP biases, none on q/k/v (qkv_bias false)
+    json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":110,
+      "bias":true,"qkv_bias":false,"mlp_bias":true,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -185,6 +189,12 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
                  rows(ckpt.at(p + "mlp.up_proj.weight"), r * il, il)});
     out[p + "mlp.down_proj.weight"] =
         ckpt.at(p + "mlp.down_proj.weight").slice(1, r * il, r * il + il);
+    if (ckpt.count(p + "mlp.gate_proj.bias")) {  // column-parallel rows; down's replicated
+      out[p + "mlp.gate_up_proj.bias"] =
+          at::cat({rows(ckpt.at(p + "mlp.gate_proj.bias"), r * il, il),
+                   rows(ckpt.at(p + "mlp.up_proj.bias"), r * il, il)});
+      out[p + "mlp.down_proj.bias"] = ckpt.at(p + "mlp.down_proj.bias");
+    }
   }
   return out;
 }

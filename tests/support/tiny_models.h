@@ -16,14 +16,17 @@ namespace tpreload::testdata {
 // "llama_gqa" (untied, bfloat16, q/k/v/o biases, 8 heads / 2 KV heads, vocab 100),
 // "qwen2_tied" (tied, float32, biases, 8 heads / 4 KV heads, vocab 130),
 // "mistral_mqa" (untied, float16, 8 heads / 1 KV head, vocab 200),
-// "qwen3_dense" (Qwen3: head_dim 16 != hidden / heads, q/k norms, q/k/v/o biases),
+// "qwen3_dense" (Qwen3: head_dim 16 != hidden / heads, q/k norms, q/k/v biases),
 // "qwen3_moe" (Qwen3-MoE: 8 experts, top 2, renormalised; layer 1 dense; tied),
 // "qwen3_moe_plain" (float16, every second layer sparse, top 3, not renormalised),
+// "llama_mlp_bias" (o_proj and gate/up/down biases, none on q/k/v: bias, qkv_bias
+// false, mlp_bias; 4 KV heads, vocab 110),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
-inline const char* const kTinyConfigs[] = {"llama_gqa",   "qwen2_tied", "mistral_mqa",
-                                           "qwen3_dense", "qwen3_moe",  "qwen3_moe_plain"};
+inline const char* const kTinyConfigs[] = {"llama_gqa",     "qwen2_tied", "mistral_mqa",
+                                           "qwen3_dense",   "qwen3_moe",  "qwen3_moe_plain",
+                                           "llama_mlp_bias"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs), with
 // values drawn from a generator seeded by `seed`, in the config's dtype.

@@ -24,8 +24,13 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   bool tie_word_embeddings = false;
-  bool attention_bias =
-      false;             // q/k/v biases (and o_proj's for Llama, Mistral); always on for Qwen2
+  // Biases, as vLLM's model classes take them from the config: q/k/v always
+  // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`
+  // or `bias`, which give o_proj's too, while `qkv_bias`, when present, decides
+  // q/k/v's; `mlp_bias` gives gate/up/down's (Llama, Mistral).
+  bool attention_bias = false;  // q/k/v
+  bool o_proj_bias = false;
+  bool mlp_bias = false;
   bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3)
   // Mixture of experts (Qwen3MoeForCausalLM); num_experts 0 for dense models.
   std::int64_t num_experts = 0;
@@ -70,9 +75,9 @@ struct CheckpointTensorSpec {
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:
 // model.embed_tokens.weight, then per layer input_layernorm, self_attn.{q,k,v,o}_proj
-// (q/k/v biases when attention_bias, and o_proj's too for Llama and Mistral),
+// (q/k/v biases when attention_bias, o_proj's when o_proj_bias),
 // self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
-// mlp.{gate,up,down}_proj (dense layers) or mlp.gate (the router) and
+// mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias) or mlp.gate (the router) and
 // mlp.experts.<e>.{gate,up,down}_proj for every expert (sparse layers); then
 // model.norm.weight and lm_head.weight (untied only).
 std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);

@@ -28,6 +28,14 @@ std::string show(const T& v) {
   return json(v).dump();
 }
 
+// A true/false field; absent or null is false.
+bool flag(const json& j, const char* key, const std::string& origin) {
+  if (!j.contains(key) || j[key].is_null()) return false;
+  if (!j[key].is_boolean())
+    raise<ModelError>(origin, ": field '", key, "' must be true or false, got ", j[key].dump());
+  return j[key].get<bool>();
+}
+
 std::int64_t positive_int(const json& j, const char* key, const std::string& origin) {
   if (!j.contains(key) || !j[key].is_number_integer())
     raise<ModelError>(origin, ": field '", key, "' is missing or not an integer");
@@ -137,7 +145,17 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
   c.rope_theta = j.value("rope_theta", 10000.0);
   c.tie_word_embeddings = j.value("tie_word_embeddings", false);
-  c.attention_bias = c.architecture == "Qwen2ForCausalLM" || j.value("attention_bias", false);
+  if (c.architecture == "Qwen2ForCausalLM") {
+    c.attention_bias = true;
+  } else if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM") {
+    c.o_proj_bias = flag(j, "attention_bias", origin) || flag(j, "bias", origin);
+    c.attention_bias = j.contains("qkv_bias") && !j["qkv_bias"].is_null()
+                           ? flag(j, "qkv_bias", origin)
+                           : c.o_proj_bias;
+    c.mlp_bias = flag(j, "mlp_bias", origin);
+  } else {
+    c.attention_bias = flag(j, "attention_bias", origin);
+  }
   c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
   if (c.architecture == "Qwen3MoeForCausalLM") parse_experts(j, origin, c);
   c.dtype = parse_dtype(j, origin);
@@ -169,8 +187,16 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"rms_norm_eps", c.rms_norm_eps},
             {"rope_theta", c.rope_theta},
             {"tie_word_embeddings", c.tie_word_embeddings},
-            {"attention_bias", c.attention_bias},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
+  // Llama and Mistral spell o_proj's bias attention_bias, q/k/v's qkv_bias where
+  // it differs; Qwen2's q/k/v biases are not a setting.
+  if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM") {
+    j["attention_bias"] = c.o_proj_bias;
+    if (c.attention_bias != c.o_proj_bias) j["qkv_bias"] = c.attention_bias;
+    if (c.mlp_bias) j["mlp_bias"] = true;
+  } else if (c.architecture != "Qwen2ForCausalLM") {
+    j["attention_bias"] = c.attention_bias;
+  }
   if (c.num_experts > 0) {
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;
@@ -198,12 +224,10 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
       specs.push_back({p + "self_attn.v_proj.bias", {kv}});
     }
     specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
-    // Llama's (and Mistral's) attention_bias covers o_proj too; vLLM's Qwen2 and
-    // Qwen3 attention has no o_proj bias (Hugging Face's Qwen3 would take one; no
-    // released Qwen3 checkpoint has it, and vLLM could not load it).
-    if (c.attention_bias &&
-        (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM"))
-      specs.push_back({p + "self_attn.o_proj.bias", {h}});
+    // (vLLM's Qwen2 and Qwen3 attention has no o_proj bias: Hugging Face's Qwen3
+    // would take one, no released Qwen3 checkpoint has it, and vLLM could not
+    // load it.)
+    if (c.o_proj_bias) specs.push_back({p + "self_attn.o_proj.bias", {h}});
     if (c.qk_norm) {
       specs.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
       specs.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
@@ -223,6 +247,11 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
     specs.push_back({p + "mlp.gate_proj.weight", {inter, h}});
     specs.push_back({p + "mlp.up_proj.weight", {inter, h}});
     specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
+    if (c.mlp_bias) {
+      specs.push_back({p + "mlp.gate_proj.bias", {inter}});
+      specs.push_back({p + "mlp.up_proj.bias", {inter}});
+      specs.push_back({p + "mlp.down_proj.bias", {h}});
+    }
   }
   specs.push_back({"model.norm.weight", {h}});
   if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}});
@@ -246,6 +275,8 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   field("rope_theta", a.rope_theta, b.rope_theta);
   field("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
   field("attention_bias", a.attention_bias, b.attention_bias);
+  field("o_proj_bias", a.o_proj_bias, b.o_proj_bias);
+  field("mlp_bias", a.mlp_bias, b.mlp_bias);
   field("qk_norm", a.qk_norm, b.qk_norm);
   field("num_experts", a.num_experts, b.num_experts);
   field("num_experts_per_tok", a.num_experts_per_tok, b.num_experts_per_tok);
