@@ -39,6 +39,35 @@ std::unique_ptr<MpiCommunicator> small_message_world() {
   return MpiCommunicator::world(options);
 }
 
+std::string world_error(const CommOptions& options) {
+  try {
+    MpiCommunicator::world(options);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// Refused before any collective: a message limit under one 64-bit word (every
+// allreduce splits its words by it), and a timeout that is not positive or so
+// long that the deadline overflows the clock.
+TEST(Options, AreCheckedBeforeAnyCollective) {
+  CommOptions o;
+  o.max_message_bytes = 7;
+  EXPECT_EQ(world_error(o), "CommOptions::max_message_bytes must be in [8, 2147483647], got 7");
+  o.max_message_bytes = 8;
+  EXPECT_EQ(world_error(o), "no error");
+  const long long year_ms = 366LL * 24 * 60 * 60 * 1000;
+  for (const long long ms : {0LL, -5LL, year_ms + 1, 300 * year_ms}) {
+    o.timeout = std::chrono::milliseconds(ms);
+    EXPECT_EQ(world_error(o), "CommOptions::timeout must be positive and at most a year (" +
+                                  std::to_string(year_ms) + " ms), got " + std::to_string(ms) +
+                                  " ms");
+  }
+  o.timeout = std::chrono::milliseconds(year_ms);
+  EXPECT_EQ(world_error(o), "no error");
+}
+
 TEST(Broadcast, EverySizeFromEveryRoot) {
   for (std::size_t n : {0, 1, 7, 4096, 1000 * 1000 + 3}) {
     for (int root = 0; root < world().size(); ++root) {

@@ -7,7 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "tpreload/core/error.h"
+
 namespace tpreload {
+
+void detail::check_timeout(const char* what, std::chrono::milliseconds timeout) {
+  constexpr std::chrono::hours kYear{24 * 366};
+  if (timeout.count() <= 0 || timeout > kYear)
+    raise<UsageError>(what, " must be positive and at most a year (", kYear.count() * 3600000,
+                      " ms), got ", timeout.count(), " ms");
+}
 
 std::vector<std::string> host_names(Communicator& comm) {
   constexpr std::size_t kWords = 9;  // 72 bytes: HOST_NAME_MAX (64) and its end

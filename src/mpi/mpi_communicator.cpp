@@ -84,12 +84,11 @@ MpiCommHandle& MpiCommHandle::operator=(MpiCommHandle&& other) noexcept {
 }
 
 void MpiCommunicator::check_options(const CommOptions& options) {
-  if (options.max_message_bytes == 0 || options.max_message_bytes > INT_MAX)
-    raise<UsageError>("CommOptions::max_message_bytes must be in [1, ", INT_MAX, "], got ",
+  // (at least one 64-bit word: allreduces split their words by it)
+  if (options.max_message_bytes < 8 || options.max_message_bytes > INT_MAX)
+    raise<UsageError>("CommOptions::max_message_bytes must be in [8, ", INT_MAX, "], got ",
                       options.max_message_bytes);
-  if (options.timeout.count() <= 0)
-    raise<UsageError>("CommOptions::timeout must be positive, got ", options.timeout.count(),
-                      " ms");
+  detail::check_timeout("CommOptions::timeout", options.timeout);
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::world(CommOptions options) {
@@ -157,9 +156,15 @@ class MpiTransfer final : public Transfer {
     const int rc =
         MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses.data());
     if (rc != MPI_SUCCESS) {
-      int code = rc;  // MPI_ERR_IN_STATUS: the first failed request says what went wrong
+      // MPI_ERR_IN_STATUS: the first request that failed says what went wrong
+      // (those not complete yet say MPI_ERR_PENDING).
+      int code = rc;
       for (const MPI_Status& st : statuses)
-        if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS) code = st.MPI_ERROR;
+        if (rc == MPI_ERR_IN_STATUS && st.MPI_ERROR != MPI_SUCCESS &&
+            st.MPI_ERROR != MPI_ERR_PENDING) {
+          code = st.MPI_ERROR;
+          break;
+        }
       comm_.fail(
           detail::concat(prefix(), " failed with MPI error ", code, " (", error_text(code), ")"),
           false);

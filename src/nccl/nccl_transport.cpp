@@ -265,16 +265,15 @@ std::unique_ptr<DataTransport> make_nccl_transport(Communicator& control,
                                                    std::shared_ptr<Device> device,
                                                    const NcclOptions& options) {
   std::optional<std::string> problem;
-  if (!device || device->backend() != "cuda")
-    problem = detail::concat("the NCCL transport needs a CUDA device, got ",
-                             device ? device->describe() : std::string("none"));
-  if (!problem) {
-    try {
-      const NcclLibraryInfo info = load_nccl(options.library);
-      log().debug("NCCL {} from {}", info.version, info.path);
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
+  try {
+    detail::check_timeout("NcclOptions::timeout", options.timeout);
+    if (!device || device->backend() != "cuda")
+      raise<UsageError>("the NCCL transport needs a CUDA device, got ",
+                        device ? device->describe() : std::string("none"));
+    const NcclLibraryInfo info = load_nccl(options.library);
+    log().debug("NCCL {} from {}", info.version, info.path);
+  } catch (const std::exception& e) {
+    problem = e.what();
   }
   agree_on_problem<CommError>(control, problem, "setting up NCCL");
 

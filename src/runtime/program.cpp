@@ -1,6 +1,8 @@
 #include "tpreload/runtime/program.h"
 
+#include <iostream>
 #include <memory>
+#include <optional>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -25,7 +27,14 @@ bool retain_freed_memory() {
 int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
                     const CommOptions& options,
                     const std::function<int(MpiCommunicator& world)>& body) {
-  MpiRuntime mpi(argc, argv);
+  std::optional<MpiRuntime> started;
+  try {
+    started.emplace(argc, argv);
+  } catch (const std::exception& e) {  // (no logger yet: it names the rank)
+    std::cerr << "error: starting MPI failed: " << e.what() << "\n";
+    return 1;
+  }
+  MpiRuntime& mpi = *started;
   std::unique_ptr<MpiCommunicator> world;
   try {
     init_logging(mpi.world_rank(), mpi.world_size(), log_level);

@@ -3,6 +3,7 @@
 
 #include <cstdlib>
 
+#include "tpreload/comm/communicator.h"
 #include "tpreload/comm/nccl_transport.h"
 #include "tpreload/core/error.h"
 
@@ -45,6 +46,30 @@ TEST(NcclLibrary, TheInstalledLibraryLoadsAndIsRecentEnough) {
   const NcclLibraryInfo info = check_nccl_library("libnccl.so.2");
   EXPECT_GE(info.version, kMinNcclVersion);
   EXPECT_EQ(info.path, "libnccl.so.2");
+}
+
+std::string transport_error(std::shared_ptr<Device> device, const NcclOptions& options) {
+  auto control = make_local_communicator();
+  try {
+    make_nccl_transport(*control, std::move(device), options);
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// What can be refused is refused before anything is created, the same on every
+// rank: a timeout that is not positive or overflows the clock's deadline, a
+// device that is not a CUDA device.
+TEST(NcclTransport, ItsOptionsAndDeviceAreCheckedFirst) {
+  NcclOptions o;
+  o.timeout = std::chrono::milliseconds(0);
+  EXPECT_EQ(transport_error(nullptr, o),
+            "setting up NCCL failed on rank 0/1: NcclOptions::timeout must be positive and at "
+            "most a year (" +
+                std::to_string(366LL * 24 * 3600 * 1000) + " ms), got 0 ms");
+  EXPECT_EQ(transport_error(nullptr, {}),
+            "setting up NCCL failed on rank 0/1: the NCCL transport needs a CUDA device, got none");
 }
 
 }  // namespace

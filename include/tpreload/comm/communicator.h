@@ -27,6 +27,13 @@
 
 namespace tpreload {
 
+namespace detail {
+// A deadline this far ahead at most: `what` must be positive and at most a
+// year (the clock's deadline overflows past about 292 years). Throws
+// UsageError naming `what`.
+void check_timeout(const char* what, std::chrono::milliseconds timeout);
+}  // namespace detail
+
 enum class BitOp { kOr, kAnd };
 enum class IntOp { kSum, kMax, kMin };
 
