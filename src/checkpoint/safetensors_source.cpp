@@ -89,8 +89,10 @@ class SafetensorsSource final : public WeightSource {
     const ConstBytes bytes = locate(index, range);
     const MappedFile& map = maps_[listing_->file_of[index]];
     if (bytes.size > 0)
-      pread_exact(map.fd(), dst.data, bytes.size,
-                  static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
+      for_tensors(index, index, 1, [&] {
+        pread_exact(map.fd(), dst.data, bytes.size,
+                    static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
+      });
     bytes_read_ += range.length;
   }
 
@@ -99,7 +101,10 @@ class SafetensorsSource final : public WeightSource {
     check_split(listing_->tensors.at(index).name, range, parts);
     const ConstBytes bytes = locate(index, range);
     const MappedFile& map = maps_[listing_->file_of[index]];
-    preadv_exact(map.fd(), parts, static_cast<std::uint64_t>(bytes.data - map.data()), map.path());
+    for_tensors(index, index, 1, [&] {
+      preadv_exact(map.fd(), parts, static_cast<std::uint64_t>(bytes.data - map.data()),
+                   map.path());
+    });
     bytes_read_ += range.length;
   }
 
@@ -109,15 +114,16 @@ class SafetensorsSource final : public WeightSource {
   void read_many(const std::vector<ReadRequest>& requests) override {
     std::vector<MutableBytes>& run = run_;  // destinations of file-adjacent requests
     run.clear();
-    std::size_t shard = 0;
+    std::size_t shard = 0, first = 0, last = 0, count = 0;  // the run's tensors
     std::uint64_t start = 0, end = 0, wanted = 0;
     auto flush = [&] {
       if (run.empty()) return;
       const MappedFile& map = maps_[shard];
-      preadv_exact(map.fd(), run, start, map.path());
+      for_tensors(first, last, count, [&] { preadv_exact(map.fd(), run, start, map.path()); });
       bytes_read_ += wanted;
       run.clear();
       wanted = 0;
+      count = 0;
     };
     for (const ReadRequest& r : requests) {
       if (r.dst.size != r.range.length)
@@ -133,6 +139,8 @@ class SafetensorsSource final : public WeightSource {
         shard = s;
         start = offset;
       }
+      if (count++ == 0) first = r.index;
+      last = r.index;
       run.push_back(r.dst);
       end = offset + r.range.length;
       wanted += r.range.length;
@@ -148,6 +156,20 @@ class SafetensorsSource final : public WeightSource {
   }
 
  private:
+  // A read that fails names the tensors it was for (a preadv reads a run of
+  // tensors that follow each other in one file: `count` of them, `first` to `last`).
+  template <typename Read>
+  void for_tensors(std::size_t first, std::size_t last, std::size_t count, Read&& read) {
+    try {
+      read();
+    } catch (const CheckpointError& e) {
+      const auto& tensors = listing_->tensors;
+      if (count == 1) raise<CheckpointError>("tensor '", tensors.at(first).name, "': ", e.what());
+      raise<CheckpointError>(count, " tensors from '", tensors.at(first).name, "' to '",
+                             tensors.at(last).name, "': ", e.what());
+    }
+  }
+
   // Parses and validates every file's header into a listing. Names must be
   // unique per tp rank across files (one file's header already refuses a name
   // twice).

@@ -2,6 +2,8 @@
 // dtype (single file and sharded), zero-copy views, bytes_read and atomic writes.
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -221,6 +223,42 @@ TEST(Safetensors, AFileCutShortUnderItsMappingIsAnErrorNotACrash) {
                        " page(s) of its mapping could not be read; the file was truncated"),
             std::string::npos)
       << error;
+}
+
+// A read that fails (here: the file cut short after it was opened) names the
+// tensors it was for, one or the run of them one preadv read.
+TEST(Safetensors, AFailedReadNamesItsTensors) {
+  TempDir dir;
+  const std::string path = dir / "a.safetensors";
+  const std::vector<test::OwnedTensor> tensors = {
+      test::random_tensor("a", DType::kFloat32, {4}, 1),
+      test::random_tensor("b", DType::kFloat32, {4}, 2),
+      test::random_tensor("c", DType::kFloat32, {4}, 3)};
+  write_safetensors(path, test::as_memory(tensors));
+  auto source = open_weight_source(path);
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < source->tensors().size(); ++i) index[source->tensors()[i].name] = i;
+  const std::uint64_t b_at = source->tensors()[index.at("b")].file_offset;
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(b_at + 8)), 0);  // half of b left
+  std::vector<std::byte> out(48);
+  const std::string one = test::error_of([&] {
+    source->read(index.at("c"), {0, 16}, MutableBytes(out.data(), 16));
+  });
+  EXPECT_EQ(one.rfind("tensor 'c': read of 16 bytes at offset " + std::to_string(b_at + 16) +
+                          " of '" + path + "' hit end of file after 0 bytes",
+                      0),
+            0u)
+      << one;
+  std::vector<ReadRequest> all;
+  for (const char* name : {"a", "b", "c"})
+    all.push_back({index.at(name), {0, 16}, MutableBytes(out.data() + 16 * all.size(), 16)});
+  const std::string run = test::error_of([&] { source->read_many(all); });
+  EXPECT_EQ(run.rfind("3 tensors from 'a' to 'c': read of 48 bytes at offset " +
+                          std::to_string(b_at - 16) + " of '" + path + "' hit end of file after " +
+                          std::to_string(16 + 8) + " bytes",
+                      0),
+            0u)
+      << run;
 }
 
 // The handler takes only faults inside mappings it guards: any other SIGBUS still
