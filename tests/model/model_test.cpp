@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "../support/tiny_models.h"
 #include "tpreload/checkpoint/weight_source.h"
@@ -184,28 +185,55 @@ void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scal
   }
 }
 
+// Which parameters are int8, decided here from their names (the linear layers
+// of the decoder: q/k/v, o, gate/up and down projections; not embeddings,
+// norms, the router or the experts), and their bytes from quantize_reference
+// of the independent shards, for every tiny model, tp size and rank.
 TEST(Int8, CheckpointFormatQuantizesEachRankShardPerRow) {
-  const ModelConfig config = tiny_config("llama_gqa");
-  const auto ckpt = random_checkpoint(config, 6);
-  for (int rank : {0, 3}) {
-    ModelOptions options = opts(4, rank, "int8");
-    TensorParallelModel model(config, options);
-    const at::Tensor qkv = model.parameter_for_reload("model.layers.1.self_attn.qkv_proj.weight");
-    void* storage = qkv.data_ptr();
-    auto source = memory_source(ckpt);
-    const auto loaded = model.load_weights(*source);
-    EXPECT_EQ(loaded.size(), model.expected_names(WeightFormat::kCheckpoint).size());
-    EXPECT_EQ(qkv.data_ptr(), storage);
-    for (const auto& [param, shard] : expected_shards(config, ckpt, 4, rank)) {
-      const at::Tensor got = model.parameter_for_reload(param);
-      if (got.scalar_type() != at::kChar) {
-        EXPECT_TRUE(same_bytes(got, shard)) << param;
-        continue;
+  auto linear = [](const std::string& name) {
+    if (name.rfind("model.layers.", 0) != 0) return false;
+    for (const char* leaf : {".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight",
+                             ".mlp.gate_up_proj.weight", ".mlp.down_proj.weight"})
+      if (name.size() > std::strlen(leaf) &&
+          name.compare(name.size() - std::strlen(leaf), std::strlen(leaf), leaf) == 0)
+        return true;
+    return false;
+  };
+  for (const char* family : testdata::kTinyConfigs) {
+    const ModelConfig config = tiny_config(family);
+    const auto ckpt = random_checkpoint(config, 6);
+    for (int tp : {1, 2, 4}) {
+      for (int rank = 0; rank < tp; ++rank) {
+        const std::string what =
+            std::string(family) + " tp " + std::to_string(tp) + " rank " + std::to_string(rank);
+        TensorParallelModel model(config, opts(tp, rank, "int8"));
+        const at::Tensor qkv =
+            model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight");
+        void* storage = qkv.data_ptr();
+        auto source = memory_source(ckpt);
+        const auto loaded = model.load_weights(*source);
+        EXPECT_EQ(loaded.size(), model.expected_names(WeightFormat::kCheckpoint).size()) << what;
+        EXPECT_EQ(qkv.data_ptr(), storage) << what;
+        std::size_t quantized = 0;
+        const auto want = expected_shards(config, ckpt, tp, rank);
+        ASSERT_FALSE(want.empty());
+        for (const auto& [param, shard] : want) {
+          const at::Tensor got = model.parameter_for_reload(param);
+          ASSERT_TRUE(got.defined()) << what << ": " << param;
+          if (!linear(param)) {
+            EXPECT_TRUE(same_bytes(got, shard)) << what << ": " << param;
+            continue;
+          }
+          ++quantized;
+          ASSERT_EQ(got.scalar_type(), at::kChar) << what << ": " << param << " is not int8";
+          at::Tensor q, scale;
+          quantize_reference(shard, q, scale);
+          EXPECT_TRUE(same_bytes(got, q)) << what << ": " << param;
+          EXPECT_TRUE(same_bytes(model.parameter_for_reload(param + "_scale"), scale))
+              << what << ": " << param;
+        }
+        EXPECT_GT(quantized, 0u) << what;
       }
-      at::Tensor q, scale;
-      quantize_reference(shard, q, scale);
-      EXPECT_TRUE(same_bytes(got, q)) << param;
-      EXPECT_TRUE(same_bytes(model.parameter_for_reload(param + "_scale"), scale)) << param;
     }
   }
 }

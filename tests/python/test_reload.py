@@ -85,7 +85,7 @@ def test_reloads_after_keeping_freed_memory(world, shared_dir):
 
 
 def test_reload_from_hdf5(world, shared_dir):
-    h5py = pytest.importorskip("h5py")
+    import h5py  # (scripts/setup.sh installs python3-h5py)
     tp = world.size
     ckpt = checkpoint(3)
     path = os.path.join(shared_dir, "model.h5")
