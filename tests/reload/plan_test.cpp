@@ -177,10 +177,15 @@ void check_coverage(const Plan& plan, const SourceMetadata& md, std::uint64_t bu
       EXPECT_EQ(at, b.bytes);
     }
   }
-  // Every tensor's rows: its first dimension in the listing (1 for a scalar).
+  // Every tensor's rows: a broadcast one's are its first dimension in the
+  // listing (1 for a scalar); a scattered one is sent as its ranks' slices,
+  // each a unit of the plan's rows (the rows of its largest slice).
   for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
     const auto& shape = md.tensors[plan.tensors[i].index].shape;
-    EXPECT_EQ(next[i], shape.empty() ? 1 : shape[0]) << md.tensors[plan.tensors[i].index].name;
+    EXPECT_EQ(next[i], plan.tensors[i].scatter ? plan.tensors[i].rows
+                       : shape.empty()         ? 1
+                                               : shape[0])
+        << md.tensors[plan.tensors[i].index].name;
   }
 }
 
