@@ -81,6 +81,7 @@ std::map<std::string, Layout> layout_of(const TensorParallelModel& model) {
 
 void expect_params(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& want,
                    const std::string& what) {
+  ASSERT_FALSE(want.empty()) << what << ": nothing to check";
   std::size_t wrong = 0;
   for (const auto& [name, t] : want) {
     const at::Tensor got = model.parameter_for_reload(name);
