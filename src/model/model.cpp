@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -206,9 +207,13 @@ void TensorParallelModel::load_kernel_rows(const std::string& name, const at::Te
   const ParamSlot slot = rules_.find_slot(name);
   const ParamSpec* spec = slot == kNoSlot ? nullptr : &rules_.params()[slot];
   const DType from = dtype_from_torch(block.scalar_type());
+  // Whole rows of the parameter: every dimension after the first is its own.
+  const std::vector<std::int64_t> got = block.sizes().vec();
   if (!spec || !convertible(from, spec->dtype, false) ||
-      (from == DType::kInt8) != (spec->dtype == DType::kInt8) ||
-      spec->shape.size() != static_cast<std::size_t>(block.dim()) || !block.device().is_cpu())
+      (from == DType::kInt8) != (spec->dtype == DType::kInt8) || spec->shape.size() != got.size() ||
+      !std::equal(got.begin() + (got.empty() ? 0 : 1), got.end(),
+                  spec->shape.begin() + (spec->shape.empty() ? 0 : 1)) ||
+      row0 < 0 || (!got.empty() && row0 + got[0] > spec->shape[0]) || !block.device().is_cpu())
     raise<ModelError>("kernel-format tensor '", name, "' on tp rank ", options_.tp_rank, "/",
                       options_.tp_size, ": block ", shape_string(block.sizes().vec()),
                       " does not fit the parameter");

@@ -256,6 +256,39 @@ TEST(Int8, KernelFormatCopiesWeightsAndScalesStraight) {
       "");
 }
 
+// A kernel-format block must be whole rows of its parameter, inside it: a
+// narrower block would have been read past its end at the parameter's pitch.
+// An int8 block for a parameter that is not int8 names both dtypes.
+TEST(KernelRows, ABlockMustBeWholeRowsInsideTheParameter) {
+  const ModelConfig config = tiny_config("llama_gqa");
+  TensorParallelModel model(config, opts(2, 0));
+  const std::string down = "model.layers.0.mlp.down_proj.weight";
+  const at::Tensor param = model.parameter_for_reload(down);
+  const std::int64_t rows = param.size(0), cols = param.size(1);
+  auto error = [&](const at::Tensor& block, std::int64_t row0) {
+    try {
+      model.load_kernel_rows(down, block, row0, false);
+    } catch (const ModelError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto dtype = param.options();
+  EXPECT_EQ(error(at::zeros({2, cols}, dtype), rows - 2), "no error");
+  for (const auto& [block, row0] : {std::pair{at::zeros({2, cols - 1}, dtype), std::int64_t{0}},
+                                    std::pair{at::zeros({2, cols + 1}, dtype), std::int64_t{0}},
+                                    std::pair{at::zeros({2, cols}, dtype), rows - 1},
+                                    std::pair{at::zeros({2, cols}, dtype), std::int64_t{-1}}})
+    EXPECT_NE(error(block, row0)
+                  .find("kernel-format tensor '" + down + "' on tp rank 0/2: block [2, " +
+                        std::to_string(block.size(1)) + "] does not fit the parameter"),
+              std::string::npos)
+        << error(block, row0);
+  EXPECT_EQ(
+      model.check_kernel_tensor(down, {rows, cols}, DType::kInt8),
+      "kernel-format tensor '" + down + "' on tp rank 0/2: expected bfloat16 weights, got int8");
+}
+
 // write_source_end: a write reads its source only before it (bytes after it, and
 // between rows, may be anything), and it does read the byte just before it. The
 // ends are worked out here from the shapes: hidden 64, intermediate 96, tp 4.

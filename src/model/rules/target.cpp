@@ -57,9 +57,9 @@ std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const
                           ", got ", shape_string(shape), " ", dtype_name(dtype));
   // Kernel format is processed already: an int8 weight stays int8.
   if (spec.dtype == DType::kInt8 || dtype == DType::kInt8)
-    return dtype == spec.dtype
-               ? ""
-               : detail::concat(who, ": expected int8 weights, got ", dtype_name(dtype));
+    return dtype == spec.dtype ? ""
+                               : detail::concat(who, ": expected ", dtype_name(spec.dtype),
+                                                " weights, got ", dtype_name(dtype));
   return dtype_problem(who, dtype, spec.dtype);
 }
 
