@@ -136,10 +136,15 @@ void TensorParallelModel::apply_block(const std::vector<RowWrite>& writes, Const
   Buffer staged = options_.device->memory().allocate(bytes.size);
   auto stream = options_.device->make_stream();
   if (bytes.size) stream->copy(staged.data(), bytes.data, bytes.size, CopyKind::kHostToDevice);
-  synchronize(*stream, std::chrono::minutes(5),
-              "staging a tensor on " + options_.device->describe());
+  synchronize_or_abandon(*stream, std::chrono::minutes(5),
+                         "staging a tensor on " + options_.device->describe(), staged);
   for (const RowWrite& w : writes) sink_->write(w, staged.data());
-  sink_->flush();
+  try {
+    sink_->flush();
+  } catch (const CommTimeoutError&) {  // the writes from it may still run
+    staged.release();
+    throw;
+  }
 }
 
 void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Tensor& block,

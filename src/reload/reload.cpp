@@ -508,7 +508,8 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
 // groups each tp rank's world ranks by the value they hold. The same
 // ValidationError on every rank names each parameter that differs and which
 // ranks hold which value.
-void compare_replicas(Communicator& world, ReloadTarget& model) {
+void compare_replicas(Communicator& world, ReloadTarget& model,
+                      std::chrono::milliseconds device_timeout) {
   const int n = world.size(), tp = model.rules().tp_size();
   if (n <= tp) return;
   const auto& params = model.rules().params();
@@ -517,7 +518,8 @@ void compare_replicas(Communicator& world, ReloadTarget& model) {
   try {
     for (std::size_t i = 0; i < params.size(); ++i) {
       const ParamStorage& s = model.sink().storage(static_cast<ParamSlot>(i));
-      crcs[i * n + world.rank()] = model.sink().crc32c(s.data, s.bytes, "'" + params[i].name + "'");
+      crcs[i * n + world.rank()] =
+          model.sink().crc32c(s.data, s.bytes, "'" + params[i].name + "'", device_timeout);
     }
   } catch (const std::exception& e) {
     problem = e.what();
@@ -822,7 +824,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     result.loaded = sink.loaded_names(options.format);
     // Replicas must hold the same bytes; in atomic mode what is compared is the
     // second copy, before the vote, so a difference changes nothing.
-    if (options.compare_replicas) compare_replicas(world, model);
+    if (options.compare_replicas) compare_replicas(world, model, options.device_timeout);
     result.seconds.validate = since(t);
   } catch (const std::exception& e) {
     // Node planes a failed transfer may have broken are made again next time

@@ -34,7 +34,8 @@ TEST(DeviceParams, LiveInDeviceMemoryAndStartAsZeros) {
   for (const auto& [name, t] : model.named_parameters()) {
     const std::uint64_t n = t.numel() * t.element_size();
     EXPECT_TRUE(device->is_device_memory(t.data_ptr(), n)) << name;
-    EXPECT_TRUE(at::equal(t, at::zeros_like(t))) << name << " is not zeroed (device memory starts 0xCD)";
+    EXPECT_TRUE(at::equal(t, at::zeros_like(t)))
+        << name << " is not zeroed (device memory starts 0xCD)";
   }
 }
 
@@ -82,11 +83,13 @@ TEST(DeviceParams, CrcIsReadBackInChunksAndEqualsTheBytes) {
   for (ParamSlot s = 0; s < specs.size(); ++s) {
     const at::Tensor t = model.parameter_for_reload(specs[s].name);
     const std::uint32_t want = static_cast<std::uint32_t>(
-        crc32(crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(t.data_ptr()), t.numel() * t.element_size()));
+        crc32(crc32(0L, Z_NULL, 0), static_cast<const Bytef*>(t.data_ptr()),
+              t.numel() * t.element_size()));
     const std::uint64_t before = device->operations();
     EXPECT_EQ(model.sink().crc32(s, 100), want) << specs[s].name;
     const std::uint64_t chunks = (t.numel() * t.element_size() + 99) / 100;
-    EXPECT_EQ(device->operations() - before, chunks) << specs[s].name << ": one device copy per 100-byte chunk";
+    EXPECT_EQ(device->operations() - before, chunks)
+        << specs[s].name << ": one device copy per 100-byte chunk";
   }
 }
 
@@ -103,6 +106,37 @@ TEST(DeviceParams, HostBlocksAreStagedNotWrittenFromTheHost) {
   model.load_checkpoint_tensor(*pl, full, false);
   const at::Tensor want = full.narrow(1, pl->source_start, pl->source_length);
   EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(pl->param), want));
+}
+
+// A device that never finishes reading a parameter back (or checksumming it):
+// the error names the device and the parameter, and the pinned buffer the stuck
+// work may still write is abandoned, not freed under it.
+TEST(DeviceParams, AStuckReadBackAbandonsItsPinnedBuffer) {
+  using namespace std::chrono_literals;
+  for (const bool digest : {false, true}) {
+    auto device = std::make_shared<EmulatedDevice>();
+    TensorParallelModel model(testdata::tiny_config("llama_gqa"), on(device, 2, 0));
+    ParameterSink& sink = model.sink();
+    const ParamSlot slot = model.rules().find_slot("model.norm.weight");
+    const ParamStorage& s = sink.storage(slot);
+    const std::uint64_t pinned_before = device->live_bytes(MemoryKind::kPinnedHost);
+    device->stall(true);
+    try {
+      if (digest)
+        sink.crc32c(s.data, s.bytes, "'model.norm.weight'", 200ms);
+      else
+        sink.crc32(slot, std::uint64_t{16} << 20, 200ms);
+      FAIL() << "a stuck device went unnoticed";
+    } catch (const CommTimeoutError& e) {
+      const std::string want = digest ? "checksumming 'model.norm.weight' on emulated device"
+                                      : "reading back 'model.norm.weight' from emulated device";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_GT(device->live_bytes(MemoryKind::kPinnedHost), pinned_before)
+        << (digest ? "crc32c" : "crc32")
+        << ": the pinned buffer the stuck work may write was freed";
+    device->stall(false);
+  }
 }
 
 }  // namespace

@@ -101,4 +101,10 @@ void wait_for_event(DeviceEvent& event, std::chrono::milliseconds timeout, const
 // Record an event on `stream` and wait for it (wait_for_event).
 void synchronize(DeviceStream& stream, std::chrono::milliseconds timeout, const std::string& what);
 
+// synchronize(), and when the device does not finish in time, `buffer` (which
+// the stuck work may still touch) is abandoned, never freed, before the
+// CommTimeoutError goes on.
+void synchronize_or_abandon(DeviceStream& stream, std::chrono::milliseconds timeout,
+                            const std::string& what, Buffer& buffer);
+
 }  // namespace tpreload

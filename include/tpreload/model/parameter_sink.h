@@ -122,19 +122,25 @@ class ParameterSink {
   void discard_shadow(std::chrono::milliseconds timeout = std::chrono::minutes(5)) noexcept;
 
   // zlib CRC-32 of a parameter's bytes; device memory is copied back through a
-  // pinned buffer of at most `chunk_bytes` at a time.
-  std::uint32_t crc32(ParamSlot slot, std::uint64_t chunk_bytes = std::uint64_t{16} << 20);
+  // pinned buffer of at most `chunk_bytes` at a time. A device that does not
+  // finish a copy within `timeout` is a CommTimeoutError naming it, and the
+  // buffer it may still write is abandoned (never freed).
+  std::uint32_t crc32(ParamSlot slot, std::uint64_t chunk_bytes = std::uint64_t{16} << 20,
+                      std::chrono::milliseconds timeout = std::chrono::minutes(5));
   // The same for any bytes in the sink's memory space (e.g. LoRA adapters beside
   // the parameters); `what` names them in errors.
   std::uint32_t crc32(const std::byte* data, std::uint64_t bytes, const std::string& what,
-                      std::uint64_t chunk_bytes = std::uint64_t{16} << 20);
+                      std::uint64_t chunk_bytes = std::uint64_t{16} << 20,
+                      std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
   // A CRC-32C digest of bytes in the sink's memory space, computed where they live
   // (a device kernel for device memory; only the 4 KiB block sums come back).
   // Ranges up to kDigestChunk bytes: their CRC-32C; longer ones: the CRC-32C of
   // their chunks' CRC-32Cs (little-endian), the same on host and device.
   static constexpr std::uint64_t kDigestChunk = std::uint64_t{256} << 20;
-  std::uint32_t crc32c(const std::byte* data, std::uint64_t bytes, const std::string& what);
+  // A device that does not finish within `timeout`: as crc32().
+  std::uint32_t crc32c(const std::byte* data, std::uint64_t bytes, const std::string& what,
+                       std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
  private:
   void begin_write(const RowWrite& w, const ParamSpec& param);

@@ -294,30 +294,33 @@ std::vector<std::string> ParameterSink::loaded_names(WeightFormat format) const 
   return names;
 }
 
-std::uint32_t ParameterSink::crc32(ParamSlot slot, std::uint64_t chunk_bytes) {
+std::uint32_t ParameterSink::crc32(ParamSlot slot, std::uint64_t chunk_bytes,
+                                   std::chrono::milliseconds timeout) {
   const ParamStorage& s = storage_.at(slot);
-  return crc32(s.data, s.bytes, "'" + rules_.params()[slot].name + "'", chunk_bytes);
+  return crc32(s.data, s.bytes, "'" + rules_.params()[slot].name + "'", chunk_bytes, timeout);
 }
 
 std::uint32_t ParameterSink::crc32(const std::byte* data, std::uint64_t bytes,
-                                   const std::string& what, std::uint64_t chunk_bytes) {
+                                   const std::string& what, std::uint64_t chunk_bytes,
+                                   std::chrono::milliseconds timeout) {
   std::uint32_t crc = static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0));
   if (!device_) return crc_update(crc, data, bytes);
-  flush();
+  flush(timeout);
   Buffer pinned =
       device_->pinned_memory().allocate(std::min(std::max<std::uint64_t>(chunk_bytes, 1), bytes));
   for (std::uint64_t at = 0; at < bytes; at += pinned.size()) {
     const std::uint64_t n = std::min(pinned.size(), bytes - at);
     stream().copy(pinned.data(), data + at, n, CopyKind::kDeviceToHost);
-    synchronize(stream(), std::chrono::minutes(5),
-                detail::concat("reading back ", what, " from ", device_->describe()));
+    synchronize_or_abandon(stream(), timeout,
+                           detail::concat("reading back ", what, " from ", device_->describe()),
+                           pinned);
     crc = crc_update(crc, pinned.data(), n);
   }
   return crc;
 }
 
 std::uint32_t ParameterSink::crc32c(const std::byte* data, std::uint64_t bytes,
-                                    const std::string& what) {
+                                    const std::string& what, std::chrono::milliseconds timeout) {
   std::vector<std::uint32_t> chunks;
   Buffer blocks;  // pinned: one raw CRC per 4 KiB block of a chunk
   for (std::uint64_t at = 0; at < bytes || at == 0; at += kDigestChunk) {
@@ -325,15 +328,16 @@ std::uint32_t ParameterSink::crc32c(const std::byte* data, std::uint64_t bytes,
     if (!device_ || n == 0) {
       chunks.push_back(tpreload::crc32c(n ? data + at : nullptr, n));
     } else {
-      flush();
+      flush(timeout);
       if (!blocks.data())
         blocks = device_->pinned_memory().allocate(
             std::max<std::uint64_t>(crc32c_blocks(std::min(kDigestChunk, bytes)), 1) *
             sizeof(std::uint32_t));
       auto* raw = reinterpret_cast<std::uint32_t*>(blocks.data());
       stream().crc32c_blocks(data + at, n, raw);
-      synchronize(stream(), std::chrono::minutes(5),
-                  detail::concat("checksumming ", what, " on ", device_->describe()));
+      synchronize_or_abandon(stream(), timeout,
+                             detail::concat("checksumming ", what, " on ", device_->describe()),
+                             blocks);
       chunks.push_back(crc32c_from_blocks(raw, n));
     }
     if (bytes <= kDigestChunk) break;
