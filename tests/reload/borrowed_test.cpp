@@ -198,6 +198,7 @@ TEST(Borrowed, AttachRefusesADeviceOtherThanTheParameters) {
           << e.what();
     }
     EXPECT_THROW(target.sink(), UsageError);
+    EXPECT_THROW(target.stored_parameters(), UsageError);  // (no sink to read it from yet)
   }
   {  // tensors said to be on cuda:1, a host plane
     std::vector<BorrowedTensor> given;

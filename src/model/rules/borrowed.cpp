@@ -131,6 +131,7 @@ ParameterSink& BorrowedTarget::sink() {
 }
 
 std::vector<ReloadTarget::Stored> BorrowedTarget::stored_parameters() const {
+  if (!sink_) raise<UsageError>("BorrowedTarget::stored_parameters() before attach()");
   std::vector<Stored> out;
   for (ParamSlot s = 0; s < tensors_.size(); ++s)
     out.push_back({tensors_[s].name, tensors_[s].shape, tensors_[s].dtype, sink_->storage(s)});
