@@ -16,7 +16,7 @@ void ReloadWorkspace::release() {
 }
 
 void ReloadWorkspace::abandon_buffers() {
-  for (Buffer& b : buffers_) b.release();
+  for (Kept& k : buffers_) k.buffer.release();
   buffers_.clear();
 }
 
@@ -42,25 +42,26 @@ void ReloadWorkspace::keep_node_planes(std::unique_ptr<detail::NodePlanes> plane
 
 std::uint64_t ReloadWorkspace::bytes(MemoryKind kind) const {
   std::uint64_t total = 0;
-  for (const Buffer& b : buffers_)
-    if (b.kind() == kind) total += b.size();
+  for (const Kept& k : buffers_)
+    if (k.buffer.kind() == kind) total += k.buffer.size();
   return total;
 }
 
 std::uint64_t ReloadWorkspace::bytes() const {
   std::uint64_t total = 0;
-  for (const Buffer& b : buffers_) total += b.size();
+  for (const Kept& k : buffers_) total += k.buffer.size();
   return total;
 }
 
 std::byte* ReloadWorkspace::buffer(std::size_t index, std::uint64_t size, Allocator& allocator) {
   if (buffers_.size() <= index) buffers_.resize(index + 1);
-  Buffer& b = buffers_[index];
-  if (b.size() < size || (b && b.kind() != allocator.kind())) {
-    b.reset();  // free before allocating: never hold both
-    b = allocator.allocate(size);
+  Kept& k = buffers_[index];
+  if (k.buffer.size() < size || (k.buffer && k.from != &allocator)) {
+    k.buffer.reset();  // free before allocating: never hold both
+    k.buffer = allocator.allocate(size);
+    k.from = &allocator;
   }
-  return b.data();
+  return k.buffer.data();
 }
 
 }  // namespace tpreload

@@ -278,6 +278,25 @@ TEST(Engine, AStalledStagingCopyOnTheReaderNamesTheDeviceAndAbandonsItsBuffers) 
   device->stall(false);
 }
 
+// One workspace kept for a model on one device, then for a model on another:
+// the staging buffers of the first device are not handed to the second (whose
+// copies would read and write the other device's memory).
+TEST(Engine, AWorkspaceFollowsTheModelToAnotherDevice) {
+  Fixture f;
+  // (the devices outlive the workspace, which frees its buffers through them)
+  const std::shared_ptr<EmulatedDevice> devices[2] = {std::make_shared<EmulatedDevice>(),
+                                                      std::make_shared<EmulatedDevice>()};
+  ReloadWorkspace workspace;
+  for (int i = 0; i < 2; ++i) {
+    TensorParallelModel model(f.config, options(devices[i]));
+    auto source = testdata::memory_source(f.v2);
+    const ReloadResult r =
+        reload_weights(model, *f.control, source.get(), ReloadOptions{}, &workspace);
+    EXPECT_TRUE(r.complete()) << "device " << i;
+    expect_v(model, f.config, f.v2, "device " + std::to_string(i));
+  }
+}
+
 // Waiting for a slot that a slow apply holds is not a stalled read: with a device
 // slower per bucket than read_stall_timeout, the reload completes (the reader
 // rank used to abort the job here).

@@ -46,9 +46,10 @@ class ReloadWorkspace {
   void abandon_buffers();
 
   // A buffer of at least `size` bytes for staging role `index`, from `allocator`.
-  // Kept while it is large enough and of the allocator's memory space; otherwise
-  // freed first, then allocated again (never both at once). Throws as the
-  // allocator does.
+  // Kept while it is large enough and came from that allocator (the same memory
+  // space of the same device: a model moved to another GPU gets buffers there);
+  // otherwise freed first, then allocated again (never both at once). Throws as
+  // the allocator does.
   std::byte* buffer(std::size_t index, std::uint64_t size, Allocator& allocator);
 
   // The plan kept by the last reload (null when none); replaced by keep_plan().
@@ -71,7 +72,11 @@ class ReloadWorkspace {
   void keep_node_planes(std::unique_ptr<detail::NodePlanes> planes);
 
  private:
-  std::vector<Buffer> buffers_;
+  struct Kept {
+    Buffer buffer;
+    const Allocator* from = nullptr;
+  };
+  std::vector<Kept> buffers_;
   std::unique_ptr<detail::CachedPlan> plan_;
   std::unique_ptr<detail::NodePlanes> nodes_;
 };
