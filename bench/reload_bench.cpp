@@ -392,8 +392,15 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     if (cost && i % 2 == 0) row.unchecked.push_back(timed(false).first);
     if (cost) row.checked.push_back(seconds);
     row.seconds += seconds;
-    // Every rank reading: the bytes of its parameters (what it must place).
-    row.bytes = all ? model.sink().total_bytes() : r.bytes_transferred;
+    // Every rank reading: the bytes of its parameters (what it must place; not
+    // total_bytes(), which pads each parameter to 256 bytes for a second copy).
+    if (all) {
+      row.bytes = 0;
+      for (ParamSlot s = 0; s < model.sink().size(); ++s)
+        row.bytes += model.sink().storage(s).bytes;
+    } else {
+      row.bytes = r.bytes_transferred;
+    }
     row.checksum += r.seconds.checksum;
     row.staging = std::max(row.staging, r.peak_staging_bytes);
     row.depth = r.pipeline_depth;
