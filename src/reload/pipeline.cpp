@@ -155,7 +155,7 @@ class Pipeline {
 
   PipelineStats run();
   void stop();
-  bool device_stuck() const { return stats_.device_stuck || staging_stuck_; }
+  bool device_stuck() const { return device_stuck_; }
 
  private:
   // Readers::kNode with rotated roots: the world rank of the node reader that
@@ -282,9 +282,10 @@ class Pipeline {
   // threads are joined (a node reader with rotated roots also verifies, on the
   // apply thread).
   double reader_checksum_ = 0;
-  // The reader thread's copy of a bucket to the device timed out: that work may
-  // still touch the staging buffers (abandoned after the run, as the apply's).
-  std::atomic<bool> staging_stuck_{false};
+  // Device work timed out on either thread (the reader's copy of a bucket to
+  // the device, an apply): the staging buffers it may still touch are
+  // abandoned after the run, never freed.
+  std::atomic<bool> device_stuck_{false};
   BlockingQueue<std::unique_ptr<Slot>> free_, filled_, to_apply_;
   std::thread reader_thread_, apply_thread_;
   std::atomic<bool> stopping_{false};
@@ -487,7 +488,7 @@ void Pipeline::reader_loop() {
       fill(**slot);
     } catch (const CommTimeoutError& e) {  // (only the device copy waits with a timeout)
       (*slot)->read_error = concat("the device did not finish staging it: ", e.what());
-      staging_stuck_ = true;
+      device_stuck_ = true;
     } catch (const std::exception& e) {
       (*slot)->read_error = e.what();
     }
@@ -774,7 +775,7 @@ void Pipeline::apply_loop() {
         // they are abandoned after the run (never freed), and nothing more is
         // applied. The slot goes back so that the collectives stay in step.
         stats_.apply_error = e.what();
-        stats_.device_stuck = true;
+        device_stuck_ = true;
       } catch (const CorruptedBucket& e) {
         stats_.corrupted = e.what();
       } catch (const std::exception& e) {
@@ -910,7 +911,7 @@ PipelineStats Pipeline::run() {
     agree_on_read_status(failed_read ? failed_read->bucket : 0,
                          failed_read ? failed_read->read_error : std::nullopt);
   if (files_) stats_.bytes_copied = files_->bytes_copied();
-  stats_.device_stuck = stats_.device_stuck || staging_stuck_;
+  stats_.device_stuck = device_stuck_;
   return stats_;
 }
 
