@@ -28,14 +28,4 @@ void synchronize(DeviceStream& stream, std::chrono::milliseconds timeout, const 
   wait_for_event(*event, timeout, what);
 }
 
-void synchronize_or_abandon(DeviceStream& stream, std::chrono::milliseconds timeout,
-                            const std::string& what, Buffer& buffer) {
-  try {
-    synchronize(stream, timeout, what);
-  } catch (const CommTimeoutError&) {
-    buffer.release();
-    throw;
-  }
-}
-
 }  // namespace tpreload

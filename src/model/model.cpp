@@ -136,15 +136,12 @@ void TensorParallelModel::apply_block(const std::vector<RowWrite>& writes, Const
   Buffer staged = options_.device->memory().allocate(bytes.size);
   auto stream = options_.device->make_stream();
   if (bytes.size) stream->copy(staged.data(), bytes.data, bytes.size, CopyKind::kHostToDevice);
-  synchronize_or_abandon(*stream, std::chrono::minutes(5),
-                         "staging a tensor on " + options_.device->describe(), staged);
+  wait_or_abandon(staged, [&] {
+    synchronize(*stream, std::chrono::minutes(5),
+                "staging a tensor on " + options_.device->describe());
+  });
   for (const RowWrite& w : writes) sink_->write(w, staged.data());
-  try {
-    sink_->flush();
-  } catch (const CommTimeoutError&) {  // the writes from it may still run
-    staged.release();
-    throw;
-  }
+  wait_or_abandon(staged, [&] { sink_->flush(); });  // (the writes from it)
 }
 
 void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Tensor& block,

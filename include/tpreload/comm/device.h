@@ -21,6 +21,7 @@
 
 #include "tpreload/comm/memory.h"
 #include "tpreload/core/dtype.h"
+#include "tpreload/core/error.h"
 
 namespace tpreload {
 
@@ -101,10 +102,17 @@ void wait_for_event(DeviceEvent& event, std::chrono::milliseconds timeout, const
 // Record an event on `stream` and wait for it (wait_for_event).
 void synchronize(DeviceStream& stream, std::chrono::milliseconds timeout, const std::string& what);
 
-// synchronize(), and when the device does not finish in time, `buffer` (which
-// the stuck work may still touch) is abandoned, never freed, before the
-// CommTimeoutError goes on.
-void synchronize_or_abandon(DeviceStream& stream, std::chrono::milliseconds timeout,
-                            const std::string& what, Buffer& buffer);
+// Runs `wait`, a wait for device work that touches `buffer` (synchronize(),
+// a sink's flush()); when the device does not finish in time, the buffer is
+// abandoned, never freed under that work, before the CommTimeoutError goes on.
+template <typename Wait>
+void wait_or_abandon(Buffer& buffer, Wait&& wait) {
+  try {
+    wait();
+  } catch (const CommTimeoutError&) {
+    buffer.release();
+    throw;
+  }
+}
 
 }  // namespace tpreload

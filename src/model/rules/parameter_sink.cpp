@@ -311,9 +311,10 @@ std::uint32_t ParameterSink::crc32(const std::byte* data, std::uint64_t bytes,
   for (std::uint64_t at = 0; at < bytes; at += pinned.size()) {
     const std::uint64_t n = std::min(pinned.size(), bytes - at);
     stream().copy(pinned.data(), data + at, n, CopyKind::kDeviceToHost);
-    synchronize_or_abandon(stream(), timeout,
-                           detail::concat("reading back ", what, " from ", device_->describe()),
-                           pinned);
+    wait_or_abandon(pinned, [&] {
+      synchronize(stream(), timeout,
+                  detail::concat("reading back ", what, " from ", device_->describe()));
+    });
     crc = crc_update(crc, pinned.data(), n);
   }
   return crc;
@@ -335,9 +336,10 @@ std::uint32_t ParameterSink::crc32c(const std::byte* data, std::uint64_t bytes,
             sizeof(std::uint32_t));
       auto* raw = reinterpret_cast<std::uint32_t*>(blocks.data());
       stream().crc32c_blocks(data + at, n, raw);
-      synchronize_or_abandon(stream(), timeout,
-                             detail::concat("checksumming ", what, " on ", device_->describe()),
-                             blocks);
+      wait_or_abandon(blocks, [&] {
+        synchronize(stream(), timeout,
+                    detail::concat("checksumming ", what, " on ", device_->describe()));
+      });
       chunks.push_back(crc32c_from_blocks(raw, n));
     }
     if (bytes <= kDigestChunk) break;
