@@ -1,7 +1,4 @@
 // Parsing and validation of a safetensors header (see safetensors.h).
-#include <fcntl.h>
-#include <sys/stat.h>
-
 #include <cerrno>
 #include <cstring>
 
@@ -440,13 +437,10 @@ SafetensorsHeaderText read_safetensors_header_text(int fd, std::uint64_t size,
 }
 
 SafetensorsHeaderText read_safetensors_header_text(const std::string& path) {
-  // (O_NONBLOCK: opening a FIFO by that name must not wait for a writer)
-  detail::FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-  if (fd.get() < 0) fail(path, "cannot open: ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat: ", std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-  return read_safetensors_header_text(fd.get(), static_cast<std::uint64_t>(st.st_size), path);
+  // Opened as a source opens it (a plain file, a FIFO refused without waiting);
+  // the header is read with pread, not through the mapping.
+  const MappedFile file = MappedFile::open(path);
+  return read_safetensors_header_text(file.fd(), file.size(), path);
 }
 
 }  // namespace detail

@@ -39,7 +39,7 @@ std::string f32(const std::string& name, const std::string& shape, int begin, in
 TEST_F(SafetensorsCorpus, AFifoIsRefusedNotWaitedFor) {
   ASSERT_EQ(::mkfifo(path_.c_str(), 0600), 0);
   EXPECT_EQ(test::error_of([&] { read_safetensors_header(path_); }),
-            prefix() + "not a regular file");
+            "'" + path_ + "' is not a regular file");
   EXPECT_EQ(test::error_of([&] { open_safetensors(path_); }),
             "'" + path_ + "' is not a regular file");
 }
