@@ -55,6 +55,15 @@ void load(TensorParallelModel& m, Communicator& control,
   ASSERT_TRUE(reload_weights(m, control, source.get(), ReloadOptions{}).complete());
 }
 
+// A ReloadableModel whose invalidation callback records what it was handed.
+struct Served {
+  Served(ReloadTarget& target, DataTransport* data) : model(target, {}, data) {
+    model.on_reloaded([this](const ReloadResult& r) { seen.push_back(r); });
+  }
+  ReloadableModel model;
+  std::vector<ReloadResult> seen;
+};
+
 TEST(Atomic, AFailureMidwayLeavesEveryParameterAsItWas) {
   Fixture f;
   for (bool device : {false, true}) {
@@ -353,14 +362,12 @@ TEST(Atomic, AFailureAfterTheCommitSaysTheNewWeightsAreInPlace) {
   RecordsLayers target(model, {});
   target.fail_finish = true;
   auto data = make_communicator_transport(*f.control);
-  ReloadableModel served(target, {}, data.get());
-  std::vector<ReloadResult> seen;
-  served.on_reloaded([&](const ReloadResult& r) { seen.push_back(r); });
+  Served served(target, data.get());
   ReloadOptions o;
   o.atomic = true;
   auto source = testdata::memory_source(f.v2);
   try {
-    served.reload_from(*f.control, o, source.get());
+    served.model.reload_from(*f.control, o, source.get());
     FAIL() << "the failure in finish() went unnoticed";
   } catch (const ModelError& e) {
     const std::string text = e.what();
@@ -370,8 +377,8 @@ TEST(Atomic, AFailureAfterTheCommitSaysTheNewWeightsAreInPlace) {
         << text;
   }
   EXPECT_TRUE(compare(model, f.config, f.v2).second.empty()) << "the commit was not whole";
-  ASSERT_EQ(seen.size(), 1u) << "the callbacks did not run though every weight changed";
-  EXPECT_EQ(seen[0].possibly_mixed.size(), model.named_parameters().size());
+  ASSERT_EQ(served.seen.size(), 1u) << "the callbacks did not run though every weight changed";
+  EXPECT_EQ(served.seen[0].possibly_mixed.size(), model.named_parameters().size());
 }
 
 // A device that does not finish the commit's copies in time: the error is
@@ -384,9 +391,7 @@ TEST(Atomic, ADeviceStuckInTheCommitIsAnAgreedErrorAndRunsTheCallbacks) {
   load(model, *f.control, f.v1);
   auto data =
       testing::make_emulated_device_transport(make_communicator_transport(*f.control), *dev);
-  ReloadableModel served(model, {}, data.get());
-  std::vector<ReloadResult> seen;
-  served.on_reloaded([&](const ReloadResult& r) { seen.push_back(r); });
+  Served served(model, data.get());
   // Only the commit writes into the model's own storage in an atomic reload.
   const at::Tensor norm = model.parameter_for_reload("model.norm.weight");
   dev->stall_on_write_to(norm.data_ptr(), static_cast<std::uint64_t>(norm.nbytes()));
@@ -395,7 +400,7 @@ TEST(Atomic, ADeviceStuckInTheCommitIsAnAgreedErrorAndRunsTheCallbacks) {
   o.device_timeout = 300ms;
   auto source = testdata::memory_source(f.v2);
   try {
-    served.reload_from(*f.control, o, source.get());
+    served.model.reload_from(*f.control, o, source.get());
     FAIL() << "a commit that never finished went unnoticed";
   } catch (const CommError& e) {
     const std::string text = e.what();
@@ -409,8 +414,8 @@ TEST(Atomic, ADeviceStuckInTheCommitIsAnAgreedErrorAndRunsTheCallbacks) {
         << text;
   }
   EXPECT_TRUE(dev->stalled());
-  ASSERT_EQ(seen.size(), 1u) << "the callbacks did not run though weights may have changed";
-  EXPECT_EQ(seen[0].possibly_mixed.size(), model.named_parameters().size());
+  ASSERT_EQ(served.seen.size(), 1u) << "the callbacks did not run though weights may have changed";
+  EXPECT_EQ(served.seen[0].possibly_mixed.size(), model.named_parameters().size());
 }
 
 TEST(RequireComplete, AMissingTensorIsRefusedBeforeAnyWriteNamingIt) {
@@ -454,18 +459,17 @@ TEST(ReloadableModelFailure, CallbacksRunWhenWeightsChangedBeforeTheFailure) {
   TensorParallelModel model(f.config, on(nullptr));
   load(model, *f.control, f.v1);
   FaultyTransport data(make_communicator_transport(*f.control), 4, FaultyTransport::Fault::kFail);
-  ReloadableModel served(model, {}, &data);
-  std::vector<ReloadResult> seen;
-  served.on_reloaded([&](const ReloadResult& r) { seen.push_back(r); });
+  Served served(model, &data);
   ReloadOptions o;
   o.bucket_bytes = 600;
   auto source = testdata::memory_source(f.v2);
-  EXPECT_THROW(served.reload_from(*f.control, o, source.get()), CommError);
-  ASSERT_EQ(seen.size(), 1u) << "the callbacks did not run after a failure that changed weights";
-  EXPECT_FALSE(seen[0].complete());
-  EXPECT_NE(seen[0].error.find("injected fault"), std::string::npos);
-  EXPECT_EQ(seen[0].possibly_mixed, model.sink().touched_names());
-  EXPECT_FALSE(seen[0].possibly_mixed.empty());
+  EXPECT_THROW(served.model.reload_from(*f.control, o, source.get()), CommError);
+  ASSERT_EQ(served.seen.size(), 1u)
+      << "the callbacks did not run after a failure that changed weights";
+  EXPECT_FALSE(served.seen[0].complete());
+  EXPECT_NE(served.seen[0].error.find("injected fault"), std::string::npos);
+  EXPECT_EQ(served.seen[0].possibly_mixed, model.sink().touched_names());
+  EXPECT_FALSE(served.seen[0].possibly_mixed.empty());
 }
 
 }  // namespace
