@@ -217,8 +217,11 @@ void TensorParallelModel::load_kernel_rows(const std::string& name, const at::Te
                   spec->shape.begin() + (spec->shape.empty() ? 0 : 1)) ||
       row0 < 0 || (!got.empty() && row0 + got[0] > spec->shape[0]) || !block.device().is_cpu())
     raise<ModelError>("kernel-format tensor '", name, "' on tp rank ", options_.tp_rank, "/",
-                      options_.tp_size, ": block ", shape_string(block.sizes().vec()),
-                      " does not fit the parameter");
+                      options_.tp_size, ": block ", shape_string(got), " ", dtype_name(from),
+                      " at row ", row0, " does not fit the parameter",
+                      spec ? detail::concat(" (", shape_string(spec->shape), " ",
+                                            dtype_name(spec->dtype), ": whole rows inside it)")
+                           : std::string(" (no such parameter)"));
   const at::Tensor rows = block.contiguous();
   const std::int64_t n = block.dim() == 0 ? 1 : block.size(0);
   apply_block({kernel_row_write(rules_, slot, from, row0, n, 0)}, tensor_bytes(rows));

@@ -279,10 +279,13 @@ TEST(KernelRows, ABlockMustBeWholeRowsInsideTheParameter) {
                                     std::pair{at::zeros({2, cols + 1}, dtype), std::int64_t{0}},
                                     std::pair{at::zeros({2, cols}, dtype), rows - 1},
                                     std::pair{at::zeros({2, cols}, dtype), std::int64_t{-1}}})
-    EXPECT_NE(error(block, row0)
-                  .find("kernel-format tensor '" + down + "' on tp rank 0/2: block [2, " +
-                        std::to_string(block.size(1)) + "] does not fit the parameter"),
-              std::string::npos)
+    EXPECT_NE(
+        error(block, row0)
+            .find("kernel-format tensor '" + down + "' on tp rank 0/2: block [2, " +
+                  std::to_string(block.size(1)) + "] bfloat16 at row " + std::to_string(row0) +
+                  " does not fit the parameter ([" + std::to_string(rows) + ", " +
+                  std::to_string(cols) + "] bfloat16: whole rows inside it)"),
+        std::string::npos)
         << error(block, row0);
   EXPECT_EQ(
       model.check_kernel_tensor(down, {rows, cols}, DType::kInt8),
