@@ -101,6 +101,11 @@ TEST(Config, BiasesAsVllmReadsTheConfig) {
     const auto again = parse_model_config(model_config_to_json(config), "written");
     EXPECT_TRUE(config_differences(config, again).empty()) << json;
   }
+  std::string tied = kMoe;  // any true/false field: the same
+  EXPECT_NE(error_of(tied.replace(tied.find("\"tie_word_embeddings\":false"), 27,
+                                  "\"tie_word_embeddings\":1"))
+                .find("config.json: field 'tie_word_embeddings' must be true or false, got 1"),
+            std::string::npos);
   std::string bad = kMoe;
   EXPECT_NE(error_of(bad.replace(bad.find("\"norm_topk_prob\""), 0, "\"attention_bias\":\"yes\","))
                 .find("config.json: field 'attention_bias' must be true or false, got \"yes\""),

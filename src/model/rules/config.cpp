@@ -64,7 +64,7 @@ void parse_experts(const json& j, const std::string& origin, ModelConfig& c) {
   c.moe_intermediate_size = positive_int(j, "moe_intermediate_size", origin);
   c.decoder_sparse_step =
       j.contains("decoder_sparse_step") ? positive_int(j, "decoder_sparse_step", origin) : 1;
-  c.norm_topk_prob = j.value("norm_topk_prob", false);
+  c.norm_topk_prob = flag(j, "norm_topk_prob", origin);
   if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
     if (!j["mlp_only_layers"].is_array())
       raise<ModelError>(origin, ": field 'mlp_only_layers' must be a list of layer indices");
@@ -144,7 +144,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     c.head_dim = c.hidden_size / c.num_attention_heads;
   c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
   c.rope_theta = j.value("rope_theta", 10000.0);
-  c.tie_word_embeddings = j.value("tie_word_embeddings", false);
+  c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
   if (c.architecture == "Qwen2ForCausalLM") {
     c.attention_bias = true;
   } else if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM") {
