@@ -112,6 +112,50 @@ TEST(Config, BiasesAsVllmReadsTheConfig) {
             std::string::npos);
 }
 
+// Keys a config.json may leave out take the defaults of the Hugging Face config
+// classes vLLM reads it through (transformers' configuration_llama.py,
+// configuration_mistral.py, configuration_qwen2.py, configuration_qwen3.py,
+// configuration_qwen3_moe.py): num_key_value_heads None (= the attention heads)
+// for Llama, 8 for Mistral, 32 for Qwen2 and Qwen3, 4 for Qwen3-MoE; head_dim
+// 128 for Qwen3, hidden_size / heads elsewhere. A null key means the attention
+// heads, or hidden_size / heads.
+TEST(Config, AbsentKeysTakeHuggingFaceDefaults) {
+  struct Case {
+    const char* arch;
+    const char* fields;
+    std::int64_t kv_heads, head_dim;
+  };
+  // hidden 2048 over 64 heads: 32 per head where no default says otherwise.
+  for (const Case& c : {
+           Case{"LlamaForCausalLM", "", 64, 32},
+           Case{"MistralForCausalLM", "", 8, 32},
+           Case{"Qwen2ForCausalLM", "", 32, 32},
+           Case{"Qwen3ForCausalLM", "", 32, 128},
+           Case{"Qwen3MoeForCausalLM",
+                R"("num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,)", 4, 32},
+           Case{"MistralForCausalLM", R"("num_key_value_heads":null,)", 64, 32},
+           Case{"Qwen3ForCausalLM", R"("num_key_value_heads":null,"head_dim":null,)", 64, 32},
+           Case{"Qwen3ForCausalLM", R"("num_key_value_heads":16,"head_dim":64,)", 16, 64},
+       }) {
+    const std::string json = std::string(R"({"architectures":[")") + c.arch + R"("],)" + c.fields +
+                             R"("hidden_size":2048,"intermediate_size":64,"num_hidden_layers":1,
+                             "num_attention_heads":64,"vocab_size":50})";
+    const ModelConfig config = parse_model_config(json, "config.json");
+    EXPECT_EQ(config.num_key_value_heads, c.kv_heads) << json;
+    EXPECT_EQ(config.head_dim, c.head_dim) << json;
+    const ModelConfig again = parse_model_config(model_config_to_json(config), "written");
+    EXPECT_EQ(again.num_key_value_heads, c.kv_heads) << "written back: " << json;
+    EXPECT_EQ(again.head_dim, c.head_dim) << "written back: " << json;
+  }
+  // 28 heads (Qwen2-7B's) without the key: 32 key/value heads do not divide
+  // them, as transformers' default would not.
+  EXPECT_NE(error_of(R"({"architectures":["Qwen2ForCausalLM"],"hidden_size":3584,
+                     "intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":28,
+                     "vocab_size":50})")
+                .find("num_attention_heads 28 is not a multiple of num_key_value_heads 32"),
+            std::string::npos);
+}
+
 TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
@@ -157,7 +201,8 @@ TEST(Config, ExpertLayoutsAreCheckedForTheTpSize) {
   }
   const ModelConfig dense =
       parse_model_config(R"({"architectures":["Qwen3ForCausalLM"],"hidden_size":64,
-    "intermediate_size":96,"num_hidden_layers":1,"num_attention_heads":4,"vocab_size":10})",
+    "intermediate_size":96,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":4,
+    "vocab_size":10})",
                          "dense");
   EXPECT_THROW(ShardingRules(dense, 1, "", true), ModelError);
   const ShardingRules ep(c, 4, "", true);

@@ -101,6 +101,16 @@ void check_heads(const ModelConfig& c, const std::string& origin) {
                       " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
 }
 
+// num_key_value_heads when config.json has no such key: the default of the
+// architecture's Hugging Face config class (LlamaConfig's is None, which means
+// num_attention_heads).
+std::int64_t default_kv_heads(const std::string& architecture, std::int64_t attention_heads) {
+  if (architecture == "MistralForCausalLM") return 8;
+  if (architecture == "Qwen2ForCausalLM" || architecture == "Qwen3ForCausalLM") return 32;
+  if (architecture == "Qwen3MoeForCausalLM") return 4;
+  return attention_heads;
+}
+
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
@@ -130,12 +140,21 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.intermediate_size = positive_int(j, "intermediate_size", origin);
   c.num_hidden_layers = positive_int(j, "num_hidden_layers", origin);
   c.num_attention_heads = positive_int(j, "num_attention_heads", origin);
-  c.num_key_value_heads = j.contains("num_key_value_heads")
-                              ? positive_int(j, "num_key_value_heads", origin)
-                              : c.num_attention_heads;
+  // Absent keys take the defaults of the architecture's Hugging Face config
+  // class, as vLLM (which loads the config through it) sees them; a null
+  // num_key_value_heads means num_attention_heads there, a null head_dim
+  // hidden_size / num_attention_heads.
+  if (!j.contains("num_key_value_heads"))
+    c.num_key_value_heads = default_kv_heads(c.architecture, c.num_attention_heads);
+  else if (j["num_key_value_heads"].is_null())
+    c.num_key_value_heads = c.num_attention_heads;
+  else
+    c.num_key_value_heads = positive_int(j, "num_key_value_heads", origin);
   c.vocab_size = positive_int(j, "vocab_size", origin);
   if (j.contains("head_dim") && !j["head_dim"].is_null())
     c.head_dim = positive_int(j, "head_dim", origin);
+  else if (!j.contains("head_dim") && c.architecture == "Qwen3ForCausalLM")
+    c.head_dim = 128;  // Qwen3Config's default
   else if (c.hidden_size % c.num_attention_heads != 0)
     raise<ModelError>(origin, ": hidden_size ", c.hidden_size,
                       " is not a multiple of num_attention_heads ", c.num_attention_heads,
