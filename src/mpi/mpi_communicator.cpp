@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <mutex>
 #include <thread>
 
 #include "tpreload/comm/chunking.h"
@@ -142,9 +143,27 @@ void MpiCommunicator::fail(const std::string& message, bool timeout) {
 // arrays MPI reads until it completes. Failure and expiry go through the
 // communicator's fail(), which aborts the job by default.
 class MpiTransfer final : public Transfer {
+  struct Abandoned {
+    std::vector<MPI_Request> requests;
+    std::vector<std::vector<int>> counts, displs;
+  };
+
  public:
   MpiTransfer(MpiCommunicator& comm, std::string what)
       : Transfer(std::move(what), Clock::now() + comm.options_.timeout), comm_(comm) {}
+  // A transfer destroyed with requests still active (its failure or expiry was
+  // thrown, CommOptions::abort_on_failure off) leaves its arrays to MPI: a later
+  // MPI call may still progress those requests, and MPI reads the counts and
+  // displacements until they complete. Kept until the process exits.
+  ~MpiTransfer() override {
+    const bool active = std::any_of(requests.begin(), requests.end(),
+                                    [](MPI_Request r) { return r != MPI_REQUEST_NULL; });
+    if (!active) return;
+    static std::mutex mutex;
+    static auto* const kept = new std::vector<Abandoned>;  // (reachable, never freed)
+    std::lock_guard<std::mutex> lock(mutex);
+    kept->push_back({std::move(requests), std::move(counts), std::move(displs)});
+  }
 
   std::vector<MPI_Request> requests;
   std::vector<std::vector<int>> counts, displs;
