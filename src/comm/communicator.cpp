@@ -18,6 +18,22 @@ void detail::check_timeout(const char* what, std::chrono::milliseconds timeout) 
                       " ms), got ", timeout.count(), " ms");
 }
 
+void detail::check_scatter_arguments(const std::string& who, int rank, int size, ConstBytes send,
+                                     const std::vector<ByteRange>& ranges, MutableBytes recv,
+                                     bool root) {
+  if (ranges.size() != static_cast<std::size_t>(size))
+    raise<UsageError>(who, ": got ", ranges.size(), " ranges for ", size, " ranks");
+  const ByteRange& own = ranges[static_cast<std::size_t>(rank)];
+  if (recv.size != own.length)
+    raise<UsageError>(who, ": the receive buffer holds ", recv.size,
+                      " bytes but the range for this rank is ", own.length, " bytes");
+  if (!root) return;
+  for (std::size_t r = 0; r < ranges.size(); ++r)
+    if (ranges[r].offset > send.size || ranges[r].length > send.size - ranges[r].offset)
+      raise<UsageError>(who, ": the range for rank ", r, " [", ranges[r].offset, ", +",
+                        ranges[r].length, ") exceeds the ", send.size, "-byte send buffer");
+}
+
 std::vector<std::string> host_names(Communicator& comm) {
   constexpr std::size_t kWords = 9;  // 72 bytes: HOST_NAME_MAX (64) and its end
   static_assert(HOST_NAME_MAX < kWords * 8, "a host name fits its words");

@@ -16,8 +16,7 @@ class LocalCommunicator final : public Communicator {
   void scatterv(ConstBytes send, const std::vector<ByteRange>& ranges, MutableBytes recv,
                 int root) override {
     check_root(root);
-    if (ranges.size() != 1 || ranges[0].length != recv.size || ranges[0].end() > send.size)
-      raise<UsageError>("local scatterv: range does not match the buffers");
+    detail::check_scatter_arguments("local scatterv", 0, 1, send, ranges, recv, true);
     std::memmove(recv.data, send.data + ranges[0].offset, ranges[0].length);  // may be in place
   }
   void allreduce_bits(std::uint64_t*, std::size_t, BitOp) override {}

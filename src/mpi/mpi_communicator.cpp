@@ -242,19 +242,8 @@ std::unique_ptr<Transfer> MpiCommunicator::post_scatterv(ConstBytes send,
                                                          const std::vector<ByteRange>& ranges,
                                                          MutableBytes recv, int root) {
   check_root("scatterv", root);
-  if (ranges.size() != static_cast<std::size_t>(size_))
-    raise<UsageError>("rank ", rank_, "/", size_, ": scatterv got ", ranges.size(), " ranges for ",
-                      size_, " ranks");
-  if (recv.size != ranges[rank_].length)
-    raise<UsageError>("rank ", rank_, "/", size_, ": scatterv receive buffer holds ", recv.size,
-                      " bytes but the range for this rank is ", ranges[rank_].length, " bytes");
-  if (rank_ == root) {
-    for (int r = 0; r < size_; ++r)
-      if (ranges[r].end() > send.size)
-        raise<UsageError>("rank ", rank_, "/", size_, ": scatterv range for rank ", r, " [",
-                          ranges[r].offset, ", ", ranges[r].end(), ") exceeds the ", send.size,
-                          "-byte send buffer");
-  }
+  detail::check_scatter_arguments(detail::concat("rank ", rank_, "/", size_, ": scatterv"), rank_,
+                                  size_, send, ranges, recv, rank_ == root);
   // The root may receive in place: its range of the send buffer is its result.
   const bool in_place =
       rank_ == root && recv.size > 0 && recv.data == send.data + ranges[root].offset;

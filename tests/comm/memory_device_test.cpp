@@ -127,5 +127,46 @@ TEST(CommunicatorTransport, MovesHostBytesOverTheCommunicator) {
   EXPECT_EQ(recv[3], std::byte{3});
 }
 
+// Every backend's scatter checks its arguments through one function: one range
+// per rank, a receive buffer as long as this rank's range, and on the root
+// every range within the send buffer (an offset past it, and a length that
+// would wrap the end around, included).
+TEST(ScatterArguments, EachMistakeIsNamed) {
+  std::vector<std::byte> send(16), recv(4);
+  const ConstBytes all(send.data(), send.size());
+  const MutableBytes four(recv.data(), 4);
+  auto error = [&](const std::vector<ByteRange>& ranges, MutableBytes into, bool root) {
+    try {
+      detail::check_scatter_arguments("rank 1/3: scatter", 1, 3, all, ranges, into, root);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(error({{0, 4}, {4, 4}, {8, 4}}, four, true), "");
+  EXPECT_EQ(error({{0, 4}, {4, 4}}, four, true), "rank 1/3: scatter: got 2 ranges for 3 ranks");
+  EXPECT_EQ(error({{0, 4}, {4, 3}, {8, 4}}, four, false),
+            "rank 1/3: scatter: the receive buffer holds 4 bytes but the range for this rank is 3 "
+            "bytes");
+  EXPECT_EQ(error({{0, 4}, {4, 4}, {14, 4}}, four, true),
+            "rank 1/3: scatter: the range for rank 2 [14, +4) exceeds the 16-byte send buffer");
+  EXPECT_EQ(error({{0, 4}, {4, 4}, {14, 4}}, four, false), "") << "only the root has a send buffer";
+  EXPECT_EQ(error({{20, 0}, {4, 4}, {8, 4}}, four, true),
+            "rank 1/3: scatter: the range for rank 0 [20, +0) exceeds the 16-byte send buffer");
+  EXPECT_EQ(error({{8, ~std::uint64_t{0} - 4}, {4, 4}, {8, 4}}, four, true),
+            "rank 1/3: scatter: the range for rank 0 [8, +18446744073709551611) exceeds the "
+            "16-byte send buffer")
+      << "a length that wraps past the end";
+  // The local communicator goes through it.
+  auto comm = make_local_communicator();
+  try {
+    comm->scatterv(all, {{14, 4}}, four, 0);
+    ADD_FAILURE() << "a range past the send buffer was copied";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(),
+                 "local scatterv: the range for rank 0 [14, +4) exceeds the 16-byte send buffer");
+  }
+}
+
 }  // namespace
 }  // namespace tpreload

@@ -32,6 +32,11 @@ namespace detail {
 // year (the clock's deadline overflows past about 292 years). Throws
 // UsageError naming `what`.
 void check_timeout(const char* what, std::chrono::milliseconds timeout);
+// The arguments of a scatterv on rank `rank` of `size`, `who` naming the call:
+// one range per rank, `recv` as long as this rank's range, and on the root
+// (`root` true) every range within `send`. Throws UsageError naming what is off.
+void check_scatter_arguments(const std::string& who, int rank, int size, ConstBytes send,
+                             const std::vector<ByteRange>& ranges, MutableBytes recv, bool root);
 }  // namespace detail
 
 enum class BitOp { kOr, kAnd };
