@@ -258,7 +258,13 @@ class CudaDevice final : public Device {
   std::string backend() const override { return "cuda"; }
   int ordinal() const override { return ordinal_; }
   bool host_addressable() const override { return false; }
-  void make_current() override { CUDA_CHECK(cudaSetDevice(ordinal_)); }
+  std::unique_ptr<Scope> make_current() override {
+    struct Current final : Scope {
+      explicit Current(int ordinal) : guard(ordinal) {}
+      DeviceGuard guard;
+    };
+    return std::make_unique<Current>(ordinal_);
+  }
   Allocator& memory() override { return memory_; }
   Allocator& pinned_memory() override { return pinned_; }
   std::unique_ptr<DeviceStream> make_stream() override {

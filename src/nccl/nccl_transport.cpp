@@ -116,10 +116,7 @@ class NcclTransport final : public DataTransport {
     const std::string what = detail::concat("NCCL scatter of ", recv.size, " bytes to rank ", rank_,
                                             " from root ", root);
     check(root, what);
-    if (ranges.size() != static_cast<std::size_t>(size_) || recv.size != ranges[rank_].length)
-      raise<UsageError>(what, ": ", ranges.size(), " ranges for ", size_, " ranks, receive buffer ",
-                        recv.size, " bytes for a range of ",
-                        ranges.size() > static_cast<std::size_t>(rank_) ? ranges[rank_].length : 0);
+    detail::check_scatter_arguments(what, rank_, size_, send, ranges, recv, rank_ == root);
     const auto deadline = Clock::now() + timeout_;
     if (rank_ == root && recv.size && recv.data != send.data + ranges[root].offset)
       stream_->copy(recv.data, send.data + ranges[root].offset, recv.size,
@@ -211,7 +208,11 @@ class NcclTransport final : public DataTransport {
 
 bool NcclTransfer::poll() {
   transport_.pending(what());  // throws on an asynchronous error
-  return event_->done();
+  try {
+    return event_->done();
+  } catch (const std::exception& e) {  // a CUDA error: the transport is broken too
+    transport_.fail(what(), detail::concat("failed on the device: ", e.what()), false);
+  }
 }
 
 void NcclTransfer::expire() {
@@ -286,8 +287,12 @@ std::unique_ptr<DataTransport> make_nccl_transport(Communicator& control,
   agree_on_problem<CommError>(control, problem, "creating the NCCL unique id");
   control.broadcast(MutableBytes(&id, sizeof id), 0);
 
-  device->make_current();  // NCCL binds the communicator to the current device
-  NcclComm comm = join(control, id, options.timeout, problem);
+  // NCCL binds the communicator to the current device; the caller's is current
+  // again afterwards (NCCL's later calls set the device they need).
+  NcclComm comm = [&] {
+    const auto current = device->make_current();
+    return join(control, id, options.timeout, problem);
+  }();
   agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
   log().debug("NCCL communicator of {} ranks on {}", control.size(), device->describe());
   return std::make_unique<NcclTransport>(std::move(device), std::move(comm), control.rank(),

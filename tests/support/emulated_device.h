@@ -43,7 +43,7 @@ class EmulatedDevice final : public Device {
   std::string backend() const override { return "emulated"; }
   int ordinal() const override { return 0; }
   bool host_addressable() const override { return true; }
-  void make_current() override {}
+  std::unique_ptr<Scope> make_current() override { return std::make_unique<Scope>(); }
   Allocator& memory() override;
   Allocator& pinned_memory() override;
   std::unique_ptr<DeviceStream> make_stream() override;

@@ -86,9 +86,15 @@ class Device {
   // Whether the host can read and write device memory directly (true only for
   // the tests' emulated device): tensors over its memory are then CPU tensors.
   virtual bool host_addressable() const = 0;
-  // Make this the calling thread's current device (for libraries, such as NCCL,
-  // that work on the current device); every method here does it for itself.
-  virtual void make_current() = 0;
+  // Make this the calling thread's current device until the returned scope
+  // ends, which makes current again the device that was (for libraries, such as
+  // NCCL, that work on the current device; every method here does it for
+  // itself, and the caller's current device, LibTorch's for example, is its own).
+  class Scope {
+   public:
+    virtual ~Scope() = default;
+  };
+  [[nodiscard]] virtual std::unique_ptr<Scope> make_current() = 0;
   virtual Allocator& memory() = 0;         // MemoryKind::kDevice
   virtual Allocator& pinned_memory() = 0;  // MemoryKind::kPinnedHost
   virtual std::unique_ptr<DeviceStream> make_stream() = 0;
