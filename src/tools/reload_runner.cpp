@@ -97,7 +97,9 @@ void add_options(CLI::App& app, RunnerOptions& o) {
          "replica w / tp (default: the ranks per node when the job spans several nodes with "
          "the same count on each, else the world size)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--quantization", o.quantization, "int8: weight-only int8 kernel format")
+  app.add_option("--quantization", o.quantization,
+                 "int8: weight-only int8 parameters with per-row scales (checkpoint-format "
+                 "loads quantize rows as they land; kernel-format loads copy int8 shards)")
       ->check(CLI::IsMember({"", "int8"}));
   app.add_flag("--lora", o.lora, "Wrap the linear layers with LoRA adapters (base_layer names)");
   app.add_flag("--expert-parallel", o.expert_parallel,
@@ -189,6 +191,7 @@ void add_options(CLI::App& app, RunnerOptions& o) {
       ->check(CLI::IsMember({"auto", "tty", "log", "off"}))
       ->capture_default_str();
   app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
   app.add_option("--timeout", o.timeout_s,
                  "Seconds one collective may take before every rank stops with an error")
@@ -473,8 +476,11 @@ int main(int argc, char** argv) {
       "of an MPI job.\n\nThe reader rank reads the checkpoint and broadcasts or scatters it in "
       "buckets; every rank copies its shard into the existing parameter storage; an allreduce "
       "checks that every expected weight arrived. Exit status: 0 when every expected parameter "
-      "loaded on every rank, 3 when some did not (they are listed), 1 on errors, 2 on bad "
-      "command-line usage; with --demo, 4 when the demo's own check fails.\n\nExamples:\n"
+      "loaded on every rank, 3 when some did not (they are listed), 1 on errors, 2 when the "
+      "command line does not parse (an unknown option, a value out of range); usage errors found "
+      "once the ranks have started (no --model, a --tp that does not divide the world, options "
+      "that do not go together, ranks started with different options) are errors, 1 on every "
+      "rank; with --demo, 4 when the demo's own check fails.\n\nExamples:\n"
       "  mpirun -np 4 reload_runner --demo\n"
       "  mpirun -np 8 reload_runner --model /models/llama --tp 4 --weights /ckpt/step-200\n"
       "  mpirun -np 4 reload_runner --model /models/llama --weights /ckpt/kernel-tp4 "
