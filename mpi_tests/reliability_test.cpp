@@ -394,6 +394,42 @@ TEST(ReliabilityJobEnds, DISABLED_AStalledReader) {
   ADD_FAILURE() << "the stalled reload returned";
 }
 
+// The reader stalls in its second bucket while the first bucket's transfer
+// fails on the reader rank (pipeline depth 2: the reader reads ahead). The
+// error unwinds into joining the reader thread, which the stalled read keeps:
+// that wait has the same deadline, and the job ends naming the bucket, instead
+// of waiting for the read (300 s) with every peer waiting too.
+TEST(ReliabilityJobEnds, DISABLED_AStalledReaderWhileTheTransferFails) {
+  const Versions v;
+  SharedDir dir;
+  const std::string path = write_checkpoint(dir.path() + "/m.safetensors", v.v2);
+  world().barrier();
+  TensorParallelModel model(v.config, on_this_rank(world().size()));
+  std::unique_ptr<WeightSource> source;
+  std::unique_ptr<DataTransport> data = make_communicator_transport(world());
+  ReloadOptions o;
+  o.bucket_bytes = 4096;
+  o.distribution = Distribution::kBroadcast;  // buckets of read bytes, no replicas
+  o.pipeline_depth = 2;
+  o.read_stall_timeout = std::chrono::seconds(2);
+  if (world().rank() == 0) {
+    // The first bucket reads at most 4096 bytes, the first two more: the read
+    // that stalls is the second bucket's.
+    source = std::make_unique<FaultySource>(open_weight_source(path), o.bucket_bytes,
+                                            FaultySource::Fault::kStall, std::chrono::seconds(300));
+    data = std::make_unique<FaultyTransport>(std::move(data), 1, FaultyTransport::Fault::kStall,
+                                             std::chrono::seconds(1));
+  }
+  try {
+    reload_weights(model, world(), *data, source.get(), o);
+  } catch (const CommError& e) {
+    log().critical("rank {}/{}: {}; aborting the job", world().rank(), world().size(), e.what());
+    log().flush();
+    mpitest::mpi_world().abort(1);
+  }
+  ADD_FAILURE() << "the reload returned";
+}
+
 // The last rank exits at its third transfer: the others end within the
 // collective timeout, naming the operation, or mpirun ends the job naming the rank.
 TEST(ReliabilityJobEnds, DISABLED_ARankThatExitsMidTransfer) {

@@ -223,7 +223,10 @@ class Pipeline {
   [[noreturn]] void raise_corrupted(const Slot& slot, std::uint64_t begin, std::uint64_t end,
                                     std::uint32_t got, std::uint32_t sent) const;
   std::string bucket_tensors(std::size_t bucket) const;
-  std::optional<std::unique_ptr<Slot>> next_filled(std::size_t k);
+  std::optional<std::unique_ptr<Slot>> next_filled();
+  // Ends the job when the reader thread has been filling one bucket for longer
+  // than read_stall_timeout: a read stuck in the file system cannot be cancelled.
+  void abort_if_read_stalled();
   void report_progress(std::size_t buckets_done, bool finished);
 
   const Plan& plan_;
@@ -293,6 +296,8 @@ class Pipeline {
   // nanoseconds), 0 while it is not filling: only time spent reading counts as
   // a stalled read, not time spent waiting for a slot the apply still holds.
   std::atomic<std::int64_t> fill_started_{0};
+  std::atomic<std::size_t> filling_{0};  // the bucket it fills (or last filled)
+  std::atomic<bool> reader_finished_{false};
   Clock::time_point started_ = Clock::now();
 };
 
@@ -483,6 +488,7 @@ void Pipeline::reader_loop() {
       filled_.push(std::move(*slot));
       continue;
     }
+    filling_ = k;
     fill_started_ = now_ns();
     try {
       fill(**slot);
@@ -790,22 +796,26 @@ void Pipeline::apply_loop() {
 // The reader's next filled slot. A read that makes no progress for
 // read_stall_timeout cannot be cancelled, so the job ends (peers would wait on
 // it forever); waiting for a slot that the apply holds is not a stalled read.
-std::optional<std::unique_ptr<Slot>> Pipeline::next_filled(std::size_t k) {
+std::optional<std::unique_ptr<Slot>> Pipeline::next_filled() {
   const auto poll =
       std::min<std::chrono::milliseconds>(std::chrono::seconds(1), options_.read_stall_timeout);
   for (;;) {
     bool timed_out = false;
     auto slot = filled_.pop_for(poll, &timed_out);
     if (!timed_out) return slot;
-    const std::int64_t started = fill_started_;
-    if (started && now_ns() - started > std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                            options_.read_stall_timeout)
-                                            .count()) {
-      log().critical("reading bucket {} of {} made no progress for {} s; aborting the job", k + 1,
-                     plan_.buckets.size(), options_.read_stall_timeout.count());
-      control_.abort(125);
-    }
+    abort_if_read_stalled();
   }
+}
+
+void Pipeline::abort_if_read_stalled() {
+  const std::int64_t started = fill_started_;
+  if (!started ||
+      now_ns() - started <=
+          std::chrono::duration_cast<std::chrono::nanoseconds>(options_.read_stall_timeout).count())
+    return;
+  log().critical("reading bucket {} of {} made no progress for {} s; aborting the job",
+                 filling_ + 1, plan_.buckets.size(), options_.read_stall_timeout.count());
+  control_.abort(125);
 }
 
 void Pipeline::stop() {
@@ -813,7 +823,15 @@ void Pipeline::stop() {
   free_.close();
   filled_.close();
   to_apply_.close();
-  if (reader_thread_.joinable()) reader_thread_.join();
+  if (reader_thread_.joinable()) {
+    // A reader stuck in a read (the transfer or the apply failed meanwhile)
+    // would keep the join, and the error, waiting: it gets the same deadline.
+    while (!reader_finished_) {
+      abort_if_read_stalled();
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    reader_thread_.join();
+  }
   if (apply_thread_.joinable()) apply_thread_.join();
   // Writes read into place with a bucket that was never applied (a failed
   // read, an apply that stopped) changed their parameters all the same.
@@ -853,13 +871,17 @@ PipelineStats Pipeline::run() {
     run_direct();
     return stats_;
   }
-  if (reads_) reader_thread_ = std::thread([this] { reader_loop(); });
+  if (reads_)
+    reader_thread_ = std::thread([this] {
+      reader_loop();
+      reader_finished_ = true;
+    });
   apply_thread_ = std::thread([this] { apply_loop(); });
   std::unique_ptr<Slot> failed_read;  // kAll: this rank's, kNode: its node's; agreed on at the end
   std::optional<std::string> node_error;  // kNode: this rank's failed node collective
   std::size_t k = 0;  // every bucket went through here when the loop ends at the last
   for (; k < plan_.buckets.size(); ++k) {
-    std::optional<std::unique_ptr<Slot>> slot = reads_ ? next_filled(k) : free_.pop();
+    std::optional<std::unique_ptr<Slot>> slot = reads_ ? next_filled() : free_.pop();
     if (!slot)
       raise<Error>("rank ", rank_, "/", control_.size(), ": reload pipeline stopped before bucket ",
                    k + 1, " of ", plan_.buckets.size());
