@@ -377,20 +377,28 @@ INSTANTIATE_TEST_SUITE_P(Reliability, Matrix, ::testing::Range(0, static_cast<in
 
 // The reader stalls in the middle of the checkpoint: it ends the job after
 // read_stall_timeout, saying which bucket made no progress.
-TEST(ReliabilityJobEnds, DISABLED_AStalledReader) {
+// The model, and on rank 0 the checkpoint's source that stalls for `stall`
+// once `after_bytes` have been read.
+struct StallingReader {
+  StallingReader(std::uint64_t after_bytes, std::chrono::seconds stall) {
+    const std::string path = write_checkpoint(dir.path() + "/m.safetensors", v.v2);
+    world().barrier();
+    if (world().rank() == 0)
+      source = std::make_unique<FaultySource>(open_weight_source(path), after_bytes,
+                                              FaultySource::Fault::kStall, stall);
+  }
   const Versions v;
   SharedDir dir;
-  const std::string path = write_checkpoint(dir.path() + "/m.safetensors", v.v2);
-  world().barrier();
-  TensorParallelModel model(v.config, on_this_rank(world().size()));
+  TensorParallelModel model{v.config, on_this_rank(world().size())};
   std::unique_ptr<WeightSource> source;
-  if (world().rank() == 0)
-    source = std::make_unique<FaultySource>(open_weight_source(path), 20000,
-                                            FaultySource::Fault::kStall, std::chrono::seconds(60));
+};
+
+TEST(ReliabilityJobEnds, DISABLED_AStalledReader) {
+  StallingReader job(20000, std::chrono::seconds(60));
   ReloadOptions o;
   o.bucket_bytes = 4096;
   o.read_stall_timeout = std::chrono::seconds(2);
-  reload_weights(model, world(), source.get(), o);
+  reload_weights(job.model, world(), job.source.get(), o);
   ADD_FAILURE() << "the stalled reload returned";
 }
 
@@ -400,28 +408,20 @@ TEST(ReliabilityJobEnds, DISABLED_AStalledReader) {
 // that wait has the same deadline, and the job ends naming the bucket, instead
 // of waiting for the read (300 s) with every peer waiting too.
 TEST(ReliabilityJobEnds, DISABLED_AStalledReaderWhileTheTransferFails) {
-  const Versions v;
-  SharedDir dir;
-  const std::string path = write_checkpoint(dir.path() + "/m.safetensors", v.v2);
-  world().barrier();
-  TensorParallelModel model(v.config, on_this_rank(world().size()));
-  std::unique_ptr<WeightSource> source;
-  std::unique_ptr<DataTransport> data = make_communicator_transport(world());
   ReloadOptions o;
   o.bucket_bytes = 4096;
   o.distribution = Distribution::kBroadcast;  // buckets of read bytes, no replicas
   o.pipeline_depth = 2;
   o.read_stall_timeout = std::chrono::seconds(2);
-  if (world().rank() == 0) {
-    // The first bucket reads at most 4096 bytes, the first two more: the read
-    // that stalls is the second bucket's.
-    source = std::make_unique<FaultySource>(open_weight_source(path), o.bucket_bytes,
-                                            FaultySource::Fault::kStall, std::chrono::seconds(300));
+  // The first bucket reads at most 4096 bytes, the first two more: the read
+  // that stalls is the second bucket's.
+  StallingReader job(o.bucket_bytes, std::chrono::seconds(300));
+  std::unique_ptr<DataTransport> data = make_communicator_transport(world());
+  if (world().rank() == 0)
     data = std::make_unique<FaultyTransport>(std::move(data), 1, FaultyTransport::Fault::kStall,
                                              std::chrono::seconds(1));
-  }
   try {
-    reload_weights(model, world(), *data, source.get(), o);
+    reload_weights(job.model, world(), *data, job.source.get(), o);
   } catch (const CommError& e) {
     log().critical("rank {}/{}: {}; aborting the job", world().rank(), world().size(), e.what());
     log().flush();
