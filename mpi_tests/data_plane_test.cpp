@@ -76,6 +76,15 @@ ReloadResult reload(TensorParallelModel& m, DataTransport& data,
   return reload_weights(m, world(), data, source.get(), o, &ws);
 }
 
+// Every parameter of `model` holds the bytes `want` gives it, and the model has
+// no parameter `want` does not name.
+void expect_bytes(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& want,
+                  const std::string& what) {
+  EXPECT_EQ(model.named_parameters().size(), want.size()) << what;
+  for (const auto& [name, t] : want)
+    EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << what << ": " << name;
+}
+
 TEST(DataPlane, CheckpointFormatOverEveryPlane) {
   for (const char* config_name : {"llama_gqa", "qwen2_tied"}) {
     const ModelConfig config = testdata::tiny_config(config_name);
@@ -114,9 +123,7 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
                                    " readers " + std::string(readers_name(o.readers)) +
                                    (o.rotate_broadcast_roots ? " rotated broadcast roots" : "");
           EXPECT_TRUE(r.complete()) << what;
-          for (const auto& [name, t] : want)
-            EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
-                << what << ": " << name;
+          expect_bytes(model, want, what);
           EXPECT_EQ(pointers(model), before) << what;
           EXPECT_EQ(r.transport, p == Plane::kDeviceTransport ? "emulated-device" : "mpi") << what;
           // Every rank reading into host parameters needs no pipeline; device
@@ -182,15 +189,10 @@ TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
   const ModelConfig config = testdata::tiny_config("mistral_mqa");
   const auto ckpt = testdata::random_checkpoint(config, 1200);
   const int tp = world().size();
-  // The expected int8 bytes: a host model loaded locally (the host tests check
-  // those against the formula).
-  ModelOptions local_options;
-  local_options.tp_size = tp;
-  local_options.tp_rank = world().rank();
-  local_options.quantization = "int8";
-  TensorParallelModel local(config, local_options);
-  auto local_source = testdata::memory_source(ckpt);
-  local.load_weights(*local_source);
+  // The expected bytes: this rank's shards sliced and quantized by the tests'
+  // own rules and formula.
+  const auto want = testdata::expected_int8_shards(config, ckpt, tp, world().rank());
+  ASSERT_FALSE(want.empty());
   for (Plane p : {Plane::kMpiPinnedToDevice, Plane::kDeviceTransport}) {
     for (Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
       PlaneSetup s = make_plane(p);
@@ -201,9 +203,7 @@ TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
       ReloadWorkspace ws;
       const ReloadResult r = reload(model, *s.data, ckpt, o, ws);
       EXPECT_TRUE(r.complete());
-      for (const auto& [name, t] : local.named_parameters())
-        EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
-            << name_of(p) << " " << distribution_name(d) << ": " << name;
+      expect_bytes(model, want, std::string(name_of(p)) + " " + std::string(distribution_name(d)));
     }
   }
   // Kernel format: the same bytes, written as per-rank shards and copied by name.
@@ -230,9 +230,7 @@ TEST(DataPlane, Int8AndKernelFormatOnDeviceParameters) {
     ReloadWorkspace ws;
     auto source = world().rank() == 0 ? open_weight_source(dir + "/kernel") : nullptr;
     EXPECT_TRUE(reload_weights(model, world(), *s.data, source.get(), o, &ws).complete());
-    for (const auto& [name, t] : local.named_parameters())
-      EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t))
-          << "kernel " << name_of(p) << ": " << name;
+    expect_bytes(model, want, std::string("kernel ") + name_of(p));
   }
   world().barrier();
   if (world().rank() == 0) std::filesystem::remove_all(dir);

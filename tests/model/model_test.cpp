@@ -165,40 +165,10 @@ TEST(Lora, BaseLayerResolvesWithoutChangingTheTree) {
     EXPECT_TRUE(same_bytes(model.parameter_for_reload(param), want)) << param;
 }
 
-// Per-row int8 quantization written out element by element, as the spec states it.
-void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scale) {
-  const at::Tensor w = shard.to(at::kFloat).contiguous();
-  q = at::empty(w.sizes(), at::kChar);
-  scale = at::empty({w.size(0)}, at::kFloat);
-  const float* src = w.data_ptr<float>();
-  for (std::int64_t r = 0; r < w.size(0); ++r) {
-    float amax = 0;
-    for (std::int64_t c = 0; c < w.size(1); ++c)
-      amax = std::max(amax, std::fabs(src[r * w.size(1) + c]));
-    const float s = amax == 0 ? 1.0f : amax / 127.0f;
-    scale.data_ptr<float>()[r] = s;
-    for (std::int64_t c = 0; c < w.size(1); ++c) {
-      const float v = std::nearbyint(src[r * w.size(1) + c] / s);  // ties to even
-      q.data_ptr<std::int8_t>()[r * w.size(1) + c] =
-          static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
-    }
-  }
-}
-
-// Which parameters are int8, decided here from their names (the linear layers
-// of the decoder: q/k/v, o, gate/up and down projections; not embeddings,
-// norms, the router or the experts), and their bytes from quantize_reference
+// Which parameters are int8, decided by the tests from their names
+// (testdata::int8_linear), and their bytes from testdata::quantize_reference
 // of the independent shards, for every tiny model, tp size and rank.
 TEST(Int8, CheckpointFormatQuantizesEachRankShardPerRow) {
-  auto linear = [](const std::string& name) {
-    if (name.rfind("model.layers.", 0) != 0) return false;
-    for (const char* leaf : {".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight",
-                             ".mlp.gate_up_proj.weight", ".mlp.down_proj.weight"})
-      if (name.size() > std::strlen(leaf) &&
-          name.compare(name.size() - std::strlen(leaf), std::strlen(leaf), leaf) == 0)
-        return true;
-    return false;
-  };
   for (const char* family : testdata::kTinyConfigs) {
     const ModelConfig config = tiny_config(family);
     const auto ckpt = random_checkpoint(config, 6);
@@ -220,14 +190,14 @@ TEST(Int8, CheckpointFormatQuantizesEachRankShardPerRow) {
         for (const auto& [param, shard] : want) {
           const at::Tensor got = model.parameter_for_reload(param);
           ASSERT_TRUE(got.defined()) << what << ": " << param;
-          if (!linear(param)) {
+          if (!testdata::int8_linear(param)) {
             EXPECT_TRUE(same_bytes(got, shard)) << what << ": " << param;
             continue;
           }
           ++quantized;
           ASSERT_EQ(got.scalar_type(), at::kChar) << what << ": " << param << " is not int8";
           at::Tensor q, scale;
-          quantize_reference(shard, q, scale);
+          testdata::quantize_reference(shard, q, scale);
           EXPECT_TRUE(same_bytes(got, q)) << what << ": " << param;
           EXPECT_TRUE(same_bytes(model.parameter_for_reload(param + "_scale"), scale))
               << what << ": " << param;

@@ -293,4 +293,50 @@ bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
   return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.numel() * ca.element_size()) == 0;
 }
 
+void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scale) {
+  const at::Tensor w = shard.to(at::kFloat).contiguous();
+  q = at::empty(w.sizes(), at::kChar);
+  scale = at::empty({w.size(0)}, at::kFloat);
+  const float* src = w.data_ptr<float>();
+  for (std::int64_t r = 0; r < w.size(0); ++r) {
+    float amax = 0;
+    for (std::int64_t c = 0; c < w.size(1); ++c)
+      amax = std::max(amax, std::fabs(src[r * w.size(1) + c]));
+    const float s = amax == 0 ? 1.0f : amax / 127.0f;
+    scale.data_ptr<float>()[r] = s;
+    for (std::int64_t c = 0; c < w.size(1); ++c) {
+      const float v = std::nearbyint(src[r * w.size(1) + c] / s);  // ties to even
+      q.data_ptr<std::int8_t>()[r * w.size(1) + c] =
+          static_cast<std::int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
+  }
+}
+
+bool int8_linear(const std::string& param) {
+  if (param.rfind("model.layers.", 0) != 0) return false;
+  for (const char* leaf : {".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight",
+                           ".mlp.gate_up_proj.weight", ".mlp.down_proj.weight"})
+    if (param.size() > std::strlen(leaf) &&
+        param.compare(param.size() - std::strlen(leaf), std::strlen(leaf), leaf) == 0)
+      return true;
+  return false;
+}
+
+std::map<std::string, at::Tensor> expected_int8_shards(
+    const ModelConfig& config, const std::map<std::string, at::Tensor>& ckpt, int tp_size,
+    int tp_rank) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [param, shard] : expected_shards(config, ckpt, tp_size, tp_rank)) {
+    if (!int8_linear(param)) {
+      out[param] = shard;
+      continue;
+    }
+    at::Tensor q, scale;
+    quantize_reference(shard, q, scale);
+    out[param] = q;
+    out[param + "_scale"] = scale;
+  }
+  return out;
+}
+
 }  // namespace tpreload::testdata

@@ -54,6 +54,22 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& config,
                                                   int tp_size, int tp_rank,
                                                   bool expert_parallel = false);
 
+// Per-row int8 quantization written out element by element, as the spec
+// (tpreload/model/quantize.h) states it: scale = max|w| / 127 (1 for a zero
+// row), q = clamp(nearbyint(w / scale), -127, 127).
+void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scale);
+
+// Whether an int8 model holds `param` as int8, decided from its name: the
+// decoder's linear layers (q/k/v, o, gate/up, down), not embeddings, norms,
+// the router or the experts.
+bool int8_linear(const std::string& param);
+
+// expected_shards for an int8 model: each int8_linear weight as
+// quantize_reference's bytes, with its `<name>_scale`.
+std::map<std::string, at::Tensor> expected_int8_shards(
+    const ModelConfig& config, const std::map<std::string, at::Tensor>& ckpt, int tp_size,
+    int tp_rank);
+
 // Logits of a plain single-process Hugging Face-style forward pass over the
 // checkpoint tensors (float64 compute; Qwen3 q/k norms and MoE blocks token by
 // token), independent of TensorParallelModel.
