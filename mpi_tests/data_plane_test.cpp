@@ -9,6 +9,9 @@
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
+#include <algorithm>
 #include <filesystem>
 
 #include "../tests/support/emulated_device.h"
@@ -20,6 +23,7 @@
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/model.h"
 #include "tpreload/reload/reload.h"
+#include "tpreload/reload/report.h"
 
 namespace tpreload {
 namespace {
@@ -287,6 +291,56 @@ TEST(DataPlane, AStalledDeviceOnOneRankIsTheSameErrorOnEveryRankAndTheJobGoesOn)
   }
 }
 
+// Fingerprints read device parameters back: a device stuck on one rank there is
+// the same CommError on every rank, soon, instead of its peers waiting in the
+// gather; with the device working again they are every rank's zlib CRC-32s of
+// its shards (computed here from the tests' own slicing).
+TEST(DataPlane, AStuckDeviceWhileGatheringFingerprintsIsTheSameErrorOnEveryRank) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 1310);
+  const int tp = world().size(), stuck = world().size() - 1;
+  PlaneSetup s = make_plane(Plane::kMpiPinnedToDevice);
+  TensorParallelModel model(config, model_options(tp, s));
+  ReloadOptions o;
+  o.bucket_bytes = 4096;
+  ReloadWorkspace ws;
+  ASSERT_TRUE(reload(model, *s.data, ckpt, o, ws).complete());
+  if (world().rank() == stuck) s.device->stall(true);
+  const auto start = Clock::now();
+  std::string error;
+  try {
+    gather_fingerprints(model, world(), std::chrono::milliseconds(300));
+    ADD_FAILURE() << "a stuck device went unnoticed";
+  } catch (const CommError& e) {
+    error = e.what();
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20));
+  EXPECT_NE(error.find("reading the parameters back for their fingerprints failed on rank " +
+                       std::to_string(stuck) + "/"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("within 300 ms"), std::string::npos) << error;
+  EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  s.device->stall(false);
+  world().barrier();
+
+  const auto fingerprints = gather_fingerprints(model, world(), std::chrono::seconds(20));
+  ASSERT_EQ(fingerprints.size(), model.named_parameters().size());
+  for (int r = 0; r < tp; ++r) {
+    for (const auto& [name, t] : testdata::expected_shards(config, ckpt, tp, r)) {
+      const auto f = std::find_if(fingerprints.begin(), fingerprints.end(),
+                                  [&](const ParamFingerprint& p) { return p.name == name; });
+      ASSERT_NE(f, fingerprints.end()) << name;
+      const at::Tensor c = t.contiguous();
+      const auto want = static_cast<std::uint32_t>(
+          crc32(0L, static_cast<const Bytef*>(c.data_ptr()), static_cast<uInt>(c.nbytes())));
+      EXPECT_EQ(f->crc32_by_rank.at(static_cast<std::size_t>(r)), want) << name << " on rank " << r;
+    }
+  }
+}
+
 // Every rank reading, device parameters: one rank's device gets stuck while
 // another rank's read fails. The read failure is what every rank raises, and the
 // stuck rank still abandons the staging its device may touch instead of
@@ -329,6 +383,19 @@ TEST(DataPlane, AStuckDeviceAbandonsItsStagingAlsoWhenAReadFailureIsRaised) {
   world().barrier();
 }
 
+// The CommError a reload over a failing node transport raises ("" and a test
+// failure if none).
+template <typename F>
+std::string node_transfer_error(F&& reload_over_faulty) {
+  try {
+    reload_over_faulty();
+    ADD_FAILURE() << "a failed node transfer went unnoticed";
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // A reader per node, the last node's data transport failing on every rank of
 // it: the other nodes run on, and then every rank raises the same CommError
 // naming that node's first rank; the failed planes are dropped, so the next
@@ -357,13 +424,7 @@ TEST(DataPlane, ANodeWhoseTransportFailsIsOneErrorOnEveryRankAndTheNextReloadWor
     o.atomic = atomic;
     ReloadWorkspace ws;
     ASSERT_TRUE(reload(model, *s.data, v1, o, ws).complete());
-    std::string error;
-    try {
-      reload(model, *faulty, v2, o, ws);
-      ADD_FAILURE() << "a failed node transfer went unnoticed";
-    } catch (const CommError& e) {
-      error = e.what();
-    }
+    const std::string error = node_transfer_error([&] { reload(model, *faulty, v2, o, ws); });
     EXPECT_NE(error.find("a transfer within a node (--readers node; ranks of that node may hold a "
                          "mix of old and new weights) failed on rank " +
                          std::to_string(last_node) + "/" + std::to_string(n)),
@@ -380,6 +441,48 @@ TEST(DataPlane, ANodeWhoseTransportFailsIsOneErrorOnEveryRankAndTheNextReloadWor
     for (const auto& [name, t] : want_v2)
       EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << name;
   }
+}
+
+// A reader per node, the node reader of the last node alone failing its second
+// transfer after it completed (its peers received the bucket: only the
+// reader's side reports an error): the peers would wait for that reader's next
+// announcement; instead the whole node stops at it, every rank raises the same
+// CommError naming the reader, soon (well before the control plane's 60 s), and
+// the next reload over a sound transport completes.
+TEST(DataPlane, ANodeReaderWhoseTransferAloneFailsStopsItsWholeNodeAtOnce) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  using Clock = std::chrono::steady_clock;
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 1520),
+             v2 = testdata::random_checkpoint(config, 1521);
+  const int n = world().size(), per_node = n >= 4 ? n / 2 : n;  // nodes of two ranks or more
+  const int reader = (n - 1) / per_node * per_node;  // the last node's first rank: its reader
+  const auto want_v2 = testdata::expected_shards(config, v2, n, world().rank());
+  PlaneSetup s = make_plane(Plane::kMpiHost);
+  std::unique_ptr<DataTransport> faulty = mpi_world().make_data_transport();
+  if (world().rank() == reader)
+    faulty = std::make_unique<testing::FaultyTransport>(
+        std::move(faulty), 2, testing::FaultyTransport::Fault::kFailAfter);
+  TensorParallelModel model(config, model_options(n, s));
+  ReloadOptions o;
+  o.readers = Readers::kNode;
+  o.ranks_per_node = per_node;
+  o.bucket_bytes = 4096;
+  ReloadWorkspace ws;
+  ASSERT_TRUE(reload(model, *s.data, v1, o, ws).complete());
+  const auto start = Clock::now();
+  const std::string error = node_transfer_error([&] { reload(model, *faulty, v2, o, ws); });
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(20)) << "the node waited for its reader";
+  EXPECT_NE(error.find("a transfer within a node (--readers node; ranks of that node may hold a "
+                       "mix of old and new weights) failed on rank " +
+                       std::to_string(reader) + "/" + std::to_string(n) + ": "),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("injected fault"), std::string::npos) << error;
+  EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  ASSERT_TRUE(reload(model, *s.data, v2, o, ws).complete());
+  for (const auto& [name, t] : want_v2)
+    EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(name), t)) << name;
 }
 
 // A transport whose split fails on the ranks from `from` on (as NCCL failing to

@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <stdexcept>
+#include <thread>
 
 #include "../tests/support/faults.h"
 #include "../tests/support/tiny_models.h"
@@ -138,6 +140,29 @@ void cut(const std::string& path, double fraction) {
 void write_bytes(const std::string& path, const std::string& bytes) {
   if (world().rank() == 0) std::ofstream(path, std::ios::binary) << bytes;
 }
+
+// A caller's source whose check of its mapped reads after the transfer throws
+// something that is not a CheckpointError (it may throw anything). The reader
+// thread's checks after each bucket pass: only the reload's own thread, the one
+// that made the source, checks after the transfer.
+class MappingCheckThrows final : public WeightSource {
+ public:
+  explicit MappingCheckThrows(std::unique_ptr<WeightSource> inner) : inner_(std::move(inner)) {}
+  std::string describe() const override { return inner_->describe(); }
+  const std::vector<TensorInfo>& tensors() const override { return inner_->tensors(); }
+  std::optional<ConstBytes> view(std::size_t i, ByteRange r) override { return inner_->view(i, r); }
+  void read(std::size_t i, ByteRange r, MutableBytes dst) override { inner_->read(i, r, dst); }
+  std::uint64_t bytes_read() const override { return inner_->bytes_read(); }
+  const std::map<std::string, std::string>& metadata() const override { return inner_->metadata(); }
+  void check_mapped_reads() const override {
+    if (std::this_thread::get_id() == made_on_)
+      throw std::runtime_error("the caller's mapping went away");
+  }
+
+ private:
+  std::unique_ptr<WeightSource> inner_;
+  std::thread::id made_on_ = std::this_thread::get_id();
+};
 
 std::vector<Row> rows() {
   auto kernel = [](ReloadOptions& o) { o.format = WeightFormat::kKernel; };
@@ -263,6 +288,16 @@ std::vector<Row> rows() {
          for (const auto& t : inner->tensors()) total += t.nbytes;
          return std::unique_ptr<WeightSource>(std::make_unique<FaultySource>(
              std::move(inner), total / 2, FaultySource::Fault::kFail));
+       }},
+      {"a caller's source failing its mapped-reads check with any exception",
+       [](const std::string& d, const Versions& v, int) {
+         return write_checkpoint(d + "/m.safetensors", v.v2);
+       },
+       [](ReloadOptions&) {}, "CheckpointError", "reading the checkpoint failed on rank 0/",
+       State::kNamedChanged,
+       [](const std::string& path) {
+         return std::unique_ptr<WeightSource>(
+             std::make_unique<MappingCheckThrows>(open_weight_source(path)));
        }},
       {"a config that differs between ranks in a field the forward pass uses",
        [](const std::string& d, const Versions& v, int) {

@@ -527,6 +527,41 @@ TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
       << "rank " << world().rank() << " raised: " << error;
 }
 
+// Only the rank that opens the weights needs a path: the others may be given
+// none (and keep their location). A reader with neither a path nor a location
+// is the same CheckpointError on every rank, naming it.
+TEST(Reload, OnlyTheRanksThatOpenTheWeightsNeedAPath) {
+  SharedDir dir;
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 610);
+  const Sources files = write_sources(ckpt, dir.path());
+  const Variant setup{world().size(), "", false};
+  TensorParallelModel model(config, options_for(setup));
+  ReloadableModel served(model, {"", "", ""});
+  const bool reader = world().rank() == 0;
+  ASSERT_TRUE(served.reload(world(), ReloadOptions{}, reader ? files.sharded : "").complete());
+  expect_params(model, expected_params(config, setup, ckpt), "the path on the reader only");
+  EXPECT_EQ(served.location().path, reader ? files.sharded : "");
+
+  ReloadableModel nowhere(model, {"", "", ""});
+  ReloadOptions o;
+  o.reader_rank = world().size() - 1;
+  std::string error;
+  try {
+    nowhere.reload(world(), o);
+    ADD_FAILURE() << "a reader without weights went unnoticed";
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("rank " + std::to_string(o.reader_rank) +
+                       " opens the weights but has none: no path was given and the model has "
+                       "no location"),
+            std::string::npos)
+      << error;
+  EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  expect_params(model, expected_params(config, setup, ckpt), "after the failed reload");
+}
+
 TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {
   SharedDir dir;
   const ModelConfig config = testdata::tiny_config("qwen2_tied");

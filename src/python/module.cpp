@@ -308,6 +308,10 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
   world.collective([&] {  // no Python object is touched in here
     MpiCommunicator& comm = world.comm();
     agree_on_problem<UsageError>(comm, problem, "reading the request");
+    // (fingerprints are gathered collectively after the reload)
+    agree_on_values<UsageError>(comm, {{"fingerprint", q.fingerprint ? 1u : 0u}},
+                                " (every rank must pass the same fingerprint=); nothing was "
+                                "reloaded");
     std::optional<ModelConfig> config;
     try {
       config = load_model_config(q.config);
@@ -347,7 +351,7 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     ReloadWorkspace local;
     result = reload_weights(*target, comm, *plane.transport, source.get(), options,
                             workspace ? workspace : &local);
-    if (q.fingerprint) fingerprints = gather_fingerprints(*target, comm);
+    if (q.fingerprint) fingerprints = gather_fingerprints(*target, comm, options.device_timeout);
   });
   return result_dict(result, fingerprints);
 }

@@ -130,10 +130,12 @@ class Pipeline {
         // world bucket, or the other nodes would wait for it at the next one.
         // make_plan puts broadcast tensors first
         // (Plan.BroadcastBucketsFollowTheFileAndKindsDoNotAlternate).
+        // (The plan is the same on every rank: so is this error, before any
+        // collective of the pipeline.)
         if (!b.scatter && !world_roots_.empty() && world_roots_.back() < 0)
-          raise<Error>("reload plan: a broadcast bucket after a scatter bucket (",
-                       world_roots_.size() + 1, " of ", plan_.buckets.size(),
-                       "); rotated broadcast roots need every broadcast bucket first");
+          raise<Agreed<Error>>("reload plan: a broadcast bucket after a scatter bucket (",
+                               world_roots_.size() + 1, " of ", plan_.buckets.size(),
+                               "); rotated broadcast roots need every broadcast bucket first");
         world_roots_.push_back(b.scatter ? -1 : node->readers[turn++ % node->readers.size()]);
       }
     }
@@ -175,7 +177,9 @@ class Pipeline {
     return options_.checksums && (world_root(bucket) < 0 ? group_.size() : control_.size()) > 1;
   }
   // Progress goes to the world's reader rank.
-  bool reports() const { return rank_ == options_.reader_rank && options_.progress != nullptr; }
+  bool reports() const {
+    return rank_ == options_.reader_rank && options_.progress != nullptr && !progress_threw_;
+  }
   // A scatter bucket's ranges for the ranks of the group, in group order.
   const std::vector<ByteRange>& group_ranges(std::size_t bucket) const {
     return node_read_ ? node_ranges_[bucket] : plan_.buckets[bucket].ranges;
@@ -200,7 +204,11 @@ class Pipeline {
   bool can_apply_direct() const;
   void run_direct();
   void write_in_chunks(const RowWrite& w, const WriteSource& from);
+  // A node bucket's status (announce_read_status): read, its reader's read
+  // failed, or a rank of the node failed to transfer the bucket before.
+  static constexpr std::int64_t kReadFailed = 1, kTransferFailed = 2;
   bool announce_read_status(Slot& slot);
+  void announce_failed_transfer(std::size_t bucket);
   bool announce_world_status(Slot& slot);
   void agree_on_read_status(std::size_t bucket, const std::optional<std::string>& error);
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
@@ -299,6 +307,7 @@ class Pipeline {
   std::atomic<std::size_t> filling_{0};  // the bucket it fills (or last filled)
   std::atomic<bool> reader_finished_{false};
   Clock::time_point started_ = Clock::now();
+  bool progress_threw_ = false;  // the caller's progress callback threw: no more reports
 };
 
 std::int64_t now_ns() {
@@ -516,11 +525,16 @@ bool Pipeline::announce_read_status(Slot& slot) {
   const Bucket& bucket = plan_.buckets[slot.bucket];
   const std::size_t sums = sum_count(slot.bucket);
   std::vector<std::int64_t> message_head(1 + sums, 0);
-  message_head[0] = problem ? 1 : 0;
+  message_head[0] = problem ? kReadFailed : 0;
   if (reader_ && !problem)
     for (std::size_t i = 0; i < sums; ++i) message_head[1 + i] = slot.sums.at(i);
-  group_.broadcast(MutableBytes(message_head.data(), message_head.size() * sizeof(std::int64_t)),
-                   root_);
+  // Within a node, an allreduce (the reader's values are the only ones not
+  // zero): a rank whose transfer of the bucket before failed says so in it.
+  if (node_read_)
+    allreduce_ints(group_, message_head, IntOp::kMax);
+  else
+    group_.broadcast(MutableBytes(message_head.data(), message_head.size() * sizeof(std::int64_t)),
+                     root_);
   const std::int64_t status = message_head[0];
   slot.expected.clear();
   if (status == 0 && sums && !reader_) {
@@ -532,6 +546,16 @@ bool Pipeline::announce_read_status(Slot& slot) {
   }
   if (status != 0 && !node_read_) raise_read_failure(slot.bucket, options_.reader_rank, problem);
   return status == 0;
+}
+
+// COLLECTIVE over the node (Readers::kNode), in place of the announcement of
+// `bucket` by a rank whose transfer of the bucket before it failed: its node's
+// ranks learn there that they stop (announce_read_status returns false), where
+// they would otherwise wait for it.
+void Pipeline::announce_failed_transfer(std::size_t bucket) {
+  std::vector<std::int64_t> message_head(1 + sum_count(bucket), 0);
+  message_head[0] = kTransferFailed;
+  allreduce_ints(group_, message_head, IntOp::kMax);
 }
 
 // COLLECTIVE over the world, for a bucket one node reader sends to the world
@@ -853,7 +877,17 @@ void Pipeline::report_progress(std::size_t buckets_done, bool finished) {
   }
   p.seconds = since(started_);
   p.finished = finished;
-  options_.progress(p);
+  // The caller's callback, between collectives: what it throws must not leave
+  // this rank's peers waiting, and costs only the progress reports.
+  try {
+    options_.progress(p);
+  } catch (const std::exception& e) {
+    progress_threw_ = true;
+    log().warn("the progress callback threw ({}); it is not called again in this reload", e.what());
+  } catch (...) {
+    progress_threw_ = true;
+    log().warn("the progress callback threw; it is not called again in this reload");
+  }
 }
 
 PipelineStats Pipeline::run() {
@@ -905,15 +939,25 @@ PipelineStats Pipeline::run() {
       transfer(**slot);
     } else {
       // A node's announcement or transfer that fails stops that node only: the
-      // other nodes run on, and the world agrees on the failure at the end.
+      // other nodes run on, and the world agrees on the failure at the end. A
+      // rank whose transfer failed (on it alone, maybe) joins its node's next
+      // announcement to say so, and the whole node stops there together.
+      bool announced = false;
       try {
         if (!announce_read_status(**slot)) {
-          failed_read = std::move(*slot);
+          failed_read = std::move(*slot);  // (its read_error: the reader's own, or none)
           break;
         }
+        announced = true;
         transfer(**slot);
       } catch (const std::exception& e) {
         node_error = e.what();
+        if (announced && k + 1 < plan_.buckets.size()) try {
+            announce_failed_transfer(k + 1);
+          } catch (const std::exception& again) {
+            log().error("rank {}: telling its node that a transfer failed also failed: {}", rank_,
+                        again.what());
+          }
         break;
       }
     }

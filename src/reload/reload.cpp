@@ -476,28 +476,40 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   fresh->key = key;
   fresh->listing_hash = listing[0];
   fresh->known = std::move(known);
-  fresh->metadata = parse_metadata(payload);
   const PlanOptions plan_options{options.format,          effective_distribution(options),
                                  options.bucket_bytes,    world.size(),
                                  model.rules().tp_size(), options.scatter_replicated_bytes};
-  try {  // the same listing and rules on every rank: the same verdict everywhere
+  // The same listing and rules on every rank: the same verdict everywhere for
+  // what they decide; anything else (memory) is this rank's problem, agreed on
+  // with preflight's.
+  bool planned = false;
+  try {
+    fresh->metadata = parse_metadata(payload);
     fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
+    planned = true;
   } catch (const ValidationError& e) {
     throw Agreed<ValidationError>(e.what());
   } catch (const UsageError& e) {
     throw Agreed<UsageError>(e.what());
+  } catch (const CheckpointError& e) {  // (a listing that does not parse)
+    throw Agreed<CheckpointError>(e.what());
+  } catch (const std::exception& e) {
+    problem = detail::concat("planning the reload: ", e.what());
   }
-  agree_on_problem<ValidationError>(
-      world, preflight_problem(fresh->plan, fresh->metadata, model, world.rank()),
-      "preflight (nothing was reloaded)");
-  fresh->applies =
-      resolve_applies(fresh->plan, fresh->metadata, model.rules(), plan_options, world.rank());
-  if (all_read)
-    fresh->direct_applies = resolve_direct_applies(fresh->plan, fresh->metadata, model.rules(),
-                                                   plan_options, world.rank());
-  else if (options.readers == Readers::kNode || world.rank() == options.reader_rank)
-    fresh->own =
-        detail::place_own_writes(fresh->plan, fresh->applies, model.rules().params(), world.rank());
+  if (planned) problem = preflight_problem(fresh->plan, fresh->metadata, model, world.rank());
+  if (!problem) try {  // this rank's writes
+      fresh->applies =
+          resolve_applies(fresh->plan, fresh->metadata, model.rules(), plan_options, world.rank());
+      if (all_read)
+        fresh->direct_applies = resolve_direct_applies(fresh->plan, fresh->metadata, model.rules(),
+                                                       plan_options, world.rank());
+      else if (options.readers == Readers::kNode || world.rank() == options.reader_rank)
+        fresh->own = detail::place_own_writes(fresh->plan, fresh->applies, model.rules().params(),
+                                              world.rank());
+    } catch (const std::exception& e) {
+      problem = detail::concat("resolving this rank's writes: ", e.what());
+    }
+  agree_on_problem<ValidationError>(world, problem, "preflight (nothing was reloaded)");
   workspace.keep_plan(std::move(fresh));
   return *workspace.cached_plan();
 }
@@ -810,7 +822,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     std::optional<std::string> mapping_problem;
     if (reader && source) try {
         source->check_mapped_reads();
-      } catch (const CheckpointError& e) {
+      } catch (const std::exception& e) {  // (a source of the caller's may throw anything)
         mapping_problem = e.what();
       }
     agree_on_problem<CheckpointError>(world, mapping_problem, "reading the checkpoint");
@@ -936,12 +948,17 @@ class FailedSource final : public WeightSource {
 ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& options,
                                      const std::string& path) {
   const std::string from = path.empty() ? location_.path : path;
-  if (from.empty())
-    raise<UsageError>("reload has no weights: no path was given and the model has no location");
   std::unique_ptr<WeightSource> opened;
+  // Only the ranks that open the weights need a path (the others may be given
+  // none); a rank that has none fails as a rank that cannot open them does,
+  // alike on every rank.
   if (opens_source(options, world.rank())) {
     const auto start = Clock::now();
     try {
+      if (from.empty())
+        raise<UsageError>("rank ", world.rank(),
+                          " opens the weights but has none: no path was given and the model "
+                          "has no location");
       opened = open_weight_source(from, workspace_.known_listing());
     } catch (const std::exception& e) {  // reaches every rank through the metadata exchange
       opened = std::make_unique<FailedSource>(e.what());

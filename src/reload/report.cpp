@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "tpreload/comm/agreement.h"
@@ -11,7 +12,8 @@
 
 namespace tpreload {
 
-std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communicator& world) {
+std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communicator& world,
+                                                  std::chrono::milliseconds device_timeout) {
   auto params = model.stored_parameters();
   std::sort(params.begin(), params.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -29,13 +31,20 @@ std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communica
   const int n = world.size();
   std::vector<std::int64_t> crcs(params.size() * n, 0);
   std::vector<ParamFingerprint> out;
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    // Read where they live (device memory in bounded chunks).
-    const auto& p = params[i];
-    crcs[i * n + world.rank()] = static_cast<std::int64_t>(
-        model.sink().crc32(p.storage.data, p.storage.bytes, "'" + p.name + "'"));
-    out.push_back({p.name, p.shape, p.dtype, {}});
+  std::optional<std::string> problem;  // reading back can fail on one rank (a stuck device)
+  try {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      // Read where they live (device memory in bounded chunks).
+      const auto& p = params[i];
+      crcs[i * n + world.rank()] = static_cast<std::int64_t>(
+          model.sink().crc32(p.storage.data, p.storage.bytes, "'" + p.name + "'",
+                             std::uint64_t{16} << 20, device_timeout));
+      out.push_back({p.name, p.shape, p.dtype, {}});
+    }
+  } catch (const std::exception& e) {
+    problem = e.what();
   }
+  agree_on_problem<CommError>(world, problem, "reading the parameters back for their fingerprints");
   allreduce_ints(world, crcs, IntOp::kSum);
   for (std::size_t k = 0; k < out.size(); ++k)
     for (int r = 0; r < n; ++r)
@@ -110,7 +119,9 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
     doc["error"] = r.error;
     doc["possibly_changed"] = r.possibly_mixed;
   }
-  return doc.dump(2);
+  // Paths and errors may hold bytes that are not UTF-8 (a file name): replaced
+  // with U+FFFD, as JSON must be UTF-8, instead of failing the report.
+  return doc.dump(2, ' ', false, json::error_handler_t::replace);
 }
 
 std::string summary_text(const ReloadResult& r) {

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -318,15 +320,25 @@ ModelOptions model_options(const RunnerOptions& o, Communicator& world, const Da
   return m;
 }
 
+// COLLECTIVE. Rank 0 writes the report; a report it cannot write is the same
+// error on every rank (which then all end cleanly).
 void write_report(const RunnerOptions& o, const ReloadResult& r, TensorParallelModel& model,
                   Communicator& world) {
-  const auto fingerprints = gather_fingerprints(model, world);
-  if (world.rank() != 0) return;
-  std::ofstream out(o.report);
-  out << report_json(r, {world.size(), model.options().tp_size, world.backend()}, fingerprints)
-      << "\n";
-  if (!out) raise<UsageError>("cannot write the report to '", o.report, "'");
-  log().info("wrote report {}", o.report);
+  const auto fingerprints = gather_fingerprints(model, world, ReloadOptions{}.device_timeout);
+  std::optional<std::string> problem;
+  if (world.rank() == 0) try {
+      std::ofstream out(o.report);
+      if (!out.is_open())
+        raise<UsageError>("cannot write the report to '", o.report, "': ", std::strerror(errno));
+      out << report_json(r, {world.size(), model.options().tp_size, world.backend()}, fingerprints)
+          << "\n";
+      out.close();
+      if (!out) raise<UsageError>("cannot write the report to '", o.report, "' (writing failed)");
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  agree_on_problem<UsageError>(world, problem, "writing the report");
+  if (world.rank() == 0) log().info("wrote report {}", o.report);
 }
 
 int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
@@ -426,6 +438,14 @@ std::string head(const at::Tensor& logits) {
 
 int run_demo(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
   const std::string dir = shared_temp_dir(world);
+  struct RemoveOnReturn {  // (also when the demo fails)
+    const std::string& dir;
+    bool owner;
+    ~RemoveOnReturn() {
+      std::error_code ignored;
+      if (owner) fs::remove_all(dir, ignored);
+    }
+  } remove{dir, world.rank() == 0};
   const ModelConfig config = demo_config();
   if (world.rank() == 0) write_demo_checkpoints(config, dir);
   world.barrier();
@@ -463,8 +483,7 @@ int run_demo(const RunnerOptions& o, Communicator& world, const DataPlane& plane
               << "; parameters stayed in place: " << (in_place ? "yes" : "NO") << "\n";
   }
   if (!o.report.empty()) write_report(o, r, model, world);
-  world.barrier();
-  if (world.rank() == 0) fs::remove_all(dir);
+  world.barrier();  // (every rank is done with the files before rank 0 removes them)
   return changed && exact && in_place && r.complete() ? 0 : 4;
 }
 

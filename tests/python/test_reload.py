@@ -281,6 +281,10 @@ def test_a_problem_on_one_rank_is_the_same_error_on_every_rank(world, shared_dir
     params["model.norm.weight"] = torch.zeros(64, dtype=torch.int16)
     e = raised(params=params)
     assert "'model.norm.weight': expected [64] bfloat16, got [64] int16" in str(e)
+    # Fingerprints asked for on some ranks only (gathering them is collective).
+    if world.size > 1:
+        e = raised(fingerprint=world.rank == 0)
+        assert isinstance(e, tpreload.UsageError) and "ranks disagree on fingerprint" in str(e)
     # Nonsense options.
     assert isinstance(raised(bucket_mb=float("inf")), tpreload.UsageError)
     assert isinstance(raised(distribution="gossip"), tpreload.UsageError)

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <stdexcept>
 
 #include "../support/emulated_device.h"
 #include "../support/faults.h"
@@ -101,6 +102,29 @@ TEST(Engine, DeviceParametersOverHostAndDeviceTransports) {
       }
     }
   }
+}
+
+// A progress callback that throws costs only the progress reports: the reload
+// completes (a rank that left it there would leave its peers waiting) and the
+// callback is not called again in it.
+TEST(Engine, AProgressCallbackThatThrowsEndsOnlyTheReports) {
+  Fixture f;
+  TensorParallelModel model(f.config, options(nullptr));
+  auto data = make_communicator_transport(*f.control);
+  ReloadOptions o;
+  o.bucket_bytes = 900;
+  int calls = 0;
+  o.progress = [&](const ReloadProgress&) {
+    ++calls;
+    throw std::runtime_error("the caller's progress bar broke");
+  };
+  auto source = testdata::memory_source(f.v2);
+  ReloadResult r;
+  ASSERT_NO_THROW(r = reload_weights(model, *f.control, *data, source.get(), o));
+  EXPECT_TRUE(r.complete());
+  EXPECT_GT(r.buckets, 1u) << "the callback would have been called more than once";
+  EXPECT_EQ(calls, 1);
+  expect_v(model, f.config, f.v2, "after the throwing callback");
 }
 
 // The depth a rank gets by default: 2 only with two cores of its own, counted

@@ -60,6 +60,21 @@ class Flipping final : public Transfer {
   bool flipped_ = false;
 };
 
+// Completes with the inner transfer, then fails on this rank.
+class FailingAfter final : public Transfer {
+ public:
+  explicit FailingAfter(std::unique_ptr<Transfer> inner)
+      : Transfer(inner->what(), Clock::now() + std::chrono::hours(1)), inner_(std::move(inner)) {}
+
+ private:
+  bool poll() override {
+    if (!inner_->test()) return false;
+    raise<CommError>(what(), " failed: injected fault (after it completed)");
+  }
+  void expire() override { inner_->wait(); }
+  std::unique_ptr<Transfer> inner_;
+};
+
 }  // namespace
 
 FaultyTransport::FaultyTransport(std::unique_ptr<DataTransport> inner, int nth, Fault fault,
@@ -69,9 +84,10 @@ FaultyTransport::FaultyTransport(std::unique_ptr<DataTransport> inner, int nth, 
 std::unique_ptr<Transfer> FaultyTransport::broadcast(MutableBytes buffer, int root) {
   const bool hit = ++count_ == nth_;
   if (hit && fault_ == Fault::kExit) ::_exit(3);
-  if (hit && fault_ != Fault::kFlipBit) return faulty("broadcast", nullptr, {});
+  if (hit && fault_ != Fault::kFlipBit && fault_ != Fault::kFailAfter)
+    return faulty("broadcast", nullptr, {});
   auto t = inner_->broadcast(buffer, root);
-  if (!hit || rank() == root) return t;
+  if (!hit || (rank() == root && fault_ == Fault::kFlipBit)) return t;
   return faulty("broadcast", std::move(t), buffer);
 }
 
@@ -80,9 +96,10 @@ std::unique_ptr<Transfer> FaultyTransport::scatter(ConstBytes send,
                                                    MutableBytes recv, int root) {
   const bool hit = ++count_ == nth_;
   if (hit && fault_ == Fault::kExit) ::_exit(3);
-  if (hit && fault_ != Fault::kFlipBit) return faulty("scatter", nullptr, {});
+  if (hit && fault_ != Fault::kFlipBit && fault_ != Fault::kFailAfter)
+    return faulty("scatter", nullptr, {});
   auto t = inner_->scatter(send, ranges, recv, root);
-  if (!hit || rank() == root) return t;
+  if (!hit || (rank() == root && fault_ == Fault::kFlipBit)) return t;
   return faulty("scatter", std::move(t), recv);
 }
 
@@ -90,6 +107,7 @@ std::unique_ptr<Transfer> FaultyTransport::faulty(const char* op, std::unique_pt
                                                   MutableBytes received) {
   if (fault_ == Fault::kFlipBit)
     return std::make_unique<Flipping>(std::move(inner), received, bit_, inner_->device());
+  if (fault_ == Fault::kFailAfter) return std::make_unique<FailingAfter>(std::move(inner));
   return std::make_unique<Broken>(detail::concat("transfer ", count_, " (", op, ")"),
                                   Clock::now() + timeout_, fault_ == Fault::kFail);
 }

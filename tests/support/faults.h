@@ -21,10 +21,12 @@ namespace tpreload::testing {
 class FaultyTransport final : public DataTransport {
  public:
   enum class Fault {
-    kFail,     // the Nth transfer throws CommError when waited for
-    kStall,    // it never completes (the wait expires after `timeout`)
-    kFlipBit,  // it completes, with one bit of the bytes received flipped
-    kExit,     // the process exits (status 3) when it is posted: a rank that dies
+    kFail,       // the Nth transfer throws CommError when waited for
+    kFailAfter,  // it runs as usual, and once complete throws CommError here all
+                 // the same (peers see it succeed: a failure on one side only)
+    kStall,      // it never completes (the wait expires after `timeout`)
+    kFlipBit,    // it completes, with one bit of the bytes received flipped
+    kExit,       // the process exits (status 3) when it is posted: a rank that dies
   };
   // Transfers count from 1 on this rank. With kFlipBit the bit flipped is bit
   // `bit` of the received bytes (modulo their size); a transfer that receives

@@ -152,8 +152,9 @@ struct ReloadOptions {
   // reload fails with CommTimeoutError naming the device.
   std::chrono::milliseconds device_timeout{std::chrono::minutes(5)};
   // Called on the reader rank, on the reloading thread, after each bucket's
-  // transfer (and once more, finished, after the last). Must be quick and must
-  // not throw; null for none.
+  // transfer (and once more, finished, after the last). Must be quick; if it
+  // throws, the error is logged and it is not called again in that reload
+  // (which goes on). Null for none.
   std::function<void(const ReloadProgress&)> progress;
   // All or nothing: every rank receives its whole shard into a second copy of
   // its parameters (in the parameters' memory: host, or the device), the ranks
@@ -288,13 +289,17 @@ class ReloadableModel {
   ReloadWorkspace& workspace() { return workspace_; }
   const WeightLocation& location() const { return location_; }
 
-  // Run after every successful reload, in registration order (e.g. to drop LoRA,
-  // encoder or multimodal caches built from the old weights).
+  // Run after every reload that returns, in registration order (e.g. to drop
+  // LoRA, encoder or multimodal caches built from the old weights), and after a
+  // failed one that changed parameters of this rank, with the result's `error`
+  // and `possibly_mixed` set, before the error is rethrown.
   void on_reloaded(std::function<void(const ReloadResult&)> callback);
 
   // COLLECTIVE. Reload from the model's current location, or from `path` (which
-  // then becomes the model's location). Kernel format needs a kernel-format
-  // directory (ValidationError otherwise, on every rank).
+  // then becomes the model's location once a reload from it completes). Only the
+  // ranks that open the weights (opens_source()) use either; one of them with
+  // neither is a CheckpointError on every rank. Kernel format needs a
+  // kernel-format directory (ValidationError otherwise, on every rank).
   ReloadResult reload(Communicator& world, const ReloadOptions& options,
                       const std::string& path = "");
 

@@ -3,6 +3,7 @@
 // every parameter as stored after the reload.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -25,8 +26,12 @@ struct ParamFingerprint {
 // COLLECTIVE over `world`: every rank learns every rank's fingerprints, sorted by
 // name. Every rank's model must have the same parameter names (true for one model
 // config); if not, every rank throws the same Agreed<UsageError>. Parameters in
-// device memory are read back in bounded chunks.
-std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communicator& world);
+// device memory are read back in bounded chunks; a device that does not finish
+// one within `device_timeout`, on any rank, is the same Agreed<CommError> on
+// every rank.
+std::vector<ParamFingerprint> gather_fingerprints(
+    ReloadTarget& model, Communicator& world,
+    std::chrono::milliseconds device_timeout = std::chrono::minutes(5));
 
 // One fingerprint of the whole model across ranks: FNV-1a (64-bit) over every
 // rank's parameter names and CRC-32s, in rank order, as 16 hex digits. Equal
