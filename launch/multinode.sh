@@ -17,7 +17,13 @@ for candidate in "$here/../build/reload_runner" "$here/../../../bin/reload_runne
   if [ -z "$runner" ] && [ -x "$candidate" ]; then runner=$candidate; fi
 done
 runner=${runner:-$(command -v reload_runner || echo reload_runner)}
-# Export the root/oversubscription settings to the remote ranks too.
-exec mpirun --hostfile "$hostfile" -np "$np" --bind-to none \
-  -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM -x OMPI_MCA_btl_vader_single_copy_mechanism \
-  "$runner" "$@"
+# The remote ranks start (over ssh) without this environment: export to them the
+# root/oversubscription settings, and tpreload's, NCCL's and the loader's
+# settings that are set here (TPRELOAD_NCCL_LIBRARY, NCCL_*, LD_LIBRARY_PATH...),
+# so that every host runs with the same ones.
+forward=(-x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
+         -x OMPI_MCA_btl_vader_single_copy_mechanism)
+while IFS= read -r name; do
+  forward+=(-x "$name")
+done < <(compgen -e | grep -E '^(TPRELOAD_[A-Z0-9_]*|NCCL_[A-Z0-9_]*|LD_LIBRARY_PATH)$' || true)
+exec mpirun --hostfile "$hostfile" -np "$np" --bind-to none "${forward[@]}" "$runner" "$@"

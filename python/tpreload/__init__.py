@@ -14,6 +14,7 @@ build works with whatever PyTorch the process imported.
 import atexit as _atexit
 import os as _os
 import sys as _sys
+import threading as _threading
 
 from . import _tpreload
 from ._tpreload import (  # noqa: F401  (re-exported)
@@ -43,7 +44,8 @@ class World:
     A failure that only this rank saw (an error whose ``agreed`` is False, or any
     exception that ends the program) may leave its peers waiting in a collective:
     then the exit ends the whole MPI job (MPI_Abort) instead of finalizing, as
-    the C++ programs do."""
+    the C++ programs do. So does a tpreload error whose ``agreed`` is False that
+    ends another thread (a reload thread of a serving engine)."""
 
     def __init__(self):
         global _default_world
@@ -61,6 +63,16 @@ class World:
                 previous(kind, value, traceback)
 
             _sys.excepthook = excepthook
+            previous_thread_hook = _threading.excepthook
+
+            def thread_excepthook(args):
+                # (an exception that ends another thread leaves the program
+                # running: only tpreload's own errors tell of a collective left)
+                if isinstance(args.exc_value, Error) and not getattr(args.exc_value, "agreed", False):
+                    native.poison()
+                previous_thread_hook(args)
+
+            _threading.excepthook = thread_excepthook
 
     @property
     def rank(self):

@@ -90,7 +90,7 @@ class NcclTransport final : public DataTransport {
         rank_(rank),
         size_(size),
         options_(std::move(options)),
-        timeout_(options_.timeout),
+        timeout_(options_.timeout / 2),
         stream_(device_->make_stream()) {}
 
   int rank() const override { return rank_; }
@@ -229,9 +229,12 @@ NcclComm join(Communicator& control, const ncclUniqueId& id, std::chrono::millis
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so that joining can be given up at a deadline
   ncclComm_t raw = nullptr;
-  const ncclResult_t rc = lib.CommInitRankConfig(&raw, control.size(), id, control.rank(), &config);
+  if (!problem) {  // (a rank that cannot join still takes part in the agreement)
+    const ncclResult_t rc =
+        lib.CommInitRankConfig(&raw, control.size(), id, control.rank(), &config);
+    if (!ok_or_pending(rc)) problem = "ncclCommInitRankConfig: " + nccl::result_text(rc);
+  }
   NcclComm comm(raw);
-  if (!ok_or_pending(rc)) problem = "ncclCommInitRankConfig: " + nccl::result_text(rc);
   // Ranks whose call failed outright say so before any rank polls.
   agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
   // Half the control plane's deadline: a rank that fails while polling waits in
@@ -290,13 +293,25 @@ std::unique_ptr<DataTransport> make_nccl_transport(Communicator& control,
   // NCCL binds the communicator to the current device; the caller's is current
   // again afterwards (NCCL's later calls set the device they need).
   NcclComm comm = [&] {
-    const auto current = device->make_current();
+    std::unique_ptr<Device::Scope> current;
+    try {
+      current = device->make_current();
+    } catch (const std::exception& e) {
+      problem = detail::concat("making ", device->describe(), " current: ", e.what());
+    }
     return join(control, id, options.timeout, problem);
   }();
+  // (its stream too, before the ranks agree: a rank that cannot make one says so)
+  std::unique_ptr<DataTransport> transport;
+  if (!problem) try {
+      transport = std::make_unique<NcclTransport>(device, std::move(comm), control.rank(),
+                                                  control.size(), options);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
   agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
   log().debug("NCCL communicator of {} ranks on {}", control.size(), device->describe());
-  return std::make_unique<NcclTransport>(std::move(device), std::move(comm), control.rank(),
-                                         control.size(), options);
+  return transport;
 }
 
 }  // namespace tpreload

@@ -33,15 +33,22 @@ std::string DataPlane::describe() const {
 
 DataPlane open_data_plane(MpiCommunicator& world, const DataPlaneOptions& options) {
   // Ranks given different choices would make different collectives below.
-  std::int64_t choice = static_cast<std::int64_t>(
-      std::hash<std::string>{}(options.device + "/" + options.transport) >> 1);
-  std::int64_t lo = choice, hi = choice;
-  world.allreduce_ints(&lo, 1, IntOp::kMin);
-  world.allreduce_ints(&hi, 1, IntOp::kMax);
-  if (lo != hi)
-    raise<Agreed<UsageError>>(
-        "ranks were given different --device/--transport choices (this rank: --device ",
-        options.device, " --transport ", options.transport, ")");
+  // (The same text on every rank: which rank chose what is in each rank's
+  // own log line.)
+  const auto text = [](const std::string& s) {
+    return static_cast<std::uint64_t>(std::hash<std::string>{}(s));
+  };
+  try {
+    agree_on_values<UsageError>(
+        world,
+        {{"the data plane's device", text(options.device)},
+         {"the data plane's transport", text(options.transport)}},
+        " (--device, --transport: every rank must open the same data plane)");
+  } catch (const UsageError&) {
+    log().error("this rank was given --device {} --transport {}", options.device,
+                options.transport);
+    throw;
+  }
   std::optional<std::string> problem = check_choice(options);
   agree_on_problem<UsageError>(world, problem, "opening the data plane");
   DataPlane plane;

@@ -285,6 +285,10 @@ def test_a_problem_on_one_rank_is_the_same_error_on_every_rank(world, shared_dir
     if world.size > 1:
         e = raised(fingerprint=world.rank == 0)
         assert isinstance(e, tpreload.UsageError) and "ranks disagree on fingerprint" in str(e)
+    # A data plane asked for on some ranks only (the text is the same everywhere).
+    if world.size > 1:
+        e = raised(transport="nccl" if world.rank == 0 else "mpi")
+        assert isinstance(e, tpreload.UsageError) and "ranks disagree on the data plane's transport" in str(e)
     # Nonsense options.
     assert isinstance(raised(bucket_mb=float("inf")), tpreload.UsageError)
     assert isinstance(raised(distribution="gossip"), tpreload.UsageError)

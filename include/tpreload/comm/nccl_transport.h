@@ -42,7 +42,11 @@ NcclLibraryInfo load_nccl(const std::string& path = "");
 NcclLibraryInfo check_nccl_library(const std::string& path);
 
 struct NcclOptions {
-  // Deadline for creating the communicator and for each transfer.
+  // The control plane's deadline (CommOptions::timeout). Creating the
+  // communicator and each transfer get half of it: a rank whose transfer failed
+  // on its side alone waits in the control plane's next collective (a node's
+  // announcement, the world's agreement on the error), and its peers' transfers,
+  // stuck on it, must give up before that collective does.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   std::string library;  // see load_nccl()
 };
