@@ -279,6 +279,10 @@ TEST(DataPlane, AStalledDeviceOnOneRankIsTheSameErrorOnEveryRankAndTheJobGoesOn)
       EXPECT_NE(error.find("within 300 ms"), std::string::npos) << what << ": " << error;
       EXPECT_NE(error.find("emulated device"), std::string::npos) << what << ": " << error;
       EXPECT_TRUE(mpitest::same_on_every_rank(error)) << what << ": " << error;
+      if (world().rank() == stuck) {
+        EXPECT_EQ(s.device->frees_while_stalled(), 0u)
+            << "a free that would wait for the stuck device";
+      }
       s.device->stall(false);
       world().barrier();
       ReloadWorkspace fresh;  // the stuck rank abandoned its staging
@@ -323,6 +327,9 @@ TEST(DataPlane, AStuckDeviceWhileGatheringFingerprintsIsTheSameErrorOnEveryRank)
       << error;
   EXPECT_NE(error.find("within 300 ms"), std::string::npos) << error;
   EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  if (world().rank() == stuck) {
+    EXPECT_EQ(s.device->frees_while_stalled(), 0u) << "a free that would wait for the stuck device";
+  }
   s.device->stall(false);
   world().barrier();
 
@@ -378,6 +385,9 @@ TEST(DataPlane, AStuckDeviceAbandonsItsStagingAlsoWhenAReadFailureIsRaised) {
   if (world().rank() == stuck) {
     EXPECT_EQ(ws.bytes(), 0u) << "the stuck rank kept staging its device may still use";
     EXPECT_GT(s.device->live_bytes(MemoryKind::kPinnedHost), 0u) << "it was freed, not abandoned";
+  }
+  if (world().rank() == stuck) {
+    EXPECT_EQ(s.device->frees_while_stalled(), 0u) << "a free that would wait for the stuck device";
   }
   s.device->stall(false);
   world().barrier();

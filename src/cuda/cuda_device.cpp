@@ -3,7 +3,9 @@
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <new>
 
 #include "quantize_int8.h"
@@ -78,9 +80,40 @@ cudaMemcpyKind kind_of(CopyKind kind) {
   return cudaMemcpyDefault;
 }
 
+// Whether a wait for the device's work gave up (DeviceEvent::gave_up): the
+// device is stuck. cudaFree and cudaFreeHost wait for all of the device's work,
+// so from then on a free would block its thread for ever: the memory freed is
+// leaked instead (said once), and the process must end to get the device back.
+class Stuck {
+ public:
+  explicit Stuck(std::string name) : name_(std::move(name)) {}
+  void mark() noexcept { stuck_ = true; }
+  // Whether `bytes` freed now must be leaked instead.
+  bool leak(std::uint64_t bytes) noexcept {
+    if (!stuck_) return false;
+    leaked_ += bytes;
+    if (!said_.exchange(true)) {
+      try {
+        log().error(
+            "{} is stuck: memory freed from now on is leaked, not returned to it (a free would "
+            "wait for the stuck work for ever); end the process to get the device back",
+            name_);
+      } catch (...) {  // (never thrown out of a free)
+      }
+    }
+    return true;
+  }
+
+ private:
+  std::string name_;
+  std::atomic<bool> stuck_{false}, said_{false};
+  std::atomic<std::uint64_t> leaked_{0};
+};
+
 class CudaEvent final : public DeviceEvent {
  public:
-  CudaEvent(int ordinal, cudaStream_t stream) : ordinal_(ordinal) {
+  CudaEvent(int ordinal, cudaStream_t stream, std::shared_ptr<Stuck> stuck)
+      : ordinal_(ordinal), stuck_(std::move(stuck)) {
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     const cudaError_t rc = cudaEventRecord(event_, stream);
@@ -104,15 +137,18 @@ class CudaEvent final : public DeviceEvent {
     return true;
   }
   cudaEvent_t get() const { return event_; }
+  void gave_up() noexcept override { stuck_->mark(); }
 
  private:
   int ordinal_;
+  std::shared_ptr<Stuck> stuck_;
   cudaEvent_t event_ = nullptr;
 };
 
 class CudaStream final : public DeviceStream {
  public:
-  explicit CudaStream(int ordinal) : ordinal_(ordinal) {
+  CudaStream(int ordinal, std::shared_ptr<Stuck> stuck)
+      : ordinal_(ordinal), stuck_(std::move(stuck)) {
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
@@ -172,7 +208,7 @@ class CudaStream final : public DeviceStream {
     CUDA_CHECK(cuda::launch_crc32c_blocks(src, bytes, raw, stream_));
   }
   std::unique_ptr<DeviceEvent> record() override {
-    return std::make_unique<CudaEvent>(ordinal_, stream_);
+    return std::make_unique<CudaEvent>(ordinal_, stream_, stuck_);
   }
   void wait_for(DeviceEvent& event) override {
     DeviceGuard guard(ordinal_);
@@ -182,6 +218,7 @@ class CudaStream final : public DeviceStream {
 
  private:
   int ordinal_;
+  std::shared_ptr<Stuck> stuck_;
   cudaStream_t stream_ = nullptr;
 };
 
@@ -193,8 +230,8 @@ std::string gib(std::uint64_t bytes) {
 
 class DeviceMemoryAllocator final : public Allocator {
  public:
-  DeviceMemoryAllocator(int ordinal, std::string name)
-      : ordinal_(ordinal), name_(std::move(name)) {}
+  DeviceMemoryAllocator(int ordinal, std::string name, std::shared_ptr<Stuck> stuck)
+      : ordinal_(ordinal), name_(std::move(name)), stuck_(std::move(stuck)) {}
   MemoryKind kind() const override { return MemoryKind::kDevice; }
   Buffer allocate(std::uint64_t bytes) override {
     if (bytes == 0) return {};
@@ -209,20 +246,24 @@ class DeviceMemoryAllocator final : public Allocator {
                        cudaGetErrorString(rc), " (", gib(free), " free of ", gib(total), ")");
     }
     const int ordinal = ordinal_;
-    return Buffer(static_cast<std::byte*>(p), bytes, MemoryKind::kDevice, [ordinal](std::byte* d) {
-      DeviceGuard guard(ordinal, std::nothrow);
-      cudaFree(d);
-    });
+    return Buffer(static_cast<std::byte*>(p), bytes, MemoryKind::kDevice,
+                  [ordinal, bytes, stuck = stuck_](std::byte* d) {
+                    if (stuck->leak(bytes)) return;
+                    DeviceGuard guard(ordinal, std::nothrow);
+                    cudaFree(d);
+                  });
   }
 
  private:
   int ordinal_;
   std::string name_;
+  std::shared_ptr<Stuck> stuck_;
 };
 
 class PinnedAllocator final : public Allocator {
  public:
-  PinnedAllocator(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {}
+  PinnedAllocator(int ordinal, std::string name, std::shared_ptr<Stuck> stuck)
+      : ordinal_(ordinal), name_(std::move(name)), stuck_(std::move(stuck)) {}
   MemoryKind kind() const override { return MemoryKind::kPinnedHost; }
   Buffer allocate(std::uint64_t bytes) override {
     if (bytes == 0) return {};
@@ -236,7 +277,8 @@ class PinnedAllocator final : public Allocator {
     }
     const int ordinal = ordinal_;
     return Buffer(static_cast<std::byte*>(p), bytes, MemoryKind::kPinnedHost,
-                  [ordinal](std::byte* h) {
+                  [ordinal, bytes, stuck = stuck_](std::byte* h) {
+                    if (stuck->leak(bytes)) return;
                     DeviceGuard guard(ordinal, std::nothrow);
                     cudaFreeHost(h);
                   });
@@ -245,6 +287,7 @@ class PinnedAllocator final : public Allocator {
  private:
   int ordinal_;
   std::string name_;
+  std::shared_ptr<Stuck> stuck_;
 };
 
 class CudaDevice final : public Device {
@@ -252,8 +295,9 @@ class CudaDevice final : public Device {
   CudaDevice(int ordinal, std::string name)
       : ordinal_(ordinal),
         name_(std::move(name)),
-        memory_(ordinal, name_),
-        pinned_(ordinal, name_) {}
+        stuck_(std::make_shared<Stuck>(name_)),
+        memory_(ordinal, name_, stuck_),
+        pinned_(ordinal, name_, stuck_) {}
   std::string describe() const override { return name_; }
   std::string backend() const override { return "cuda"; }
   int ordinal() const override { return ordinal_; }
@@ -268,12 +312,13 @@ class CudaDevice final : public Device {
   Allocator& memory() override { return memory_; }
   Allocator& pinned_memory() override { return pinned_; }
   std::unique_ptr<DeviceStream> make_stream() override {
-    return std::make_unique<CudaStream>(ordinal_);
+    return std::make_unique<CudaStream>(ordinal_, stuck_);
   }
 
  private:
   int ordinal_;
   std::string name_;
+  std::shared_ptr<Stuck> stuck_;  // (shared with its buffers, streams and events)
   DeviceMemoryAllocator memory_;
   PinnedAllocator pinned_;
 };

@@ -84,6 +84,28 @@ TEST(EmulatedDevice, CountsLiveAndPeakBytesPerSpace) {
   EXPECT_EQ(device.peak_bytes(MemoryKind::kDevice), 150u);
 }
 
+// Once a wait gives up, the device is stuck: what is freed from then on is
+// leaked (a CUDA free would wait for the stuck work for ever), not freed.
+TEST(WaitForEvent, AWaitThatGivesUpStopsTheDeviceFreeingMemory) {
+  EmulatedDevice device;
+  Buffer before = device.memory().allocate(100);
+  Buffer after = device.pinned_memory().allocate(40);
+  device.stall(true);
+  before = Buffer();  // freed while stalled, before anything gave up: counted
+  EXPECT_EQ(device.frees_while_stalled(), 1u);
+  auto stream = device.make_stream();
+  auto event = stream->record();
+  EXPECT_THROW(wait_for_event(*event, 20ms, "copying"), CommTimeoutError);
+  after = Buffer();
+  EXPECT_EQ(device.frees_while_stalled(), 1u) << "freed after the wait gave up";
+  EXPECT_EQ(device.leaked_bytes(), 40u);
+  EXPECT_EQ(device.live_bytes(MemoryKind::kPinnedHost), 40u) << "leaked memory stays the device's";
+  device.stall(false);  // (a reset: frees free again)
+  Buffer again = device.memory().allocate(8);
+  again = Buffer();
+  EXPECT_EQ(device.live_bytes(MemoryKind::kDevice), 0u);
+}
+
 TEST(WaitForEvent, AStalledDeviceTimesOutNamingTheWork) {
   EmulatedDevice device;
   device.stall(true);

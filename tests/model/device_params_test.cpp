@@ -135,6 +135,8 @@ TEST(DeviceParams, AStuckReadBackAbandonsItsPinnedBuffer) {
     EXPECT_GT(device->live_bytes(MemoryKind::kPinnedHost), pinned_before)
         << (digest ? "crc32c" : "crc32")
         << ": the pinned buffer the stuck work may write was freed";
+    EXPECT_EQ(device->frees_while_stalled(), 0u)
+        << (digest ? "crc32c" : "crc32") << ": a free that would wait for the stuck device";
     device->stall(false);
   }
 }

@@ -414,6 +414,7 @@ TEST(Atomic, ADeviceStuckInTheCommitIsAnAgreedErrorAndRunsTheCallbacks) {
         << text;
   }
   EXPECT_TRUE(dev->stalled());
+  EXPECT_EQ(dev->frees_while_stalled(), 0u) << "a free that would wait for the stuck device";
   ASSERT_EQ(served.seen.size(), 1u) << "the callbacks did not run though weights may have changed";
   EXPECT_EQ(served.seen[0].possibly_mixed.size(), model.named_parameters().size());
 }

@@ -245,7 +245,7 @@ TEST(Engine, AStalledTransferTimesOut) {
 TEST(Engine, AStalledDeviceTimesOutNamingItAndItsBuffersAreAbandoned) {
   Fixture f;
   auto device = std::make_shared<EmulatedDevice>();
-  TensorParallelModel model(f.config, options(device));
+  auto model = std::make_unique<TensorParallelModel>(f.config, options(device));
   device->stall(true);
   ReloadOptions o;
   o.device_timeout = 200ms;
@@ -253,7 +253,7 @@ TEST(Engine, AStalledDeviceTimesOutNamingItAndItsBuffersAreAbandoned) {
   auto source = testdata::memory_source(f.v1);
   const auto start = Clock::now();
   try {
-    reload_weights(model, *f.control, source.get(), o, &workspace);
+    reload_weights(*model, *f.control, source.get(), o, &workspace);
     FAIL() << "a stalled device went unnoticed";
   } catch (const ModelError& e) {  // the apply failure every rank agrees on
     EXPECT_NE(std::string(e.what()).find("did not complete on the device within 200 ms"),
@@ -266,6 +266,11 @@ TEST(Engine, AStalledDeviceTimesOutNamingItAndItsBuffersAreAbandoned) {
   // them without freeing them (the device still counts them as live).
   EXPECT_EQ(workspace.bytes(), 0u);
   EXPECT_GT(device->live_bytes(MemoryKind::kPinnedHost), 0u);
+  // A program that ends after the error frees its model: on a stuck GPU those
+  // frees would never return (and the process never exit); they are leaked.
+  model.reset();
+  EXPECT_EQ(device->frees_while_stalled(), 0u) << "a free that would wait for the stuck device";
+  EXPECT_GT(device->leaked_bytes(), 0u) << "the model's memory was not leaked";
   device->stall(false);
 }
 
@@ -299,6 +304,7 @@ TEST(Engine, AStalledStagingCopyOnTheReaderNamesTheDeviceAndAbandonsItsBuffers) 
   }
   EXPECT_EQ(workspace.bytes(), 0u) << "staging the stuck copy may touch was kept for reuse";
   EXPECT_GT(device->live_bytes(MemoryKind::kPinnedHost), 0u) << "it was freed";
+  EXPECT_EQ(device->frees_while_stalled(), 0u) << "a free that would wait for the stuck device";
   device->stall(false);
 }
 

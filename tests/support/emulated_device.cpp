@@ -45,6 +45,7 @@ class EmulatedEvent final : public DeviceEvent {
         polls_left_(polls),
         recorded_(std::chrono::steady_clock::now()) {}
   bool done() override;
+  void gave_up() noexcept override;
   EmulatedStream& stream() const { return stream_; }
   std::uint64_t seq() const { return seq_; }
 
@@ -210,6 +211,10 @@ bool EmulatedEvent::done() {
   return true;
 }
 
+void EmulatedEvent::gave_up() noexcept {
+  stream_.device().gave_up();
+}
+
 // Received bytes land in the caller's buffer only when the transfer is waited
 // for (after a few polls), as a device transfer's do.
 class Delivery final : public Transfer {
@@ -281,7 +286,9 @@ EmulatedDevice::EmulatedDevice(int polls_before_done)
       memory_(std::make_unique<EmulatedAllocator>(*this, MemoryKind::kDevice)),
       pinned_(std::make_unique<EmulatedAllocator>(*this, MemoryKind::kPinnedHost)) {}
 
-EmulatedDevice::~EmulatedDevice() = default;
+EmulatedDevice::~EmulatedDevice() {
+  for (std::byte* p : leaked_blocks_) delete[] p;
+}
 
 Allocator& EmulatedDevice::memory() {
   return *memory_;
@@ -313,6 +320,12 @@ std::byte* EmulatedDevice::take(MemoryKind kind, std::uint64_t bytes) {
 void EmulatedDevice::give(MemoryKind kind, std::byte* p) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (gave_up_) {  // as CUDA's: leaked, still live (a free would wait for the stuck work)
+      leaked_ += sizes_.at(p);
+      leaked_blocks_.push_back(p);  // (deleted with the device)
+      return;
+    }
+    if (stalled_) ++frees_while_stalled_;  // (a CUDA free here would never return)
     device_blocks_.erase(p);
     live_[index_of(kind)] -= sizes_.at(p);
     sizes_.erase(p);

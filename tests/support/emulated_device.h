@@ -14,7 +14,11 @@
 //  - new device memory is filled with 0xCD, not zeros;
 //  - allocations are counted per memory space (live and peak bytes).
 // With stall() every event stays pending forever (a stuck device); set_delay()
-// makes every event take at least that long (a slow one).
+// makes every event take at least that long (a slow one). A free, as CUDA's
+// cudaFree and cudaFreeHost, would wait for the stuck work: frees while stalled
+// are counted (frees_while_stalled(): each would never return on a GPU) until
+// a wait for the device gives up (DeviceEvent::gave_up), after which what is
+// freed is leaked (leaked_bytes()), as the CUDA device does.
 //
 // The device transport it pairs with (make_emulated_device_transport) delivers
 // received bytes only when the transfer is waited for, so a reader of a receive
@@ -28,6 +32,7 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "tpreload/comm/data_transport.h"
 #include "tpreload/comm/device.h"
@@ -55,8 +60,26 @@ class EmulatedDevice final : public Device {
   void reset_peaks();
   // Operations run so far (copies, fills, kernels).
   std::uint64_t operations() const { return operations_; }
-  void stall(bool on) { stalled_ = on; }
+  // stall(false) also forgets that a wait gave up (as after a device reset).
+  void stall(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stalled_ = on;
+    if (!on) gave_up_ = false;
+  }
   bool stalled() const { return stalled_; }
+  // Internal (its events): a wait for its work gave up.
+  void gave_up() noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    gave_up_ = true;
+  }
+  std::uint64_t frees_while_stalled() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return frees_while_stalled_;
+  }
+  std::uint64_t leaked_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return leaked_;
+  }
   // The device stalls, as with stall(true), once a copy that writes into
   // [p, p + n) is queued: a device stuck in one particular copy.
   void stall_on_write_to(const void* p, std::uint64_t n) {
@@ -92,6 +115,9 @@ class EmulatedDevice final : public Device {
   std::atomic<std::uint64_t> memory_limit_{0};
   mutable std::mutex mutex_;
   std::pair<const std::byte*, std::uint64_t> stall_on_{nullptr, 0};
+  bool gave_up_ = false;
+  std::uint64_t frees_while_stalled_ = 0, leaked_ = 0;
+  std::vector<std::byte*> leaked_blocks_;
   std::map<const std::byte*, std::uint64_t> device_blocks_;  // device memory: start -> size
   std::map<const std::byte*, std::uint64_t> sizes_;          // every block: start -> size
   std::uint64_t live_[3] = {0, 0, 0}, peak_[3] = {0, 0, 0};

@@ -34,6 +34,11 @@ class DeviceEvent {
   // True once every operation enqueued on the stream before the event completed.
   // Never blocks. Throws CommError when the device reports an error.
   virtual bool done() = 0;
+  // A wait for this event gave up (wait_for_event's timeout): the device is
+  // stuck. A device whose frees wait for all of its work (CUDA's cudaFree and
+  // cudaFreeHost) leaks the memory freed from then on instead of blocking the
+  // freeing thread for ever.
+  virtual void gave_up() noexcept {}
 };
 
 class DeviceStream {
