@@ -156,6 +156,38 @@ TEST(Config, AbsentKeysTakeHuggingFaceDefaults) {
             std::string::npos);
 }
 
+// rope_theta where transformers 4 writes it (the top level) and where
+// transformers 5 does (rope_parameters), the default where neither has it.
+TEST(Config, RopeThetaAtTheTopOrInRopeParameters) {
+  const std::string head = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+    "intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":4,"vocab_size":50)";
+  auto theta = [&](const std::string& fields) {
+    return parse_model_config(head + fields + "}", "config.json").rope_theta;
+  };
+  EXPECT_EQ(theta(""), 10000.0);
+  EXPECT_EQ(theta(R"(,"rope_theta":500000.0)"), 500000.0);
+  EXPECT_EQ(theta(R"(,"rope_parameters":{"rope_theta":500000.0,"rope_type":"default"})"), 500000.0);
+  EXPECT_EQ(
+      theta(R"(,"rope_theta":1e6,"rope_parameters":{"rope_theta":1000000,"rope_type":"default"})"),
+      1e6);
+  EXPECT_EQ(theta(R"(,"rope_theta":null,"rope_parameters":null)"), 10000.0);
+  // Written back, it is read the same.
+  const ModelConfig c =
+      parse_model_config(head + R"(,"rope_parameters":{"rope_theta":250000})" + "}", "config.json");
+  EXPECT_EQ(parse_model_config(model_config_to_json(c), "written").rope_theta, 250000.0);
+  EXPECT_NE(error_of(head + R"(,"rope_theta":10000,"rope_parameters":{"rope_theta":500000}})")
+                .find("config.json: rope_theta 10000 and rope_parameters.rope_theta 500000 differ"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"(,"rope_parameters":{"rope_theta":"big"}})")
+                .find("field 'rope_parameters.rope_theta' must be a number, got \"big\""),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"(,"rope_parameters":[1]})")
+                .find("field 'rope_parameters' must be an object, got [1]"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"(,"rms_norm_eps":-1})").find("field 'rms_norm_eps' must be positive"),
+            std::string::npos);
+}
+
 TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")

@@ -44,6 +44,34 @@ std::int64_t positive_int(const json& j, const char* key, const std::string& ori
   return value;
 }
 
+// A positive number at `key` of `j`, or `fallback` where it is absent or null.
+double positive_number(const json& j, const char* key, double fallback, const std::string& origin,
+                       const char* within = "") {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_number())
+    raise<ModelError>(origin, ": field '", within, key, "' must be a number, got ", j[key].dump());
+  const double value = j[key].get<double>();
+  if (!(value > 0))
+    raise<ModelError>(origin, ": field '", within, key, "' must be positive, got ", value);
+  return value;
+}
+
+// rope_theta: at the top level (transformers 4), or in rope_parameters
+// (transformers 5 writes it there); both, they must agree.
+double rope_theta_of(const json& j, const std::string& origin) {
+  const double fallback = 10000.0;  // every supported config class's default
+  const double top = positive_number(j, "rope_theta", fallback, origin);
+  if (!j.contains("rope_parameters") || j["rope_parameters"].is_null()) return top;
+  const json& p = j["rope_parameters"];
+  if (!p.is_object())
+    raise<ModelError>(origin, ": field 'rope_parameters' must be an object, got ", p.dump());
+  const double nested = positive_number(p, "rope_theta", top, origin, "rope_parameters.");
+  if (j.contains("rope_theta") && !j["rope_theta"].is_null() && nested != top)
+    raise<ModelError>(origin, ": rope_theta ", top, " and rope_parameters.rope_theta ", nested,
+                      " differ");
+  return nested;
+}
+
 std::string architecture_of(const json& j, const std::string& origin) {
   if (!j.contains("architectures") || !j["architectures"].is_array() ||
       j["architectures"].empty() || !j["architectures"][0].is_string())
@@ -161,8 +189,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
                       " and no head_dim is given");
   else
     c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
-  c.rope_theta = j.value("rope_theta", 10000.0);
+  c.rms_norm_eps = positive_number(j, "rms_norm_eps", 1e-6, origin);
+  c.rope_theta = rope_theta_of(j, origin);
   c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
   if (c.architecture == "Qwen2ForCausalLM") {
     c.attention_bias = true;
