@@ -273,11 +273,20 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         descriptors = [_describe(n, t) for n, t in items]
         _synchronize_cuda([t for _, t in items])
     except Exception as e:  # noqa: BLE001 (every problem becomes the same error on every rank)
-        request.problem = "%s: %s" % (type(e).__name__, e)
+        request.problem = _describe_exception(e)
         descriptors = []
     result = _tpreload.reload(world._native, descriptors, request, workspace)
     del held  # the reader is done with the iterator's tensors
     return ReloadResult(result)
+
+
+def _describe_exception(e):
+    """"Kind: message", also for an exception whose message cannot be made (its
+    __str__ raises): that must not end this rank alone while its peers wait."""
+    try:
+        return "%s: %s" % (type(e).__name__, e)
+    except Exception:  # noqa: BLE001
+        return "%s (its message could not be printed)" % type(e).__name__
 
 
 def retain_freed_memory():

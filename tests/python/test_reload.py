@@ -294,6 +294,25 @@ def test_a_problem_on_one_rank_is_the_same_error_on_every_rank(world, shared_dir
     assert isinstance(raised(distribution="gossip"), tpreload.UsageError)
 
 
+def test_a_problem_whose_message_cannot_be_printed_is_still_agreed(world, shared_dir):
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no message")
+
+    class Params(dict):
+        def items(self):
+            raise Unprintable()
+
+    params = zeros_like_shards(world, world.size)
+    mine = Params(params) if world.rank == world.size - 1 else params
+    with pytest.raises(tpreload.UsageError) as error:
+        tpreload.reload_weights(mine, shared_dir, world=world)
+    assert error.value.agreed
+    assert "Unprintable (its message could not be printed)" in str(error.value)
+    messages = world.allgather(str(error.value))
+    assert len(set(messages)) == 1, "ranks raised different errors: %s" % messages
+
+
 def test_entries_that_are_not_parameters_are_ignored_whatever_they_are(world, shared_dir):
     tp = world.size
     if world.rank == 0:
