@@ -21,9 +21,14 @@ runner=${runner:-$(command -v reload_runner || echo reload_runner)}
 # root/oversubscription settings, and tpreload's, NCCL's and the loader's
 # settings that are set here (TPRELOAD_NCCL_LIBRARY, NCCL_*, LD_LIBRARY_PATH...),
 # so that every host runs with the same ones.
+# (LD_LIBRARY_PATH replaces the remote hosts' own: the hosts are alike, with the
+# build at the same path.)
 forward=(-x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
          -x OMPI_MCA_btl_vader_single_copy_mechanism)
-while IFS= read -r name; do
-  forward+=(-x "$name")
-done < <(compgen -e | grep -E '^(TPRELOAD_[A-Z0-9_]*|NCCL_[A-Z0-9_]*|LD_LIBRARY_PATH)$' || true)
+for name in "${!TPRELOAD_@}" "${!NCCL_@}" LD_LIBRARY_PATH; do
+  # exported ones only
+  if [[ $(declare -p "$name" 2>/dev/null) =~ ^declare\ -[a-zA-Z]*x ]]; then
+    forward+=(-x "$name")
+  fi
+done
 exec mpirun --hostfile "$hostfile" -np "$np" --bind-to none "${forward[@]}" "$runner" "$@"

@@ -282,11 +282,13 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
 
 def _describe_exception(e):
     """"Kind: message", also for an exception whose message cannot be made (its
-    __str__ raises): that must not end this rank alone while its peers wait."""
+    __str__ raises) or is not valid UTF-8 (a lone surrogate from a file name):
+    that must not end this rank alone while its peers wait."""
     try:
-        return "%s: %s" % (type(e).__name__, e)
+        text = "%s: %s" % (type(e).__name__, e)
     except Exception:  # noqa: BLE001
-        return "%s (its message could not be printed)" % type(e).__name__
+        text = "%s (its message could not be printed)" % type(e).__name__
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def retain_freed_memory():

@@ -6,7 +6,9 @@
 #include <atomic>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <vector>
 
 #include "quantize_int8.h"
 #include "tpreload/core/error.h"
@@ -82,38 +84,86 @@ cudaMemcpyKind kind_of(CopyKind kind) {
 
 // Whether a wait for the device's work gave up (DeviceEvent::gave_up): the
 // device is stuck. cudaFree and cudaFreeHost wait for all of the device's work,
-// so from then on a free would block its thread for ever: the memory freed is
-// leaked instead (said once), and the process must end to get the device back.
+// so while that work has not finished a free would block its thread: the memory
+// freed is leaked instead (said once). An event recorded after the work the
+// wait gave up on tells when it finished after all (a late peer, a slow copy):
+// from then on memory is freed again.
 class Stuck {
  public:
-  explicit Stuck(std::string name) : name_(std::move(name)) {}
-  void mark() noexcept { stuck_ = true; }
+  Stuck(int ordinal, std::string name) : ordinal_(ordinal), name_(std::move(name)) {}
+  ~Stuck() {
+    DeviceGuard guard(ordinal_, std::nothrow);
+    for (cudaEvent_t e : pending_) cudaEventDestroy(e);
+  }
+  Stuck(const Stuck&) = delete;
+  Stuck& operator=(const Stuck&) = delete;
+
+  // A wait for the work on `stream` gave up. Never blocks.
+  void mark(cudaStream_t stream) noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceGuard guard(ordinal_, std::nothrow);
+    cudaEvent_t after = nullptr;
+    if (cudaEventCreateWithFlags(&after, cudaEventDisableTiming) == cudaSuccess &&
+        cudaEventRecord(after, stream) == cudaSuccess) {
+      pending_.push_back(after);
+    } else {  // (then it stays stuck: nothing tells when the work finished)
+      if (after) cudaEventDestroy(after);
+      cudaGetLastError();
+      forever_ = true;
+    }
+  }
   // Whether `bytes` freed now must be leaked instead.
   bool leak(std::uint64_t bytes) noexcept {
-    if (!stuck_) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_.empty() && !forever_) return false;
+    DeviceGuard guard(ordinal_, std::nothrow);
+    for (std::size_t i = pending_.size(); i-- > 0;) {
+      if (cudaEventQuery(pending_[i]) != cudaSuccess) continue;  // (an error: still pending)
+      cudaEventDestroy(pending_[i]);
+      pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    cudaGetLastError();
+    if (pending_.empty() && !forever_) {
+      say(true);
+      said_ = false;
+      return false;
+    }
     leaked_ += bytes;
-    if (!said_.exchange(true)) {
-      try {
-        log().error(
-            "{} is stuck: memory freed from now on is leaked, not returned to it (a free would "
-            "wait for the stuck work for ever); end the process to get the device back",
-            name_);
-      } catch (...) {  // (never thrown out of a free)
-      }
+    if (!said_) {
+      said_ = true;
+      say(false);
     }
     return true;
   }
 
  private:
+  void say(bool finished) const noexcept {
+    try {  // (never thrown out of a free)
+      if (finished)
+        log().warn(
+            "{}: the work a wait gave up on has finished; memory is freed again ({} bytes were "
+            "leaked while it was stuck)",
+            name_, leaked_);
+      else
+        log().warn(
+            "{} is stuck: memory freed now is leaked, not returned to it (a free would wait for "
+            "the stuck work); if the work never finishes, end the process to get the device back",
+            name_);
+    } catch (...) {
+    }
+  }
+  int ordinal_;
   std::string name_;
-  std::atomic<bool> stuck_{false}, said_{false};
-  std::atomic<std::uint64_t> leaked_{0};
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> pending_;  // recorded after work a wait gave up on
+  bool forever_ = false, said_ = false;
+  std::uint64_t leaked_ = 0;
 };
 
 class CudaEvent final : public DeviceEvent {
  public:
   CudaEvent(int ordinal, cudaStream_t stream, std::shared_ptr<Stuck> stuck)
-      : ordinal_(ordinal), stuck_(std::move(stuck)) {
+      : ordinal_(ordinal), stream_(stream), stuck_(std::move(stuck)) {
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     const cudaError_t rc = cudaEventRecord(event_, stream);
@@ -137,10 +187,11 @@ class CudaEvent final : public DeviceEvent {
     return true;
   }
   cudaEvent_t get() const { return event_; }
-  void gave_up() noexcept override { stuck_->mark(); }
+  void gave_up() noexcept override { stuck_->mark(stream_); }
 
  private:
   int ordinal_;
+  cudaStream_t stream_;
   std::shared_ptr<Stuck> stuck_;
   cudaEvent_t event_ = nullptr;
 };
@@ -295,7 +346,7 @@ class CudaDevice final : public Device {
   CudaDevice(int ordinal, std::string name)
       : ordinal_(ordinal),
         name_(std::move(name)),
-        stuck_(std::make_shared<Stuck>(name_)),
+        stuck_(std::make_shared<Stuck>(ordinal, name_)),
         memory_(ordinal, name_, stuck_),
         pinned_(ordinal, name_, stuck_) {}
   std::string describe() const override { return name_; }

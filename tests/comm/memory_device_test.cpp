@@ -85,7 +85,8 @@ TEST(EmulatedDevice, CountsLiveAndPeakBytesPerSpace) {
 }
 
 // Once a wait gives up, the device is stuck: what is freed from then on is
-// leaked (a CUDA free would wait for the stuck work for ever), not freed.
+// leaked (a CUDA free would wait for the stuck work), not freed, until the
+// work finishes after all.
 TEST(WaitForEvent, AWaitThatGivesUpStopsTheDeviceFreeingMemory) {
   EmulatedDevice device;
   Buffer before = device.memory().allocate(100);
@@ -100,10 +101,11 @@ TEST(WaitForEvent, AWaitThatGivesUpStopsTheDeviceFreeingMemory) {
   EXPECT_EQ(device.frees_while_stalled(), 1u) << "freed after the wait gave up";
   EXPECT_EQ(device.leaked_bytes(), 40u);
   EXPECT_EQ(device.live_bytes(MemoryKind::kPinnedHost), 40u) << "leaked memory stays the device's";
-  device.stall(false);  // (a reset: frees free again)
+  device.stall(false);  // the stuck work finishes: frees free again
   Buffer again = device.memory().allocate(8);
   again = Buffer();
   EXPECT_EQ(device.live_bytes(MemoryKind::kDevice), 0u);
+  EXPECT_EQ(device.leaked_bytes(), 40u);
 }
 
 TEST(WaitForEvent, AStalledDeviceTimesOutNamingTheWork) {

@@ -175,8 +175,9 @@ TEST(Config, RopeThetaAtTheTopOrInRopeParameters) {
   const ModelConfig c =
       parse_model_config(head + R"(,"rope_parameters":{"rope_theta":250000})" + "}", "config.json");
   EXPECT_EQ(parse_model_config(model_config_to_json(c), "written").rope_theta, 250000.0);
-  EXPECT_NE(error_of(head + R"(,"rope_theta":10000,"rope_parameters":{"rope_theta":500000}})")
-                .find("config.json: rope_theta 10000 and rope_parameters.rope_theta 500000 differ"),
+  EXPECT_NE(error_of(head + R"(,"rope_theta":1000000,"rope_parameters":{"rope_theta":1000000.5}})")
+                .find("config.json: rope_theta 1000000 and rope_parameters.rope_theta 1000000.5 "
+                      "differ"),
             std::string::npos);
   EXPECT_NE(error_of(head + R"(,"rope_parameters":{"rope_theta":"big"}})")
                 .find("field 'rope_parameters.rope_theta' must be a number, got \"big\""),
@@ -184,7 +185,8 @@ TEST(Config, RopeThetaAtTheTopOrInRopeParameters) {
   EXPECT_NE(error_of(head + R"(,"rope_parameters":[1]})")
                 .find("field 'rope_parameters' must be an object, got [1]"),
             std::string::npos);
-  EXPECT_NE(error_of(head + R"(,"rms_norm_eps":-1})").find("field 'rms_norm_eps' must be positive"),
+  EXPECT_NE(error_of(head + R"(,"rms_norm_eps":-1})")
+                .find("field 'rms_norm_eps' must be a positive number, got -1"),
             std::string::npos);
 }
 

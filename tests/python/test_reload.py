@@ -303,14 +303,20 @@ def test_a_problem_whose_message_cannot_be_printed_is_still_agreed(world, shared
         def items(self):
             raise Unprintable()
 
+    class NotUtf8(dict):
+        def items(self):
+            raise ValueError("no file '/m/v\udcff'")  # (a name decoded with surrogateescape)
+
     params = zeros_like_shards(world, world.size)
-    mine = Params(params) if world.rank == world.size - 1 else params
-    with pytest.raises(tpreload.UsageError) as error:
-        tpreload.reload_weights(mine, shared_dir, world=world)
-    assert error.value.agreed
-    assert "Unprintable (its message could not be printed)" in str(error.value)
-    messages = world.allgather(str(error.value))
-    assert len(set(messages)) == 1, "ranks raised different errors: %s" % messages
+    for broken, text in ((Params, "Unprintable (its message could not be printed)"),
+                         (NotUtf8, "ValueError: no file '/m/v\\udcff'")):
+        mine = broken(params) if world.rank == world.size - 1 else params
+        with pytest.raises(tpreload.UsageError) as error:
+            tpreload.reload_weights(mine, shared_dir, world=world)
+        assert error.value.agreed
+        assert text in str(error.value)
+        messages = world.allgather(str(error.value))
+        assert len(set(messages)) == 1, "ranks raised different errors: %s" % messages
 
 
 def test_entries_that_are_not_parameters_are_ignored_whatever_they_are(world, shared_dir):

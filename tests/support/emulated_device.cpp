@@ -320,11 +320,12 @@ std::byte* EmulatedDevice::take(MemoryKind kind, std::uint64_t bytes) {
 void EmulatedDevice::give(MemoryKind kind, std::byte* p) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (gave_up_) {  // as CUDA's: leaked, still live (a free would wait for the stuck work)
+    if (gave_up_ && stalled_) {  // as CUDA's: leaked, still live (a free would wait)
       leaked_ += sizes_.at(p);
       leaked_blocks_.push_back(p);  // (deleted with the device)
       return;
     }
+    gave_up_ = gave_up_ && stalled_;       // (the work it gave up on has finished)
     if (stalled_) ++frees_while_stalled_;  // (a CUDA free here would never return)
     device_blocks_.erase(p);
     live_[index_of(kind)] -= sizes_.at(p);

@@ -18,7 +18,8 @@
 // cudaFree and cudaFreeHost, would wait for the stuck work: frees while stalled
 // are counted (frees_while_stalled(): each would never return on a GPU) until
 // a wait for the device gives up (DeviceEvent::gave_up), after which what is
-// freed is leaked (leaked_bytes()), as the CUDA device does.
+// freed while it stays stalled is leaked (leaked_bytes()), as the CUDA device
+// does until the work the wait gave up on finishes.
 //
 // The device transport it pairs with (make_emulated_device_transport) delivers
 // received bytes only when the transfer is waited for, so a reader of a receive
@@ -60,12 +61,7 @@ class EmulatedDevice final : public Device {
   void reset_peaks();
   // Operations run so far (copies, fills, kernels).
   std::uint64_t operations() const { return operations_; }
-  // stall(false) also forgets that a wait gave up (as after a device reset).
-  void stall(bool on) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stalled_ = on;
-    if (!on) gave_up_ = false;
-  }
+  void stall(bool on) { stalled_ = on; }
   bool stalled() const { return stalled_; }
   // Internal (its events): a wait for its work gave up.
   void gave_up() noexcept {

@@ -51,8 +51,9 @@ double positive_number(const json& j, const char* key, double fallback, const st
   if (!j[key].is_number())
     raise<ModelError>(origin, ": field '", within, key, "' must be a number, got ", j[key].dump());
   const double value = j[key].get<double>();
-  if (!(value > 0))
-    raise<ModelError>(origin, ": field '", within, key, "' must be positive, got ", value);
+  if (!(value > 0))  // (nlohmann refuses numbers beyond a double: no infinity gets here)
+    raise<ModelError>(origin, ": field '", within, key, "' must be a positive number, got ",
+                      j[key].dump());
   return value;
 }
 
@@ -67,8 +68,8 @@ double rope_theta_of(const json& j, const std::string& origin) {
     raise<ModelError>(origin, ": field 'rope_parameters' must be an object, got ", p.dump());
   const double nested = positive_number(p, "rope_theta", top, origin, "rope_parameters.");
   if (j.contains("rope_theta") && !j["rope_theta"].is_null() && nested != top)
-    raise<ModelError>(origin, ": rope_theta ", top, " and rope_parameters.rope_theta ", nested,
-                      " differ");
+    raise<ModelError>(origin, ": rope_theta ", j["rope_theta"].dump(),
+                      " and rope_parameters.rope_theta ", p["rope_theta"].dump(), " differ");
   return nested;
 }
 
