@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "../src/reload/pipeline.h"
+#include "../tests/support/faults.h"
 #include "../tests/support/tiny_models.h"
 #include "mpi_test_main.h"
 #include "tpreload/checkpoint/kernel_format.h"
@@ -31,6 +32,7 @@ namespace {
 TPRELOAD_TINY_MODEL_WORLD_SIZES();
 
 using mpitest::world;
+using testing::FaultySource;
 namespace fs = std::filesystem;
 
 using mpitest::SharedDir;
@@ -560,6 +562,45 @@ TEST(Reload, OnlyTheRanksThatOpenTheWeightsNeedAPath) {
       << error;
   EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
   expect_params(model, expected_params(config, setup, ckpt), "after the failed reload");
+}
+
+// A reader per node, two nodes, the second node's reader failing at its first
+// read: the first node's ranks applied every bucket, the second node's other
+// ranks received nothing. The error is agreed, so the invalidation callbacks run
+// on every rank (a callback may itself be collective), each told its own
+// parameters that may have changed: none on those ranks.
+TEST(Reload, AfterAnAgreedFailureTheCallbacksRunOnEveryRankWhenAnyRankWrote) {
+  TPRELOAD_REQUIRE_RANKS(4);
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto ckpt = testdata::random_checkpoint(config, 620);
+  const int n = world().size(), per_node = n / 2, failing = per_node;  // its first rank
+  TensorParallelModel model(config, options_for({n, "", false}));
+  ReloadableModel served(model, {"(in memory)", "", ""});
+  std::vector<ReloadResult> told;
+  served.on_reloaded([&](const ReloadResult& r) { told.push_back(r); });
+  ReloadOptions o;
+  o.readers = Readers::kNode;
+  o.ranks_per_node = per_node;
+  o.bucket_bytes = 4096;
+  std::unique_ptr<WeightSource> source = testdata::memory_source(ckpt);
+  if (world().rank() == failing)
+    source = std::make_unique<FaultySource>(std::move(source), 0, FaultySource::Fault::kFail);
+  std::string error;
+  try {
+    served.reload_from(world(), o, source.get());
+    ADD_FAILURE() << "the failed read went unnoticed";
+  } catch (const CheckpointError& e) {
+    error = e.what();
+  }
+  EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  ASSERT_EQ(told.size(), 1u) << "rank " << world().rank() << ": the callbacks did not run once";
+  EXPECT_EQ(told[0].error, error);
+  if (world().rank() < per_node) {
+    EXPECT_EQ(told[0].possibly_mixed.size(), model.named_parameters().size())
+        << "a rank of the first node, which applied every bucket";
+  } else if (world().rank() != failing) {
+    EXPECT_TRUE(told[0].possibly_mixed.empty()) << "a rank that received nothing";
+  }
 }
 
 TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {

@@ -910,9 +910,20 @@ ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& opti
     failed.error = e.what();
     if (!options.atomic || model_.sink().commit_began())
       failed.possibly_mixed = model_.sink().touched_names();
-    if (!failed.possibly_mixed.empty()) {
-      log().warn("reload failed after writing {} parameters; running {} invalidation callbacks",
-                 failed.possibly_mixed.size(), callbacks_.size());
+    // An error every rank raised alike leaves every rank here: the callbacks run
+    // on every rank when any rank wrote (a callback may be collective itself),
+    // each told its own parameters. After an error of this rank alone, here only.
+    bool any_wrote = !failed.possibly_mixed.empty();
+    if (dynamic_cast<const AgreedError*>(&e)) {
+      std::int64_t wrote = any_wrote ? 1 : 0;
+      world.allreduce_ints(&wrote, 1, IntOp::kMax);
+      any_wrote = wrote != 0;
+    }
+    if (any_wrote) {
+      log().warn(
+          "reload failed after writing {} parameters of this rank; running {} invalidation "
+          "callbacks",
+          failed.possibly_mixed.size(), callbacks_.size());
       for (const auto& callback : callbacks_) callback(failed);
     }
     throw;

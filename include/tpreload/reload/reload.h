@@ -291,8 +291,11 @@ class ReloadableModel {
 
   // Run after every reload that returns, in registration order (e.g. to drop
   // LoRA, encoder or multimodal caches built from the old weights), and after a
-  // failed one that changed parameters of this rank, with the result's `error`
-  // and `possibly_mixed` set, before the error is rethrown.
+  // failed one that changed parameters, with the result's `error` and
+  // `possibly_mixed` (this rank's) set, before the error is rethrown: after an
+  // error every rank raised alike (an AgreedError), on every rank when any rank
+  // changed parameters (so a callback may itself be collective); after an
+  // error of this rank alone, on this rank when it changed parameters.
   void on_reloaded(std::function<void(const ReloadResult&)> callback);
 
   // COLLECTIVE. Reload from the model's current location, or from `path` (which
