@@ -914,11 +914,14 @@ ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& opti
     // on every rank when any rank wrote (a callback may be collective itself),
     // each told its own parameters. After an error of this rank alone, here only.
     bool any_wrote = !failed.possibly_mixed.empty();
-    if (dynamic_cast<const AgreedError*>(&e)) {
-      std::int64_t wrote = any_wrote ? 1 : 0;
-      world.allreduce_ints(&wrote, 1, IntOp::kMax);
-      any_wrote = wrote != 0;
-    }
+    if (dynamic_cast<const AgreedError*>(&e)) try {
+        std::int64_t wrote = any_wrote ? 1 : 0;
+        world.allreduce_ints(&wrote, 1, IntOp::kMax);
+        any_wrote = wrote != 0;
+      } catch (const std::exception& again) {  // (the error to raise stays the first)
+        log().error("rank {}: asking whether any rank wrote failed: {}", world.rank(),
+                    again.what());
+      }
     if (any_wrote) {
       log().warn(
           "reload failed after writing {} parameters of this rank; running {} invalidation "
