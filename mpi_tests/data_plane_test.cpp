@@ -80,6 +80,15 @@ ReloadResult reload(TensorParallelModel& m, DataTransport& data,
   return reload_weights(m, world(), data, source.get(), o, &ws);
 }
 
+// Un-stalls the device of rank `stuck` (stalled by the test) after checking that
+// nothing was freed on it while stalled: a CUDA free would have waited for the
+// stuck work.
+void resume(PlaneSetup& s, int stuck) {
+  if (world().rank() != stuck) return;
+  EXPECT_EQ(s.device->frees_while_stalled(), 0u) << "a free that would wait for the stuck device";
+  s.device->stall(false);
+}
+
 // Every parameter of `model` holds the bytes `want` gives it, and the model has
 // no parameter `want` does not name.
 void expect_bytes(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& want,
@@ -279,11 +288,7 @@ TEST(DataPlane, AStalledDeviceOnOneRankIsTheSameErrorOnEveryRankAndTheJobGoesOn)
       EXPECT_NE(error.find("within 300 ms"), std::string::npos) << what << ": " << error;
       EXPECT_NE(error.find("emulated device"), std::string::npos) << what << ": " << error;
       EXPECT_TRUE(mpitest::same_on_every_rank(error)) << what << ": " << error;
-      if (world().rank() == stuck) {
-        EXPECT_EQ(s.device->frees_while_stalled(), 0u)
-            << "a free that would wait for the stuck device";
-      }
-      s.device->stall(false);
+      resume(s, stuck);
       world().barrier();
       ReloadWorkspace fresh;  // the stuck rank abandoned its staging
       const ReloadResult r = reload(model, *s.data, ckpt, o, fresh);
@@ -327,10 +332,7 @@ TEST(DataPlane, AStuckDeviceWhileGatheringFingerprintsIsTheSameErrorOnEveryRank)
       << error;
   EXPECT_NE(error.find("within 300 ms"), std::string::npos) << error;
   EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
-  if (world().rank() == stuck) {
-    EXPECT_EQ(s.device->frees_while_stalled(), 0u) << "a free that would wait for the stuck device";
-  }
-  s.device->stall(false);
+  resume(s, stuck);
   world().barrier();
 
   const auto fingerprints = gather_fingerprints(model, world(), std::chrono::seconds(20));
@@ -386,10 +388,7 @@ TEST(DataPlane, AStuckDeviceAbandonsItsStagingAlsoWhenAReadFailureIsRaised) {
     EXPECT_EQ(ws.bytes(), 0u) << "the stuck rank kept staging its device may still use";
     EXPECT_GT(s.device->live_bytes(MemoryKind::kPinnedHost), 0u) << "it was freed, not abandoned";
   }
-  if (world().rank() == stuck) {
-    EXPECT_EQ(s.device->frees_while_stalled(), 0u) << "a free that would wait for the stuck device";
-  }
-  s.device->stall(false);
+  resume(s, stuck);
   world().barrier();
 }
 

@@ -482,11 +482,9 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   // The same listing and rules on every rank: the same verdict everywhere for
   // what they decide; anything else (memory) is this rank's problem, agreed on
   // with preflight's.
-  bool planned = false;
-  try {
+  try {  // (`problem` is empty here: the listing was agreed on above)
     fresh->metadata = parse_metadata(payload);
     fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
-    planned = true;
   } catch (const ValidationError& e) {
     throw Agreed<ValidationError>(e.what());
   } catch (const UsageError& e) {
@@ -496,7 +494,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   } catch (const std::exception& e) {
     problem = detail::concat("planning the reload: ", e.what());
   }
-  if (planned) problem = preflight_problem(fresh->plan, fresh->metadata, model, world.rank());
+  if (!problem) problem = preflight_problem(fresh->plan, fresh->metadata, model, world.rank());
   if (!problem) try {  // this rank's writes
       fresh->applies =
           resolve_applies(fresh->plan, fresh->metadata, model.rules(), plan_options, world.rank());

@@ -35,14 +35,11 @@ DataPlane open_data_plane(MpiCommunicator& world, const DataPlaneOptions& option
   // Ranks given different choices would make different collectives below.
   // (The same text on every rank: which rank chose what is in each rank's
   // own log line.)
-  const auto text = [](const std::string& s) {
-    return static_cast<std::uint64_t>(std::hash<std::string>{}(s));
-  };
   try {
     agree_on_values<UsageError>(
         world,
-        {{"the data plane's device", text(options.device)},
-         {"the data plane's transport", text(options.transport)}},
+        {{"the data plane's device", text_value(options.device)},
+         {"the data plane's transport", text_value(options.transport)}},
         " (--device, --transport: every rank must open the same data plane)");
   } catch (const UsageError&) {
     log().error("this rank was given --device {} --transport {}", options.device,

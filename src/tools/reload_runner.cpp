@@ -220,9 +220,6 @@ void add_options(CLI::App& app, RunnerOptions& o) {
 // may an explicit --pipeline-depth (the reload itself agrees on whether the
 // depth is chosen per rank, the one case that changes its collectives).
 void agree_on_options(const RunnerOptions& o, Communicator& world) {
-  auto text = [](const std::string& s) {
-    return static_cast<std::uint64_t>(std::hash<std::string>{}(s));
-  };
   agree_on_values<UsageError>(
       world,
       {{"--repeat", static_cast<std::uint64_t>(o.repeat)},
@@ -230,13 +227,13 @@ void agree_on_options(const RunnerOptions& o, Communicator& world) {
        {"--demo", o.demo},
        {"--kernel-format", o.kernel_format},
        {"--tp", static_cast<std::uint64_t>(o.tp)},
-       {"--quantization", text(o.quantization)},
+       {"--quantization", text_value(o.quantization)},
        {"--lora", o.lora},
        {"--expert-parallel", o.expert_parallel},
-       {"--distribution", text(o.distribution)},
-       {"--bucket-mb", text(std::to_string(o.bucket_mb))},
+       {"--distribution", text_value(o.distribution)},
+       {"--bucket-mb", text_value(std::to_string(o.bucket_mb))},
        {"--reader-rank", static_cast<std::uint64_t>(o.reader_rank)},
-       {"--readers", text(o.readers)},
+       {"--readers", text_value(o.readers)},
        {"--ranks-per-node", static_cast<std::uint64_t>(o.ranks_per_node)},
        {"--rotate-broadcast-roots", o.rotate_broadcast_roots},
        {"--zero-copy", o.zero_copy},
@@ -245,8 +242,8 @@ void agree_on_options(const RunnerOptions& o, Communicator& world) {
        {"--no-checksums", o.no_checksums},
        {"--no-compare-replicas", o.no_compare_replicas},
        {"--timeout", static_cast<std::uint64_t>(o.timeout_s)},
-       {"--device", text(o.device)},
-       {"--transport", text(o.transport)}},
+       {"--device", text_value(o.device)},
+       {"--transport", text_value(o.transport)}},
       " (every rank of the job must be started with the same options); nothing was loaded");
 }
 

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <climits>
+#include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -52,6 +54,11 @@ void agree_on_problem(Communicator& comm, const std::optional<std::string>& prob
     others = detail::concat(" (and on ", ranks_with_problem - 1, " other ranks)");
   raise<Agreed<E>>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others,
                    ranks_with_problem < comm.size() ? if_some_ranks : std::string());
+}
+
+// The value agree_on_values compares for a text (an option's spelling, a path).
+inline std::uint64_t text_value(const std::string& text) {
+  return static_cast<std::uint64_t>(std::hash<std::string>{}(text));
 }
 
 // COLLECTIVE (two allreduces). Every rank passes the same list of named values
