@@ -99,7 +99,7 @@ configure_and_build() {
 
 checks() {
   local rc=0
-  log "gpu_tests: the device int8 kernel against the CPU kernel, strided copies"
+  log "gpu_tests: the device int8 kernel against the CPU kernel, strided copies, frees on a stuck device"
   "$build/tests/gpu_tests" || rc=1
   log "model and reload suites (single process) against this LibTorch"
   "$build/tests/model_tests" --gtest_brief=1 || rc=1
