@@ -17,6 +17,8 @@
 #include "tpreload/checkpoint/writers.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/model.h"
+#include "tpreload/model/sharding.h"
+#include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
 
 namespace tpreload {
@@ -147,7 +149,7 @@ TEST(Integrity, AFlippedBitIsCaughtWhereItLandedAndNeverWritten) {
   }
 }
 
-// Broadcast buckets of many 64 KiB verify blocks: flips spread over a bucket
+// Broadcast buckets of many tensors: flips spread over a bucket every 64 KiB
 // are caught where the victim reads the bytes and change nothing elsewhere.
 // Both must happen (a rank reads its own rows of the column-parallel tensors,
 // not the others').
@@ -175,7 +177,7 @@ TEST(Integrity, ABroadcastReceiverVerifiesTheBytesItReadsAndNoOthers) {
       }
       ++caught;
       EXPECT_NE(error.find("arrived corrupted on rank " + std::to_string(kVictim) + "/" +
-                           std::to_string(world().size()) + " in its bytes ["),
+                           std::to_string(world().size()) + " in the "),
                 std::string::npos)
           << where << ": " << error;
       EXPECT_TRUE(neither(model, v).empty())
@@ -184,6 +186,75 @@ TEST(Integrity, ABroadcastReceiverVerifiesTheBytesItReadsAndNoOthers) {
   }
   EXPECT_GT(caught, 0) << "no flip landed in bytes the victim reads: the test proves nothing";
   EXPECT_GT(harmless, 0) << "every flip was caught: the victim verifies bytes it does not read";
+}
+
+// A broadcast receiver checks exactly the bytes it reads of a row-parallel
+// tensor: its own column window of each row. A flip there is caught, naming
+// its bytes; a flip in another rank's window of the same row (which that rank,
+// receiving clean bytes, applies) changes nothing on the victim. Where each
+// window lies is worked out here: tp rank r takes columns [r c / tp, (r + 1) c
+// / tp) of every row of c columns; the plan only says where the tensor's rows
+// start in their bucket.
+TEST(Integrity, ABroadcastReceiverChecksItsOwnWindowOfEachRowAndNoOther) {
+  TPRELOAD_REQUIRE_RANKS(2);
+  const ModelConfig config = testdata::tiny_config("llama_wide");
+  const Versions v{config, testdata::random_checkpoint(config, 821),
+                   testdata::random_checkpoint(config, 822)};
+  const int tp = world().size();
+  ReloadOptions o;
+  o.distribution = Distribution::kBroadcast;
+  o.bucket_bytes = 1 << 20;
+  auto source = testdata::memory_source(v.v2);
+  const SourceMetadata md{source->describe(), source->tensors(), source->kernel_format()};
+  const Plan plan =
+      make_plan(md, ShardingRules(config, tp),
+                {WeightFormat::kCheckpoint, Distribution::kBroadcast, o.bucket_bytes, tp, tp});
+  for (const std::string name :
+       {"model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight"}) {
+    const at::Tensor& t = v.v2.at(name);
+    const std::uint64_t row_bytes = t.size(1) * t.element_size(), window = row_bytes / tp;
+    // The bucket and bucket byte where the tensor's second row in it starts.
+    std::size_t bucket = 0;
+    std::uint64_t row_at = 0;
+    bool found = false;
+    for (std::size_t k = 0; k < plan.buckets.size() && !found; ++k)
+      for (const Piece& p : plan.buckets[k].pieces)
+        if (md.tensors[plan.tensors[p.planned].index].name == name && p.row_end - p.row_begin > 1) {
+          bucket = k;
+          row_at = p.offset + row_bytes;
+          found = true;
+          break;
+        }
+    ASSERT_TRUE(found) << name << " is in no broadcast bucket with two of its rows";
+    for (int r = 0; r < tp; ++r) {
+      TensorParallelModel model(config, on_this_rank());
+      const std::uint64_t byte = row_at + static_cast<std::uint64_t>(r) * window + window / 2;
+      const std::string where =
+          name + ", a flip in tp rank " + std::to_string(r) + "'s window of a row";
+      const std::string error =
+          reload_with_a_flip(model, v.v1, v.v2, o, static_cast<int>(bucket) + 1, byte * 8 + 3);
+      ASSERT_TRUE(same_on_every_rank(error)) << where << ": " << error;
+      if (r == kVictim) {
+        EXPECT_NE(error.find("bucket " + std::to_string(bucket + 1) + " of "), std::string::npos)
+            << where << ": " << error;
+        EXPECT_NE(error.find("arrived corrupted on rank " + std::to_string(kVictim) + "/" +
+                             std::to_string(tp) + " in the "),
+                  std::string::npos)
+            << where << ": " << error;
+        EXPECT_NE(error.find(" bytes that tensor-parallel rank " + std::to_string(kVictim) +
+                             " reads: CRC-32C "),
+                  std::string::npos)
+            << where << ": " << error;
+        EXPECT_TRUE(neither(model, v).empty())
+            << where << ": a corrupted parameter was written: " << neither(model, v).front();
+      } else {
+        EXPECT_EQ(error, "") << where << ": the victim checked bytes it does not read";
+        const auto wrong = not_version(model, config, v.v2);
+        EXPECT_TRUE(wrong.empty()) << where << ": " << wrong.front() << " is not version 2's";
+      }
+      world().barrier();
+    }
+  }
 }
 
 TEST(Integrity, WithoutChecksumsTheSameFlipLandsSilently) {

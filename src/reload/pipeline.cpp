@@ -31,10 +31,12 @@ class CorruptedBucket final : public CommError {
   using CommError::CommError;
 };
 
-// A broadcast bucket is summed in blocks of this many bytes (a multiple of
-// kCrc32cBlock, so that a device's raw block CRCs combine into them): a
-// receiver verifies only the blocks its writes read, not the whole bucket it
-// received (docs/PERFORMANCE.md, change 35).
+// A broadcast bucket moved in device memory is summed in blocks of this many
+// bytes (a multiple of kCrc32cBlock, so that a device's raw block CRCs combine
+// into them): a receiver verifies only the blocks its writes read, not the whole
+// bucket it received (docs/PERFORMANCE.md, change 35). In host memory it is
+// summed in chains, exactly the bytes each tp rank reads (verify_chains.h,
+// change 39).
 constexpr std::uint64_t kVerifyBlock = std::uint64_t{64} << 10;
 static_assert(kVerifyBlock % kCrc32cBlock == 0, "verify blocks combine from device blocks");
 
@@ -72,12 +74,13 @@ struct Slot {
   ConstBytes payload;                // reader rank, broadcast: the bytes to send (a view or `send`)
   std::optional<std::string> read_error;
   // CRC-32Cs the reader computed from the bytes it read: scatter, one of what
-  // each rank of the group receives; broadcast, one per kVerifyBlock of the
-  // bucket (`summed`: the bytes summed so far, in order).
+  // each rank of the group receives; broadcast, one per chain (host) or per
+  // kVerifyBlock of the bucket (device; `summed`: the bytes summed so far, in
+  // order).
   std::vector<std::uint32_t> sums;
   std::uint64_t summed = 0;
   // A receiver's: what the reader sent (scatter: its view's CRC; broadcast: the
-  // bucket's block CRCs). Empty: nothing to verify.
+  // bucket's chain or block CRCs). Empty: nothing to verify.
   std::vector<std::uint32_t> expected;
   std::uint32_t* block_sums = nullptr;  // pinned: raw block CRCs of a device view
 };
@@ -92,6 +95,9 @@ class Pipeline {
         applies_(planned.applies),
         direct_applies_(planned.direct_applies),
         own_(planned.own),
+        chains_(planned.chains),
+        chains_read_(planned.chains_read),
+        chains_checked_(planned.chains_checked),
         model_(model),
         sink_(model.sink()),
         control_(control),
@@ -176,6 +182,10 @@ class Pipeline {
   bool summed(std::size_t bucket) const {
     return options_.checksums && (world_root(bucket) < 0 ? group_.size() : control_.size()) > 1;
   }
+  // A broadcast bucket summed in chains (moved in host memory), not in blocks.
+  bool chained(std::size_t bucket) const {
+    return !plan_.buckets[bucket].scatter && !spaces_.device_transport;
+  }
   // Progress goes to the world's reader rank.
   bool reports() const {
     return rank_ == options_.reader_rank && options_.progress != nullptr && !progress_threw_;
@@ -214,6 +224,7 @@ class Pipeline {
   [[noreturn]] void raise_read_failure(std::size_t bucket, int rank,
                                        const std::optional<std::string>& mine);
   void verify(Slot& slot, const std::byte* view, bool device_memory);
+  void verify_chains(Slot& slot, const std::byte* view);
   // Bytes [begin, end) of this rank's view of a bucket, checked against
   // Slot::expected[sum] before the bucket is applied.
   struct Check {
@@ -221,15 +232,19 @@ class Pipeline {
     std::size_t sum;
   };
   const std::vector<Check>& checks(std::size_t bucket);
-  // CRC-32Cs announced for `bucket`: one per rank of the group (scatter) or per
-  // kVerifyBlock of it (broadcast); none when it is not summed.
+  // CRC-32Cs announced for `bucket`: one per rank of the group (scatter), per
+  // chain (broadcast in host memory) or per kVerifyBlock of it (broadcast in
+  // device memory); none when it is not summed.
   std::size_t sum_count(std::size_t bucket) const {
     if (!summed(bucket)) return 0;
     const Bucket& b = plan_.buckets[bucket];
-    return b.scatter ? static_cast<std::size_t>(group_.size()) : verify_blocks(b.bytes);
+    if (b.scatter) return static_cast<std::size_t>(group_.size());
+    return chained(bucket) ? static_cast<std::size_t>(chains_.at(bucket).chains)
+                           : verify_blocks(b.bytes);
   }
-  [[noreturn]] void raise_corrupted(const Slot& slot, std::uint64_t begin, std::uint64_t end,
-                                    std::uint32_t got, std::uint32_t sent) const;
+  // `where`: which bytes of this rank's view failed ("" for all of them).
+  [[noreturn]] void raise_corrupted(const Slot& slot, const std::string& where, std::uint32_t got,
+                                    std::uint32_t sent) const;
   std::string bucket_tensors(std::size_t bucket) const;
   std::optional<std::unique_ptr<Slot>> next_filled();
   // Ends the job when the reader thread has been filling one bucket for longer
@@ -244,6 +259,9 @@ class Pipeline {
   // Per scatter bucket, this rank's writes it reads straight into the
   // parameters when it reads the bucket (CachedPlan::own).
   const std::vector<OwnPlacements>& own_;
+  const std::vector<ChainLayout>& chains_;  // CachedPlan::chains and chains_read
+  const std::vector<std::vector<char>>& chains_read_;
+  const std::vector<std::vector<char>>& chains_checked_;
   std::vector<std::byte> chunk_;  // direct applies: full rows read for a write
   ReloadTarget& model_;
   ParameterSink& sink_;
@@ -365,7 +383,11 @@ void Pipeline::fill(Slot& slot) {
     slot.sums.assign(sum_count(slot.bucket), 0);
     sum = [&](int region, ConstBytes span) {
       const auto t = Clock::now();
-      if (region < 0) {  // broadcast: the spans tile the bucket in order, cut into blocks
+      if (region < 0 && chained(slot.bucket)) {  // broadcast: the spans tile the bucket in order
+        extend_chains(chains_.at(slot.bucket), slot.summed, span, &chains_checked_.at(slot.bucket),
+                      slot.sums);
+        slot.summed += span.size;
+      } else if (region < 0) {  // (device memory: cut into blocks)
         for (std::uint64_t done = 0; done < span.size;) {
           const std::size_t k = static_cast<std::size_t>(slot.summed / kVerifyBlock);
           const std::uint64_t n = std::min(span.size - done, (k + 1) * kVerifyBlock - slot.summed);
@@ -424,8 +446,9 @@ std::string Pipeline::bucket_tensors(std::size_t bucket) const {
 }
 
 // What this rank checks of `bucket`, computed once per reload: its whole view
-// of a scatter bucket; of a broadcast bucket, the kVerifyBlock blocks its
-// writes read (from each write's src_offset to write_source_end), in order.
+// of a scatter bucket; of a broadcast bucket in device memory, the kVerifyBlock
+// blocks its writes read (from each write's src_offset to write_source_end), in
+// order. (Chained broadcast buckets: verify_chains.)
 const std::vector<Pipeline::Check>& Pipeline::checks(std::size_t bucket) {
   if (checks_.empty()) checks_.resize(plan_.buckets.size());
   auto& list = checks_[bucket];
@@ -448,16 +471,14 @@ const std::vector<Pipeline::Check>& Pipeline::checks(std::size_t bucket) {
   return *list;
 }
 
-[[noreturn]] void Pipeline::raise_corrupted(const Slot& slot, std::uint64_t begin,
-                                            std::uint64_t end, std::uint32_t got,
-                                            std::uint32_t sent) const {
+[[noreturn]] void Pipeline::raise_corrupted(const Slot& slot, const std::string& where,
+                                            std::uint32_t got, std::uint32_t sent) const {
   const Bucket& bucket = plan_.buckets[slot.bucket];
-  const std::uint64_t n = view_bytes(bucket);
-  raise<CorruptedBucket>(
-      "bucket ", slot.bucket + 1, " of ", plan_.buckets.size(), " (", n, " bytes of ",
-      bucket_tensors(slot.bucket), ") arrived corrupted on rank ", rank_, "/", control_.size(),
-      begin == 0 && end == n ? std::string() : concat(" in its bytes [", begin, ", ", end, ")"),
-      ": CRC-32C ", hex(got), ", the reader sent ", hex(sent), "; none of it was applied");
+  raise<CorruptedBucket>("bucket ", slot.bucket + 1, " of ", plan_.buckets.size(), " (",
+                         view_bytes(bucket), " bytes of ", bucket_tensors(slot.bucket),
+                         ") arrived corrupted on rank ", rank_, "/", control_.size(), where,
+                         ": CRC-32C ", hex(got), ", the reader sent ", hex(sent),
+                         "; none of it was applied");
 }
 
 // Apply thread, before anything of the bucket is written: the bytes this rank
@@ -465,6 +486,7 @@ const std::vector<Pipeline::Check>& Pipeline::checks(std::size_t bucket) {
 // broadcast bytes only other ranks use changes nothing here).
 void Pipeline::verify(Slot& slot, const std::byte* view, bool device_memory) {
   if (slot.expected.empty()) return;
+  if (chained(slot.bucket)) return verify_chains(slot, view);
   const auto& list = checks(slot.bucket);
   if (list.empty()) return;  // (nothing of it is applied here)
   const auto start = Clock::now();
@@ -483,9 +505,35 @@ void Pipeline::verify(Slot& slot, const std::byte* view, bool device_memory) {
             : crc32c(view + c.begin, c.end - c.begin);
     if (got == slot.expected.at(c.sum)) continue;
     stats_.checksum += since(start);
-    raise_corrupted(slot, c.begin, c.end, got, slot.expected[c.sum]);
+    raise_corrupted(slot,
+                    c.begin == 0 && c.end == n
+                        ? std::string()
+                        : concat(" in its bytes [", c.begin, ", ", c.end, ")"),
+                    got, slot.expected[c.sum]);
   }
   stats_.checksum += since(start);
+}
+
+// verify() of a broadcast bucket in host memory: the chains this rank's writes
+// read, each summed over the whole view in one pass.
+void Pipeline::verify_chains(Slot& slot, const std::byte* view) {
+  const std::vector<char>& wanted = chains_read_.at(slot.bucket);
+  if (std::find(wanted.begin(), wanted.end(), 1) == wanted.end()) return;
+  const auto start = Clock::now();
+  const ChainLayout& layout = chains_.at(slot.bucket);
+  std::vector<std::uint32_t> got(wanted.size(), 0);
+  extend_chains(layout, 0, ConstBytes(view, plan_.buckets[slot.bucket].bytes), &wanted, got);
+  stats_.checksum += since(start);
+  for (std::size_t c = 0; c < wanted.size(); ++c) {
+    if (!wanted[c] || got[c] == slot.expected.at(c)) continue;
+    const int chain = static_cast<int>(c);
+    raise_corrupted(
+        slot,
+        concat(" in the ", chain_bytes(layout, chain), " bytes that ",
+               chain + 1 == layout.chains ? std::string("several tensor-parallel ranks read")
+                                          : concat("tensor-parallel rank ", chain, " reads")),
+        got[c], slot.expected[c]);
+  }
 }
 
 void Pipeline::reader_loop() {

@@ -17,6 +17,7 @@
 #include "tpreload/model/target.h"
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
+#include "verify_chains.h"
 
 namespace tpreload::detail {
 
@@ -52,6 +53,12 @@ struct CachedPlan {
   // with Readers::kNode), this rank's writes it reads straight into its
   // parameters when it reads a scatter bucket with host parameters.
   std::vector<OwnPlacements> own;
+  // With checksums, per bucket (broadcast ones; empty for scatter): which of
+  // its bytes each tp rank reads, as the reader sums them (verify_chains.h);
+  // the chains this rank's writes read, which it verifies; and the chains any
+  // rank verifies, which the reader sums (the same on every rank).
+  std::vector<ChainLayout> chains;
+  std::vector<std::vector<char>> chains_read, chains_checked;
 };
 
 // Readers::kNode: this rank's node, as a control communicator and a data

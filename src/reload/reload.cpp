@@ -226,6 +226,27 @@ std::int64_t check_ranks_agree(Communicator& world, const ReloadTarget& model,
   return static_cast<std::int64_t>(all >> 1);
 }
 
+// COLLECTIVE. Which chains of each broadcast bucket some rank checks
+// (CachedPlan::chains_checked): the union of every rank's chains_read but the
+// single reader's, which checks nothing. The reader sums only those: with one
+// rank per tp rank, its own chain is nobody's to check.
+void gather_checked_chains(Communicator& world, const ReloadOptions& options, CachedPlan& plan) {
+  const bool checks = options.readers != Readers::kOne || world.rank() != options.reader_rank;
+  std::vector<std::int64_t> checked;
+  for (std::size_t k = 0; k < plan.chains.size(); ++k)
+    if (!plan.plan.buckets[k].scatter)
+      for (char c : plan.chains_read[k]) checked.push_back(checks && c ? 1 : 0);
+  if (checked.empty()) return;  // (no broadcast bucket: the same plan on every rank)
+  allreduce_ints(world, checked, IntOp::kMax);
+  plan.chains_checked.resize(plan.chains.size());
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < plan.chains.size(); ++k) {
+    const std::size_t n = plan.chains_read[k].size();
+    plan.chains_checked[k].assign(checked.begin() + at, checked.begin() + at + n);
+    at += n;
+  }
+}
+
 // This rank's objection to the plan, if any: every tensor it will receive must fit.
 std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetadata& md,
                                              const ReloadTarget& model, int world_rank) {
@@ -504,10 +525,20 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
       else if (options.readers == Readers::kNode || world.rank() == options.reader_rank)
         fresh->own = detail::place_own_writes(fresh->plan, fresh->applies, model.rules().params(),
                                               world.rank());
+      if (options.checksums && !all_read) {
+        fresh->chains =
+            detail::chain_layouts(fresh->plan, fresh->metadata, model.rules().tp_size());
+        fresh->chains_read.resize(fresh->chains.size());
+        for (std::size_t k = 0; k < fresh->chains.size(); ++k)
+          if (!fresh->plan.buckets[k].scatter)
+            fresh->chains_read[k] = detail::chains_read(fresh->chains[k], fresh->applies[k].writes,
+                                                        model.rules().params());
+      }
     } catch (const std::exception& e) {
       problem = detail::concat("resolving this rank's writes: ", e.what());
     }
   agree_on_problem<ValidationError>(world, problem, "preflight (nothing was reloaded)");
+  if (!fresh->chains.empty()) gather_checked_chains(world, options, *fresh);
   workspace.keep_plan(std::move(fresh));
   return *workspace.cached_plan();
 }
