@@ -612,8 +612,8 @@ void Pipeline::announce_failed_transfer(std::size_t bucket) {
 // whether the bucket goes out.
 bool Pipeline::announce_world_status(Slot& slot) {
   const int root = world_root(slot.bucket);
-  const std::size_t sums = sum_count(slot.bucket);  // (a broadcast bucket's blocks)
-  // [failed, the block CRC-32Cs]: the world's maximum
+  const std::size_t sums = sum_count(slot.bucket);  // (a broadcast bucket's chains or blocks)
+  // [failed, the CRC-32Cs]: the world's maximum
   std::vector<std::int64_t> head(1 + sums, 0);
   if (rank_ == root) {
     if (slot.read_error)

@@ -381,9 +381,12 @@ NodeService serving_nodes(Communicator& world, const ReloadOptions& o, int own_n
 // it is used as is. Otherwise the listing is broadcast, each rank plans and
 // preflights, and keeps the plan. Errors reach every rank alike: CheckpointError
 // when the reader cannot list its source, ValidationError from preflight.
+// `host_transport`: the data plane moves host memory (broadcast buckets are then
+// checksummed in chains, kept with the plan).
 const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const ReloadTarget& model,
                               const ReloadOptions& options, std::int64_t fingerprint,
-                              ReloadWorkspace& workspace, NodeService& service) {
+                              bool host_transport, ReloadWorkspace& workspace,
+                              NodeService& service) {
   const int reader = options.reader_rank;
   const bool all_read = options.readers == Readers::kAll;
   const bool many = options.readers != Readers::kOne;  // every rank opens the source
@@ -525,7 +528,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
       else if (options.readers == Readers::kNode || world.rank() == options.reader_rank)
         fresh->own = detail::place_own_writes(fresh->plan, fresh->applies, model.rules().params(),
                                               world.rank());
-      if (options.checksums && !all_read) {
+      if (options.checksums && !all_read && host_transport) {  // (else blocks: pipeline.cpp)
         fresh->chains =
             detail::chain_layouts(fresh->plan, fresh->metadata, model.rules().tp_size());
         fresh->chains_read.resize(fresh->chains.size());
@@ -780,8 +783,8 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   const bool reader = opens_source(options, world.rank());
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
   NodeService service;  // Readers::kNode: each rank's serving node, when some cannot read
-  const CachedPlan& planned =
-      plan_reload(world, source, model, options, fingerprint, kept, service);
+  const CachedPlan& planned = plan_reload(world, source, model, options, fingerprint,
+                                          data.memory() != MemoryKind::kDevice, kept, service);
   const SourceMetadata& md = planned.metadata;
   const Plan& plan = planned.plan;
   log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",

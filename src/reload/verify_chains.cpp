@@ -4,6 +4,7 @@
 
 #include "row_windows.h"
 #include "tpreload/core/crc32c.h"
+#include "tpreload/core/error.h"
 
 namespace tpreload::detail {
 namespace {
@@ -17,8 +18,10 @@ struct Mark {
 // Appends the segments of one row of `length` bytes read as `marks` say: bytes
 // one rank alone reads in its chain, bytes several read in the shared chain,
 // bytes none reads in no segment; neighbours of one chain merged.
-void add_segments(std::vector<Mark>& marks, int shared, std::vector<ChainLayout::Segment>& out) {
-  std::vector<std::uint64_t> cuts;
+// (`cuts`: scratch, kept from piece to piece.)
+void add_segments(const std::vector<Mark>& marks, int shared, std::vector<std::uint64_t>& cuts,
+                  std::vector<ChainLayout::Segment>& out) {
+  cuts.clear();
   for (const Mark& m : marks)
     if (m.begin < m.end) {
       cuts.push_back(m.begin);
@@ -52,6 +55,25 @@ std::uint64_t run_end(const ChainLayout::Run& r) {
   return r.offset + r.pitch * r.rows;
 }
 
+// Each part of bucket bytes [a, b) that lies in a chain, in bucket order:
+// each(chain, lo, hi) for bytes [lo, hi).
+template <typename Each>
+void for_each_part(const ChainLayout& layout, std::uint64_t a, std::uint64_t b, Each&& each) {
+  for (auto run = run_at(layout, a); run != layout.runs.end() && run->offset < b; ++run) {
+    if (run_end(*run) <= a) continue;
+    for (std::uint64_t row = a > run->offset ? (a - run->offset) / run->pitch : 0; row < run->rows;
+         ++row) {
+      const std::uint64_t base = run->offset + row * run->pitch;
+      if (base >= b) break;
+      for (std::uint32_t s = run->first; s < run->last; ++s) {
+        const ChainLayout::Segment& g = layout.segments[s];
+        const std::uint64_t lo = std::max(base + g.begin, a), hi = std::min(base + g.end, b);
+        if (lo < hi) each(g.chain, lo, hi);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 ChainLayout chain_layout(const Plan& plan, const SourceMetadata& metadata, const Bucket& bucket,
@@ -60,6 +82,7 @@ ChainLayout chain_layout(const Plan& plan, const SourceMetadata& metadata, const
   layout.chains = tp_size + 1;
   const int shared = tp_size;
   std::vector<Mark> marks;
+  std::vector<std::uint64_t> cuts;
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan.tensors[p.planned];
     const TensorInfo& info = metadata.tensors[t.index];
@@ -103,7 +126,7 @@ ChainLayout chain_layout(const Plan& plan, const SourceMetadata& metadata, const
         }
       }
     }
-    add_segments(marks, shared, layout.segments);
+    add_segments(marks, shared, cuts, layout.segments);
     run.last = static_cast<std::uint32_t>(layout.segments.size());
     if (run.last > run.first) layout.runs.push_back(run);
   }
@@ -123,53 +146,35 @@ std::vector<ChainLayout> chain_layouts(const Plan& plan, const SourceMetadata& m
 
 void extend_chains(const ChainLayout& layout, std::uint64_t at, ConstBytes span,
                    const std::vector<char>* wanted, std::vector<std::uint32_t>& crcs) {
-  const std::uint64_t end = at + span.size;
-  for (auto run = run_at(layout, at); run != layout.runs.end() && run->offset < end; ++run) {
-    if (run_end(*run) <= at) continue;
-    for (std::uint64_t row = at > run->offset ? (at - run->offset) / run->pitch : 0;
-         row < run->rows; ++row) {
-      const std::uint64_t base = run->offset + row * run->pitch;
-      if (base >= end) break;
-      for (std::uint32_t s = run->first; s < run->last; ++s) {
-        const ChainLayout::Segment& g = layout.segments[s];
-        if (wanted && !(*wanted)[static_cast<std::size_t>(g.chain)]) continue;
-        const std::uint64_t a = std::max(base + g.begin, at), b = std::min(base + g.end, end);
-        if (a >= b) continue;
-        std::uint32_t& crc = crcs[static_cast<std::size_t>(g.chain)];
-        crc = crc32c_extend(crc, span.data + (a - at), b - a);
-      }
-    }
-  }
+  for_each_part(layout, at, at + span.size, [&](int chain, std::uint64_t lo, std::uint64_t hi) {
+    const auto c = static_cast<std::size_t>(chain);
+    if (!wanted || (*wanted)[c]) crcs[c] = crc32c_extend(crcs[c], span.data + (lo - at), hi - lo);
+  });
 }
 
 std::vector<char> chains_read(const ChainLayout& layout, const std::vector<RowWrite>& writes,
                               const std::vector<ParamSpec>& params) {
   std::vector<char> read(static_cast<std::size_t>(layout.chains), 0);
-  // Chains of the segments of `run` that bytes [a, b) of each of its rows meet.
-  auto mark = [&](const ChainLayout::Run& run, std::uint64_t a, std::uint64_t b) {
-    for (std::uint32_t s = run.first; s < run.last; ++s) {
-      const ChainLayout::Segment& g = layout.segments[s];
-      if (g.begin < b && a < g.end) read[static_cast<std::size_t>(g.chain)] = 1;
-    }
-  };
   for (const RowWrite& w : writes) {
     if (w.rows <= 0) continue;
-    const std::uint64_t row = write_source_row_bytes(w, params.at(w.slot));
-    const std::uint64_t begin = w.src_offset, end = write_source_end(w, params.at(w.slot));
-    for (auto run = run_at(layout, begin); run != layout.runs.end() && run->offset < end; ++run) {
-      if (run_end(*run) <= begin) continue;
-      if (run->rows == 1) {  // contiguous: the bytes between the write's first and last
-        mark(*run, std::max(begin, run->offset) - run->offset,
-             std::min(end, run_end(*run)) - run->offset);
-        continue;
-      }
-      // A write of the run's rows: the same bytes of each (a column window).
-      const std::uint64_t in_row = (begin - std::min(begin, run->offset)) % run->pitch;
-      if (begin >= run->offset && end <= run_end(*run) && in_row + row <= run->pitch &&
-          (w.rows == 1 || w.src_pitch == run->pitch))
-        mark(*run, in_row, in_row + row);
-      else
-        mark(*run, 0, run->pitch);  // anything else: every chain of the run
+    const ParamSpec& param = params.at(w.slot);
+    const std::uint64_t row = write_source_row_bytes(w, param);
+    // Rows that follow each other are one range; strided rows are read one by one.
+    const bool contiguous = w.rows == 1 || w.src_pitch == row;
+    const std::uint64_t n = contiguous ? row * static_cast<std::uint64_t>(w.rows) : row;
+    for (std::int64_t i = 0; i < (contiguous ? 1 : w.rows); ++i) {
+      const std::uint64_t a = w.src_offset + static_cast<std::uint64_t>(i) * w.src_pitch;
+      std::uint64_t covered = 0;
+      for_each_part(layout, a, a + n, [&](int chain, std::uint64_t lo, std::uint64_t hi) {
+        read[static_cast<std::size_t>(chain)] = 1;
+        covered += hi - lo;
+      });
+      // Every byte a write reads is in a chain by construction: one that is not
+      // could be applied unchecked, so the plan is refused instead.
+      if (covered != n)
+        raise<Error>("the checksum chains of a broadcast bucket cover only ", covered, " of the ",
+                     n, " bytes [", a, ", ", a + n, ") that a write into ", param.name,
+                     " reads (an inconsistent plan)");
     }
   }
   return read;

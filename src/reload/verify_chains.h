@@ -8,8 +8,8 @@
 // bytes in bucket order. The layout follows from the plan alone, the same on
 // every rank; a receiver checks every chain its writes touch (chains_read), so a
 // write that strays from its rank's chain costs a longer check, never a missed
-// flip. Broadcast buckets moved in device memory are checked in fixed blocks
-// instead (pipeline.cpp). No torch here.
+// flip, and a write that reads a byte in no chain is refused when planned. Broadcast buckets moved
+// in device memory are checked in fixed blocks instead (pipeline.cpp). No torch here.
 #pragma once
 
 #include <cstdint>
@@ -53,9 +53,9 @@ void extend_chains(const ChainLayout& layout, std::uint64_t at, ConstBytes span,
                    const std::vector<char>* wanted, std::vector<std::uint32_t>& crcs);
 
 // The chains holding a byte that any of `writes` (one rank's, into `params`)
-// reads: exactly the rank's own chain and, where it reads any, the shared one
-// when each write reads rows of one piece as the plan lays them out; more (never
-// fewer) otherwise.
+// reads: the rank's own chain and, where it reads any, the shared one. Throws
+// Error for a write that reads a byte in no chain (the layout and the writes
+// disagree: that byte would be applied unchecked).
 std::vector<char> chains_read(const ChainLayout& layout, const std::vector<RowWrite>& writes,
                               const std::vector<ParamSpec>& params);
 

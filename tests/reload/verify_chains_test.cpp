@@ -15,6 +15,7 @@
 #include "../support/tiny_models.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/crc32c.h"
+#include "tpreload/core/error.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/sharding.h"
 #include "tpreload/reload/plan.h"
@@ -147,6 +148,49 @@ TEST(VerifyChains, EachChainIsTheBytesItsRanksWritesReadAndEachRankChecksItsOwn)
   }
   EXPECT_GT(cases, 30u);
   EXPECT_GT(buckets, 300u);
+}
+
+// A write that reads bytes outside every chain (a layout that disagrees with
+// the writes) is refused, naming the parameter and the bytes: those bytes would
+// otherwise be applied without a check. A write inside a chain is not.
+TEST(VerifyChains, AWriteThatReadsBytesInNoChainIsRefused) {
+  detail::ChainLayout layout;
+  layout.chains = 3;
+  layout.segments = {{0, 48, 1}, {64, 100, 0}};  // bytes 48-63 of each row in no chain
+  layout.runs = {{1000, 100, 4, 0, 2}};          // 4 rows of 100 bytes from byte 1000
+  ParamSpec param;
+  param.name = "w";
+  param.dtype = DType::kFloat32;
+  RowWrite w;
+  w.slot = 0;
+  w.src_dtype = DType::kFloat32;
+  w.src_pitch = 100;
+  w.rows = 4;
+  // Bytes [0, 48) of every row: chain 1 only.
+  param.shape = {4, 12};
+  w.src_offset = 1000;
+  EXPECT_EQ(detail::chains_read(layout, {w}, {param}), (std::vector<char>{0, 1, 0}));
+  // Bytes [64, 100) of every row: chain 0 only.
+  param.shape = {4, 9};
+  w.src_offset = 1064;
+  EXPECT_EQ(detail::chains_read(layout, {w}, {param}), (std::vector<char>{1, 0, 0}));
+  // Bytes [40, 60) of every row: 12 of its 20 bytes lie in no chain.
+  param.shape = {4, 5};
+  w.src_offset = 1040;
+  try {
+    detail::chains_read(layout, {w}, {param});
+    ADD_FAILURE() << "a write reading bytes in no chain was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cover only 8 of the 20 bytes [1040, 1060) that a "
+                                         "write into w reads"),
+              std::string::npos)
+        << e.what();
+  }
+  // Contiguous rows past the run's end: the bytes after it are in no chain.
+  param.shape = {4, 25};
+  w.src_offset = 1300;
+  w.rows = 2;
+  EXPECT_THROW(detail::chains_read(layout, {w}, {param}), Error);
 }
 
 }  // namespace
