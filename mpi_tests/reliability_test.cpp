@@ -164,6 +164,19 @@ class MappingCheckThrows final : public WeightSource {
   std::thread::id made_on_ = std::this_thread::get_id();
 };
 
+// A row whose ranks hold different configs (`config_of`), told before any write.
+Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig&)> config_of) {
+  Row row;
+  row.name = std::move(name);
+  row.prepare = [](const std::string& d, const Versions& v, int) {
+    return write_checkpoint(d + "/m.safetensors", v.v2);
+  };
+  row.kind = "UsageError";
+  row.fragment = "ranks disagree on the model config's rms_norm_eps, rope_theta or rope scaling";
+  row.config_of = std::move(config_of);
+  return row;
+}
+
 std::vector<Row> rows() {
   auto kernel = [](ReloadOptions& o) { o.format = WeightFormat::kKernel; };
   return {
@@ -299,19 +312,24 @@ std::vector<Row> rows() {
          return std::unique_ptr<WeightSource>(
              std::make_unique<MappingCheckThrows>(open_weight_source(path)));
        }},
-      {"a config that differs between ranks in a field the forward pass uses",
-       [](const std::string& d, const Versions& v, int) {
-         return write_checkpoint(d + "/m.safetensors", v.v2);
-       },
-       [](ReloadOptions&) {}, "UsageError",
-       "ranks disagree on the model config's rms_norm_eps or "
-       "rope_theta",
-       State::kUnchanged, nullptr,
-       [](const ModelConfig& c) {
-         ModelConfig mine = c;
-         if (world().rank() == world().size() - 1) mine.rope_theta = 500000.0;
-         return mine;
-       }},
+      config_differs("a config that differs between ranks in a field the forward pass uses",
+                     [](const ModelConfig& c) {
+                       ModelConfig mine = c;
+                       if (world().rank() == world().size() - 1) mine.rope_theta = 500000.0;
+                       return mine;
+                     }),
+      config_differs("a config whose rope scaling differs between ranks",
+                     [](const ModelConfig& c) {
+                       // The last rank's low_freq_factor is 2, the others' 1.
+                       const bool last = world().rank() == world().size() - 1;
+                       std::string text = c.json;
+                       text.insert(
+                           text.rfind('}'),
+                           std::string(R"(,"rope_scaling":{"rope_type":"llama3","factor":8.0,)") +
+                               R"("low_freq_factor":)" + (last ? "2.0" : "1.0") +
+                               R"(,"high_freq_factor":4.0,"original_max_position_embeddings":64})");
+                       return parse_model_config(text, "config.json");
+                     }),
   };
 }
 

@@ -23,11 +23,35 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return x * at::rsqrt(variance + eps) * weight.to(at::kFloat);
 }
 
-// Hugging Face's rotate-half rotary embedding on [tokens, heads, head_dim].
-at::Tensor apply_rope(const at::Tensor& x, double theta) {
+// The rotary frequencies of a head of `dim`, theta^(-2i/dim), scaled as the
+// config says (vLLM's LinearScalingRotaryEmbedding and Llama3RotaryEmbedding:
+// llama3 keeps the high frequencies, divides the low ones by the factor and
+// blends those between). Throws ModelError for a scaling it does not compute.
+at::Tensor rope_frequencies(const ModelConfig& c, std::int64_t dim) {
+  const at::Tensor inv =
+      1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "default") return inv;
+  if (s.type == "linear") return inv / s.factor;
+  if (s.type != "llama3")
+    raise<ModelError>("forward: rope_type '", s.type, "' (", s.json,
+                      ") is not computed here (default, linear and llama3 are); reloading its "
+                      "weights is not affected");
+  const auto context = static_cast<double>(s.original_max_position_embeddings);
+  const at::Tensor wavelen = 2 * M_PI / inv;
+  const at::Tensor smooth =
+      s.high_freq_factor == s.low_freq_factor
+          ? at::zeros_like(inv)
+          : (context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  return at::where(wavelen < context / s.high_freq_factor, inv,
+                   at::where(wavelen > context / s.low_freq_factor, inv / s.factor,
+                             (1 - smooth) * inv / s.factor + smooth * inv));
+}
+
+// Hugging Face's rotate-half rotary embedding on [tokens, heads, head_dim], with
+// the frequencies of rope_frequencies.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& inv_freq) {
   const std::int64_t tokens = x.size(0), dim = x.size(2);
-  const at::Tensor inv_freq =
-      1.0 / at::pow(theta, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
   const at::Tensor freqs = at::outer(at::arange(tokens, at::kDouble), inv_freq);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   const at::Tensor cos = emb.cos().to(at::kFloat).unsqueeze(1);
@@ -115,6 +139,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
+  const at::Tensor inv_freq = rope_frequencies(c, c.head_dim);  // (before any collective)
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
   const at::Tensor ids = at::tensor(tokens, at::kLong);
@@ -150,8 +175,8 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
       q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c.rms_norm_eps);
       k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c.rms_norm_eps);
     }
-    q = apply_rope(q, c.rope_theta);
-    k = apply_rope(k, c.rope_theta).index_select(1, kv_index);
+    q = apply_rope(q, inv_freq);
+    k = apply_rope(k, inv_freq).index_select(1, kv_index);
     v = v.index_select(1, kv_index);
     // Row-parallel: partial products are summed over the group, then the
     // (replicated) bias is added once.

@@ -189,10 +189,11 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
     std::memcpy(&bits, &v, sizeof bits);
     forward = fnv(forward, bits);
   }
+  forward = fnv(forward, c.rope_scaling.json);
   const std::uint64_t plane =
       fnv(fnv(1469598103934665603ull, data.backend()), static_cast<std::uint64_t>(data.memory()));
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
-          {"the model config's rms_norm_eps or rope_theta", forward},
+          {"the model config's rms_norm_eps, rope_theta or rope scaling", forward},
           {"the tp size", std::uint64_t(model.rules().tp_size())},
           {"the data plane (transport, memory space)", plane},
           {"the format", std::uint64_t(o.format)},

@@ -190,6 +190,70 @@ TEST(Config, RopeThetaAtTheTopOrInRopeParameters) {
             std::string::npos);
 }
 
+// Rope scaling as vLLM's get_rope finds it: `rope_scaling` (transformers 4) or
+// `rope_parameters` beside rope_theta (5), the kind in `rope_type` or `type`.
+// Settings compare by value (8 and 8.0 alike), a default kind is no scaling,
+// and what the forward pass would need is checked when read.
+TEST(Config, RopeScalingAsVllmReadsIt) {
+  const std::string head = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+    "intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":4,"vocab_size":50)";
+  auto scaling = [&](const std::string& fields) {
+    return parse_model_config(head + fields + "}", "config.json").rope_scaling;
+  };
+  for (const std::string none :
+       {"", R"(,"rope_scaling":null)", R"(,"rope_parameters":{"rope_theta":5e5})",
+        R"(,"rope_parameters":{"rope_theta":5e5,"rope_type":"default"})",
+        R"(,"rope_scaling":{"type":"default"})"}) {
+    EXPECT_EQ(scaling(none).type, "default") << none;
+    EXPECT_EQ(scaling(none).json, "") << none;
+  }
+  const std::string llama31 = R"({"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,)"
+                              R"("original_max_position_embeddings":8192,"rope_type":"llama3"})";
+  const RopeScaling s = scaling(R"(,"rope_scaling":)" + llama31);
+  EXPECT_EQ(s.type, "llama3");
+  EXPECT_EQ(s.factor, 8.0);
+  EXPECT_EQ(s.low_freq_factor, 1.0);
+  EXPECT_EQ(s.high_freq_factor, 4.0);
+  EXPECT_EQ(s.original_max_position_embeddings, 8192);
+  // The same settings written by transformers 5, and with integers.
+  EXPECT_EQ(scaling(R"(,"rope_parameters":{"rope_theta":500000.0,"rope_type":"llama3",)"
+                    R"("factor":8,"low_freq_factor":1,"high_freq_factor":4,)"
+                    R"("original_max_position_embeddings":8192})")
+                .json,
+            s.json);
+  EXPECT_NE(
+      scaling(R"(,"rope_scaling":)" + llama31.substr(0, llama31.size() - 9) + R"("yarn"})").json,
+      s.json);
+  const RopeScaling linear = scaling(R"(,"rope_scaling":{"type":"linear","factor":2})");
+  EXPECT_EQ(linear.type, "linear");
+  EXPECT_EQ(linear.factor, 2.0);
+  EXPECT_EQ(scaling(R"(,"rope_scaling":{"rope_type":"yarn","factor":4.0})").type, "yarn");
+  // Written back, read the same; compared field by field.
+  const ModelConfig c = parse_model_config(head + R"(,"rope_scaling":)" + llama31 + "}", "c");
+  EXPECT_EQ(parse_model_config(model_config_to_json(c), "written").rope_scaling.json, s.json);
+  const auto differences = config_differences(c, parse_model_config(head + "}", "plain"));
+  ASSERT_EQ(differences.size(), 1u);
+  EXPECT_EQ(differences[0].find("rope_scaling '{"), 0u) << differences[0];
+  EXPECT_NE(differences[0].find("}' vs 'none'"), std::string::npos) << differences[0];
+  // What is wrong is named.
+  EXPECT_NE(error_of(head + R"(,"rope_scaling":[8]})")
+                .find("field 'rope_scaling' must be an object, got [8]"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"(,"rope_scaling":{"rope_type":"llama3","factor":8.0}})")
+                .find("rope_type 'llama3' needs field 'rope_scaling.low_freq_factor'"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"(,"rope_parameters":{"rope_type":"linear","factor":-2}})")
+                .find("field 'rope_parameters.factor' must be a positive number, got -2"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"(,"rope_scaling":{"rope_type":7}})")
+                .find("field 'rope_scaling.rope_type' must be a name, got 7"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"(,"rope_scaling":{"type":"linear","factor":2},)"
+                            R"("rope_parameters":{"rope_type":"linear","factor":4}})")
+                .find("rope_scaling {\"factor\":2,\"type\":\"linear\"} and rope_parameters"),
+            std::string::npos);
+}
+
 TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")

@@ -401,5 +401,51 @@ TEST(Forward, SingleRankMatchesTheReference) {
   }
 }
 
+// Rope scaling changes the logits as the reference's own formula says: llama3
+// (with theta 100 and a context of 32, head_dim 8's four frequencies fall in
+// each of its three bands: kept, blended, divided) and linear. A scaling the
+// forward pass does not compute is refused, naming it.
+TEST(Forward, RopeScalingAsTheConfigSaysIt) {
+  const std::vector<std::int64_t> tokens = {1, 17, 99, 3, 42, 0, 64, 5, 8};
+  auto comm = make_local_communicator();
+  const ModelConfig plain = tiny_config("llama_gqa");
+  ASSERT_EQ(plain.head_dim, 8);
+  // The config with rope_theta 100 and `fields` added.
+  auto with = [&](const std::string& fields) {
+    std::string text = plain.json;
+    const std::string theta = R"("rope_theta":10000.0)";
+    text.replace(text.find(theta), theta.size(), R"("rope_theta":100.0)");
+    text.insert(text.rfind('}'), fields);
+    return parse_model_config(text, "config.json");
+  };
+  const auto ckpt = random_checkpoint(plain, 19);
+  const ModelConfig unscaled = with("");
+  const at::Tensor unscaled_logits = testdata::reference_logits(unscaled, ckpt, tokens);
+  for (const std::string scaling :
+       {R"({"rope_type":"llama3","factor":4,"low_freq_factor":1,"high_freq_factor":4,)"
+        R"("original_max_position_embeddings":32})",
+        R"({"type":"linear","factor":2.0})"}) {
+    const ModelConfig config = with(R"(,"rope_scaling":)" + scaling);
+    TensorParallelModel model(config, opts(1, 0));
+    auto source = memory_source(ckpt);
+    model.load_weights(*source);
+    const at::Tensor got = model.forward(tokens, *comm);
+    const at::Tensor want = testdata::reference_logits(config, ckpt, tokens);
+    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
+        << scaling << ": max diff " << (got - want).abs().max().item<float>();
+    EXPECT_GT((want - unscaled_logits).abs().max().item<float>(), 1e-3)
+        << scaling << " does not change the reference's logits: the test proves nothing";
+  }
+  const ModelConfig yarn = with(R"(,"rope_scaling":{"rope_type":"yarn","factor":4.0,)"
+                                R"("original_max_position_embeddings":32})");
+  TensorParallelModel model(yarn, opts(1, 0));
+  try {
+    model.forward(tokens, *comm);
+    ADD_FAILURE() << "a yarn-scaled forward pass ran";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_type 'yarn'"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tpreload

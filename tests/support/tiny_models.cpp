@@ -210,12 +210,28 @@ at::Tensor norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x / at::sqrt(x.pow(2).mean({-1}, true) + eps) * w;
 }
 
-at::Tensor rope(const at::Tensor& x, double theta) {  // x: [heads, tokens, dim]
+// The frequency of pair i of a head of d dims, as Hugging Face's rope init
+// functions compute it (default, linear, llama3), one frequency at a time.
+double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
+  const double base = std::pow(c.rope_theta, -2.0 * i / d);
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") return base / s.factor;
+  if (s.type != "llama3") return base;
+  const double wavelen = 2 * M_PI / base;
+  const auto context = static_cast<double>(s.original_max_position_embeddings);
+  if (wavelen < context / s.high_freq_factor) return base;  // high frequencies: kept
+  if (wavelen > context / s.low_freq_factor) return base / s.factor;
+  const double smooth =
+      (context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+  return (1 - smooth) * base / s.factor + smooth * base;
+}
+
+at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, tokens, dim]
   const std::int64_t t = x.size(1), d = x.size(2);
   std::vector<double> cos_v(t * d), sin_v(t * d);
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
-      const double freq = std::pow(theta, -2.0 * (i % (d / 2)) / d);
+      const double freq = rope_frequency(c, i % (d / 2), d);
       cos_v[pos * d + i] = std::cos(pos * freq);
       sin_v[pos * d + i] = std::sin(pos * freq);
     }
@@ -264,8 +280,8 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
       q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c.rms_norm_eps);
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c.rms_norm_eps);
     }
-    q = rope(q.transpose(0, 1), c.rope_theta);
-    k = rope(k.transpose(0, 1), c.rope_theta);
+    q = rope(q.transpose(0, 1), c);
+    k = rope(k.transpose(0, 1), c);
     at::Tensor v = proj(x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);
     v = v.repeat_interleave(nh / nkv, 0);

@@ -12,6 +12,21 @@
 
 namespace tpreload {
 
+// Rotary scaling, as vLLM's get_rope reads it: `rope_scaling` (transformers 4)
+// or `rope_parameters` (transformers 5, beside rope_theta), its kind in
+// `rope_type` (or the older `type`). The weights do not depend on it; the
+// forward pass computes "default", "linear" and "llama3" and refuses the rest.
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 1.0;                                // linear, llama3
+  double low_freq_factor = 1.0;                       // llama3
+  double high_freq_factor = 4.0;                      // llama3
+  std::int64_t original_max_position_embeddings = 0;  // llama3
+  // Every field as given but rope_theta, keys sorted, numbers as doubles: what
+  // ranks and kernel-format shards compare; "" for no scaling.
+  std::string json;
+};
+
 struct ModelConfig {
   std::string architecture;  // one of supported_architectures()
   std::int64_t hidden_size = 0;
@@ -23,6 +38,7 @@ struct ModelConfig {
   std::int64_t vocab_size = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
   // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`

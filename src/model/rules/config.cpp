@@ -73,6 +73,64 @@ double rope_theta_of(const json& j, const std::string& origin) {
   return nested;
 }
 
+// A copy of `j` with every number a double (8 and 8.0 are the same setting).
+json numbers_as_doubles(const json& j) {
+  if (j.is_number()) return json(j.get<double>());
+  json out = j;
+  if (j.is_object() || j.is_array())
+    for (auto& item : out) item = numbers_as_doubles(item);
+  return out;
+}
+
+// The scaling settings of `key` (an object, or absent or null): without
+// rope_theta, null when nothing but a default rope_type is left.
+json scaling_settings(const json& j, const char* key, const std::string& origin) {
+  if (!j.contains(key) || j[key].is_null()) return nullptr;
+  if (!j[key].is_object())
+    raise<ModelError>(origin, ": field '", key, "' must be an object, got ", j[key].dump());
+  json s = numbers_as_doubles(j[key]);
+  s.erase("rope_theta");
+  for (const char* type : {"rope_type", "type"})
+    if (s.size() == 1 && s.contains(type) && s[type] == "default") return nullptr;
+  return s.empty() ? json(nullptr) : s;
+}
+
+RopeScaling rope_scaling_of(const json& j, const std::string& origin) {
+  const json old = scaling_settings(j, "rope_scaling", origin);
+  const json nested = scaling_settings(j, "rope_parameters", origin);
+  if (!old.is_null() && !nested.is_null() && old != nested)
+    raise<ModelError>(origin, ": rope_scaling ", j["rope_scaling"].dump(), " and rope_parameters ",
+                      j["rope_parameters"].dump(), " differ");
+  const json& s = old.is_null() ? nested : old;
+  RopeScaling r;
+  if (s.is_null()) return r;
+  const std::string within = std::string(old.is_null() ? "rope_parameters" : "rope_scaling") + ".";
+  const char* type_key = s.contains("rope_type") ? "rope_type" : "type";
+  if (s.contains(type_key)) {
+    if (!s[type_key].is_string())
+      raise<ModelError>(origin, ": field '", within, type_key, "' must be a name, got ",
+                        s[type_key].dump());
+    r.type = s[type_key].get<std::string>();
+  }
+  auto required = [&](const char* key) {
+    if (!s.contains(key) || s[key].is_null())
+      raise<ModelError>(origin, ": rope_type '", r.type, "' needs field '", within, key, "'");
+    return positive_number(s, key, 0, origin, within.c_str());
+  };
+  if (r.type == "linear" || r.type == "llama3") r.factor = required("factor");
+  if (r.type == "llama3") {
+    r.low_freq_factor = required("low_freq_factor");
+    r.high_freq_factor = required("high_freq_factor");
+    const double context = required("original_max_position_embeddings");
+    if (context != static_cast<double>(static_cast<std::int64_t>(context)))
+      raise<ModelError>(origin, ": field '", within,
+                        "original_max_position_embeddings' must be an integer, got ", context);
+    r.original_max_position_embeddings = static_cast<std::int64_t>(context);
+  }
+  r.json = s.dump();
+  return r;
+}
+
 std::string architecture_of(const json& j, const std::string& origin) {
   if (!j.contains("architectures") || !j["architectures"].is_array() ||
       j["architectures"].empty() || !j["architectures"][0].is_string())
@@ -192,6 +250,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     c.head_dim = c.hidden_size / c.num_attention_heads;
   c.rms_norm_eps = positive_number(j, "rms_norm_eps", 1e-6, origin);
   c.rope_theta = rope_theta_of(j, origin);
+  c.rope_scaling = rope_scaling_of(j, origin);
   c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
   if (c.architecture == "Qwen2ForCausalLM") {
     c.attention_bias = true;
@@ -236,6 +295,7 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"rope_theta", c.rope_theta},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
+  if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
   // Llama and Mistral spell o_proj's bias attention_bias, q/k/v's qkv_bias where
   // it differs; Qwen2's q/k/v biases are not a setting.
   if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM") {
@@ -321,6 +381,10 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   field("vocab_size", a.vocab_size, b.vocab_size);
   field("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
   field("rope_theta", a.rope_theta, b.rope_theta);
+  auto scaling = [](const ModelConfig& c) {
+    return c.rope_scaling.json.empty() ? std::string("none") : c.rope_scaling.json;
+  };
+  field("rope_scaling", scaling(a), scaling(b));
   field("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
   field("attention_bias", a.attention_bias, b.attention_bias);
   field("o_proj_bias", a.o_proj_bias, b.o_proj_bias);
