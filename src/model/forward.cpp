@@ -32,12 +32,21 @@ at::Tensor rope_frequencies(const ModelConfig& c, std::int64_t dim) {
       1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "default") return inv;
-  if (s.type == "linear") return inv / s.factor;
-  if (s.type != "llama3")
-    raise<ModelError>("forward: rope_type '", s.type, "' (", s.json,
+  if (s.type != "linear" && s.type != "llama3")
+    raise<ModelError>("forward: rope_type '", s.type, "' (", s.source, " ", s.json,
                       ") is not computed here (default, linear and llama3 are); reloading its "
                       "weights is not affected");
-  const auto context = static_cast<double>(s.original_max_position_embeddings);
+  auto needs = [&](const char* key, double value) {
+    if (!(value > 0))
+      raise<ModelError>("forward: rope_type '", s.type, "' needs a positive '", s.source, ".", key,
+                        "' (", s.json, ")");
+  };
+  needs("factor", s.factor);
+  if (s.type == "linear") return inv / s.factor;
+  needs("low_freq_factor", s.low_freq_factor);
+  needs("high_freq_factor", s.high_freq_factor);
+  needs("original_max_position_embeddings", s.original_max_position_embeddings);
+  const double context = s.original_max_position_embeddings;
   const at::Tensor wavelen = 2 * M_PI / inv;
   const at::Tensor smooth =
       s.high_freq_factor == s.low_freq_factor

@@ -184,12 +184,14 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   // Fields only the forward pass reads: a rank that differs would serve other
   // logits from the same weights.
   std::uint64_t forward = 1469598103934665603ull;
-  for (double v : {c.rms_norm_eps, c.rope_theta}) {
+  const RopeScaling& rope = c.rope_scaling;
+  for (double v : {c.rms_norm_eps, c.rope_theta, rope.factor, rope.low_freq_factor,
+                   rope.high_freq_factor, rope.original_max_position_embeddings}) {
     std::uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof bits);
     forward = fnv(forward, bits);
   }
-  forward = fnv(forward, c.rope_scaling.json);
+  forward = fnv(fnv(forward, rope.type), rope.json);
   const std::uint64_t plane =
       fnv(fnv(1469598103934665603ull, data.backend()), static_cast<std::uint64_t>(data.memory()));
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},

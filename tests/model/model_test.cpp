@@ -436,14 +436,21 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
     EXPECT_GT((want - unscaled_logits).abs().max().item<float>(), 1e-3)
         << scaling << " does not change the reference's logits: the test proves nothing";
   }
-  const ModelConfig yarn = with(R"(,"rope_scaling":{"rope_type":"yarn","factor":4.0,)"
-                                R"("original_max_position_embeddings":32})");
-  TensorParallelModel model(yarn, opts(1, 0));
-  try {
-    model.forward(tokens, *comm);
-    ADD_FAILURE() << "a yarn-scaled forward pass ran";
-  } catch (const ModelError& e) {
-    EXPECT_NE(std::string(e.what()).find("rope_type 'yarn'"), std::string::npos) << e.what();
+  // Refused, naming what is missing: a kind not computed here, a field absent.
+  for (const auto& [scaling, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32})",
+            "rope_type 'yarn' (rope_scaling "},
+           {R"({"rope_type":"llama3","factor":4,"low_freq_factor":1,"high_freq_factor":4})",
+            "rope_type 'llama3' needs a positive 'rope_scaling.original_max_position_embeddings'"},
+           {R"({"type":"linear","factor":-2})",
+            "rope_type 'linear' needs a positive 'rope_scaling.factor'"}}) {
+    TensorParallelModel model(with(R"(,"rope_scaling":)" + scaling), opts(1, 0));
+    try {
+      model.forward(tokens, *comm);
+      ADD_FAILURE() << scaling << ": the forward pass ran";
+    } catch (const ModelError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -218,7 +218,7 @@ double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
   if (s.type == "linear") return base / s.factor;
   if (s.type != "llama3") return base;
   const double wavelen = 2 * M_PI / base;
-  const auto context = static_cast<double>(s.original_max_position_embeddings);
+  const double context = s.original_max_position_embeddings;
   if (wavelen < context / s.high_freq_factor) return base;  // high frequencies: kept
   if (wavelen > context / s.low_freq_factor) return base / s.factor;
   const double smooth =

@@ -13,17 +13,22 @@
 namespace tpreload {
 
 // Rotary scaling, as vLLM's get_rope reads it: `rope_scaling` (transformers 4)
-// or `rope_parameters` (transformers 5, beside rope_theta), its kind in
-// `rope_type` (or the older `type`). The weights do not depend on it; the
-// forward pass computes "default", "linear" and "llama3" and refuses the rest.
+// or, where that is not set, `rope_parameters` (transformers 5, beside
+// rope_theta); its kind in `rope_type` (or the older `type`). The weights do not
+// depend on it: a config is refused only for a malformed value. The forward
+// pass computes "default", "linear" (which needs `factor`) and "llama3" (which
+// also needs `low_freq_factor`, `high_freq_factor` and
+// `original_max_position_embeddings`) and refuses the rest. A field not given
+// is 0.
 struct RopeScaling {
   std::string type = "default";
-  double factor = 1.0;                                // linear, llama3
-  double low_freq_factor = 1.0;                       // llama3
-  double high_freq_factor = 4.0;                      // llama3
-  std::int64_t original_max_position_embeddings = 0;  // llama3
-  // Every field as given but rope_theta, keys sorted, numbers as doubles: what
-  // ranks and kernel-format shards compare; "" for no scaling.
+  std::string source = "rope_scaling";  // the config key it came from (messages)
+  double factor = 0;
+  double low_freq_factor = 0;
+  double high_freq_factor = 0;
+  double original_max_position_embeddings = 0;
+  // Every setting but rope_theta (keys sorted, numbers as doubles, `type` as
+  // `rope_type`): what ranks and kernel-format shards compare; "" for none.
   std::string json;
 };
 

@@ -82,51 +82,54 @@ json numbers_as_doubles(const json& j) {
   return out;
 }
 
-// The scaling settings of `key` (an object, or absent or null): without
-// rope_theta, null when nothing but a default rope_type is left.
+// The scaling settings of `key` (an object, or absent or null), written so
+// that settings that mean the same compare equal: numbers as doubles, the older
+// `type` folded into `rope_type`, rope_theta left out; null when nothing but a
+// default kind is left.
 json scaling_settings(const json& j, const char* key, const std::string& origin) {
   if (!j.contains(key) || j[key].is_null()) return nullptr;
   if (!j[key].is_object())
     raise<ModelError>(origin, ": field '", key, "' must be an object, got ", j[key].dump());
   json s = numbers_as_doubles(j[key]);
   s.erase("rope_theta");
-  for (const char* type : {"rope_type", "type"})
-    if (s.size() == 1 && s.contains(type) && s[type] == "default") return nullptr;
-  return s.empty() ? json(nullptr) : s;
+  if (s.contains("type")) {
+    if (s.contains("rope_type") && s["rope_type"] != s["type"])
+      raise<ModelError>(origin, ": ", key, ".rope_type ", s["rope_type"].dump(), " and ", key,
+                        ".type ", s["type"].dump(), " differ");
+    s["rope_type"] = s["type"];
+    s.erase("type");
+  }
+  if (s.contains("rope_type") && !s["rope_type"].is_string())
+    raise<ModelError>(origin, ": field '", key, ".rope_type' must be a name, got ",
+                      s["rope_type"].dump());
+  if (s.empty() || (s.size() == 1 && s.contains("rope_type") && s["rope_type"] == "default"))
+    return nullptr;
+  return s;
 }
 
+// rope_scaling where it is set, else rope_parameters (as transformers 5 and
+// vLLM read them). Fields the forward pass needs are checked there, not here:
+// a reload does not depend on them.
 RopeScaling rope_scaling_of(const json& j, const std::string& origin) {
-  const json old = scaling_settings(j, "rope_scaling", origin);
-  const json nested = scaling_settings(j, "rope_parameters", origin);
-  if (!old.is_null() && !nested.is_null() && old != nested)
-    raise<ModelError>(origin, ": rope_scaling ", j["rope_scaling"].dump(), " and rope_parameters ",
-                      j["rope_parameters"].dump(), " differ");
-  const json& s = old.is_null() ? nested : old;
   RopeScaling r;
+  json s = scaling_settings(j, "rope_scaling", origin);
+  if (s.is_null()) {
+    s = scaling_settings(j, "rope_parameters", origin);
+    r.source = "rope_parameters";
+  }
   if (s.is_null()) return r;
-  const std::string within = std::string(old.is_null() ? "rope_parameters" : "rope_scaling") + ".";
-  const char* type_key = s.contains("rope_type") ? "rope_type" : "type";
-  if (s.contains(type_key)) {
-    if (!s[type_key].is_string())
-      raise<ModelError>(origin, ": field '", within, type_key, "' must be a name, got ",
-                        s[type_key].dump());
-    r.type = s[type_key].get<std::string>();
-  }
-  auto required = [&](const char* key) {
-    if (!s.contains(key) || s[key].is_null())
-      raise<ModelError>(origin, ": rope_type '", r.type, "' needs field '", within, key, "'");
-    return positive_number(s, key, 0, origin, within.c_str());
+  if (s.contains("rope_type")) r.type = s["rope_type"].get<std::string>();
+  auto number = [&](const char* key, double& out) {
+    if (!s.contains(key) || s[key].is_null()) return;
+    if (!s[key].is_number())
+      raise<ModelError>(origin, ": field '", r.source, ".", key, "' must be a number, got ",
+                        s[key].dump());
+    out = s[key].get<double>();
   };
-  if (r.type == "linear" || r.type == "llama3") r.factor = required("factor");
-  if (r.type == "llama3") {
-    r.low_freq_factor = required("low_freq_factor");
-    r.high_freq_factor = required("high_freq_factor");
-    const double context = required("original_max_position_embeddings");
-    if (context != static_cast<double>(static_cast<std::int64_t>(context)))
-      raise<ModelError>(origin, ": field '", within,
-                        "original_max_position_embeddings' must be an integer, got ", context);
-    r.original_max_position_embeddings = static_cast<std::int64_t>(context);
-  }
+  number("factor", r.factor);
+  number("low_freq_factor", r.low_freq_factor);
+  number("high_freq_factor", r.high_freq_factor);
+  number("original_max_position_embeddings", r.original_max_position_embeddings);
   r.json = s.dump();
   return r;
 }
