@@ -183,8 +183,10 @@ class Pipeline {
     return options_.checksums && (world_root(bucket) < 0 ? group_.size() : control_.size()) > 1;
   }
   // A broadcast bucket summed in chains (moved in host memory), not in blocks.
+  // (The plan holds chains exactly when they are used: checksums, a host data
+  // plane; reload.cpp decides it once.)
   bool chained(std::size_t bucket) const {
-    return !plan_.buckets[bucket].scatter && !spaces_.device_transport;
+    return !plan_.buckets[bucket].scatter && !chains_.empty();
   }
   // Progress goes to the world's reader rank.
   bool reports() const {

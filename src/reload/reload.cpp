@@ -536,9 +536,12 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
             detail::chain_layouts(fresh->plan, fresh->metadata, model.rules().tp_size());
         fresh->chains_read.resize(fresh->chains.size());
         for (std::size_t k = 0; k < fresh->chains.size(); ++k)
-          if (!fresh->plan.buckets[k].scatter)
-            fresh->chains_read[k] = detail::chains_read(fresh->chains[k], fresh->applies[k].writes,
-                                                        model.rules().params());
+          if (!fresh->plan.buckets[k].scatter) try {
+              fresh->chains_read[k] = detail::chains_read(
+                  fresh->chains[k], fresh->applies[k].writes, model.rules().params());
+            } catch (const Error& e) {
+              raise<Error>("bucket ", k + 1, " of ", fresh->chains.size(), ": ", e.what());
+            }
       }
     } catch (const std::exception& e) {
       problem = detail::concat("resolving this rank's writes: ", e.what());

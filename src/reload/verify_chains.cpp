@@ -15,9 +15,9 @@ struct Mark {
   int rank;
 };
 
-// Appends the segments of one row of `length` bytes read as `marks` say: bytes
-// one rank alone reads in its chain, bytes several read in the shared chain,
-// bytes none reads in no segment; neighbours of one chain merged.
+// Appends the segments of one row (of a run) read as `marks` say: bytes one
+// rank alone reads in its chain, bytes several read in the shared chain, bytes
+// none reads in no segment; neighbours of one chain merged.
 // (`cuts`: scratch, kept from piece to piece.)
 void add_segments(const std::vector<Mark>& marks, int shared, std::vector<std::uint64_t>& cuts,
                   std::vector<ChainLayout::Segment>& out) {

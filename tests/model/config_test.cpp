@@ -156,13 +156,15 @@ TEST(Config, AbsentKeysTakeHuggingFaceDefaults) {
             std::string::npos);
 }
 
+// A small Llama config without its closing brace, for the rope tests to add to.
+const std::string kLlamaHead = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+    "intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":4,"vocab_size":50)";
+
 // rope_theta where transformers 4 writes it (the top level) and where
 // transformers 5 does (rope_parameters), the default where neither has it.
 TEST(Config, RopeThetaAtTheTopOrInRopeParameters) {
-  const std::string head = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
-    "intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":4,"vocab_size":50)";
   auto theta = [&](const std::string& fields) {
-    return parse_model_config(head + fields + "}", "config.json").rope_theta;
+    return parse_model_config(kLlamaHead + fields + "}", "config.json").rope_theta;
   };
   EXPECT_EQ(theta(""), 10000.0);
   EXPECT_EQ(theta(R"(,"rope_theta":500000.0)"), 500000.0);
@@ -172,20 +174,21 @@ TEST(Config, RopeThetaAtTheTopOrInRopeParameters) {
       1e6);
   EXPECT_EQ(theta(R"(,"rope_theta":null,"rope_parameters":null)"), 10000.0);
   // Written back, it is read the same.
-  const ModelConfig c =
-      parse_model_config(head + R"(,"rope_parameters":{"rope_theta":250000})" + "}", "config.json");
+  const ModelConfig c = parse_model_config(
+      kLlamaHead + R"(,"rope_parameters":{"rope_theta":250000})" + "}", "config.json");
   EXPECT_EQ(parse_model_config(model_config_to_json(c), "written").rope_theta, 250000.0);
-  EXPECT_NE(error_of(head + R"(,"rope_theta":1000000,"rope_parameters":{"rope_theta":1000000.5}})")
-                .find("config.json: rope_theta 1000000 and rope_parameters.rope_theta 1000000.5 "
-                      "differ"),
-            std::string::npos);
-  EXPECT_NE(error_of(head + R"(,"rope_parameters":{"rope_theta":"big"}})")
+  EXPECT_NE(
+      error_of(kLlamaHead + R"(,"rope_theta":1000000,"rope_parameters":{"rope_theta":1000000.5}})")
+          .find("config.json: rope_theta 1000000 and rope_parameters.rope_theta 1000000.5 "
+                "differ"),
+      std::string::npos);
+  EXPECT_NE(error_of(kLlamaHead + R"(,"rope_parameters":{"rope_theta":"big"}})")
                 .find("field 'rope_parameters.rope_theta' must be a number, got \"big\""),
             std::string::npos);
-  EXPECT_NE(error_of(head + R"(,"rope_parameters":[1]})")
+  EXPECT_NE(error_of(kLlamaHead + R"(,"rope_parameters":[1]})")
                 .find("field 'rope_parameters' must be an object, got [1]"),
             std::string::npos);
-  EXPECT_NE(error_of(head + R"(,"rms_norm_eps":-1})")
+  EXPECT_NE(error_of(kLlamaHead + R"(,"rms_norm_eps":-1})")
                 .find("field 'rms_norm_eps' must be a positive number, got -1"),
             std::string::npos);
 }
@@ -197,10 +200,8 @@ TEST(Config, RopeThetaAtTheTopOrInRopeParameters) {
 // refuses the config (a reload does not need rope); fields the forward pass
 // needs are checked there (Forward.RopeScalingAsTheConfigSaysIt).
 TEST(Config, RopeScalingAsVllmReadsIt) {
-  const std::string head = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
-    "intermediate_size":64,"num_hidden_layers":1,"num_attention_heads":4,"vocab_size":50)";
   auto scaling = [&](const std::string& fields) {
-    return parse_model_config(head + fields + "}", "config.json").rope_scaling;
+    return parse_model_config(kLlamaHead + fields + "}", "config.json").rope_scaling;
   };
   for (const std::string none :
        {"", R"(,"rope_scaling":null)", R"(,"rope_parameters":{"rope_theta":5e5})",
@@ -248,23 +249,23 @@ TEST(Config, RopeScalingAsVllmReadsIt) {
   EXPECT_EQ(scaling(R"(,"rope_scaling":{"rope_type":"yarn","factor":4.0})").type, "yarn");
   EXPECT_EQ(scaling(R"(,"rope_scaling":{"rope_type":"llama3","factor":8})").low_freq_factor, 0.0);
   // Written back, read the same; compared field by field.
-  const ModelConfig c = parse_model_config(head + R"(,"rope_scaling":)" + llama31 + "}", "c");
+  const ModelConfig c = parse_model_config(kLlamaHead + R"(,"rope_scaling":)" + llama31 + "}", "c");
   EXPECT_EQ(parse_model_config(model_config_to_json(c), "written").rope_scaling.json, s.json);
-  const auto differences = config_differences(c, parse_model_config(head + "}", "plain"));
+  const auto differences = config_differences(c, parse_model_config(kLlamaHead + "}", "plain"));
   ASSERT_EQ(differences.size(), 1u);
   EXPECT_EQ(differences[0].find("rope_scaling '{"), 0u) << differences[0];
   EXPECT_NE(differences[0].find("}' vs 'none'"), std::string::npos) << differences[0];
   // Malformed values are named.
-  EXPECT_NE(error_of(head + R"(,"rope_scaling":[8]})")
+  EXPECT_NE(error_of(kLlamaHead + R"(,"rope_scaling":[8]})")
                 .find("field 'rope_scaling' must be an object, got [8]"),
             std::string::npos);
-  EXPECT_NE(error_of(head + R"(,"rope_parameters":{"rope_type":"linear","factor":"big"}})")
+  EXPECT_NE(error_of(kLlamaHead + R"(,"rope_parameters":{"rope_type":"linear","factor":"big"}})")
                 .find("field 'rope_parameters.factor' must be a number, got \"big\""),
             std::string::npos);
-  EXPECT_NE(error_of(head + R"(,"rope_scaling":{"rope_type":7}})")
+  EXPECT_NE(error_of(kLlamaHead + R"(,"rope_scaling":{"rope_type":7}})")
                 .find("field 'rope_scaling.rope_type' must be a name, got 7"),
             std::string::npos);
-  EXPECT_NE(error_of(head + R"(,"rope_scaling":{"rope_type":"linear","type":"llama3"}})")
+  EXPECT_NE(error_of(kLlamaHead + R"(,"rope_scaling":{"rope_type":"linear","type":"llama3"}})")
                 .find("rope_scaling.rope_type \"linear\" and rope_scaling.type \"llama3\" "
                       "differ"),
             std::string::npos);
