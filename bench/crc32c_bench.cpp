@@ -10,6 +10,10 @@
 // 16-byte lane) with 2, 4 and 8 accumulators of 512 bits and 4 and 8 of 256
 // bits, with a constant that folds nothing in particular (the rate, not a
 // CRC). The fold uses four of 512 bits.
+// Last, the CPU's method on pieces of an 8 MiB bucket, as a broadcast receiver
+// sums its own column windows of each row (docs/PERFORMANCE.md, change 39):
+// whole 64 KiB blocks against half, a quarter and an eighth of 4 KiB rows and
+// half of 11 KiB rows, the rate counted over the bytes summed.
 //   build/bench/crc32c_bench
 #include <immintrin.h>
 
@@ -120,6 +124,28 @@ int main() {
         best = std::min(best, bench::seconds_since(start));
       }
       std::printf("%10s %12.1f\n", name, static_cast<double>(reps * size) / best / 1e9);
+    }
+  }
+  {
+    const std::size_t size = std::size_t{8} << 20;
+    std::vector<unsigned char> buf(size);
+    for (std::size_t i = 0; i < size; ++i) buf[i] = static_cast<unsigned char>(i * 131 + 7);
+    std::printf("# pieces of an 8 MiB bucket, GB/s of the bytes summed, best of 30 passes\n");
+    std::printf("%12s %12s %12s\n", "piece", "every", "GB/s");
+    const std::pair<std::size_t, std::size_t> pieces[] = {
+        {65536, 65536}, {2048, 4096}, {1024, 4096}, {512, 4096}, {5632, 11264}};
+    for (const auto& [piece, every] : pieces) {
+      double best = 1e30;
+      for (int pass = 0; pass < 30; ++pass) {
+        const auto start = std::chrono::steady_clock::now();
+        std::uint32_t crc = 0;
+        for (std::size_t at = 0; at + piece <= size; at += every)
+          crc = tpreload::crc32c_extend(crc, buf.data() + at, piece);
+        sink ^= crc;
+        best = std::min(best, bench::seconds_since(start));
+      }
+      std::printf("%12zu %12zu %12.1f\n", piece, every,
+                  static_cast<double>(size / every * piece) / best / 1e9);
     }
   }
   return sink == 0x12345678u ? 3 : 0;  // keeps the sums from being optimised away
