@@ -3,6 +3,7 @@
 // parallel outputs and vocab-parallel pieces are summed over the TP group.
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "tpreload/comm/communicator.h"
@@ -23,48 +24,75 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return x * at::rsqrt(variance + eps) * weight.to(at::kFloat);
 }
 
-// The rotary frequencies of a head of `dim`, theta^(-2i/dim), scaled as the
-// config says (vLLM's LinearScalingRotaryEmbedding and Llama3RotaryEmbedding:
-// llama3 keeps the high frequencies, divides the low ones by the factor and
-// blends those between). Throws ModelError for a scaling it does not compute.
-at::Tensor rope_frequencies(const ModelConfig& c, std::int64_t dim) {
+// The rotary embedding of a head of `dim` dims: its frequencies,
+// theta^(-2i/dim), scaled as the config says, and the factor cos and sin are
+// multiplied by (vLLM's LinearScalingRotaryEmbedding, Llama3RotaryEmbedding and
+// YaRNScalingRotaryEmbedding: llama3 keeps the high frequencies, divides the
+// low ones by the factor and blends those between; yarn blends the same way
+// over pairs bounded by rotation counts within the original context, and
+// scales cos and sin). Throws ModelError for a scaling it does not compute.
+struct Rope {
+  at::Tensor inv_freq;
+  double scale = 1;
+};
+
+Rope rope_of(const ModelConfig& c, std::int64_t dim) {
   const at::Tensor inv =
       1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
   const RopeScaling& s = c.rope_scaling;
-  if (s.type == "default") return inv;
-  if (s.type != "linear" && s.type != "llama3")
+  if (s.type == "default") return {inv};
+  if (s.type != "linear" && s.type != "llama3" && s.type != "yarn")
     raise<ModelError>("forward: rope_type '", s.type, "' (", s.source, " ", s.json,
-                      ") is not computed here (default, linear and llama3 are); reloading its "
-                      "weights is not affected");
+                      ") is not computed here (default, linear, llama3 and yarn are); reloading "
+                      "its weights is not affected");
   auto needs = [&](const char* key, double value) {
     if (!(value > 0))
       raise<ModelError>("forward: rope_type '", s.type, "' needs a positive '", s.source, ".", key,
                         "' (", s.json, ")");
   };
   needs("factor", s.factor);
-  if (s.type == "linear") return inv / s.factor;
-  needs("low_freq_factor", s.low_freq_factor);
-  needs("high_freq_factor", s.high_freq_factor);
+  if (s.type == "linear") return {inv / s.factor};
   needs("original_max_position_embeddings", s.original_max_position_embeddings);
   const double context = s.original_max_position_embeddings;
+  if (s.type == "yarn") {
+    needs("beta_fast", s.beta_fast);
+    needs("beta_slow", s.beta_slow);
+    // The pair index at which a frequency turns `rotations` times in the
+    // original context; the blend runs from beta_fast's pair to beta_slow's.
+    const double d = static_cast<double>(dim);
+    auto pair_of = [&](double rotations) {
+      return d * std::log(context / (rotations * 2 * M_PI)) / (2 * std::log(c.rope_theta));
+    };
+    double low = pair_of(s.beta_fast), high = pair_of(s.beta_slow);
+    if (s.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, d - 1);
+    if (low == high) high += 0.001;
+    const at::Tensor ramp = ((at::arange(dim / 2, at::kDouble) - low) / (high - low)).clamp(0, 1);
+    const at::Tensor kept = (1 - ramp) * s.extrapolation_factor;
+    const double magnitude =
+        s.apply_yarn_scaling && s.factor > 1 ? 0.1 * std::log(s.factor) + 1 : 1.0;
+    return {inv / s.factor * (1 - kept) + inv * kept, magnitude * s.attn_factor};
+  }
+  needs("low_freq_factor", s.low_freq_factor);
+  needs("high_freq_factor", s.high_freq_factor);
   const at::Tensor wavelen = 2 * M_PI / inv;
   const at::Tensor smooth =
       s.high_freq_factor == s.low_freq_factor
           ? at::zeros_like(inv)
           : (context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-  return at::where(wavelen < context / s.high_freq_factor, inv,
-                   at::where(wavelen > context / s.low_freq_factor, inv / s.factor,
-                             (1 - smooth) * inv / s.factor + smooth * inv));
+  return {at::where(wavelen < context / s.high_freq_factor, inv,
+                    at::where(wavelen > context / s.low_freq_factor, inv / s.factor,
+                              (1 - smooth) * inv / s.factor + smooth * inv))};
 }
 
-// Hugging Face's rotate-half rotary embedding on [tokens, heads, head_dim], with
-// the frequencies of rope_frequencies.
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& inv_freq) {
+// Hugging Face's rotate-half rotary embedding on [tokens, heads, head_dim].
+at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
   const std::int64_t tokens = x.size(0), dim = x.size(2);
-  const at::Tensor freqs = at::outer(at::arange(tokens, at::kDouble), inv_freq);
+  const at::Tensor freqs = at::outer(at::arange(tokens, at::kDouble), rope.inv_freq);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
-  const at::Tensor cos = emb.cos().to(at::kFloat).unsqueeze(1);
-  const at::Tensor sin = emb.sin().to(at::kFloat).unsqueeze(1);
+  const at::Tensor cos = (emb.cos() * rope.scale).to(at::kFloat).unsqueeze(1);
+  const at::Tensor sin = (emb.sin() * rope.scale).to(at::kFloat).unsqueeze(1);
   const at::Tensor x1 = x.narrow(2, 0, dim / 2), x2 = x.narrow(2, dim / 2, dim / 2);
   return x * cos + at::cat({-x2, x1}, -1) * sin;
 }
@@ -148,7 +176,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
-  const at::Tensor inv_freq = rope_frequencies(c, c.head_dim);  // (before any collective)
+  const Rope rope = rope_of(c, c.head_dim);  // (before any collective)
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
   const at::Tensor ids = at::tensor(tokens, at::kLong);
@@ -184,8 +212,8 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
       q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c.rms_norm_eps);
       k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c.rms_norm_eps);
     }
-    q = apply_rope(q, inv_freq);
-    k = apply_rope(k, inv_freq).index_select(1, kv_index);
+    q = apply_rope(q, rope);
+    k = apply_rope(k, rope).index_select(1, kv_index);
     v = v.index_select(1, kv_index);
     // Row-parallel: partial products are summed over the group, then the
     // (replicated) bias is added once.

@@ -186,7 +186,9 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   std::uint64_t forward = 1469598103934665603ull;
   const RopeScaling& rope = c.rope_scaling;
   for (double v : {c.rms_norm_eps, c.rope_theta, rope.factor, rope.low_freq_factor,
-                   rope.high_freq_factor, rope.original_max_position_embeddings}) {
+                   rope.high_freq_factor, rope.original_max_position_embeddings, rope.beta_fast,
+                   rope.beta_slow, rope.extrapolation_factor, rope.attn_factor,
+                   double(rope.apply_yarn_scaling), double(rope.truncate)}) {
     std::uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof bits);
     forward = fnv(forward, bits);

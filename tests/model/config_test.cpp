@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "tpreload/core/error.h"
 #include "tpreload/model/config.h"
@@ -244,9 +245,28 @@ TEST(Config, RopeScalingAsVllmReadsIt) {
                     R"("rope_parameters":{"rope_type":"linear","factor":4})")
                 .factor,
             2.0);
+  // yarn's settings: vLLM's defaults where not given, else as written.
+  auto yarn_settings = [](const RopeScaling& r) {
+    return std::make_tuple(r.beta_fast, r.beta_slow, r.extrapolation_factor, r.attn_factor,
+                           r.apply_yarn_scaling, r.truncate);
+  };
+  const RopeScaling yarn = scaling(
+      R"(,"rope_scaling":{"rope_type":"yarn","factor":4,"original_max_position_embeddings":32768})");
+  EXPECT_EQ(yarn.type, "yarn");
+  EXPECT_EQ(yarn.factor, 4.0);
+  EXPECT_EQ(yarn.original_max_position_embeddings, 32768.0);
+  EXPECT_EQ(yarn_settings(yarn), std::make_tuple(32.0, 1.0, 1.0, 1.0, true, true));
+  EXPECT_EQ(yarn_settings(scaling(R"(,"rope_scaling":{"rope_type":"yarn","factor":4,)"
+                                  R"("beta_fast":16,"beta_slow":2,"extrapolation_factor":0.5,)"
+                                  R"("attn_factor":0.8,"apply_yarn_scaling":false,)"
+                                  R"("truncate":false})")),
+            std::make_tuple(16.0, 2.0, 0.5, 0.8, false, false));
+  EXPECT_NE(error_of(kLlamaHead + R"(,"rope_scaling":{"rope_type":"yarn","truncate":"no"}})")
+                .find("field 'rope_scaling.truncate' must be true or false, got \"no\""),
+            std::string::npos);
   // Kinds the forward pass does not compute, and fields it would need but
   // that are absent, do not refuse the config.
-  EXPECT_EQ(scaling(R"(,"rope_scaling":{"rope_type":"yarn","factor":4.0})").type, "yarn");
+  EXPECT_EQ(scaling(R"(,"rope_scaling":{"rope_type":"longrope","factor":4.0})").type, "longrope");
   EXPECT_EQ(scaling(R"(,"rope_scaling":{"rope_type":"llama3","factor":8})").low_freq_factor, 0.0);
   // Written back, read the same; compared field by field.
   const ModelConfig c = parse_model_config(kLlamaHead + R"(,"rope_scaling":)" + llama31 + "}", "c");

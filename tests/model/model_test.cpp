@@ -424,7 +424,15 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
   for (const std::string scaling :
        {R"({"rope_type":"llama3","factor":4,"low_freq_factor":1,"high_freq_factor":4,)"
         R"("original_max_position_embeddings":32})",
-        R"({"type":"linear","factor":2.0})"}) {
+        R"({"type":"linear","factor":2.0})",
+        // yarn with vLLM's defaults: pair 0 kept, pair 1 blended, 2 and 3
+        // interpolated; then bounds between pairs (no truncation) and the
+        // optional settings.
+        R"({"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32})",
+        R"({"rope_type":"yarn","factor":8,"original_max_position_embeddings":64,"beta_fast":8,)"
+        R"("beta_slow":2,"truncate":false,"attn_factor":0.9})",
+        R"({"type":"yarn","factor":4,"original_max_position_embeddings":32,)"
+        R"("apply_yarn_scaling":false,"extrapolation_factor":0.5})"}) {
     const ModelConfig config = with(R"(,"rope_scaling":)" + scaling);
     TensorParallelModel model(config, opts(1, 0));
     auto source = memory_source(ckpt);
@@ -438,8 +446,12 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
   }
   // Refused, naming what is missing: a kind not computed here, a field absent.
   for (const auto& [scaling, says] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32})",
-            "rope_type 'yarn' (rope_scaling "},
+           {R"({"rope_type":"dynamic","factor":4.0})", "rope_type 'dynamic' (rope_scaling "},
+           {R"({"rope_type":"yarn","factor":4.0})",
+            "rope_type 'yarn' needs a positive 'rope_scaling.original_max_position_embeddings'"},
+           {R"({"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32,)"
+            R"("beta_slow":0})",
+            "rope_type 'yarn' needs a positive 'rope_scaling.beta_slow'"},
            {R"({"rope_type":"llama3","factor":4,"low_freq_factor":1,"high_freq_factor":4})",
             "rope_type 'llama3' needs a positive 'rope_scaling.original_max_position_embeddings'"},
            {R"({"type":"linear","factor":-2})",

@@ -211,19 +211,46 @@ at::Tensor norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 }
 
 // The frequency of pair i of a head of d dims, as Hugging Face's rope init
-// functions compute it (default, linear, llama3), one frequency at a time.
+// functions compute it (default, linear, llama3, yarn), one frequency at a time.
 double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
   const double base = std::pow(c.rope_theta, -2.0 * i / d);
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "linear") return base / s.factor;
+  const double context = s.original_max_position_embeddings;
+  if (s.type == "yarn") {
+    // Pair p turns context * theta^(-2p/d) / 2pi times over the original
+    // context: solved for p, the pairs that turn beta_fast and beta_slow times.
+    auto pair_turning = [&](double turns) {
+      return 0.5 * d * std::log(context / (2 * M_PI * turns)) / std::log(c.rope_theta);
+    };
+    double first = pair_turning(s.beta_fast), last = pair_turning(s.beta_slow);
+    if (s.truncate) {
+      first = std::floor(first);
+      last = std::ceil(last);
+    }
+    first = std::max(first, 0.0);
+    last = std::min(last, static_cast<double>(d - 1));
+    if (last == first) last += 0.001;
+    // Pairs up to `first` keep their frequency, pairs from `last` are
+    // interpolated (divided by the factor), linearly in the pair index between.
+    const double interpolated = std::min(1.0, std::max(0.0, (i - first) / (last - first)));
+    const double kept = (1 - interpolated) * s.extrapolation_factor;
+    return kept * base + (1 - kept) * base / s.factor;
+  }
   if (s.type != "llama3") return base;
   const double wavelen = 2 * M_PI / base;
-  const double context = s.original_max_position_embeddings;
   if (wavelen < context / s.high_freq_factor) return base;  // high frequencies: kept
   if (wavelen > context / s.low_freq_factor) return base / s.factor;
   const double smooth =
       (context / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
   return (1 - smooth) * base / s.factor + smooth * base;
+}
+
+// What cos and sin are multiplied by: yarn's attention scaling (YaRN paper,
+// sqrt(1/t) = 0.1 ln(s) + 1), times attn_factor.
+double rope_magnitude(const RopeScaling& s) {
+  if (s.type != "yarn") return 1;
+  return (s.apply_yarn_scaling && s.factor > 1 ? 1 + 0.1 * std::log(s.factor) : 1) * s.attn_factor;
 }
 
 at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, tokens, dim]
@@ -232,8 +259,8 @@ at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, toke
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
       const double freq = rope_frequency(c, i % (d / 2), d);
-      cos_v[pos * d + i] = std::cos(pos * freq);
-      sin_v[pos * d + i] = std::sin(pos * freq);
+      cos_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::cos(pos * freq);
+      sin_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::sin(pos * freq);
     }
   const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
   const at::Tensor rotated = at::cat({-x.slice(2, d / 2, d), x.slice(2, 0, d / 2)}, 2);

@@ -16,10 +16,11 @@ namespace tpreload {
 // or, where that is not set, `rope_parameters` (transformers 5, beside
 // rope_theta); its kind in `rope_type` (or the older `type`). The weights do not
 // depend on it: a config is refused only for a malformed value. The forward
-// pass computes "default", "linear" (which needs `factor`) and "llama3" (which
+// pass computes "default", "linear" (which needs `factor`), "llama3" (which
 // also needs `low_freq_factor`, `high_freq_factor` and
-// `original_max_position_embeddings`) and refuses the rest. A field not given
-// is 0.
+// `original_max_position_embeddings`) and "yarn" (`factor` and
+// `original_max_position_embeddings`, with the optional settings below) and
+// refuses the rest. A number not given is 0 unless a default is written here.
 struct RopeScaling {
   std::string type = "default";
   std::string source = "rope_scaling";  // the config key it came from (messages)
@@ -27,6 +28,17 @@ struct RopeScaling {
   double low_freq_factor = 0;
   double high_freq_factor = 0;
   double original_max_position_embeddings = 0;
+  // yarn's settings, with vLLM's defaults (YaRNScalingRotaryEmbedding): the
+  // rotation counts that bound the blend between kept and interpolated
+  // frequencies, the share of the kept ones, and the magnitude scale of cos and
+  // sin (0.1 ln(factor) + 1, times attn_factor, unless apply_yarn_scaling is
+  // false); truncate rounds the blend's bounds to whole pairs.
+  double beta_fast = 32;
+  double beta_slow = 1;
+  double extrapolation_factor = 1;
+  double attn_factor = 1;
+  bool apply_yarn_scaling = true;
+  bool truncate = true;
   // Every setting but rope_theta (keys sorted, numbers as doubles, `type` as
   // `rope_type`): what ranks and kernel-format shards compare; "" for none.
   std::string json;

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 #include "../../core/json_depth.h"
 #include "tpreload/core/error.h"
@@ -119,17 +120,25 @@ RopeScaling rope_scaling_of(const json& j, const std::string& origin) {
   }
   if (s.is_null()) return r;
   if (s.contains("rope_type")) r.type = s["rope_type"].get<std::string>();
-  auto number = [&](const char* key, double& out) {
+  // A number, or true or false for the flags; absent or null leaves the default.
+  auto setting = [&](const char* key, auto& out) {
+    constexpr bool flag = std::is_same_v<std::decay_t<decltype(out)>, bool>;
     if (!s.contains(key) || s[key].is_null()) return;
-    if (!s[key].is_number())
-      raise<ModelError>(origin, ": field '", r.source, ".", key, "' must be a number, got ",
-                        s[key].dump());
-    out = s[key].get<double>();
+    if (flag ? !s[key].is_boolean() : !s[key].is_number())
+      raise<ModelError>(origin, ": field '", r.source, ".", key, "' must be ",
+                        flag ? "true or false" : "a number", ", got ", s[key].dump());
+    out = s[key].get<std::decay_t<decltype(out)>>();
   };
-  number("factor", r.factor);
-  number("low_freq_factor", r.low_freq_factor);
-  number("high_freq_factor", r.high_freq_factor);
-  number("original_max_position_embeddings", r.original_max_position_embeddings);
+  setting("factor", r.factor);
+  setting("low_freq_factor", r.low_freq_factor);
+  setting("high_freq_factor", r.high_freq_factor);
+  setting("original_max_position_embeddings", r.original_max_position_embeddings);
+  setting("beta_fast", r.beta_fast);
+  setting("beta_slow", r.beta_slow);
+  setting("extrapolation_factor", r.extrapolation_factor);
+  setting("attn_factor", r.attn_factor);
+  setting("apply_yarn_scaling", r.apply_yarn_scaling);
+  setting("truncate", r.truncate);
   r.json = s.dump();
   return r;
 }
