@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -235,7 +236,12 @@ std::unique_ptr<WeightSource> open_source(const Request& q, const ModelConfig& c
           KernelFormatInfo{q.tp_size, config.dtype, q.quantization, config.json, q.expert_parallel};
     return make_in_memory_source(std::move(memory), kernel);
   }
-  return open_weight_source(q.weights_path.value_or(q.config),
+  if (q.weights_path)
+    return open_weight_source(*q.weights_path, workspace ? workspace->known_listing() : nullptr);
+  // `config` names config.json or its directory.
+  std::filesystem::path dir(q.config);
+  if (!std::filesystem::is_directory(dir)) dir = dir.parent_path();
+  return open_weight_source(dir.empty() ? std::string(".") : dir.string(),
                             workspace ? workspace->known_listing() : nullptr);
 }
 

@@ -84,6 +84,22 @@ def test_reloads_after_keeping_freed_memory(world, shared_dir):
         assert_holds(params, expected_shards(ckpt, tp, world.rank), "v%d" % version)
 
 
+def test_the_weights_default_to_the_configs_directory(world, shared_dir):
+    # No weights_path: the checkpoint beside config.json, whether config names
+    # the file or its directory.
+    tp = world.size
+    for version, name in ((6, ""), (7, "config.json")):
+        ckpt = checkpoint(version)
+        path = os.path.join(shared_dir, "v%d" % version)
+        if world.rank == 0:
+            write_model_dir(path, ckpt)
+        world.barrier()
+        params = zeros_like_shards(world, tp)
+        r = tpreload.reload_weights(params, os.path.join(path, name) if name else path, world=world)
+        assert r.complete
+        assert_holds(params, expected_shards(ckpt, tp, world.rank), "v%d from %r" % (version, name or path))
+
+
 def test_reload_from_hdf5(world, shared_dir):
     import h5py  # (scripts/setup.sh installs python3-h5py)
     tp = world.size
