@@ -67,37 +67,34 @@ def test_reload_in_place_from_safetensors(world, shared_dir, distribution, reade
     assert r.crc32 == want
 
 
+def reload_version(world, shared_dir, version, config_name="", **kwargs):
+    """Checkpoint `version` written to shared_dir/v<version> (rank 0), reloaded into
+    zeros with config naming that directory or, with config_name, a file in it;
+    asserts every rank holds its shards."""
+    ckpt = checkpoint(version)
+    path = os.path.join(shared_dir, "v%d" % version)
+    if world.rank == 0:
+        write_model_dir(path, ckpt)
+    world.barrier()
+    params = zeros_like_shards(world, world.size)
+    r = tpreload.reload_weights(params, os.path.join(path, config_name), world=world, **kwargs)
+    assert r.complete
+    assert_holds(params, expected_shards(ckpt, world.size, world.rank), "v%d" % version)
+
+
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the allocator settings are glibc's")
 def test_reloads_after_keeping_freed_memory(world, shared_dir):
     # glibc takes the settings, and reloads stay exact after them.
     assert tpreload.retain_freed_memory() is True
-    tp = world.size
     for version in (4, 5):
-        ckpt = checkpoint(version)
-        path = os.path.join(shared_dir, "v%d" % version)
-        if world.rank == 0:
-            write_model_dir(path, ckpt)
-        world.barrier()
-        params = zeros_like_shards(world, tp)
-        r = tpreload.reload_weights(params, path, world=world, bucket_mb=0.01)
-        assert r.complete
-        assert_holds(params, expected_shards(ckpt, tp, world.rank), "v%d" % version)
+        reload_version(world, shared_dir, version, bucket_mb=0.01)
 
 
 def test_the_weights_default_to_the_configs_directory(world, shared_dir):
     # No weights_path: the checkpoint beside config.json, whether config names
     # the file or its directory.
-    tp = world.size
-    for version, name in ((6, ""), (7, "config.json")):
-        ckpt = checkpoint(version)
-        path = os.path.join(shared_dir, "v%d" % version)
-        if world.rank == 0:
-            write_model_dir(path, ckpt)
-        world.barrier()
-        params = zeros_like_shards(world, tp)
-        r = tpreload.reload_weights(params, os.path.join(path, name) if name else path, world=world)
-        assert r.complete
-        assert_holds(params, expected_shards(ckpt, tp, world.rank), "v%d from %r" % (version, name or path))
+    reload_version(world, shared_dir, 6)
+    reload_version(world, shared_dir, 7, "config.json")
 
 
 def test_reload_from_hdf5(world, shared_dir):
