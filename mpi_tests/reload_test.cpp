@@ -243,6 +243,12 @@ TEST(Reload, Qwen3DenseAndMoe) {
   run_checkpoint_matrix("qwen3_moe", {world().size(), "", false, true});
 }
 
+// Mixtral: the experts under block_sparse_moe, as w1/w3/w2, in every layer.
+TEST(Reload, MixtralWithTensorParallelExpertsAndExpertParallelism) {
+  run_checkpoint_matrix("mixtral", {world().size(), "", false});
+  run_checkpoint_matrix("mixtral", {world().size(), "int8", false, true});
+}
+
 TEST(Reload, Qwen3MoeExpertParallelInTwoReplicas) {
   TPRELOAD_REQUIRE_RANKS(2);
   run_checkpoint_matrix("qwen3_moe", {world().size() / 2, "", false, true});
@@ -254,7 +260,8 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
            {"llama_gqa", {world().size(), "", false}},
            {"llama_gqa", {world().size(), "int8", false}},
            {"qwen3_moe", {world().size(), "", false}},
-           {"qwen3_moe", {world().size(), "", false, true}}}) {
+           {"qwen3_moe", {world().size(), "", false, true}},
+           {"mixtral", {world().size(), "", false, true}}}) {
     const ModelConfig config = testdata::tiny_config(name);
     const auto ckpt = testdata::random_checkpoint(config, 300);
     const std::string kdir =

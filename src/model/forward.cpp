@@ -139,7 +139,7 @@ at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string
                 p + "mlp.down_proj", /*add_bias=*/tp_rank() == 0);
 }
 
-// The rank's share of a sparse MoE block (Qwen3-MoE): the replicated router picks
+// The rank's share of a sparse MoE block (Qwen3-MoE, Mixtral): the replicated router picks
 // the top-k experts per token from a softmax (renormalised with norm_topk_prob);
 // every local expert runs on the tokens routed to it, its SiLU-gated output
 // weighted by the routing weight. With tensor-parallel experts the rank holds a
@@ -147,11 +147,12 @@ at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string
 // experts. Either way the sum over ranks is the block's output.
 at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& p) const {
   const ModelConfig& c = config();
-  const at::Tensor probs = at::softmax(at::matmul(y, weight_f32(p + "mlp.gate").t()), -1);
+  const std::string block = p + moe_names(c).module + ".";
+  const at::Tensor probs = at::softmax(at::matmul(y, weight_f32(block + "gate").t()), -1);
   auto [weights, chosen] = at::topk(probs, c.num_experts_per_tok, -1);
   if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
-  const at::Tensor w13 = host_param(p + "mlp.experts.w13_weight").to(at::kFloat);
-  const at::Tensor w2 = host_param(p + "mlp.experts.w2_weight").to(at::kFloat);
+  const at::Tensor w13 = host_param(block + "experts.w13_weight").to(at::kFloat);
+  const at::Tensor w2 = host_param(block + "experts.w2_weight").to(at::kFloat);
   const std::int64_t local = w13.size(0), inter = w13.size(1) / 2;
   const std::int64_t first = options_.expert_parallel ? options_.tp_rank * local : 0;
   at::Tensor out = at::zeros({y.size(0), c.hidden_size}, at::kFloat);

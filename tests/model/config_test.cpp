@@ -55,6 +55,44 @@ TEST(Config, Qwen3MoeKeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(back.num_experts, 128);
 }
 
+// Mixtral-8x7B's config.json (transformers' MixtralConfig; vLLM's mixtral.py):
+// num_local_experts experts of intermediate_size in every layer, top-k weights
+// always renormalised, experts named block_sparse_moe.experts.<e>.w1/w3/w2, no
+// biases whatever attention_bias says, rope_theta 1e6 and 8 key/value heads
+// when absent.
+TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
+  const std::string mixtral = R"({"architectures":["MixtralForCausalLM"],"hidden_size":4096,
+    "intermediate_size":14336,"num_hidden_layers":3,"num_attention_heads":32,"vocab_size":32000,
+    "num_local_experts":8,"num_experts_per_tok":2,"rms_norm_eps":1e-05,"sliding_window":null,
+    "router_aux_loss_coef":0.02,"attention_bias":true,"torch_dtype":"bfloat16"})";
+  const ModelConfig c = parse_model_config(mixtral, "config.json");
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe_intermediate_size, 14336);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_FALSE(c.qk_norm);
+  for (std::int64_t l = 0; l < 3; ++l) EXPECT_TRUE(c.sparse_layer(l)) << l;
+  std::set<std::string> names;
+  for (const auto& s : checkpoint_tensor_specs(c)) names.insert(s.name);
+  EXPECT_EQ(names.size(),
+            1 + 3 * (6 + 1 + 8 * 3) + 2u);  // (embed; norms, q/k/v/o, router, experts; norm, head)
+  for (const char* name : {"model.layers.2.block_sparse_moe.gate.weight",
+                           "model.layers.0.block_sparse_moe.experts.7.w1.weight",
+                           "model.layers.0.block_sparse_moe.experts.7.w2.weight",
+                           "model.layers.1.block_sparse_moe.experts.0.w3.weight", "lm_head.weight"})
+    EXPECT_EQ(names.count(name), 1u) << name;
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  std::string too_many = mixtral;
+  too_many.replace(too_many.find(R"("num_experts_per_tok":2)"), 23, R"("num_experts_per_tok":9)");
+  EXPECT_NE(error_of(too_many).find("num_experts_per_tok 9 exceeds num_local_experts 8"),
+            std::string::npos)
+      << error_of(too_many);
+}
+
 // Which biases a checkpoint holds, as vLLM reads the config: Llama and Mistral
 // (llama.py) take q/k/v and o_proj biases from attention_bias or bias, with
 // qkv_bias, when present, deciding q/k/v's, and gate/up/down biases from
@@ -295,7 +333,8 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
-                "MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)"),
+                "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                "Qwen3MoeForCausalLM)"),
       std::string::npos);
   std::string moe = kMoe;
   const auto at = moe.find("\"mlp_only_layers\":[3]");

@@ -41,6 +41,12 @@ ModelConfig tiny_config(const std::string& name) {
       "vocab_size":110,"rms_norm_eps":1e-6,"tie_word_embeddings":false,"num_experts":8,
       "num_experts_per_tok":3,"moe_intermediate_size":16,"decoder_sparse_step":2,
       "norm_topk_prob":false,"torch_dtype":"float16"})";
+  else if (name == "mixtral")  // every layer sparse, top 2 of 8 renormalised; rope_theta absent
+    json = R"({"architectures":["MixtralForCausalLM"],"hidden_size":64,"intermediate_size":48,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":120,
+      "rms_norm_eps":1e-5,"tie_word_embeddings":false,"num_local_experts":8,
+      "num_experts_per_tok":2,"sliding_window":null,"router_aux_loss_coef":0.02,
+      "torch_dtype":"bfloat16"})";
   else if (name == "llama_mlp_bias")  // o_proj and MLP biases, none on q/k/v (qkv_bias false)
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":110,
@@ -110,18 +116,34 @@ at::Tensor vocab_shard(const at::Tensor& t, std::int64_t vocab, int tp, int r) {
 namespace {
 
 // The tests' own reading of the configs (not ModelConfig's helpers): Qwen3
-// families normalise q and k per head; a Qwen3-MoE layer is sparse unless it is
-// mlp-only or off the sparse step.
+// families normalise q and k per head; every Mixtral layer is sparse, and a
+// Qwen3-MoE layer unless it is mlp-only or off the sparse step.
 bool qwen3(const ModelConfig& c) {
   return c.architecture.rfind("Qwen3", 0) == 0;
 }
 
+bool mixtral(const ModelConfig& c) {
+  return c.architecture == "MixtralForCausalLM";
+}
+
 bool sparse(const ModelConfig& c, std::int64_t layer) {
+  if (mixtral(c)) return true;
   if (c.architecture != "Qwen3MoeForCausalLM") return false;
   if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
       c.mlp_only_layers.end())
     return false;
   return (layer + 1) % c.decoder_sparse_step == 0;
+}
+
+// A sparse layer's Hugging Face names: its block and an expert's gate, up and
+// down projections (Mixtral's MixtralSparseMoeBlock: w1, w3, w2).
+struct ExpertNames {
+  std::string block, gate, up, down;
+};
+
+ExpertNames expert_names(const ModelConfig& c) {
+  if (mixtral(c)) return {"block_sparse_moe.", "w1", "w3", "w2"};
+  return {"mlp.", "gate_proj", "up_proj", "down_proj"};
 }
 
 // w13 [E_local, 2 x I_local, hidden] and w2 [E_local, hidden, I_local] of rank r:
@@ -133,16 +155,17 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
   const std::int64_t per = ep ? c.num_experts / tp : c.num_experts, first = ep ? r * per : 0;
   const std::int64_t il = ep ? c.moe_intermediate_size : c.moe_intermediate_size / tp,
                      from = ep ? 0 : r * il;
+  const ExpertNames n = expert_names(c);
   std::vector<at::Tensor> w13, w2;
   for (std::int64_t e = first; e < first + per; ++e) {
-    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-    w13.push_back(at::cat({ckpt.at(x + "gate_proj.weight").slice(0, from, from + il),
-                           ckpt.at(x + "up_proj.weight").slice(0, from, from + il)}));
-    w2.push_back(ckpt.at(x + "down_proj.weight").slice(1, from, from + il));
+    const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
+    w13.push_back(at::cat({ckpt.at(x + n.gate + ".weight").slice(0, from, from + il),
+                           ckpt.at(x + n.up + ".weight").slice(0, from, from + il)}));
+    w2.push_back(ckpt.at(x + n.down + ".weight").slice(1, from, from + il));
   }
-  out[p + "mlp.experts.w13_weight"] = at::stack(w13);
-  out[p + "mlp.experts.w2_weight"] = at::stack(w2);
-  out[p + "mlp.gate.weight"] = ckpt.at(p + "mlp.gate.weight");
+  out[p + n.block + "experts.w13_weight"] = at::stack(w13);
+  out[p + n.block + "experts.w2_weight"] = at::stack(w2);
+  out[p + n.block + "gate.weight"] = ckpt.at(p + n.block + "gate.weight");
 }
 
 }  // namespace
@@ -267,21 +290,24 @@ at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, toke
   return x * cos + rotated * sin;
 }
 
-// Hugging Face's Qwen3MoeSparseMoeBlock, token by token: softmax router, top-k,
-// optional renormalisation, SiLU-gated experts weighted by their routing weight.
+// Hugging Face's Qwen3MoeSparseMoeBlock and MixtralSparseMoeBlock, token by
+// token: softmax router, top-k, renormalised (always for Mixtral, with
+// norm_topk_prob for Qwen3-MoE), SiLU-gated experts weighted by their routing weight.
 at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
                const std::string& p, const at::Tensor& y) {
-  const at::Tensor probs = at::matmul(y, f32(ckpt, p + "mlp.gate.weight").t()).softmax(-1);
+  const ExpertNames n = expert_names(c);
+  const at::Tensor probs = at::matmul(y, f32(ckpt, p + n.block + "gate.weight").t()).softmax(-1);
   at::Tensor out = at::zeros_like(y);
   for (std::int64_t t = 0; t < y.size(0); ++t) {
     auto [w, idx] = probs[t].topk(c.num_experts_per_tok);
-    if (c.norm_topk_prob) w = w / w.sum();
+    if (mixtral(c) || c.norm_topk_prob) w = w / w.sum();
     for (std::int64_t k = 0; k < c.num_experts_per_tok; ++k) {
-      const std::string x = p + "mlp.experts." + std::to_string(idx[k].item<std::int64_t>()) + ".";
+      const std::string x =
+          p + n.block + "experts." + std::to_string(idx[k].item<std::int64_t>()) + ".";
       const at::Tensor row = y[t].unsqueeze(0);
-      const at::Tensor a = at::silu(at::matmul(row, f32(ckpt, x + "gate_proj.weight").t())) *
-                           at::matmul(row, f32(ckpt, x + "up_proj.weight").t());
-      out[t] += (at::matmul(a, f32(ckpt, x + "down_proj.weight").t()) * w[k]).squeeze(0);
+      const at::Tensor a = at::silu(at::matmul(row, f32(ckpt, x + n.gate + ".weight").t())) *
+                           at::matmul(row, f32(ckpt, x + n.up + ".weight").t());
+      out[t] += (at::matmul(a, f32(ckpt, x + n.down + ".weight").t()) * w[k]).squeeze(0);
     }
   }
   return out;

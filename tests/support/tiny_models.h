@@ -19,14 +19,16 @@ namespace tpreload::testdata {
 // "qwen3_dense" (Qwen3: head_dim 16 != hidden / heads, q/k norms, q/k/v biases),
 // "qwen3_moe" (Qwen3-MoE: 8 experts, top 2, renormalised; layer 1 dense; tied),
 // "qwen3_moe_plain" (float16, every second layer sparse, top 3, not renormalised),
+// "mixtral" (Mixtral: block_sparse_moe with w1/w3/w2 experts in every layer, 8 of
+// intermediate_size 48, top 2, renormalised; rope_theta left to its default),
 // "llama_mlp_bias" (o_proj and gate/up/down biases, none on q/k/v: bias, qkv_bias
 // false, mlp_bias; 4 KV heads, vocab 110),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
-inline const char* const kTinyConfigs[] = {"llama_gqa",     "qwen2_tied", "mistral_mqa",
-                                           "qwen3_dense",   "qwen3_moe",  "qwen3_moe_plain",
-                                           "llama_mlp_bias"};
+inline const char* const kTinyConfigs[] = {"llama_gqa",   "qwen2_tied",    "mistral_mqa",
+                                           "qwen3_dense", "qwen3_moe",     "qwen3_moe_plain",
+                                           "mixtral",     "llama_mlp_bias"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs), with
 // values drawn from a generator seeded by `seed`, in the config's dtype.

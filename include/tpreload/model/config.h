@@ -1,6 +1,7 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
-// Qwen3MoeForCausalLM), and the tensors a checkpoint for it holds. No torch here:
+// (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM,
+// Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it
+// holds. No torch here:
 // the checkpoint tool and the checkpoint layer's tests use it too.
 #pragma once
 
@@ -65,7 +66,10 @@ struct ModelConfig {
   bool o_proj_bias = false;
   bool mlp_bias = false;
   bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3)
-  // Mixture of experts (Qwen3MoeForCausalLM); num_experts 0 for dense models.
+  // Mixture of experts (Qwen3MoeForCausalLM; MixtralForCausalLM, whose
+  // num_local_experts is num_experts and whose intermediate_size is the
+  // experts', every layer sparse, top-k weights renormalised); num_experts 0
+  // for dense models.
   std::int64_t num_experts = 0;
   std::int64_t num_experts_per_tok = 0;
   std::int64_t moe_intermediate_size = 0;
@@ -82,6 +86,16 @@ struct ModelConfig {
 
 // "LlamaForCausalLM", ..., "Qwen3MoeForCausalLM".
 const std::vector<std::string>& supported_architectures();
+
+// How a sparse layer's tensors are named in the checkpoint, after
+// "model.layers.<l>.": `module`.gate.weight (the router) and
+// `module`.experts.<e>.{`gate`,`up`,`down`}.weight. Qwen3-MoE: mlp and
+// gate_proj, up_proj, down_proj; Mixtral: block_sparse_moe and w1, w3, w2. vLLM's
+// parameters are `module`.gate.weight and `module`.experts.{w13,w2}_weight.
+struct MoeNames {
+  std::string module, gate, up, down;
+};
+MoeNames moe_names(const ModelConfig& config);
 
 // Parse config.json text; `origin` names it in errors. Throws ModelError for an
 // unknown architecture, a missing or non-positive field, or heads that do not
@@ -110,8 +124,9 @@ struct CheckpointTensorSpec {
 // model.embed_tokens.weight, then per layer input_layernorm, self_attn.{q,k,v,o}_proj
 // (q/k/v biases when attention_bias, o_proj's when o_proj_bias),
 // self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
-// mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias) or mlp.gate (the router) and
-// mlp.experts.<e>.{gate,up,down}_proj for every expert (sparse layers); then
+// mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias) or the
+// router and every expert's three projections as moe_names() spells them
+// (sparse layers); then
 // model.norm.weight and lm_head.weight (untied only).
 std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);
 

@@ -14,10 +14,11 @@
 //  - vocab-parallel (embed_tokens, lm_head): vocab padded up to a multiple of 64,
 //    split evenly; rows past the real vocab are zero;
 //  - RMSNorm weights (and Qwen3's per-head q_norm/k_norm) and the MoE router
-//    (mlp.gate) replicated;
+//    (mlp.gate; Mixtral's block_sparse_moe.gate) replicated;
 //  - FusedMoE experts: experts.w13_weight [E_local, 2 x I_local, hidden] holds, per
 //    local expert, its gate_proj rows then its up_proj rows; experts.w2_weight
-//    [E_local, hidden, I_local] its down_proj. Tensor-parallel experts (the
+//    [E_local, hidden, I_local] its down_proj (Mixtral's w1, w3 and w2, under
+//    block_sparse_moe: moe_names() in config.h). Tensor-parallel experts (the
 //    default): every rank holds all E experts, I_local = I / tp, gate/up split by
 //    rows and down by columns as a dense MLP. Expert parallelism: rank r holds the
 //    E / tp experts [r x E_local, (r + 1) x E_local) whole (I_local = I); an expert

@@ -60,8 +60,9 @@ double positive_number(const json& j, const char* key, double fallback, const st
 
 // rope_theta: at the top level (transformers 4), or in rope_parameters
 // (transformers 5 writes it there); both, they must agree.
-double rope_theta_of(const json& j, const std::string& origin) {
-  const double fallback = 10000.0;  // every supported config class's default
+double rope_theta_of(const json& j, const std::string& origin, const std::string& architecture) {
+  // (the config classes' defaults: MixtralConfig's 1e6, the others' 10000)
+  const double fallback = architecture == "MixtralForCausalLM" ? 1e6 : 10000.0;
   const double top = positive_number(j, "rope_theta", fallback, origin);
   if (!j.contains("rope_parameters") || j["rope_parameters"].is_null()) return top;
   const json& p = j["rope_parameters"];
@@ -157,27 +158,37 @@ std::string architecture_of(const json& j, const std::string& origin) {
                     ")");
 }
 
+// Qwen3-MoE's keys, or Mixtral's: num_local_experts experts of intermediate_size,
+// every layer sparse, the top-k weights renormalised (vLLM's MixtralMoE:
+// renormalize=True).
 void parse_experts(const json& j, const std::string& origin, ModelConfig& c) {
-  c.num_experts = positive_int(j, "num_experts", origin);
+  const bool mixtral = c.architecture == "MixtralForCausalLM";
+  const char* const count = mixtral ? "num_local_experts" : "num_experts";
+  c.num_experts = positive_int(j, count, origin);
   c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", origin);
-  c.moe_intermediate_size = positive_int(j, "moe_intermediate_size", origin);
-  c.decoder_sparse_step =
-      j.contains("decoder_sparse_step") ? positive_int(j, "decoder_sparse_step", origin) : 1;
-  c.norm_topk_prob = flag(j, "norm_topk_prob", origin);
-  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
-    if (!j["mlp_only_layers"].is_array())
-      raise<ModelError>(origin, ": field 'mlp_only_layers' must be a list of layer indices");
-    for (const auto& v : j["mlp_only_layers"]) {
-      if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
-          v.get<std::int64_t>() >= c.num_hidden_layers)
-        raise<ModelError>(origin, ": 'mlp_only_layers' holds ", v.dump(),
-                          ", not a layer index in [0, ", c.num_hidden_layers, ")");
-      c.mlp_only_layers.push_back(v.get<std::int64_t>());
+  if (mixtral) {
+    c.moe_intermediate_size = c.intermediate_size;
+    c.norm_topk_prob = true;
+  } else {
+    c.moe_intermediate_size = positive_int(j, "moe_intermediate_size", origin);
+    c.decoder_sparse_step =
+        j.contains("decoder_sparse_step") ? positive_int(j, "decoder_sparse_step", origin) : 1;
+    c.norm_topk_prob = flag(j, "norm_topk_prob", origin);
+    if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+      if (!j["mlp_only_layers"].is_array())
+        raise<ModelError>(origin, ": field 'mlp_only_layers' must be a list of layer indices");
+      for (const auto& v : j["mlp_only_layers"]) {
+        if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
+            v.get<std::int64_t>() >= c.num_hidden_layers)
+          raise<ModelError>(origin, ": 'mlp_only_layers' holds ", v.dump(),
+                            ", not a layer index in [0, ", c.num_hidden_layers, ")");
+        c.mlp_only_layers.push_back(v.get<std::int64_t>());
+      }
     }
   }
   if (c.num_experts_per_tok > c.num_experts)
-    raise<ModelError>(origin, ": num_experts_per_tok ", c.num_experts_per_tok,
-                      " exceeds num_experts ", c.num_experts);
+    raise<ModelError>(origin, ": num_experts_per_tok ", c.num_experts_per_tok, " exceeds ", count,
+                      " ", c.num_experts);
 }
 
 // "torch_dtype", or "dtype" as newer transformers write it.
@@ -204,7 +215,7 @@ void check_heads(const ModelConfig& c, const std::string& origin) {
 // architecture's Hugging Face config class (LlamaConfig's is None, which means
 // num_attention_heads).
 std::int64_t default_kv_heads(const std::string& architecture, std::int64_t attention_heads) {
-  if (architecture == "MistralForCausalLM") return 8;
+  if (architecture == "MistralForCausalLM" || architecture == "MixtralForCausalLM") return 8;
   if (architecture == "Qwen2ForCausalLM" || architecture == "Qwen3ForCausalLM") return 32;
   if (architecture == "Qwen3MoeForCausalLM") return 4;
   return attention_heads;
@@ -213,10 +224,15 @@ std::int64_t default_kv_heads(const std::string& architecture, std::int64_t atte
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = {"LlamaForCausalLM", "MistralForCausalLM",
-                                                 "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                                 "Qwen3MoeForCausalLM"};
+  static const std::vector<std::string> names = {"LlamaForCausalLM",   "MistralForCausalLM",
+                                                 "MixtralForCausalLM", "Qwen2ForCausalLM",
+                                                 "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM"};
   return names;
+}
+
+MoeNames moe_names(const ModelConfig& c) {
+  if (c.architecture == "MixtralForCausalLM") return {"block_sparse_moe", "w1", "w3", "w2"};
+  return {"mlp", "gate_proj", "up_proj", "down_proj"};
 }
 
 bool ModelConfig::sparse_layer(std::int64_t layer) const {
@@ -261,7 +277,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   else
     c.head_dim = c.hidden_size / c.num_attention_heads;
   c.rms_norm_eps = positive_number(j, "rms_norm_eps", 1e-6, origin);
-  c.rope_theta = rope_theta_of(j, origin);
+  c.rope_theta = rope_theta_of(j, origin, c.architecture);
   c.rope_scaling = rope_scaling_of(j, origin);
   c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
   if (c.architecture == "Qwen2ForCausalLM") {
@@ -272,11 +288,12 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
                            ? flag(j, "qkv_bias", origin)
                            : c.o_proj_bias;
     c.mlp_bias = flag(j, "mlp_bias", origin);
-  } else {
+  } else if (c.architecture != "MixtralForCausalLM") {  // (vLLM's Mixtral has no biases)
     c.attention_bias = flag(j, "attention_bias", origin);
   }
   c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
-  if (c.architecture == "Qwen3MoeForCausalLM") parse_experts(j, origin, c);
+  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "MixtralForCausalLM")
+    parse_experts(j, origin, c);
   c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
   c.json = text;
@@ -314,10 +331,13 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.o_proj_bias;
     if (c.attention_bias != c.o_proj_bias) j["qkv_bias"] = c.attention_bias;
     if (c.mlp_bias) j["mlp_bias"] = true;
-  } else if (c.architecture != "Qwen2ForCausalLM") {
+  } else if (c.architecture != "Qwen2ForCausalLM" && c.architecture != "MixtralForCausalLM") {
     j["attention_bias"] = c.attention_bias;
   }
-  if (c.num_experts > 0) {
+  if (c.architecture == "MixtralForCausalLM") {
+    j["num_local_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+  } else if (c.num_experts > 0) {
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;
     j["moe_intermediate_size"] = c.moe_intermediate_size;
@@ -355,12 +375,13 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
     specs.push_back({p + "post_attention_layernorm.weight", {h}});
     if (c.sparse_layer(l)) {
       const std::int64_t mi = c.moe_intermediate_size;
-      specs.push_back({p + "mlp.gate.weight", {c.num_experts, h}});
+      const MoeNames names = moe_names(c);
+      specs.push_back({p + names.module + ".gate.weight", {c.num_experts, h}});
       for (std::int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-        specs.push_back({x + "gate_proj.weight", {mi, h}});
-        specs.push_back({x + "up_proj.weight", {mi, h}});
-        specs.push_back({x + "down_proj.weight", {h, mi}});
+        const std::string x = p + names.module + ".experts." + std::to_string(e) + ".";
+        specs.push_back({x + names.gate + ".weight", {mi, h}});
+        specs.push_back({x + names.up + ".weight", {mi, h}});
+        specs.push_back({x + names.down + ".weight", {h, mi}});
       }
       continue;
     }

@@ -120,41 +120,44 @@ std::int64_t ShardingRules::local_moe_intermediate() const {
 
 namespace {
 
-// "model.layers.3.mlp.experts.17.up_proj.weight" -> {"model.layers.3.mlp.experts.", 17, "up_proj"}.
+// "model.layers.3.mlp.experts.17.up_proj.weight" -> {"model.layers.3.mlp.experts.", 17,
+// Role::kUp}, with the module and projection names of `names` (moe_names).
 struct ExpertName {
-  std::string prefix, proj;
+  std::string prefix;
   std::int64_t expert = -1;
+  bool gate = false, up = false, down = false;
 };
 
-std::optional<ExpertName> parse_expert(const std::string& name) {
-  static const std::string kExperts = ".mlp.experts.";
-  const auto at = name.find(kExperts);
+std::optional<ExpertName> parse_expert(const std::string& name, const MoeNames& names) {
+  const std::string experts = "." + names.module + ".experts.";
+  const auto at = name.find(experts);
   if (at == std::string::npos) return std::nullopt;
-  std::size_t i = at + kExperts.size();
+  std::size_t i = at + experts.size();
   if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return std::nullopt;
-  ExpertName out{name.substr(0, i), "", 0};
+  ExpertName out{name.substr(0, i), 0};
   for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
     out.expert = out.expert * 10 + (name[i] - '0');
   const auto rest = name.substr(i);
-  if (rest != ".gate_proj.weight" && rest != ".up_proj.weight" && rest != ".down_proj.weight")
-    return std::nullopt;
-  out.proj = rest.substr(1, rest.find('.', 1) - 1);
+  out.gate = rest == "." + names.gate + ".weight";
+  out.up = rest == "." + names.up + ".weight";
+  out.down = rest == "." + names.down + ".weight";
+  if (!out.gate && !out.up && !out.down) return std::nullopt;
   return out;
 }
 
 }  // namespace
 
 void ShardingRules::build_rules() {
+  const MoeNames names = moe_names(config_);
   for (const auto& spec : checkpoint_tensor_specs(config_)) {
     const NameParts p = split_name(spec.name);
     Rule rule{spec.name, Role::kWhole, ShardKind::kReplicated, spec.shape};
-    if (const auto e = parse_expert(spec.name)) {
-      const bool down = e->proj == "down_proj";
-      rule = {e->prefix + (down ? "w2_weight" : "w13_weight"),
-              down                     ? Role::kDown
-              : e->proj == "gate_proj" ? Role::kGate
-                                       : Role::kUp,
-              down ? ShardKind::kExpertDown : ShardKind::kExpertGateUp, spec.shape};
+    if (const auto e = parse_expert(spec.name, names)) {
+      rule = {e->prefix + (e->down ? "w2_weight" : "w13_weight"),
+              e->down   ? Role::kDown
+              : e->gate ? Role::kGate
+                        : Role::kUp,
+              e->down ? ShardKind::kExpertDown : ShardKind::kExpertGateUp, spec.shape};
       rule.expert = e->expert;
     } else if (p.module == "embed_tokens" || spec.name == "lm_head.weight") {
       rule.kind = ShardKind::kVocab;
