@@ -243,10 +243,13 @@ TEST(Reload, Qwen3DenseAndMoe) {
   run_checkpoint_matrix("qwen3_moe", {world().size(), "", false, true});
 }
 
-// Mixtral: the experts under block_sparse_moe, as w1/w3/w2, in every layer.
-TEST(Reload, MixtralWithTensorParallelExpertsAndExpertParallelism) {
+// Mixtral (the experts under block_sparse_moe, as w1/w3/w2, in every layer) and
+// Qwen2-MoE (a tensor-parallel shared expert beside them).
+TEST(Reload, MixtralAndQwen2MoeWithTensorParallelExpertsAndExpertParallelism) {
   run_checkpoint_matrix("mixtral", {world().size(), "", false});
   run_checkpoint_matrix("mixtral", {world().size(), "int8", false, true});
+  run_checkpoint_matrix("qwen2_moe", {world().size(), "", false});
+  run_checkpoint_matrix("qwen2_moe", {world().size(), "int8", false, true});
 }
 
 TEST(Reload, Qwen3MoeExpertParallelInTwoReplicas) {
@@ -261,7 +264,8 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
            {"llama_gqa", {world().size(), "int8", false}},
            {"qwen3_moe", {world().size(), "", false}},
            {"qwen3_moe", {world().size(), "", false, true}},
-           {"mixtral", {world().size(), "", false, true}}}) {
+           {"mixtral", {world().size(), "", false, true}},
+           {"qwen2_moe", {world().size(), "", false, true}}}) {
     const ModelConfig config = testdata::tiny_config(name);
     const auto ckpt = testdata::random_checkpoint(config, 300);
     const std::string kdir =

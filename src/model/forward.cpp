@@ -131,20 +131,24 @@ at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& m
 }
 
 // The rank's share of a SwiGLU MLP (the sum over ranks is the layer's output).
+// A SiLU-gated MLP under `p` ("model.layers.<l>.mlp.", or Qwen2-MoE's
+// "....mlp.shared_expert."): column-parallel gate_up_proj, row-parallel down_proj.
 at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string& p) const {
-  const at::Tensor gate_up = linear(y, p + "mlp.gate_up_proj");
+  const at::Tensor gate_up = linear(y, p + "gate_up_proj");
   const std::int64_t inter = gate_up.size(1) / 2;
   // Row-parallel: down_proj's (replicated) bias is added once, by tp rank 0.
   return linear(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter),
-                p + "mlp.down_proj", /*add_bias=*/tp_rank() == 0);
+                p + "down_proj", /*add_bias=*/tp_rank() == 0);
 }
 
-// The rank's share of a sparse MoE block (Qwen3-MoE, Mixtral): the replicated router picks
-// the top-k experts per token from a softmax (renormalised with norm_topk_prob);
-// every local expert runs on the tokens routed to it, its SiLU-gated output
-// weighted by the routing weight. With tensor-parallel experts the rank holds a
-// slice of every expert's intermediate size; with expert parallelism whole
-// experts. Either way the sum over ranks is the block's output.
+// The rank's share of a sparse MoE block (Qwen2-MoE, Qwen3-MoE, Mixtral): the
+// replicated router picks the top-k experts per token from a softmax
+// (renormalised with norm_topk_prob); every local expert runs on the tokens
+// routed to it, its SiLU-gated output weighted by the routing weight. With
+// tensor-parallel experts the rank holds a slice of every expert's intermediate
+// size; with expert parallelism whole experts. Qwen2-MoE adds its shared
+// expert (tensor-parallel like a dense MLP) scaled by sigmoid of the replicated
+// shared_expert_gate. Either way the sum over ranks is the block's output.
 at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& p) const {
   const ModelConfig& c = config();
   const std::string block = p + moe_names(c).module + ".";
@@ -168,6 +172,9 @@ at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& 
         at::matmul(act, w2[e].t()) * token_weight.index_select(0, rows).unsqueeze(1);
     out.index_add_(0, rows, expert_out);
   }
+  if (c.shared_expert_intermediate_size > 0)
+    out += at::sigmoid(at::matmul(y, weight_f32(p + "mlp.shared_expert_gate").t())) *
+           dense_mlp(y, p + "mlp.shared_expert.");
   return out;
 }
 
@@ -226,7 +233,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     h = h + attn;
     const at::Tensor y =
         rms_norm(h, host_param(p + "post_attention_layernorm.weight"), c.rms_norm_eps);
-    at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p);
+    at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
     allreduce_sum(mlp, comm);
     h = h + mlp;
   }

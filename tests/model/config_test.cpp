@@ -2,6 +2,7 @@
 // the errors a wrong config gets.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <tuple>
 
@@ -93,6 +94,43 @@ TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
       << error_of(too_many);
 }
 
+// Qwen1.5-MoE-A2.7B's config.json (transformers' Qwen2MoeConfig; vLLM's
+// qwen2_moe.py): Qwen3-MoE's expert keys plus a shared expert, a dense MLP of
+// shared_expert_intermediate_size with a [1, hidden] sigmoid gate, in every
+// sparse layer; q/k/v biases always.
+TEST(Config, Qwen2MoeKeysAsHuggingFaceWritesThem) {
+  const std::string qwen2_moe = R"({"architectures":["Qwen2MoeForCausalLM"],"hidden_size":2048,
+    "intermediate_size":5632,"num_hidden_layers":2,"num_attention_heads":16,
+    "num_key_value_heads":16,"vocab_size":151936,"num_experts":60,"num_experts_per_tok":4,
+    "moe_intermediate_size":1408,"shared_expert_intermediate_size":5632,"decoder_sparse_step":1,
+    "mlp_only_layers":[],"norm_topk_prob":false,"rope_theta":1000000.0,"torch_dtype":"bfloat16"})";
+  const ModelConfig c = parse_model_config(qwen2_moe, "config.json");
+  EXPECT_EQ(c.num_experts, 60);
+  EXPECT_EQ(c.moe_intermediate_size, 1408);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.qk_norm);
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  EXPECT_EQ(shapes["model.layers.1.mlp.shared_expert.gate_proj.weight"],
+            (std::vector<std::int64_t>{5632, 2048}));
+  EXPECT_EQ(shapes["model.layers.1.mlp.shared_expert.down_proj.weight"],
+            (std::vector<std::int64_t>{2048, 5632}));
+  EXPECT_EQ(shapes["model.layers.0.mlp.shared_expert_gate.weight"],
+            (std::vector<std::int64_t>{1, 2048}));
+  EXPECT_EQ(shapes["model.layers.0.mlp.experts.59.up_proj.weight"],
+            (std::vector<std::int64_t>{1408, 2048}));
+  EXPECT_EQ(shapes.count("model.layers.0.self_attn.q_proj.bias"), 1u);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  std::string without = qwen2_moe;
+  without.erase(without.find(R"("shared_expert_intermediate_size":5632,)"), 39);
+  EXPECT_NE(error_of(without).find("field 'shared_expert_intermediate_size' is missing"),
+            std::string::npos)
+      << error_of(without);
+}
+
 // Which biases a checkpoint holds, as vLLM reads the config: Llama and Mistral
 // (llama.py) take q/k/v and o_proj biases from attention_bias or bias, with
 // qkv_bias, when present, deciding q/k/v's, and gate/up/down biases from
@@ -172,6 +210,10 @@ TEST(Config, AbsentKeysTakeHuggingFaceDefaults) {
            Case{"Qwen3ForCausalLM", "", 32, 128},
            Case{"Qwen3MoeForCausalLM",
                 R"("num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,)", 4, 32},
+           Case{"Qwen2MoeForCausalLM",
+                R"("num_experts":8,"num_experts_per_tok":2,"moe_intermediate_size":16,)"
+                R"("shared_expert_intermediate_size":32,)",
+                16, 32},
            Case{"MistralForCausalLM", R"("num_key_value_heads":null,)", 64, 32},
            Case{"Qwen3ForCausalLM", R"("num_key_value_heads":null,"head_dim":null,)", 64, 32},
            Case{"Qwen3ForCausalLM", R"("num_key_value_heads":16,"head_dim":64,)", 16, 64},
@@ -333,7 +375,8 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
-                "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, "
+                "Qwen3ForCausalLM, "
                 "Qwen3MoeForCausalLM)"),
       std::string::npos);
   std::string moe = kMoe;

@@ -41,6 +41,13 @@ ModelConfig tiny_config(const std::string& name) {
       "vocab_size":110,"rms_norm_eps":1e-6,"tie_word_embeddings":false,"num_experts":8,
       "num_experts_per_tok":3,"moe_intermediate_size":16,"decoder_sparse_step":2,
       "norm_topk_prob":false,"torch_dtype":"float16"})";
+  else if (name == "qwen2_moe")  // layer 0 dense; experts of 16 and a shared expert of 40
+    json = R"({"architectures":["Qwen2MoeForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":3,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":140,
+      "rms_norm_eps":1e-6,"rope_theta":1000000.0,"tie_word_embeddings":false,"num_experts":8,
+      "num_experts_per_tok":3,"moe_intermediate_size":16,"shared_expert_intermediate_size":40,
+      "decoder_sparse_step":1,"mlp_only_layers":[0],"norm_topk_prob":false,
+      "torch_dtype":"bfloat16"})";
   else if (name == "mixtral")  // every layer sparse, top 2 of 8 renormalised; rope_theta absent
     json = R"({"architectures":["MixtralForCausalLM"],"hidden_size":64,"intermediate_size":48,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":120,
@@ -128,7 +135,8 @@ bool mixtral(const ModelConfig& c) {
 
 bool sparse(const ModelConfig& c, std::int64_t layer) {
   if (mixtral(c)) return true;
-  if (c.architecture != "Qwen3MoeForCausalLM") return false;
+  if (c.architecture != "Qwen3MoeForCausalLM" && c.architecture != "Qwen2MoeForCausalLM")
+    return false;
   if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
       c.mlp_only_layers.end())
     return false;
@@ -166,6 +174,18 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
   out[p + n.block + "experts.w13_weight"] = at::stack(w13);
   out[p + n.block + "experts.w2_weight"] = at::stack(w2);
   out[p + n.block + "gate.weight"] = ckpt.at(p + n.block + "gate.weight");
+  // Qwen2-MoE's shared expert: split as a dense MLP (its rows r of tp for
+  // gate and up, its columns for down) whatever the experts do; its gate
+  // replicated.
+  const std::string shared = p + "mlp.shared_expert.";
+  if (!ckpt.count(shared + "gate_proj.weight")) return;
+  const std::int64_t sl = ckpt.at(shared + "gate_proj.weight").size(0) / tp;
+  out[shared + "gate_up_proj.weight"] =
+      at::cat({ckpt.at(shared + "gate_proj.weight").slice(0, r * sl, r * sl + sl),
+               ckpt.at(shared + "up_proj.weight").slice(0, r * sl, r * sl + sl)});
+  out[shared + "down_proj.weight"] =
+      ckpt.at(shared + "down_proj.weight").slice(1, r * sl, r * sl + sl);
+  out[p + "mlp.shared_expert_gate.weight"] = ckpt.at(p + "mlp.shared_expert_gate.weight");
 }
 
 }  // namespace
@@ -290,9 +310,11 @@ at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, toke
   return x * cos + rotated * sin;
 }
 
-// Hugging Face's Qwen3MoeSparseMoeBlock and MixtralSparseMoeBlock, token by
-// token: softmax router, top-k, renormalised (always for Mixtral, with
-// norm_topk_prob for Qwen3-MoE), SiLU-gated experts weighted by their routing weight.
+// Hugging Face's Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock and
+// Qwen2MoeSparseMoeBlock, token by token: softmax router, top-k, renormalised
+// (always for Mixtral, with norm_topk_prob for the Qwens), SiLU-gated experts
+// weighted by their routing weight, plus (Qwen2-MoE) the shared expert scaled by
+// sigmoid of its gate.
 at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
                const std::string& p, const at::Tensor& y) {
   const ExpertNames n = expert_names(c);
@@ -308,6 +330,15 @@ at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ck
       const at::Tensor a = at::silu(at::matmul(row, f32(ckpt, x + n.gate + ".weight").t())) *
                            at::matmul(row, f32(ckpt, x + n.up + ".weight").t());
       out[t] += (at::matmul(a, f32(ckpt, x + n.down + ".weight").t()) * w[k]).squeeze(0);
+    }
+    const std::string shared = p + "mlp.shared_expert.";
+    if (ckpt.count(shared + "gate_proj.weight")) {  // Qwen2-MoE: + sigmoid(gate) x shared MLP
+      const at::Tensor row = y[t].unsqueeze(0);
+      const at::Tensor a = at::silu(at::matmul(row, f32(ckpt, shared + "gate_proj.weight").t())) *
+                           at::matmul(row, f32(ckpt, shared + "up_proj.weight").t());
+      const at::Tensor gate =
+          at::sigmoid(at::matmul(row, f32(ckpt, p + "mlp.shared_expert_gate.weight").t()));
+      out[t] += (gate * at::matmul(a, f32(ckpt, shared + "down_proj.weight").t())).squeeze(0);
     }
   }
   return out;
@@ -383,8 +414,9 @@ void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scal
 
 bool int8_linear(const std::string& param) {
   if (param.rfind("model.layers.", 0) != 0) return false;
+  // (the dense MLP's and, as vLLM quantizes it, Qwen2-MoE's shared expert's)
   for (const char* leaf : {".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight",
-                           ".mlp.gate_up_proj.weight", ".mlp.down_proj.weight"})
+                           ".gate_up_proj.weight", ".down_proj.weight"})
     if (param.size() > std::strlen(leaf) &&
         param.compare(param.size() - std::strlen(leaf), std::strlen(leaf), leaf) == 0)
       return true;

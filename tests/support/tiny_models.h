@@ -19,6 +19,8 @@ namespace tpreload::testdata {
 // "qwen3_dense" (Qwen3: head_dim 16 != hidden / heads, q/k norms, q/k/v biases),
 // "qwen3_moe" (Qwen3-MoE: 8 experts, top 2, renormalised; layer 1 dense; tied),
 // "qwen3_moe_plain" (float16, every second layer sparse, top 3, not renormalised),
+// "qwen2_moe" (Qwen2-MoE: q/k/v biases, layer 0 dense, top 3 of 8 experts not
+// renormalised, a shared expert of intermediate size 40 with its sigmoid gate),
 // "mixtral" (Mixtral: block_sparse_moe with w1/w3/w2 experts in every layer, 8 of
 // intermediate_size 48, top 2, renormalised; rope_theta left to its default),
 // "llama_mlp_bias" (o_proj and gate/up/down biases, none on q/k/v: bias, qkv_bias
@@ -26,9 +28,9 @@ namespace tpreload::testdata {
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
-inline const char* const kTinyConfigs[] = {"llama_gqa",   "qwen2_tied",    "mistral_mqa",
-                                           "qwen3_dense", "qwen3_moe",     "qwen3_moe_plain",
-                                           "mixtral",     "llama_mlp_bias"};
+inline const char* const kTinyConfigs[] = {"llama_gqa",   "qwen2_tied", "mistral_mqa",
+                                           "qwen3_dense", "qwen3_moe",  "qwen3_moe_plain",
+                                           "qwen2_moe",   "mixtral",    "llama_mlp_bias"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs), with
 // values drawn from a generator seeded by `seed`, in the config's dtype.

@@ -1,7 +1,7 @@
 // A Hugging Face config.json for the model families tpreload knows
 // (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM,
-// Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it
-// holds. No torch here:
+// Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a
+// checkpoint for it holds. No torch here:
 // the checkpoint tool and the checkpoint layer's tests use it too.
 #pragma once
 
@@ -66,7 +66,7 @@ struct ModelConfig {
   bool o_proj_bias = false;
   bool mlp_bias = false;
   bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3)
-  // Mixture of experts (Qwen3MoeForCausalLM; MixtralForCausalLM, whose
+  // Mixture of experts (Qwen2MoeForCausalLM, Qwen3MoeForCausalLM; MixtralForCausalLM, whose
   // num_local_experts is num_experts and whose intermediate_size is the
   // experts', every layer sparse, top-k weights renormalised); num_experts 0
   // for dense models.
@@ -75,7 +75,11 @@ struct ModelConfig {
   std::int64_t moe_intermediate_size = 0;
   std::int64_t decoder_sparse_step = 1;
   std::vector<std::int64_t> mlp_only_layers;
-  bool norm_topk_prob = false;    // renormalise the top-k routing weights
+  bool norm_topk_prob = false;  // renormalise the top-k routing weights
+  // Qwen2-MoE: every sparse layer also has a shared expert, a dense MLP of this
+  // intermediate size whose output is scaled by sigmoid(shared_expert_gate);
+  // 0 for none.
+  std::int64_t shared_expert_intermediate_size = 0;
   DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
   std::string json;               // the original text, for kernel_format.json
 
@@ -126,7 +130,8 @@ struct CheckpointTensorSpec {
 // self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
 // mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias) or the
 // router and every expert's three projections as moe_names() spells them
-// (sparse layers); then
+// (sparse layers; then Qwen2-MoE's mlp.shared_expert.{gate,up,down}_proj and
+// mlp.shared_expert_gate); then
 // model.norm.weight and lm_head.weight (untied only).
 std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);
 

@@ -14,7 +14,9 @@
 //  - vocab-parallel (embed_tokens, lm_head): vocab padded up to a multiple of 64,
 //    split evenly; rows past the real vocab are zero;
 //  - RMSNorm weights (and Qwen3's per-head q_norm/k_norm) and the MoE router
-//    (mlp.gate; Mixtral's block_sparse_moe.gate) replicated;
+//    (mlp.gate; Mixtral's block_sparse_moe.gate; Qwen2-MoE's
+//    mlp.shared_expert_gate) replicated; Qwen2-MoE's mlp.shared_expert split as a
+//    dense MLP;
 //  - FusedMoE experts: experts.w13_weight [E_local, 2 x I_local, hidden] holds, per
 //    local expert, its gate_proj rows then its up_proj rows; experts.w2_weight
 //    [E_local, hidden, I_local] its down_proj (Mixtral's w1, w3 and w2, under
@@ -97,7 +99,8 @@ enum class SkipReason { kNone, kNoParameter, kTiedHead };
 class ShardingRules {
  public:
   // Throws ModelError when the config cannot be split tp_size ways (heads, KV
-  // heads, intermediate size, experts or their intermediate size not divisible),
+  // heads, intermediate size, experts or their intermediate size, Qwen2-MoE's
+  // shared expert's intermediate size not divisible),
   // or expert parallelism is asked of a dense model. `quantization` is "" or
   // "int8" (decoder linear weights; experts stay in the model's dtype).
   ShardingRules(ModelConfig config, int tp_size, std::string quantization = "",

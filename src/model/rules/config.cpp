@@ -158,9 +158,9 @@ std::string architecture_of(const json& j, const std::string& origin) {
                     ")");
 }
 
-// Qwen3-MoE's keys, or Mixtral's: num_local_experts experts of intermediate_size,
-// every layer sparse, the top-k weights renormalised (vLLM's MixtralMoE:
-// renormalize=True).
+// Qwen3-MoE's keys (Qwen2-MoE's too, with its shared expert's size), or
+// Mixtral's: num_local_experts experts of intermediate_size, every layer sparse,
+// the top-k weights renormalised (vLLM's MixtralMoE: renormalize=True).
 void parse_experts(const json& j, const std::string& origin, ModelConfig& c) {
   const bool mixtral = c.architecture == "MixtralForCausalLM";
   const char* const count = mixtral ? "num_local_experts" : "num_experts";
@@ -174,6 +174,9 @@ void parse_experts(const json& j, const std::string& origin, ModelConfig& c) {
     c.decoder_sparse_step =
         j.contains("decoder_sparse_step") ? positive_int(j, "decoder_sparse_step", origin) : 1;
     c.norm_topk_prob = flag(j, "norm_topk_prob", origin);
+    if (c.architecture == "Qwen2MoeForCausalLM")
+      c.shared_expert_intermediate_size =
+          positive_int(j, "shared_expert_intermediate_size", origin);
     if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
       if (!j["mlp_only_layers"].is_array())
         raise<ModelError>(origin, ": field 'mlp_only_layers' must be a list of layer indices");
@@ -217,6 +220,7 @@ void check_heads(const ModelConfig& c, const std::string& origin) {
 std::int64_t default_kv_heads(const std::string& architecture, std::int64_t attention_heads) {
   if (architecture == "MistralForCausalLM" || architecture == "MixtralForCausalLM") return 8;
   if (architecture == "Qwen2ForCausalLM" || architecture == "Qwen3ForCausalLM") return 32;
+  if (architecture == "Qwen2MoeForCausalLM") return 16;
   if (architecture == "Qwen3MoeForCausalLM") return 4;
   return attention_heads;
 }
@@ -224,9 +228,9 @@ std::int64_t default_kv_heads(const std::string& architecture, std::int64_t atte
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = {"LlamaForCausalLM",   "MistralForCausalLM",
-                                                 "MixtralForCausalLM", "Qwen2ForCausalLM",
-                                                 "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM"};
+  static const std::vector<std::string> names = {
+      "LlamaForCausalLM",    "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
+      "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM"};
   return names;
 }
 
@@ -280,7 +284,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.rope_theta = rope_theta_of(j, origin, c.architecture);
   c.rope_scaling = rope_scaling_of(j, origin);
   c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
-  if (c.architecture == "Qwen2ForCausalLM") {
+  if (c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen2MoeForCausalLM") {
     c.attention_bias = true;
   } else if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM") {
     c.o_proj_bias = flag(j, "attention_bias", origin) || flag(j, "bias", origin);
@@ -292,7 +296,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     c.attention_bias = flag(j, "attention_bias", origin);
   }
   c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
-  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "MixtralForCausalLM")
+  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "MixtralForCausalLM" ||
+      c.architecture == "Qwen2MoeForCausalLM")
     parse_experts(j, origin, c);
   c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
@@ -331,7 +336,8 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.o_proj_bias;
     if (c.attention_bias != c.o_proj_bias) j["qkv_bias"] = c.attention_bias;
     if (c.mlp_bias) j["mlp_bias"] = true;
-  } else if (c.architecture != "Qwen2ForCausalLM" && c.architecture != "MixtralForCausalLM") {
+  } else if (c.architecture != "Qwen2ForCausalLM" && c.architecture != "Qwen2MoeForCausalLM" &&
+             c.architecture != "MixtralForCausalLM") {
     j["attention_bias"] = c.attention_bias;
   }
   if (c.architecture == "MixtralForCausalLM") {
@@ -344,6 +350,8 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["decoder_sparse_step"] = c.decoder_sparse_step;
     j["mlp_only_layers"] = c.mlp_only_layers;
     j["norm_topk_prob"] = c.norm_topk_prob;
+    if (c.shared_expert_intermediate_size > 0)
+      j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
   }
   return j.dump(2);
 }
@@ -382,6 +390,12 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
         specs.push_back({x + names.gate + ".weight", {mi, h}});
         specs.push_back({x + names.up + ".weight", {mi, h}});
         specs.push_back({x + names.down + ".weight", {h, mi}});
+      }
+      if (const std::int64_t si = c.shared_expert_intermediate_size; si > 0) {
+        specs.push_back({p + "mlp.shared_expert.gate_proj.weight", {si, h}});
+        specs.push_back({p + "mlp.shared_expert.up_proj.weight", {si, h}});
+        specs.push_back({p + "mlp.shared_expert.down_proj.weight", {h, si}});
+        specs.push_back({p + "mlp.shared_expert_gate.weight", {1, h}});
       }
       continue;
     }
@@ -429,6 +443,8 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   field("decoder_sparse_step", a.decoder_sparse_step, b.decoder_sparse_step);
   field("mlp_only_layers", a.mlp_only_layers, b.mlp_only_layers);
   field("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
+  field("shared_expert_intermediate_size", a.shared_expert_intermediate_size,
+        b.shared_expert_intermediate_size);
   field("torch_dtype", a.dtype, b.dtype);
   return out;
 }

@@ -93,6 +93,8 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
                       "num_experts (expert parallelism places whole experts)", tp_size_);
   else if (c.num_experts > 0)
     require_divisible(c.moe_intermediate_size, tp_size_, "moe_intermediate_size", tp_size_);
+  require_divisible(c.shared_expert_intermediate_size, tp_size_, "shared_expert_intermediate_size",
+                    tp_size_);
   padded_vocab_ = (c.vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   require_divisible(padded_vocab_, tp_size_, "padded vocab size", tp_size_);
   build_rules();
@@ -182,7 +184,6 @@ void ShardingRules::build_params() {
   const auto& c = config_;
   const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
   const std::int64_t qkv_rows = q_local + 2 * kv_heads_per_rank() * c.head_dim;
-  const std::int64_t gate_up_rows = 2 * c.intermediate_size / tp_size_;
   std::set<std::string> seen;  // params_ is sorted only at the end
   for (const auto& [name, rule] : rules_) {
     if (!seen.insert(rule.param).second) continue;
@@ -194,8 +195,8 @@ void ShardingRules::build_params() {
       spec.shape[0] = qkv_rows;
       spec.shards = 3;
     }
-    if (p.module == "gate_up_proj") {
-      spec.shape[0] = gate_up_rows;
+    if (p.module == "gate_up_proj") {  // (the dense MLP's, or Qwen2-MoE's shared expert's)
+      spec.shape[0] = 2 * rule.source_shape[0] / tp_size_;
       spec.shards = 2;
     }
     if (rule.kind == ShardKind::kExpertGateUp) {
