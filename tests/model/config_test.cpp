@@ -59,8 +59,8 @@ TEST(Config, Qwen3MoeKeysAsHuggingFaceWritesThem) {
 // Mixtral-8x7B's config.json (transformers' MixtralConfig; vLLM's mixtral.py):
 // num_local_experts experts of intermediate_size in every layer, top-k weights
 // always renormalised, experts named block_sparse_moe.experts.<e>.w1/w3/w2, no
-// biases whatever attention_bias says, rope_theta 1e6 and 8 key/value heads
-// when absent.
+// biases whatever attention_bias says, rope_theta 1e6, rms_norm_eps 1e-5 and 8
+// key/value heads when absent.
 TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
   const std::string mixtral = R"({"architectures":["MixtralForCausalLM"],"hidden_size":4096,
     "intermediate_size":14336,"num_hidden_layers":3,"num_attention_heads":32,"vocab_size":32000,
@@ -73,6 +73,11 @@ TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
   EXPECT_TRUE(c.norm_topk_prob);
   EXPECT_EQ(c.num_key_value_heads, 8);
   EXPECT_EQ(c.rope_theta, 1e6);
+  std::string without_eps = mixtral;
+  const std::string eps = R"("rms_norm_eps":1e-05,)";
+  without_eps.erase(without_eps.find(eps), eps.size());
+  EXPECT_EQ(parse_model_config(without_eps, "config.json").rms_norm_eps, 1e-5)
+      << "MixtralConfig's default";
   EXPECT_FALSE(c.attention_bias);
   EXPECT_FALSE(c.qk_norm);
   for (std::int64_t l = 0; l < 3; ++l) EXPECT_TRUE(c.sparse_layer(l)) << l;

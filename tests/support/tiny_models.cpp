@@ -161,9 +161,11 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
                       const std::string& p, int tp, int r, bool ep,
                       std::map<std::string, at::Tensor>& out) {
   const std::int64_t per = ep ? c.num_experts / tp : c.num_experts, first = ep ? r * per : 0;
-  const std::int64_t il = ep ? c.moe_intermediate_size : c.moe_intermediate_size / tp,
-                     from = ep ? 0 : r * il;
   const ExpertNames n = expert_names(c);
+  // (an expert's intermediate size from its own tensor: Mixtral's config spells
+  // it intermediate_size)
+  const std::int64_t inter = ckpt.at(p + n.block + "experts.0." + n.gate + ".weight").size(0);
+  const std::int64_t il = ep ? inter : inter / tp, from = ep ? 0 : r * il;
   std::vector<at::Tensor> w13, w2;
   for (std::int64_t e = first; e < first + per; ++e) {
     const std::string x = p + n.block + "experts." + std::to_string(e) + ".";
@@ -253,8 +255,10 @@ at::Tensor norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return x / at::sqrt(x.pow(2).mean({-1}, true) + eps) * w;
 }
 
-// The frequency of pair i of a head of d dims, as Hugging Face's rope init
-// functions compute it (default, linear, llama3, yarn), one frequency at a time.
+// The frequency of pair i of a head of d dims, one frequency at a time: as
+// Hugging Face's rope init functions compute default, linear and llama3, and as
+// vLLM's YaRNScalingRotaryEmbedding computes yarn (with its extrapolation_factor
+// and attn_factor; transformers reads attention_factor and mscale instead).
 double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
   const double base = std::pow(c.rope_theta, -2.0 * i / d);
   const RopeScaling& s = c.rope_scaling;

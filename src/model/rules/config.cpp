@@ -280,7 +280,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
                       " and no head_dim is given");
   else
     c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.rms_norm_eps = positive_number(j, "rms_norm_eps", 1e-6, origin);
+  // (MixtralConfig's default is 1e-5, every other supported class's 1e-6)
+  c.rms_norm_eps = positive_number(j, "rms_norm_eps",
+                                   c.architecture == "MixtralForCausalLM" ? 1e-5 : 1e-6, origin);
   c.rope_theta = rope_theta_of(j, origin, c.architecture);
   c.rope_scaling = rope_scaling_of(j, origin);
   c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
