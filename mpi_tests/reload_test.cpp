@@ -252,9 +252,11 @@ TEST(Reload, MixtralAndQwen2MoeWithTensorParallelExpertsAndExpertParallelism) {
   run_checkpoint_matrix("qwen2_moe", {world().size(), "int8", false, true});
 }
 
-TEST(Reload, Qwen3MoeExpertParallelInTwoReplicas) {
+TEST(Reload, MoeExpertParallelInTwoReplicas) {
   TPRELOAD_REQUIRE_RANKS(2);
   run_checkpoint_matrix("qwen3_moe", {world().size() / 2, "", false, true});
+  run_checkpoint_matrix("qwen2_moe", {world().size() / 2, "", false, true});
+  run_checkpoint_matrix("mixtral", {world().size() / 2, "", false, true});
 }
 
 TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
