@@ -7,6 +7,7 @@
 #include "file_util.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/float_bits.h"
+#include "tpreload/core/fnv.h"
 
 namespace tpreload {
 namespace {
@@ -16,12 +17,6 @@ std::uint64_t splitmix64(std::uint64_t& state) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
-}
-
-std::uint64_t fnv1a(const std::string& s) {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (const unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
 }
 
 // Approximately N(0, 1): the Irwin-Hall sum of four 16-bit uniforms, standardised.

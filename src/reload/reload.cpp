@@ -18,6 +18,7 @@
 #include "tpreload/comm/data_transport.h"
 #include "tpreload/comm/device.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/fnv.h"
 #include "tpreload/core/log.h"
 
 namespace tpreload {
@@ -129,15 +130,13 @@ int chosen_pipeline_depth(Communicator& world, const ReloadOptions& o) {
                         " and may hold a mix of old and new weights: ", name_list(touched, 8)));
 }
 
+// FNV-1a's step on a whole word (a value), and on a text's bytes then its length.
 std::uint64_t fnv(std::uint64_t h, std::uint64_t v) {
-  return (h ^ v) * 1099511628211ull;
+  return (h ^ v) * kFnvPrime;
 }
 
-// A fingerprint of what must be identical on every rank for them to derive the
-// same plan: the model's parameter layout and the options the plan depends on.
 std::uint64_t fnv(std::uint64_t h, const std::string& s) {
-  for (char c : s) h = fnv(h, static_cast<unsigned char>(c));
-  return fnv(h, s.size());
+  return fnv(fnv1a(s, h), s.size());
 }
 
 // What must be identical on every rank, each part hashed on its own so that a
@@ -149,7 +148,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
                                                                    const ReloadOptions& o,
                                                                    const DataTransport& data) {
   const ModelConfig& c = model.rules().config();
-  std::uint64_t layout = fnv(1469598103934665603ull, c.architecture);
+  std::uint64_t layout = fnv(kFnvOffsetBasis, c.architecture);
   for (std::int64_t v : {c.hidden_size,
                          c.intermediate_size,
                          c.num_hidden_layers,
@@ -183,7 +182,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   for (std::int64_t l : c.mlp_only_layers) layout = fnv(layout, static_cast<std::uint64_t>(l));
   // Fields only the forward pass reads: a rank that differs would serve other
   // logits from the same weights.
-  std::uint64_t forward = 1469598103934665603ull;
+  std::uint64_t forward = kFnvOffsetBasis;
   const RopeScaling& rope = c.rope_scaling;
   for (double v : {c.rms_norm_eps, c.rope_theta, rope.factor, rope.low_freq_factor,
                    rope.high_freq_factor, rope.original_max_position_embeddings, rope.beta_fast,
@@ -195,7 +194,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   }
   forward = fnv(fnv(forward, rope.type), rope.json);
   const std::uint64_t plane =
-      fnv(fnv(1469598103934665603ull, data.backend()), static_cast<std::uint64_t>(data.memory()));
+      fnv(fnv(kFnvOffsetBasis, data.backend()), static_cast<std::uint64_t>(data.memory()));
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
           {"the model config's rms_norm_eps, rope_theta or rope scaling", forward},
           {"the tp size", std::uint64_t(model.rules().tp_size())},
@@ -226,7 +225,7 @@ std::int64_t check_ranks_agree(Communicator& world, const ReloadTarget& model,
   const auto parts = agreement_parts(model, options, data);
   agree_on_values<UsageError>(world, parts,
                               " (every rank must pass the same); nothing was reloaded");
-  std::uint64_t all = 1469598103934665603ull;
+  std::uint64_t all = kFnvOffsetBasis;
   for (const auto& part : parts) all = fnv(all, part.second);
   return static_cast<std::int64_t>(all >> 1);
 }

@@ -9,6 +9,7 @@
 #include "tpreload/comm/agreement.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/fnv.h"
 
 namespace tpreload {
 
@@ -18,9 +19,8 @@ std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communica
   std::sort(params.begin(), params.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
   // The CRCs are summed slot by slot: every rank must list the same names.
-  std::uint64_t names = 1469598103934665603ull;
-  for (const auto& p : params)
-    for (char c : p.name + '\n') names = (names ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  std::uint64_t names = kFnvOffsetBasis;
+  for (const auto& p : params) names = fnv1a(p.name + '\n', names);
   std::int64_t lo = static_cast<std::int64_t>(names >> 1), hi = lo;
   world.allreduce_ints(&lo, 1, IntOp::kMin);
   world.allreduce_ints(&hi, 1, IntOp::kMax);
@@ -53,16 +53,16 @@ std::vector<ParamFingerprint> gather_fingerprints(ReloadTarget& model, Communica
 }
 
 std::string model_fingerprint(const std::vector<ParamFingerprint>& fingerprints) {
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](const void* data, std::size_t n) {
-    const auto* b = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
+  std::uint64_t h = kFnvOffsetBasis;
   const std::size_t ranks = fingerprints.empty() ? 0 : fingerprints.front().crc32_by_rank.size();
   for (std::size_t r = 0; r < ranks; ++r)
     for (const auto& f : fingerprints) {
-      mix(f.name.data(), f.name.size());
-      mix(&f.crc32_by_rank.at(r), sizeof(std::uint32_t));
+      h = fnv1a(f.name, h);
+      const std::uint32_t crc = f.crc32_by_rank.at(r);
+      const unsigned char le[4] = {
+          static_cast<unsigned char>(crc), static_cast<unsigned char>(crc >> 8),
+          static_cast<unsigned char>(crc >> 16), static_cast<unsigned char>(crc >> 24)};
+      h = fnv1a_bytes(le, sizeof le, h);
     }
   char text[17];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));

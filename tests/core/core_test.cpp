@@ -7,6 +7,7 @@
 #include "tpreload/core/dtype.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/float_bits.h"
+#include "tpreload/core/fnv.h"
 #include "tpreload/core/log.h"
 
 namespace tpreload {
@@ -55,6 +56,15 @@ TEST(FloatBits, EveryFloat16PatternConvertsExactly) {
     EXPECT_EQ(static_cast<double>(got), want) << "pattern " << h;
     EXPECT_EQ(std::signbit(got), (h & 0x8000u) != 0) << "pattern " << h;  // -0 too
   }
+}
+
+// The published FNV-1a 64 test vectors (the reference implementation's), and
+// hashing in pieces equals hashing at once.
+TEST(Fnv1a, PublishedVectorsAndPieces) {
+  EXPECT_EQ(fnv1a(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(fnv1a("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(fnv1a("foobar"), 0x85944171f73967e8ull);
+  EXPECT_EQ(fnv1a("bar", fnv1a("foo")), fnv1a("foobar"));
 }
 
 TEST(Errors, RaiseBuildsTheMessageAndType) {

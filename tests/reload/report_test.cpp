@@ -2,6 +2,7 @@
 // fingerprints written here.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "tpreload/reload/report.h"
@@ -29,6 +30,32 @@ TEST(ReportJson, BytesThatAreNotUtf8AreReplacedAndTheRestKept) {
   EXPECT_EQ(doc.at("ranks")[1].at("params").at("model.norm.weight").at("crc32"), 4000000000u);
   EXPECT_EQ(doc.at("ranks")[0].at("params").at("model.norm.weight").at("shape"),
             nlohmann::json::array({64}));
+}
+
+// docs/REPORT.md: "FNV-1a 64 over every rank's names and CRC-32s, in rank
+// order": for each rank, for each parameter, its name's bytes then its CRC-32 as
+// 4 little-endian bytes; 16 lowercase hex digits. The test's own FNV-1a.
+TEST(ModelFingerprint, IsFnv1a64OverNamesAndLittleEndianCrcsInRankOrder) {
+  const std::vector<ParamFingerprint> params = {
+      {"model.embed_tokens.weight", {8, 4}, DType::kBFloat16, {0x01020304u, 0xA0B0C0D0u}},
+      {"model.norm.weight", {4}, DType::kFloat32, {0xDEADBEEFu, 7u}}};
+  std::vector<unsigned char> bytes;
+  for (int rank = 0; rank < 2; ++rank)
+    for (const auto& p : params) {
+      bytes.insert(bytes.end(), p.name.begin(), p.name.end());
+      for (int shift = 0; shift < 32; shift += 8)
+        bytes.push_back(static_cast<unsigned char>(p.crc32_by_rank[rank] >> shift));
+    }
+  std::uint64_t h = 14695981039346656037ull;  // (the offset basis, 0xcbf29ce484222325)
+  for (unsigned char b : bytes) h = (h ^ b) * 1099511628211ull;
+  char want[17];
+  std::snprintf(want, sizeof want, "%016llx", static_cast<unsigned long long>(h));
+  EXPECT_EQ(model_fingerprint(params), want);
+  EXPECT_EQ(model_fingerprint({}), "cbf29ce484222325");
+  // Another rank order is another fingerprint.
+  std::vector<ParamFingerprint> swapped = params;
+  for (auto& p : swapped) std::swap(p.crc32_by_rank[0], p.crc32_by_rank[1]);
+  EXPECT_NE(model_fingerprint(swapped), want);
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,6 +13,7 @@
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/fnv.h"
 
 namespace tpreload {
 
@@ -56,9 +56,10 @@ void agree_on_problem(Communicator& comm, const std::optional<std::string>& prob
                    ranks_with_problem < comm.size() ? if_some_ranks : std::string());
 }
 
-// The value agree_on_values compares for a text (an option's spelling, a path).
+// The value agree_on_values compares for a text (an option's spelling, a path):
+// its FNV-1a, the same whatever build each rank runs.
 inline std::uint64_t text_value(const std::string& text) {
-  return static_cast<std::uint64_t>(std::hash<std::string>{}(text));
+  return fnv1a(text);
 }
 
 // COLLECTIVE (two allreduces). Every rank passes the same list of named values

@@ -33,9 +33,11 @@ std::vector<ParamFingerprint> gather_fingerprints(
     ReloadTarget& model, Communicator& world,
     std::chrono::milliseconds device_timeout = std::chrono::minutes(5));
 
-// One fingerprint of the whole model across ranks: FNV-1a (64-bit) over every
-// rank's parameter names and CRC-32s, in rank order, as 16 hex digits. Equal
-// models on equal worlds have equal fingerprints.
+// One fingerprint of the whole model across ranks: FNV-1a (64-bit, the
+// standard offset basis: tpreload/core/fnv.h) over, for each rank in order and
+// each parameter in `fingerprints`' order (by name), the name's bytes then the
+// CRC-32 as 4 little-endian bytes; 16 lowercase hex digits. Equal models on
+// equal worlds have equal fingerprints.
 std::string model_fingerprint(const std::vector<ParamFingerprint>& fingerprints);
 
 struct ReportContext {
