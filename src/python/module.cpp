@@ -6,7 +6,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -236,12 +235,7 @@ std::unique_ptr<WeightSource> open_source(const Request& q, const ModelConfig& c
           KernelFormatInfo{q.tp_size, config.dtype, q.quantization, config.json, q.expert_parallel};
     return make_in_memory_source(std::move(memory), kernel);
   }
-  if (q.weights_path)
-    return open_weight_source(*q.weights_path, workspace ? workspace->known_listing() : nullptr);
-  // `config` names config.json or its directory.
-  std::filesystem::path dir(q.config);
-  if (!std::filesystem::is_directory(dir)) dir = dir.parent_path();
-  return open_weight_source(dir.empty() ? std::string(".") : dir.string(),
+  return open_weight_source(q.weights_path.value_or(model_directory(q.config)),
                             workspace ? workspace->known_listing() : nullptr);
 }
 

@@ -2,8 +2,10 @@
 // the errors a wrong config gets.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <tuple>
 
 #include "tpreload/core/error.h"
@@ -12,6 +14,13 @@
 
 namespace tpreload {
 namespace {
+
+// `text` with its first `from` replaced by `to` (`from` must be there).
+std::string replaced(std::string text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  if (at == std::string::npos) throw std::invalid_argument("no '" + from + "' in the config");
+  return text.replace(at, from.size(), to);
+}
 
 std::string error_of(const std::string& json) {
   try {
@@ -56,6 +65,17 @@ TEST(Config, Qwen3MoeKeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(back.num_experts, 128);
 }
 
+// A model's directory from what names its config: the directory itself, or the
+// one holding the config file.
+TEST(Config, TheModelDirectoryOfAConfigPath) {
+  const std::string dir = ::testing::TempDir() + "tpreload-model-directory";
+  std::filesystem::create_directories(dir);
+  EXPECT_EQ(model_directory(dir), dir);
+  EXPECT_EQ(model_directory(dir + "/config.json"), dir);
+  EXPECT_EQ(model_directory("config.json"), ".");
+  EXPECT_EQ(model_directory("/config.json"), "/");
+}
+
 // Mixtral-8x7B's config.json (transformers' MixtralConfig; vLLM's mixtral.py):
 // num_local_experts experts of intermediate_size in every layer, top-k weights
 // always renormalised, experts named block_sparse_moe.experts.<e>.w1/w3/w2, no
@@ -73,10 +93,8 @@ TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
   EXPECT_TRUE(c.norm_topk_prob);
   EXPECT_EQ(c.num_key_value_heads, 8);
   EXPECT_EQ(c.rope_theta, 1e6);
-  std::string without_eps = mixtral;
-  const std::string eps = R"("rms_norm_eps":1e-05,)";
-  without_eps.erase(without_eps.find(eps), eps.size());
-  EXPECT_EQ(parse_model_config(without_eps, "config.json").rms_norm_eps, 1e-5)
+  EXPECT_EQ(parse_model_config(replaced(mixtral, R"("rms_norm_eps":1e-05,)", ""), "c").rms_norm_eps,
+            1e-5)
       << "MixtralConfig's default";
   EXPECT_FALSE(c.attention_bias);
   EXPECT_FALSE(c.qk_norm);
@@ -92,8 +110,8 @@ TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
     EXPECT_EQ(names.count(name), 1u) << name;
   const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
   EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
-  std::string too_many = mixtral;
-  too_many.replace(too_many.find(R"("num_experts_per_tok":2)"), 23, R"("num_experts_per_tok":9)");
+  const std::string too_many =
+      replaced(mixtral, R"("num_experts_per_tok":2)", R"("num_experts_per_tok":9)");
   EXPECT_NE(error_of(too_many).find("num_experts_per_tok 9 exceeds num_local_experts 8"),
             std::string::npos)
       << error_of(too_many);
@@ -129,8 +147,7 @@ TEST(Config, Qwen2MoeKeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(shapes.count("model.layers.0.self_attn.q_proj.bias"), 1u);
   const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
   EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
-  std::string without = qwen2_moe;
-  without.erase(without.find(R"("shared_expert_intermediate_size":5632,)"), 39);
+  const std::string without = replaced(qwen2_moe, R"("shared_expert_intermediate_size":5632,)", "");
   EXPECT_NE(error_of(without).find("field 'shared_expert_intermediate_size' is missing"),
             std::string::npos)
       << error_of(without);
@@ -183,13 +200,12 @@ TEST(Config, BiasesAsVllmReadsTheConfig) {
     const auto again = parse_model_config(model_config_to_json(config), "written");
     EXPECT_TRUE(config_differences(config, again).empty()) << json;
   }
-  std::string tied = kMoe;  // any true/false field: the same
-  EXPECT_NE(error_of(tied.replace(tied.find("\"tie_word_embeddings\":false"), 27,
-                                  "\"tie_word_embeddings\":1"))
+  // any true/false field: the same
+  EXPECT_NE(error_of(replaced(kMoe, "\"tie_word_embeddings\":false", "\"tie_word_embeddings\":1"))
                 .find("config.json: field 'tie_word_embeddings' must be true or false, got 1"),
             std::string::npos);
-  std::string bad = kMoe;
-  EXPECT_NE(error_of(bad.replace(bad.find("\"norm_topk_prob\""), 0, "\"attention_bias\":\"yes\","))
+  EXPECT_NE(error_of(replaced(kMoe, "\"norm_topk_prob\"",
+                              "\"attention_bias\":\"yes\",\"norm_topk_prob\""))
                 .find("config.json: field 'attention_bias' must be true or false, got \"yes\""),
             std::string::npos);
 }
@@ -384,23 +400,19 @@ TEST(Config, WrongConfigsNameTheirField) {
                 "Qwen3ForCausalLM, "
                 "Qwen3MoeForCausalLM)"),
       std::string::npos);
-  std::string moe = kMoe;
-  const auto at = moe.find("\"mlp_only_layers\":[3]");
-  EXPECT_NE(
-      error_of(moe.replace(at, 21, "\"mlp_only_layers\":[9]")).find("'mlp_only_layers' holds 9"),
-      std::string::npos);
-  moe = kMoe;
-  EXPECT_NE(error_of(moe.replace(moe.find("\"num_experts\":128"), 17, "\"num_experts\":4"))
+  EXPECT_NE(error_of(replaced(kMoe, "\"mlp_only_layers\":[3]", "\"mlp_only_layers\":[9]"))
+                .find("'mlp_only_layers' holds 9"),
+            std::string::npos);
+  EXPECT_NE(error_of(replaced(kMoe, "\"num_experts\":128", "\"num_experts\":4"))
                 .find("num_experts_per_tok 8 exceeds num_experts 4"),
             std::string::npos);
-  moe = kMoe;  // a field no one reads, nested too deep to print
-  const std::string deep =
-      error_of(moe.replace(moe.find("\"norm_topk_prob\""), 0,
-                           "\"x\":" + std::string(100'000, '[') + std::string(100'000, ']') + ","));
+  // a field no one reads, nested too deep to print
+  const std::string deep = error_of(replaced(
+      kMoe, "\"norm_topk_prob\"",
+      "\"x\":" + std::string(100'000, '[') + std::string(100'000, ']') + ",\"norm_topk_prob\""));
   EXPECT_EQ(deep.rfind("config.json: not valid JSON: ", 0), 0u) << deep;
   EXPECT_NE(deep.find("nested deeper than 64 levels"), std::string::npos) << deep;
-  moe = kMoe;
-  EXPECT_NE(error_of(moe.replace(moe.find("\"dtype\":\"bfloat16\""), 18, "\"dtype\":\"int8\""))
+  EXPECT_NE(error_of(replaced(kMoe, "\"dtype\":\"bfloat16\"", "\"dtype\":\"int8\""))
                 .find("dtype 'int8' is not a floating type"),
             std::string::npos);
 }
@@ -409,8 +421,7 @@ TEST(Config, ExpertLayoutsAreCheckedForTheTpSize) {
   const ModelConfig c = parse_model_config(kMoe, "config.json");
   EXPECT_NO_THROW(ShardingRules(c, 4, "", true));   // 128 experts / 4
   EXPECT_NO_THROW(ShardingRules(c, 4, "", false));  // 768 / 4
-  std::string twelve = kMoe;
-  twelve.replace(twelve.find("\"num_experts\":128"), 17, "\"num_experts\":12");
+  const std::string twelve = replaced(kMoe, "\"num_experts\":128", "\"num_experts\":12");
   try {
     ShardingRules(parse_model_config(twelve, "config.json"), 8, "", true);
     FAIL() << "12 experts split 8 ways";

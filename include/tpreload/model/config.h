@@ -109,6 +109,10 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
 // Read `path`, a config.json file or a directory holding one.
 ModelConfig load_model_config(const std::string& path);
 
+// The directory of the model whose config `path` names as load_model_config
+// takes it: `path` itself where it is a directory, else the one holding it.
+std::string model_directory(const std::string& path);
+
 // Serialise to config.json text (the fields above, Hugging Face spelling).
 std::string model_config_to_json(const ModelConfig& config);
 

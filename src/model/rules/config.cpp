@@ -58,11 +58,59 @@ double positive_number(const json& j, const char* key, double fallback, const st
   return value;
 }
 
+// How each supported family's config.json reads, as its Hugging Face config
+// class (the defaults of absent keys) and vLLM's model class (biases, q/k norms,
+// experts) read it.
+enum class Biases {
+  kLlama,        // attention_bias or bias: q/k/v and o_proj; qkv_bias decides q/k/v; mlp_bias
+  kQkv,          // q/k/v always, no others (Qwen2's)
+  kQkvOptional,  // attention_bias: q/k/v only (Qwen3's)
+  kNone,         // (Mixtral's)
+};
+enum class Experts {
+  kNone,
+  kQwen,        // num_experts, moe_intermediate_size, decoder_sparse_step, mlp_only_layers,
+                // norm_topk_prob
+  kQwenShared,  // the same and shared_expert_intermediate_size (Qwen2-MoE)
+  kMixtral,     // num_local_experts of intermediate_size in every layer, renormalised
+};
+struct Family {
+  const char* architecture;
+  std::int64_t kv_heads;            // num_key_value_heads when absent; 0: num_attention_heads
+  std::int64_t head_dim;            // head_dim when absent; 0: hidden_size / num_attention_heads
+  double rope_theta, rms_norm_eps;  // when absent
+  Biases biases;
+  bool qk_norm;  // per-head RMSNorm of q and k before rotary
+  Experts experts;
+};
+constexpr Family kFamilies[] = {
+    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone},
+    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone},
+    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral},
+    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone},
+    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared},
+    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone},
+    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen},
+};
+
+const Family* family_of(const std::string& architecture) {
+  for (const Family& f : kFamilies)
+    if (architecture == f.architecture) return &f;
+  return nullptr;
+}
+
+// The family of a config this file parsed (or one built by hand with a known
+// architecture).
+const Family& family(const ModelConfig& c) {
+  const Family* f = family_of(c.architecture);
+  if (!f) raise<ModelError>("architecture '", c.architecture, "' is not supported");
+  return *f;
+}
+
 // rope_theta: at the top level (transformers 4), or in rope_parameters
-// (transformers 5 writes it there); both, they must agree.
-double rope_theta_of(const json& j, const std::string& origin, const std::string& architecture) {
-  // (the config classes' defaults: MixtralConfig's 1e6, the others' 10000)
-  const double fallback = architecture == "MixtralForCausalLM" ? 1e6 : 10000.0;
+// (transformers 5 writes it there); both, they must agree; `fallback` without
+// either.
+double rope_theta_of(const json& j, const std::string& origin, double fallback) {
   const double top = positive_number(j, "rope_theta", fallback, origin);
   if (!j.contains("rope_parameters") || j["rope_parameters"].is_null()) return top;
   const json& p = j["rope_parameters"];
@@ -144,25 +192,23 @@ RopeScaling rope_scaling_of(const json& j, const std::string& origin) {
   return r;
 }
 
-std::string architecture_of(const json& j, const std::string& origin) {
+const Family& architecture_of(const json& j, const std::string& origin) {
   if (!j.contains("architectures") || !j["architectures"].is_array() ||
       j["architectures"].empty() || !j["architectures"][0].is_string())
     raise<ModelError>(origin, ": field 'architectures' is missing or not a list of names");
   const auto name = j["architectures"][0].get<std::string>();
+  if (const Family* f = family_of(name)) return *f;
   std::string known;
-  for (const std::string& a : supported_architectures()) {
-    if (name == a) return name;
-    known += (known.empty() ? "" : ", ") + a;
-  }
+  for (const Family& f : kFamilies)
+    known += (known.empty() ? "" : ", ") + std::string(f.architecture);
   raise<ModelError>(origin, ": architecture '", name, "' is not supported (supported: ", known,
                     ")");
 }
 
-// Qwen3-MoE's keys (Qwen2-MoE's too, with its shared expert's size), or
-// Mixtral's: num_local_experts experts of intermediate_size, every layer sparse,
-// the top-k weights renormalised (vLLM's MixtralMoE: renormalize=True).
-void parse_experts(const json& j, const std::string& origin, ModelConfig& c) {
-  const bool mixtral = c.architecture == "MixtralForCausalLM";
+// The expert keys of `kind` (Family::experts; vLLM's MixtralMoE renormalises:
+// renormalize=True).
+void parse_experts(const json& j, const std::string& origin, Experts kind, ModelConfig& c) {
+  const bool mixtral = kind == Experts::kMixtral;
   const char* const count = mixtral ? "num_local_experts" : "num_experts";
   c.num_experts = positive_int(j, count, origin);
   c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", origin);
@@ -174,7 +220,7 @@ void parse_experts(const json& j, const std::string& origin, ModelConfig& c) {
     c.decoder_sparse_step =
         j.contains("decoder_sparse_step") ? positive_int(j, "decoder_sparse_step", origin) : 1;
     c.norm_topk_prob = flag(j, "norm_topk_prob", origin);
-    if (c.architecture == "Qwen2MoeForCausalLM")
+    if (kind == Experts::kQwenShared)
       c.shared_expert_intermediate_size =
           positive_int(j, "shared_expert_intermediate_size", origin);
     if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
@@ -214,28 +260,19 @@ void check_heads(const ModelConfig& c, const std::string& origin) {
                       " is not a multiple of num_key_value_heads ", c.num_key_value_heads);
 }
 
-// num_key_value_heads when config.json has no such key: the default of the
-// architecture's Hugging Face config class (LlamaConfig's is None, which means
-// num_attention_heads).
-std::int64_t default_kv_heads(const std::string& architecture, std::int64_t attention_heads) {
-  if (architecture == "MistralForCausalLM" || architecture == "MixtralForCausalLM") return 8;
-  if (architecture == "Qwen2ForCausalLM" || architecture == "Qwen3ForCausalLM") return 32;
-  if (architecture == "Qwen2MoeForCausalLM") return 16;
-  if (architecture == "Qwen3MoeForCausalLM") return 4;
-  return attention_heads;
-}
-
 }  // namespace
 
 const std::vector<std::string>& supported_architectures() {
-  static const std::vector<std::string> names = {
-      "LlamaForCausalLM",    "MistralForCausalLM", "MixtralForCausalLM", "Qwen2ForCausalLM",
-      "Qwen2MoeForCausalLM", "Qwen3ForCausalLM",   "Qwen3MoeForCausalLM"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const Family& f : kFamilies) out.emplace_back(f.architecture);
+    return out;
+  }();
   return names;
 }
 
 MoeNames moe_names(const ModelConfig& c) {
-  if (c.architecture == "MixtralForCausalLM") return {"block_sparse_moe", "w1", "w3", "w2"};
+  if (family(c).experts == Experts::kMixtral) return {"block_sparse_moe", "w1", "w3", "w2"};
   return {"mlp", "gate_proj", "up_proj", "down_proj"};
 }
 
@@ -254,7 +291,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     raise<ModelError>(origin, ": not valid JSON: ", e.what());
   }
   ModelConfig c;
-  c.architecture = architecture_of(j, origin);
+  const Family& f = architecture_of(j, origin);
+  c.architecture = f.architecture;
   c.hidden_size = positive_int(j, "hidden_size", origin);
   c.intermediate_size = positive_int(j, "intermediate_size", origin);
   c.num_hidden_layers = positive_int(j, "num_hidden_layers", origin);
@@ -264,7 +302,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   // num_key_value_heads means num_attention_heads there, a null head_dim
   // hidden_size / num_attention_heads.
   if (!j.contains("num_key_value_heads"))
-    c.num_key_value_heads = default_kv_heads(c.architecture, c.num_attention_heads);
+    c.num_key_value_heads = f.kv_heads > 0 ? f.kv_heads : c.num_attention_heads;
   else if (j["num_key_value_heads"].is_null())
     c.num_key_value_heads = c.num_attention_heads;
   else
@@ -272,45 +310,59 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.vocab_size = positive_int(j, "vocab_size", origin);
   if (j.contains("head_dim") && !j["head_dim"].is_null())
     c.head_dim = positive_int(j, "head_dim", origin);
-  else if (!j.contains("head_dim") && c.architecture == "Qwen3ForCausalLM")
-    c.head_dim = 128;  // Qwen3Config's default
+  else if (!j.contains("head_dim") && f.head_dim > 0)
+    c.head_dim = f.head_dim;
   else if (c.hidden_size % c.num_attention_heads != 0)
     raise<ModelError>(origin, ": hidden_size ", c.hidden_size,
                       " is not a multiple of num_attention_heads ", c.num_attention_heads,
                       " and no head_dim is given");
   else
     c.head_dim = c.hidden_size / c.num_attention_heads;
-  // (MixtralConfig's default is 1e-5, every other supported class's 1e-6)
-  c.rms_norm_eps = positive_number(j, "rms_norm_eps",
-                                   c.architecture == "MixtralForCausalLM" ? 1e-5 : 1e-6, origin);
-  c.rope_theta = rope_theta_of(j, origin, c.architecture);
+  c.rms_norm_eps = positive_number(j, "rms_norm_eps", f.rms_norm_eps, origin);
+  c.rope_theta = rope_theta_of(j, origin, f.rope_theta);
   c.rope_scaling = rope_scaling_of(j, origin);
   c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
-  if (c.architecture == "Qwen2ForCausalLM" || c.architecture == "Qwen2MoeForCausalLM") {
-    c.attention_bias = true;
-  } else if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM") {
-    c.o_proj_bias = flag(j, "attention_bias", origin) || flag(j, "bias", origin);
-    c.attention_bias = j.contains("qkv_bias") && !j["qkv_bias"].is_null()
-                           ? flag(j, "qkv_bias", origin)
-                           : c.o_proj_bias;
-    c.mlp_bias = flag(j, "mlp_bias", origin);
-  } else if (c.architecture != "MixtralForCausalLM") {  // (vLLM's Mixtral has no biases)
-    c.attention_bias = flag(j, "attention_bias", origin);
+  switch (f.biases) {
+    case Biases::kLlama:
+      c.o_proj_bias = flag(j, "attention_bias", origin) || flag(j, "bias", origin);
+      c.attention_bias = j.contains("qkv_bias") && !j["qkv_bias"].is_null()
+                             ? flag(j, "qkv_bias", origin)
+                             : c.o_proj_bias;
+      c.mlp_bias = flag(j, "mlp_bias", origin);
+      break;
+    case Biases::kQkv:
+      c.attention_bias = true;
+      break;
+    case Biases::kQkvOptional:
+      c.attention_bias = flag(j, "attention_bias", origin);
+      break;
+    case Biases::kNone:
+      break;
   }
-  c.qk_norm = c.architecture == "Qwen3ForCausalLM" || c.architecture == "Qwen3MoeForCausalLM";
-  if (c.architecture == "Qwen3MoeForCausalLM" || c.architecture == "MixtralForCausalLM" ||
-      c.architecture == "Qwen2MoeForCausalLM")
-    parse_experts(j, origin, c);
+  c.qk_norm = f.qk_norm;
+  if (f.experts != Experts::kNone) parse_experts(j, origin, f.experts, c);
   c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
   c.json = text;
   return c;
 }
 
-ModelConfig load_model_config(const std::string& path) {
+namespace {
+bool is_directory(const std::string& path) {
   struct stat st {};
-  std::string file = path;
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) file = path + "/config.json";
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+}  // namespace
+
+std::string model_directory(const std::string& path) {
+  if (is_directory(path)) return path;
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  const std::string file = is_directory(path) ? path + "/config.json" : path;
   std::ifstream in(file);
   if (!in) raise<ModelError>("cannot open model config '", file, "'");
   std::stringstream text;
@@ -334,15 +386,15 @@ std::string model_config_to_json(const ModelConfig& c) {
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
   // Llama and Mistral spell o_proj's bias attention_bias, q/k/v's qkv_bias where
   // it differs; Qwen2's q/k/v biases are not a setting.
-  if (c.architecture == "LlamaForCausalLM" || c.architecture == "MistralForCausalLM") {
+  const Family& f = family(c);
+  if (f.biases == Biases::kLlama) {
     j["attention_bias"] = c.o_proj_bias;
     if (c.attention_bias != c.o_proj_bias) j["qkv_bias"] = c.attention_bias;
     if (c.mlp_bias) j["mlp_bias"] = true;
-  } else if (c.architecture != "Qwen2ForCausalLM" && c.architecture != "Qwen2MoeForCausalLM" &&
-             c.architecture != "MixtralForCausalLM") {
+  } else if (f.biases == Biases::kQkvOptional) {
     j["attention_bias"] = c.attention_bias;
   }
-  if (c.architecture == "MixtralForCausalLM") {
+  if (f.experts == Experts::kMixtral) {
     j["num_local_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;
   } else if (c.num_experts > 0) {
