@@ -181,18 +181,15 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   }
   for (std::int64_t l : c.mlp_only_layers) layout = fnv(layout, static_cast<std::uint64_t>(l));
   // Fields only the forward pass reads: a rank that differs would serve other
-  // logits from the same weights.
+  // logits from the same weights. (Rope scaling as its settings' canonical
+  // text, from which every typed field of RopeScaling is read.)
   std::uint64_t forward = kFnvOffsetBasis;
-  const RopeScaling& rope = c.rope_scaling;
-  for (double v : {c.rms_norm_eps, c.rope_theta, rope.factor, rope.low_freq_factor,
-                   rope.high_freq_factor, rope.original_max_position_embeddings, rope.beta_fast,
-                   rope.beta_slow, rope.extrapolation_factor, rope.attn_factor,
-                   double(rope.apply_yarn_scaling), double(rope.truncate)}) {
+  for (double v : {c.rms_norm_eps, c.rope_theta}) {
     std::uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof bits);
     forward = fnv(forward, bits);
   }
-  forward = fnv(fnv(forward, rope.type), rope.json);
+  forward = fnv(forward, c.rope_scaling.json);
   const std::uint64_t plane =
       fnv(fnv(kFnvOffsetBasis, data.backend()), static_cast<std::uint64_t>(data.memory()));
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
