@@ -403,8 +403,9 @@ TEST(Forward, SingleRankMatchesTheReference) {
 
 // Rope scaling changes the logits as the reference's own formula says: llama3
 // (with theta 100 and a context of 32, head_dim 8's four frequencies fall in
-// each of its three bands: kept, blended, divided) and linear. A scaling the
-// forward pass does not compute is refused, naming it.
+// each of its three bands: kept, blended, divided), linear, and yarn (its bands
+// and its scale of cos and sin). A scaling the forward pass does not compute,
+// or one missing a field it needs, is refused, naming it.
 TEST(Forward, RopeScalingAsTheConfigSaysIt) {
   const std::vector<std::int64_t> tokens = {1, 17, 99, 3, 42, 0, 64, 5, 8};
   auto comm = make_local_communicator();

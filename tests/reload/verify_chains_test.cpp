@@ -6,8 +6,6 @@
 // layout; the CRC-32Cs from those bytes copied out in order.
 #include <gtest/gtest.h>
 
-#include <ATen/ATen.h>
-
 #include <filesystem>
 #include <random>
 
@@ -30,6 +28,18 @@ struct Case {
   PlanOptions options;
 };
 
+// Each bucket byte one of `writes` reads, row by row: each(byte).
+template <typename Each>
+void for_each_byte_read(const std::vector<RowWrite>& writes, const ShardingRules& rules,
+                        Each&& each) {
+  for (const RowWrite& w : writes) {
+    const std::uint64_t row = write_source_row_bytes(w, rules.params().at(w.slot));
+    for (std::int64_t i = 0; i < w.rows; ++i)
+      for (std::uint64_t b = 0; b < row; ++b)
+        each(w.src_offset + static_cast<std::uint64_t>(i) * w.src_pitch + b);
+  }
+}
+
 // Per byte of a bucket: how many tp ranks' writes read it, and the last that did.
 struct Readers {
   std::vector<int> count, rank;
@@ -41,12 +51,7 @@ Readers readers_of(const Case& c, const Plan& plan, std::size_t bucket) {
   for (int r = 0; r < c.options.tp_size; ++r) {
     std::vector<char> mine(plan.buckets[bucket].bytes, 0);
     const auto applies = resolve_applies(plan, c.md, c.rules, c.options, r);
-    for (const RowWrite& w : applies[bucket].writes) {
-      const std::uint64_t row = write_source_row_bytes(w, c.rules.params().at(w.slot));
-      for (std::int64_t i = 0; i < w.rows; ++i)
-        for (std::uint64_t b = 0; b < row; ++b)
-          mine.at(w.src_offset + static_cast<std::uint64_t>(i) * w.src_pitch + b) = 1;
-    }
+    for_each_byte_read(applies[bucket].writes, c.rules, [&](std::uint64_t at) { mine.at(at) = 1; });
     for (std::size_t b = 0; b < mine.size(); ++b)
       if (mine[b]) {
         ++out.count[b];
@@ -95,14 +100,8 @@ void check_case(const Case& c, std::size_t& buckets_checked) {
     for (int r = 0; r < tp; ++r) {
       std::vector<char> want(tp + 1, 0);
       const auto writes = resolve_applies(plan, c.md, c.rules, c.options, r).at(k).writes;
-      for (const RowWrite& w : writes) {
-        const std::uint64_t row = write_source_row_bytes(w, c.rules.params().at(w.slot));
-        for (std::int64_t i = 0; i < w.rows; ++i)
-          for (std::uint64_t b = 0; b < row; ++b) {
-            const std::uint64_t at = w.src_offset + static_cast<std::uint64_t>(i) * w.src_pitch + b;
-            want[readers.count[at] == 1 ? r : shared] = 1;
-          }
-      }
+      for_each_byte_read(writes, c.rules,
+                         [&](std::uint64_t at) { want[readers.count[at] == 1 ? r : shared] = 1; });
       EXPECT_EQ(detail::chains_read(layout, writes, c.rules.params()), want)
           << what << " tp rank " << r;
     }

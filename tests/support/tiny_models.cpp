@@ -154,6 +154,22 @@ ExpertNames expert_names(const ModelConfig& c) {
   return {"mlp.", "gate_proj", "up_proj", "down_proj"};
 }
 
+// A SwiGLU MLP under `p` on tp rank r: gate's and up's rows r of tp (and their
+// biases') stacked into gate_up_proj, down_proj's columns r of tp, down's bias
+// replicated. The intermediate size from gate's own tensor.
+void expected_mlp(const std::map<std::string, at::Tensor>& ckpt, const std::string& p, int tp,
+                  int r, std::map<std::string, at::Tensor>& out) {
+  const std::int64_t il = ckpt.at(p + "gate_proj.weight").size(0) / tp;
+  out[p + "gate_up_proj.weight"] = at::cat({rows(ckpt.at(p + "gate_proj.weight"), r * il, il),
+                                            rows(ckpt.at(p + "up_proj.weight"), r * il, il)});
+  out[p + "down_proj.weight"] = ckpt.at(p + "down_proj.weight").slice(1, r * il, r * il + il);
+  if (ckpt.count(p + "gate_proj.bias")) {
+    out[p + "gate_up_proj.bias"] = at::cat({rows(ckpt.at(p + "gate_proj.bias"), r * il, il),
+                                            rows(ckpt.at(p + "up_proj.bias"), r * il, il)});
+    out[p + "down_proj.bias"] = ckpt.at(p + "down_proj.bias");
+  }
+}
+
 // w13 [E_local, 2 x I_local, hidden] and w2 [E_local, hidden, I_local] of rank r:
 // every expert's rows/columns r of tp (tensor-parallel experts), or experts
 // [r x E/tp, (r + 1) x E/tp) whole (expert parallelism).
@@ -176,17 +192,10 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
   out[p + n.block + "experts.w13_weight"] = at::stack(w13);
   out[p + n.block + "experts.w2_weight"] = at::stack(w2);
   out[p + n.block + "gate.weight"] = ckpt.at(p + n.block + "gate.weight");
-  // Qwen2-MoE's shared expert: split as a dense MLP (its rows r of tp for
-  // gate and up, its columns for down) whatever the experts do; its gate
-  // replicated.
-  const std::string shared = p + "mlp.shared_expert.";
-  if (!ckpt.count(shared + "gate_proj.weight")) return;
-  const std::int64_t sl = ckpt.at(shared + "gate_proj.weight").size(0) / tp;
-  out[shared + "gate_up_proj.weight"] =
-      at::cat({ckpt.at(shared + "gate_proj.weight").slice(0, r * sl, r * sl + sl),
-               ckpt.at(shared + "up_proj.weight").slice(0, r * sl, r * sl + sl)});
-  out[shared + "down_proj.weight"] =
-      ckpt.at(shared + "down_proj.weight").slice(1, r * sl, r * sl + sl);
+  // Qwen2-MoE's shared expert: split as a dense MLP whatever the experts do;
+  // its gate replicated.
+  if (!ckpt.count(p + "mlp.shared_expert_gate.weight")) return;
+  expected_mlp(ckpt, p + "mlp.shared_expert.", tp, r, out);
   out[p + "mlp.shared_expert_gate.weight"] = ckpt.at(p + "mlp.shared_expert_gate.weight");
 }
 
@@ -197,7 +206,7 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
                                                   int tp, int r, bool expert_parallel) {
   std::map<std::string, at::Tensor> out;
   const std::int64_t hd = c.head_dim, ql = c.num_attention_heads / tp * hd,
-                     il = c.intermediate_size / tp, nkv = c.num_key_value_heads;
+                     nkv = c.num_key_value_heads;
   // KV heads of rank r: one replicated head when tp >= nkv, else nkv/tp of them.
   const std::int64_t kv_first = tp >= nkv ? r * nkv / tp : r * (nkv / tp);
   const std::int64_t kv_count = tp >= nkv ? 1 : nkv / tp;
@@ -229,17 +238,7 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
       expected_experts(c, ckpt, p, tp, r, expert_parallel, out);
       continue;
     }
-    out[p + "mlp.gate_up_proj.weight"] =
-        at::cat({rows(ckpt.at(p + "mlp.gate_proj.weight"), r * il, il),
-                 rows(ckpt.at(p + "mlp.up_proj.weight"), r * il, il)});
-    out[p + "mlp.down_proj.weight"] =
-        ckpt.at(p + "mlp.down_proj.weight").slice(1, r * il, r * il + il);
-    if (ckpt.count(p + "mlp.gate_proj.bias")) {  // column-parallel rows; down's replicated
-      out[p + "mlp.gate_up_proj.bias"] =
-          at::cat({rows(ckpt.at(p + "mlp.gate_proj.bias"), r * il, il),
-                   rows(ckpt.at(p + "mlp.up_proj.bias"), r * il, il)});
-      out[p + "mlp.down_proj.bias"] = ckpt.at(p + "mlp.down_proj.bias");
-    }
+    expected_mlp(ckpt, p + "mlp.", tp, r, out);
   }
   return out;
 }
@@ -314,6 +313,19 @@ at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, toke
   return x * cos + rotated * sin;
 }
 
+// A linear layer of the checkpoint's `name` (with its bias where it has one).
+at::Tensor linear_ref(const std::map<std::string, at::Tensor>& ckpt, const at::Tensor& x,
+                      const std::string& name) {
+  at::Tensor y = at::matmul(x, f32(ckpt, name + ".weight").t());
+  return ckpt.count(name + ".bias") ? y + f32(ckpt, name + ".bias") : y;
+}
+
+// down(SiLU(gate(x)) * up(x)), each named in full.
+at::Tensor swiglu(const std::map<std::string, at::Tensor>& ckpt, const at::Tensor& x,
+                  const std::string& gate, const std::string& up, const std::string& down) {
+  return linear_ref(ckpt, at::silu(linear_ref(ckpt, x, gate)) * linear_ref(ckpt, x, up), down);
+}
+
 // Hugging Face's Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock and
 // Qwen2MoeSparseMoeBlock, token by token: softmax router, top-k, renormalised
 // (always for Mixtral, with norm_topk_prob for the Qwens), SiLU-gated experts
@@ -327,23 +339,17 @@ at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ck
   for (std::int64_t t = 0; t < y.size(0); ++t) {
     auto [w, idx] = probs[t].topk(c.num_experts_per_tok);
     if (mixtral(c) || c.norm_topk_prob) w = w / w.sum();
+    const at::Tensor row = y[t].unsqueeze(0);
     for (std::int64_t k = 0; k < c.num_experts_per_tok; ++k) {
       const std::string x =
           p + n.block + "experts." + std::to_string(idx[k].item<std::int64_t>()) + ".";
-      const at::Tensor row = y[t].unsqueeze(0);
-      const at::Tensor a = at::silu(at::matmul(row, f32(ckpt, x + n.gate + ".weight").t())) *
-                           at::matmul(row, f32(ckpt, x + n.up + ".weight").t());
-      out[t] += (at::matmul(a, f32(ckpt, x + n.down + ".weight").t()) * w[k]).squeeze(0);
+      out[t] += (swiglu(ckpt, row, x + n.gate, x + n.up, x + n.down) * w[k]).squeeze(0);
     }
     const std::string shared = p + "mlp.shared_expert.";
-    if (ckpt.count(shared + "gate_proj.weight")) {  // Qwen2-MoE: + sigmoid(gate) x shared MLP
-      const at::Tensor row = y[t].unsqueeze(0);
-      const at::Tensor a = at::silu(at::matmul(row, f32(ckpt, shared + "gate_proj.weight").t())) *
-                           at::matmul(row, f32(ckpt, shared + "up_proj.weight").t());
-      const at::Tensor gate =
-          at::sigmoid(at::matmul(row, f32(ckpt, p + "mlp.shared_expert_gate.weight").t()));
-      out[t] += (gate * at::matmul(a, f32(ckpt, shared + "down_proj.weight").t())).squeeze(0);
-    }
+    if (ckpt.count(p + "mlp.shared_expert_gate.weight"))  // Qwen2-MoE: + sigmoid(gate) x MLP
+      out[t] += (at::sigmoid(linear_ref(ckpt, row, p + "mlp.shared_expert_gate")) *
+                 swiglu(ckpt, row, shared + "gate_proj", shared + "up_proj", shared + "down_proj"))
+                    .squeeze(0);
   }
   return out;
 }
@@ -355,34 +361,30 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
                      nkv = c.num_key_value_heads;
   at::Tensor h = f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens));
-  auto proj = [&](const at::Tensor& x, const std::string& name) {
-    at::Tensor y = at::matmul(x, f32(ckpt, name + ".weight").t());
-    return ckpt.count(name + ".bias") ? y + f32(ckpt, name + ".bias") : y;
-  };
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c.rms_norm_eps);
-    at::Tensor q = proj(x, p + "self_attn.q_proj").reshape({n, nh, hd});
-    at::Tensor k = proj(x, p + "self_attn.k_proj").reshape({n, nkv, hd});
+    at::Tensor q = linear_ref(ckpt, x, p + "self_attn.q_proj").reshape({n, nh, hd});
+    at::Tensor k = linear_ref(ckpt, x, p + "self_attn.k_proj").reshape({n, nkv, hd});
     if (qwen3(c)) {  // per-head RMSNorm before rotary
       q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c.rms_norm_eps);
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c.rms_norm_eps);
     }
     q = rope(q.transpose(0, 1), c);
     k = rope(k.transpose(0, 1), c);
-    at::Tensor v = proj(x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
+    at::Tensor v =
+        linear_ref(ckpt, x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);
     v = v.repeat_interleave(nh / nkv, 0);
     at::Tensor s = at::matmul(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(hd));
     s = s + at::full({n, n}, -INFINITY, at::kDouble).triu(1);
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
-    h = h + proj(a, p + "self_attn.o_proj");
+    h = h + linear_ref(ckpt, a, p + "self_attn.o_proj");
     const at::Tensor y = norm(h, f32(ckpt, p + "post_attention_layernorm.weight"), c.rms_norm_eps);
     if (sparse(c, l))
       h = h + moe(c, ckpt, p, y);
     else
-      h = h + proj(at::silu(proj(y, p + "mlp.gate_proj")) * proj(y, p + "mlp.up_proj"),
-                   p + "mlp.down_proj");
+      h = h + swiglu(ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj", p + "mlp.down_proj");
   }
   h = norm(h, f32(ckpt, "model.norm.weight"), c.rms_norm_eps);
   return at::matmul(
