@@ -130,9 +130,9 @@ at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& m
   return y;
 }
 
-// The rank's share of a SwiGLU MLP (the sum over ranks is the layer's output).
-// A SiLU-gated MLP under `p` ("model.layers.<l>.mlp.", or Qwen2-MoE's
-// "....mlp.shared_expert."): column-parallel gate_up_proj, row-parallel down_proj.
+// The rank's share of a SwiGLU MLP under `p` ("model.layers.<l>.mlp.", or
+// Qwen2-MoE's "....mlp.shared_expert."): column-parallel gate_up_proj,
+// row-parallel down_proj; the sum over ranks is the MLP's output.
 at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string& p) const {
   const at::Tensor gate_up = linear(y, p + "gate_up_proj");
   const std::int64_t inter = gate_up.size(1) / 2;

@@ -123,7 +123,7 @@ std::int64_t ShardingRules::local_moe_intermediate() const {
 namespace {
 
 // "model.layers.3.mlp.experts.17.up_proj.weight" -> {"model.layers.3.mlp.experts.", 17,
-// Role::kUp}, with the module and projection names of `names` (moe_names).
+// up}, with the module and projection names of `names` (moe_names).
 struct ExpertName {
   std::string prefix;
   std::int64_t expert = -1;
