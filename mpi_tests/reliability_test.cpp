@@ -172,7 +172,9 @@ Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig
     return write_checkpoint(d + "/m.safetensors", v.v2);
   };
   row.kind = "UsageError";
-  row.fragment = "ranks disagree on the model config's rms_norm_eps, rope_theta or rope scaling";
+  row.fragment =
+      "ranks disagree on the model config's rms_norm_eps, rope_theta, rope scaling or "
+      "partial_rotary_factor";
   row.config_of = std::move(config_of);
   return row;
 }
@@ -329,6 +331,12 @@ std::vector<Row> rows() {
                                R"("low_freq_factor":)" + (last ? "2.0" : "1.0") +
                                R"(,"high_freq_factor":4.0,"original_max_position_embeddings":64})");
                        return parse_model_config(text, "config.json");
+                     }),
+      config_differs("a config whose partial_rotary_factor differs between ranks",
+                     [](const ModelConfig& c) {
+                       ModelConfig mine = c;
+                       if (world().rank() == world().size() - 1) mine.partial_rotary_factor = 0.5;
+                       return mine;
                      }),
   };
 }

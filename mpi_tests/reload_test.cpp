@@ -259,6 +259,86 @@ TEST(Reload, MoeExpertParallelInTwoReplicas) {
   run_checkpoint_matrix("mixtral", {world().size() / 2, "", false, true});
 }
 
+// Phi-3: q/k/v stacked in self_attn.qkv_proj and gate/up in mlp.gate_up_proj in
+// every source kind, cut into the parts the loaders take as the source is
+// listed; plain, and int8 with LoRA.
+TEST(Reload, Phi3StackedTensorsFromEverySourceAndDistribution) {
+  run_checkpoint_matrix("phi3", {world().size(), "", false});
+  run_checkpoint_matrix("phi3", {world().size(), "int8", true});
+}
+
+// The checkpoint as the tests cut it themselves: q/k/v and gate/up as separate
+// Hugging Face tensors (which vLLM's Llama loader takes for a Phi-3 as well).
+std::map<std::string, at::Tensor> unstacked_phi3(const ModelConfig& c,
+                                                 const std::map<std::string, at::Tensor>& ckpt) {
+  std::map<std::string, at::Tensor> out = ckpt;
+  const std::int64_t q = c.num_attention_heads * c.head_dim,
+                     kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const at::Tensor qkv = out.at(p + "self_attn.qkv_proj.weight"),
+                     gate_up = out.at(p + "mlp.gate_up_proj.weight");
+    out.erase(p + "self_attn.qkv_proj.weight");
+    out.erase(p + "mlp.gate_up_proj.weight");
+    out[p + "self_attn.q_proj.weight"] = qkv.narrow(0, 0, q).contiguous();
+    out[p + "self_attn.k_proj.weight"] = qkv.narrow(0, q, kv).contiguous();
+    out[p + "self_attn.v_proj.weight"] = qkv.narrow(0, q + kv, kv).contiguous();
+    out[p + "mlp.gate_proj.weight"] = gate_up.narrow(0, 0, inter).contiguous();
+    out[p + "mlp.up_proj.weight"] = gate_up.narrow(0, inter, inter).contiguous();
+  }
+  return out;
+}
+
+// A stacked tensor with rows its config does not give is refused on every rank
+// alike, naming the file, the tensor and the parts, before any write; the same
+// weights as separate tensors load as the stacked ones do.
+TEST(Reload, Phi3StackedTensorWithOtherRowsIsRefusedAndSeparateTensorsLoad) {
+  SharedDir dir;
+  const ModelConfig config = testdata::tiny_config("phi3");
+  const auto v1 = testdata::random_checkpoint(config, 100),
+             v2 = testdata::random_checkpoint(config, 200);
+  const Variant setup{world().size(), "", false};
+  auto bad = v2;
+  const std::string qkv = "model.layers.1.self_attn.qkv_proj.weight";
+  const std::int64_t q = config.num_attention_heads * config.head_dim,
+                     kv = config.num_key_value_heads * config.head_dim;
+  bad[qkv] = at::cat({bad[qkv], bad[qkv].narrow(0, 0, 8)}).contiguous();
+  const std::string path = dir.path() + "/bad.safetensors";
+  if (world().rank() == 0) write_safetensors(path, testdata::in_memory(bad));
+  world().barrier();
+  for (const ReadMode& mode : kReadModes) {
+    const std::string what = mode_name(mode);
+    TensorParallelModel model(config, options_for(setup));
+    ReloadOptions o;
+    mode.apply(o);
+    reload_from(model, "", &v1, o);
+    std::string error;
+    try {
+      reload_from(model, path, nullptr, o);
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    EXPECT_NE(
+        error.find(path + ": tensor '" + qkv + "' has shape [" + std::to_string(q + 2 * kv + 8) +
+                   ", " + std::to_string(config.hidden_size) + "]"),
+        std::string::npos)
+        << what << ": " << error;
+    const std::string p = "model.layers.1.self_attn.";
+    EXPECT_NE(error.find("Phi3ForCausalLM's config stacks " + std::to_string(q + 2 * kv) +
+                         " rows (" + p + "q_proj.weight " + std::to_string(q) + " + " + p +
+                         "k_proj.weight " + std::to_string(kv) + " + " + p + "v_proj.weight " +
+                         std::to_string(kv) + ") in it"),
+              std::string::npos)
+        << what << ": " << error;
+    EXPECT_TRUE(mpitest::same_on_every_rank(error)) << what << ": " << error;
+    expect_params(model, expected_params(config, setup, v1), what + ": refused, unchanged");
+    const auto separate = unstacked_phi3(config, v2);
+    const ReloadResult r = reload_from(model, "", &separate, o);
+    EXPECT_TRUE(r.complete()) << what;
+    expect_params(model, expected_params(config, setup, v2), what + ": separate tensors");
+  }
+}
+
 TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
   SharedDir dir;
   for (const auto& [name, setup] : std::vector<std::pair<std::string, Variant>>{
@@ -267,7 +347,8 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
            {"qwen3_moe", {world().size(), "", false}},
            {"qwen3_moe", {world().size(), "", false, true}},
            {"mixtral", {world().size(), "", false, true}},
-           {"qwen2_moe", {world().size(), "", false, true}}}) {
+           {"qwen2_moe", {world().size(), "", false, true}},
+           {"phi3", {world().size(), "int8", false}}}) {
     const ModelConfig config = testdata::tiny_config(name);
     const auto ckpt = testdata::random_checkpoint(config, 300);
     const std::string kdir =

@@ -86,15 +86,30 @@ Rope rope_of(const ModelConfig& c, std::int64_t dim) {
                               (1 - smooth) * inv / s.factor + smooth * inv))};
 }
 
-// Hugging Face's rotate-half rotary embedding on [tokens, heads, head_dim].
+// The dimensions of a head that rotary turns: head_dim x partial_rotary_factor,
+// truncated (vLLM's get_rope). Throws ModelError for none or an odd count.
+std::int64_t rotary_dims(const ModelConfig& c) {
+  const auto dims = static_cast<std::int64_t>(c.head_dim * c.partial_rotary_factor);
+  if (dims <= 0 || dims % 2 != 0)
+    raise<ModelError>("forward: partial_rotary_factor ", c.partial_rotary_factor, " of head_dim ",
+                      c.head_dim, " turns ", dims,
+                      " dimensions; rotary needs a positive even count");
+  return dims;
+}
+
+// Hugging Face's rotate-half rotary embedding on [tokens, heads, head_dim],
+// over the first 2 x inv_freq's length dimensions of each head (the rest pass
+// through: partial rotary).
 at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
-  const std::int64_t tokens = x.size(0), dim = x.size(2);
+  const std::int64_t tokens = x.size(0), half = rope.inv_freq.size(0);
   const at::Tensor freqs = at::outer(at::arange(tokens, at::kDouble), rope.inv_freq);
   const at::Tensor emb = at::cat({freqs, freqs}, -1);
   const at::Tensor cos = (emb.cos() * rope.scale).to(at::kFloat).unsqueeze(1);
   const at::Tensor sin = (emb.sin() * rope.scale).to(at::kFloat).unsqueeze(1);
-  const at::Tensor x1 = x.narrow(2, 0, dim / 2), x2 = x.narrow(2, dim / 2, dim / 2);
-  return x * cos + at::cat({-x2, x1}, -1) * sin;
+  const at::Tensor x1 = x.narrow(2, 0, half), x2 = x.narrow(2, half, half);
+  const at::Tensor turned = x.narrow(2, 0, 2 * half) * cos + at::cat({-x2, x1}, -1) * sin;
+  if (2 * half == x.size(2)) return turned;
+  return at::cat({turned, x.narrow(2, 2 * half, x.size(2) - 2 * half)}, -1);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -184,7 +199,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
-  const Rope rope = rope_of(c, c.head_dim);  // (before any collective)
+  const Rope rope = rope_of(c, rotary_dims(c));  // (before any collective)
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
   const at::Tensor ids = at::tensor(tokens, at::kLong);

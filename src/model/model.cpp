@@ -239,8 +239,11 @@ void TensorParallelModel::finish() {}
 std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
                                                         std::set<std::string>* skipped) {
   begin_load();
-  const bool kernel = source.kernel_format().has_value();
-  const auto& infos = source.tensors();
+  // (Phi-3: stacked q/k/v and gate/up read as the tensors the loaders take)
+  const auto view = loader_view(source, config());
+  WeightSource& from = view ? *view : source;
+  const bool kernel = from.kernel_format().has_value();
+  const auto& infos = from.tensors();
   for (std::size_t i = 0; i < infos.size(); ++i) {
     const TensorInfo& info = infos[i];
     if (kernel && info.tp_rank != options_.tp_rank) continue;
@@ -255,20 +258,20 @@ std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
     const std::string problem = kernel
                                     ? check_kernel_tensor(info.name, info.shape, info.dtype)
                                     : check_checkpoint_tensor(*pl, info.shape, info.dtype, false);
-    if (!problem.empty()) raise<ModelError>("loading from ", source.describe(), ": ", problem);
+    if (!problem.empty()) raise<ModelError>("loading from ", from.describe(), ": ", problem);
     at::Tensor tensor;
-    if (auto view = source.view(i, {0, info.nbytes})) {
+    if (auto view = from.view(i, {0, info.nbytes})) {
       tensor = tensor_view(*view, info.dtype, info.shape);
     } else {
       tensor = at::empty(info.shape, options_for(info.dtype));
-      source.read(i, {0, info.nbytes}, MutableBytes(tensor.data_ptr(), info.nbytes));
+      from.read(i, {0, info.nbytes}, MutableBytes(tensor.data_ptr(), info.nbytes));
     }
     if (kernel)
       load_kernel_tensor(info.name, tensor);
     else
       load_checkpoint_tensor(*pl, tensor, false);
   }
-  source.check_mapped_reads();  // views of a file cut short since open read as zeros
+  from.check_mapped_reads();  // views of a file cut short since open read as zeros
   finish();
   const auto names = loaded_names(kernel ? WeightFormat::kKernel : WeightFormat::kCheckpoint);
   return {names.begin(), names.end()};

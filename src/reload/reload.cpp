@@ -184,7 +184,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   // logits from the same weights. (Rope scaling as its settings' canonical
   // text, from which every typed field of RopeScaling is read.)
   std::uint64_t forward = kFnvOffsetBasis;
-  for (double v : {c.rms_norm_eps, c.rope_theta}) {
+  for (double v : {c.rms_norm_eps, c.rope_theta, c.partial_rotary_factor}) {
     std::uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof bits);
     forward = fnv(forward, bits);
@@ -193,7 +193,8 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   const std::uint64_t plane =
       fnv(fnv(kFnvOffsetBasis, data.backend()), static_cast<std::uint64_t>(data.memory()));
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
-          {"the model config's rms_norm_eps, rope_theta or rope scaling", forward},
+          {"the model config's rms_norm_eps, rope_theta, rope scaling or partial_rotary_factor",
+           forward},
           {"the tp size", std::uint64_t(model.rules().tp_size())},
           {"the data plane (transport, memory space)", plane},
           {"the format", std::uint64_t(o.format)},
@@ -777,6 +778,11 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   ReloadWorkspace local;  // freed on return when the caller keeps none
   ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
+  // (Phi-3: stacked q/k/v and gate/up read as the tensors the loaders take)
+  std::unique_ptr<WeightSource> view;
+  if (source && options.format == WeightFormat::kCheckpoint)
+    view = loader_view(*source, model.rules().config());
+  if (view) source = view.get();
   ParameterSink& sink = model.sink();
   sink.begin_load();  // from here, what this reload writes is tracked
   agree_on_problem<UsageError>(world, local_problem(options, world, data, model),

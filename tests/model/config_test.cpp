@@ -117,6 +117,67 @@ TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
       << error_of(too_many);
 }
 
+// Phi-3-medium's config.json (transformers' Phi3Config; vLLM's phi3.py, its
+// Llama): q/k/v stacked in self_attn.qkv_proj and gate/up in mlp.gate_up_proj in
+// the checkpoint, cut into the parts the loaders take; num_attention_heads KV
+// heads and rms_norm_eps 1e-5 when absent; no biases; partial_rotary_factor as
+// Phi-4-mini writes it.
+TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
+  const std::string phi3 = R"({"architectures":["Phi3ForCausalLM"],"hidden_size":5120,
+    "intermediate_size":17920,"num_hidden_layers":2,"num_attention_heads":40,
+    "num_key_value_heads":10,"vocab_size":32064,"rms_norm_eps":1e-05,"rope_scaling":null,
+    "sliding_window":131072,"original_max_position_embeddings":4096,"torch_dtype":"bfloat16"})";
+  const ModelConfig c = parse_model_config(phi3, "config.json");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm);
+  EXPECT_EQ(c.partial_rotary_factor, 1);
+  const ModelConfig plain = parse_model_config(
+      replaced(replaced(phi3, R"("num_key_value_heads":10,)", ""), R"("rms_norm_eps":1e-05,)", ""),
+      "c");
+  EXPECT_EQ(plain.num_key_value_heads, 40) << "Phi3Config: num_attention_heads when absent";
+  EXPECT_EQ(plain.rms_norm_eps, 1e-5) << "Phi3Config's default";
+  // The checkpoint's tensors: stacked; the loaders': Hugging Face's separate ones.
+  std::map<std::string, std::vector<std::int64_t>> held, loaded;
+  for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
+  for (const auto& s : loader_tensor_specs(c)) loaded[s.name] = s.shape;
+  const std::string p = "model.layers.1.";
+  EXPECT_EQ(held[p + "self_attn.qkv_proj.weight"],
+            (std::vector<std::int64_t>{40 * 128 + 2 * 10 * 128, 5120}));
+  EXPECT_EQ(held[p + "mlp.gate_up_proj.weight"], (std::vector<std::int64_t>{2 * 17920, 5120}));
+  EXPECT_EQ(held.count(p + "self_attn.q_proj.weight") + held.count(p + "mlp.up_proj.weight"), 0u);
+  EXPECT_EQ(held.size(), 1 + 2 * 6 + 2u);  // (embed; norms, qkv, o, gate_up, down; norm, head)
+  EXPECT_EQ(loaded[p + "self_attn.k_proj.weight"], (std::vector<std::int64_t>{1280, 5120}));
+  EXPECT_EQ(loaded[p + "mlp.up_proj.weight"], (std::vector<std::int64_t>{17920, 5120}));
+  EXPECT_EQ(loaded.count(p + "self_attn.qkv_proj.weight"), 0u);
+  const auto stacked = stacked_checkpoint_tensors(c);
+  ASSERT_EQ(stacked.size(), 4u);  // two per layer
+  EXPECT_EQ(stacked[2].name, p + "self_attn.qkv_proj.weight");
+  ASSERT_EQ(stacked[2].parts.size(), 3u);
+  EXPECT_EQ(stacked[2].parts[0].name, p + "self_attn.q_proj.weight");
+  EXPECT_EQ(stacked[2].parts[0].rows, 5120);
+  EXPECT_EQ(stacked[2].parts[2].name, p + "self_attn.v_proj.weight");
+  EXPECT_EQ(stacked[2].parts[2].rows, 1280);
+  EXPECT_EQ(stacked[3].parts[1].name, p + "mlp.up_proj.weight");
+  EXPECT_EQ(stacked[3].parts[1].rows, 17920);
+  EXPECT_TRUE(stacked_checkpoint_tensors(
+                  parse_model_config(replaced(phi3, "Phi3ForCausalLM", "LlamaForCausalLM"), "c"))
+                  .empty())
+      << "Llama stacks nothing";
+  // partial_rotary_factor: read, compared and written back; at most 1.
+  const std::string partial = replaced(phi3, R"("rope_scaling":null,)",
+                                       R"("rope_scaling":null,"partial_rotary_factor":0.75,)");
+  const ModelConfig mini = parse_model_config(partial, "c");
+  EXPECT_EQ(mini.partial_rotary_factor, 0.75);
+  EXPECT_EQ(config_differences(c, mini),
+            std::vector<std::string>{"partial_rotary_factor 1.0 vs 0.75"});
+  const ModelConfig back = parse_model_config(model_config_to_json(mini), "round trip");
+  EXPECT_TRUE(config_differences(mini, back).empty()) << config_differences(mini, back)[0];
+  const std::string over = replaced(partial, "0.75", "1.5");
+  EXPECT_NE(error_of(over).find("'partial_rotary_factor' must be at most 1, got 1.5"),
+            std::string::npos)
+      << error_of(over);
+}
+
 // Qwen1.5-MoE-A2.7B's config.json (transformers' Qwen2MoeConfig; vLLM's
 // qwen2_moe.py): Qwen3-MoE's expert keys plus a shared expert, a dense MLP of
 // shared_expert_intermediate_size with a [1, hidden] sigmoid gate, in every
@@ -396,8 +457,8 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
-                "MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, "
-                "Qwen3ForCausalLM, "
+                "MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
+                "Qwen2MoeForCausalLM, Qwen3ForCausalLM, "
                 "Qwen3MoeForCausalLM)"),
       std::string::npos);
   EXPECT_NE(error_of(replaced(kMoe, "\"mlp_only_layers\":[3]", "\"mlp_only_layers\":[9]"))

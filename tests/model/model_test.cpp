@@ -401,23 +401,43 @@ TEST(Forward, SingleRankMatchesTheReference) {
   }
 }
 
+// The tokens the rope tests run: 9 positions.
+const std::vector<std::int64_t> kRopeTokens = {1, 17, 99, 3, 42, 0, 64, 5, 8};
+
+// llama_gqa's config (head_dim 8) with `fields` added at its end, and
+// `replace` (when given) replaced by `with`.
+ModelConfig llama_gqa_with(const std::string& fields, const std::string& replace = "",
+                           const std::string& with = "") {
+  std::string text = tiny_config("llama_gqa").json;
+  if (!replace.empty()) text.replace(text.find(replace), replace.size(), with);
+  text.insert(text.rfind('}'), fields);
+  return parse_model_config(text, "config.json");
+}
+
+// The logits of a 1-rank model of `config` loaded with `ckpt`, for kRopeTokens,
+// and the reference's.
+std::pair<at::Tensor, at::Tensor> logits_and_reference(
+    const ModelConfig& config, const std::map<std::string, at::Tensor>& ckpt) {
+  auto comm = make_local_communicator();
+  TensorParallelModel model(config, opts(1, 0));
+  auto source = memory_source(ckpt);
+  model.load_weights(*source);
+  return {model.forward(kRopeTokens, *comm), testdata::reference_logits(config, ckpt, kRopeTokens)};
+}
+
 // Rope scaling changes the logits as the reference's own formula says: llama3
 // (with theta 100 and a context of 32, head_dim 8's four frequencies fall in
 // each of its three bands: kept, blended, divided), linear, and yarn (its bands
 // and its scale of cos and sin). A scaling the forward pass does not compute,
 // or one missing a field it needs, is refused, naming it.
 TEST(Forward, RopeScalingAsTheConfigSaysIt) {
-  const std::vector<std::int64_t> tokens = {1, 17, 99, 3, 42, 0, 64, 5, 8};
+  const std::vector<std::int64_t>& tokens = kRopeTokens;
   auto comm = make_local_communicator();
   const ModelConfig plain = tiny_config("llama_gqa");
   ASSERT_EQ(plain.head_dim, 8);
   // The config with rope_theta 100 and `fields` added.
   auto with = [&](const std::string& fields) {
-    std::string text = plain.json;
-    const std::string theta = R"("rope_theta":10000.0)";
-    text.replace(text.find(theta), theta.size(), R"("rope_theta":100.0)");
-    text.insert(text.rfind('}'), fields);
-    return parse_model_config(text, "config.json");
+    return llama_gqa_with(fields, R"("rope_theta":10000.0)", R"("rope_theta":100.0)");
   };
   const auto ckpt = random_checkpoint(plain, 19);
   const ModelConfig unscaled = with("");
@@ -434,12 +454,7 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
         R"("beta_slow":2,"truncate":false,"attn_factor":0.9})",
         R"({"type":"yarn","factor":4,"original_max_position_embeddings":32,)"
         R"("apply_yarn_scaling":false,"extrapolation_factor":0.5})"}) {
-    const ModelConfig config = with(R"(,"rope_scaling":)" + scaling);
-    TensorParallelModel model(config, opts(1, 0));
-    auto source = memory_source(ckpt);
-    model.load_weights(*source);
-    const at::Tensor got = model.forward(tokens, *comm);
-    const at::Tensor want = testdata::reference_logits(config, ckpt, tokens);
+    const auto [got, want] = logits_and_reference(with(R"(,"rope_scaling":)" + scaling), ckpt);
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
         << scaling << ": max diff " << (got - want).abs().max().item<float>();
     EXPECT_GT((want - unscaled_logits).abs().max().item<float>(), 1e-3)
@@ -464,6 +479,41 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
     } catch (const ModelError& e) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
     }
+  }
+}
+
+// partial_rotary_factor (vLLM's Llama attention, as Phi-4-mini's config sets
+// it): rotary turns the first head_dim x factor dimensions of each head, its
+// frequencies counted over those, alone and with yarn; the reference's logits
+// differ from full rotary's. A factor that leaves no even count is refused.
+TEST(Forward, PartialRotaryTurnsTheFirstDimensionsOfEachHead) {
+  const ModelConfig plain = tiny_config("llama_gqa");
+  ASSERT_EQ(plain.head_dim, 8);
+  const auto ckpt = random_checkpoint(plain, 23);
+  for (const std::string fields :
+       {R"(,"partial_rotary_factor":0.5)",
+        R"(,"partial_rotary_factor":0.75,"rope_scaling":{"rope_type":"yarn","factor":4.0,)"
+        R"("original_max_position_embeddings":32})"}) {
+    const ModelConfig config = llama_gqa_with(fields);
+    const auto [got, want] = logits_and_reference(config, ckpt);
+    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
+        << fields << ": max diff " << (got - want).abs().max().item<float>();
+    ModelConfig full = config;
+    full.partial_rotary_factor = 1;
+    EXPECT_GT(
+        (want - testdata::reference_logits(full, ckpt, kRopeTokens)).abs().max().item<float>(),
+        1e-3)
+        << fields << " does not change the reference's logits: the test proves nothing";
+  }
+  auto comm = make_local_communicator();
+  TensorParallelModel odd(llama_gqa_with(R"(,"partial_rotary_factor":0.2)"), opts(1, 0));
+  try {
+    odd.forward(kRopeTokens, *comm);
+    ADD_FAILURE() << "rotary over 1 dimension ran";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("turns 1 dimensions; rotary needs a positive even count"),
+              std::string::npos)
+        << e.what();
   }
 }
 

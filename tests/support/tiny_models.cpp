@@ -58,6 +58,11 @@ ModelConfig tiny_config(const std::string& name) {
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":96,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":110,
       "bias":true,"qkv_bias":false,"mlp_bias":true,"torch_dtype":"bfloat16"})";
+  else if (name == "phi3")  // q/k/v and gate/up stacked in the checkpoint; GQA; half rotary
+    json = R"({"architectures":["Phi3ForCausalLM"],"hidden_size":64,"intermediate_size":80,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":105,
+      "partial_rotary_factor":0.5,"tie_word_embeddings":false,"rope_scaling":null,
+      "sliding_window":2047,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -143,6 +148,37 @@ bool sparse(const ModelConfig& c, std::int64_t layer) {
   return (layer + 1) % c.decoder_sparse_step == 0;
 }
 
+// Phi-3's checkpoint stacks q, k and v in self_attn.qkv_proj and gate and up in
+// mlp.gate_up_proj; the checkpoint with those cut into Hugging Face's separate
+// tensors (num_attention_heads x head_dim rows of q, then num_key_value_heads x
+// head_dim of k and of v; gate's rows the first half, up's the second), and
+// every other tensor as it is.
+std::map<std::string, at::Tensor> unstacked(const ModelConfig& c,
+                                            const std::map<std::string, at::Tensor>& ckpt) {
+  std::map<std::string, at::Tensor> out;
+  const std::int64_t q = c.num_attention_heads * c.head_dim,
+                     kv = c.num_key_value_heads * c.head_dim;
+  for (const auto& [name, t] : ckpt) {
+    const auto at_qkv = name.find("self_attn.qkv_proj.");
+    const auto at_gate_up = name.find("mlp.gate_up_proj.");
+    if (at_qkv != std::string::npos) {
+      const std::string p = name.substr(0, at_qkv) + "self_attn.",
+                        leaf = name.substr(at_qkv + std::strlen("self_attn.qkv_proj"));
+      out[p + "q_proj" + leaf] = rows(t, 0, q);
+      out[p + "k_proj" + leaf] = rows(t, q, kv);
+      out[p + "v_proj" + leaf] = rows(t, q + kv, kv);
+    } else if (at_gate_up != std::string::npos) {
+      const std::string p = name.substr(0, at_gate_up) + "mlp.",
+                        leaf = name.substr(at_gate_up + std::strlen("mlp.gate_up_proj"));
+      out[p + "gate_proj" + leaf] = rows(t, 0, t.size(0) / 2);
+      out[p + "up_proj" + leaf] = rows(t, t.size(0) / 2, t.size(0) / 2);
+    } else {
+      out[name] = t;
+    }
+  }
+  return out;
+}
+
 // A sparse layer's Hugging Face names: its block and an expert's gate, up and
 // down projections (Mixtral's MixtralSparseMoeBlock: w1, w3, w2).
 struct ExpertNames {
@@ -202,8 +238,9 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
 }  // namespace
 
 std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
-                                                  const std::map<std::string, at::Tensor>& ckpt,
+                                                  const std::map<std::string, at::Tensor>& stacked,
                                                   int tp, int r, bool expert_parallel) {
+  const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   std::map<std::string, at::Tensor> out;
   const std::int64_t hd = c.head_dim, ql = c.num_attention_heads / tp * hd,
                      nkv = c.num_key_value_heads;
@@ -299,8 +336,12 @@ double rope_magnitude(const RopeScaling& s) {
   return (s.apply_yarn_scaling && s.factor > 1 ? 1 + 0.1 * std::log(s.factor) : 1) * s.attn_factor;
 }
 
-at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, tokens, dim]
-  const std::int64_t t = x.size(1), d = x.size(2);
+// Rotary over the first head_dim x partial_rotary_factor dimensions of each
+// head (as many as that product truncates to), frequencies counted over those
+// alone; the other dimensions pass through.
+at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, tokens, head_dim]
+  const std::int64_t t = x.size(1),
+                     d = static_cast<std::int64_t>(x.size(2) * c.partial_rotary_factor);
   std::vector<double> cos_v(t * d), sin_v(t * d);
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
@@ -309,8 +350,9 @@ at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, toke
       sin_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::sin(pos * freq);
     }
   const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
-  const at::Tensor rotated = at::cat({-x.slice(2, d / 2, d), x.slice(2, 0, d / 2)}, 2);
-  return x * cos + rotated * sin;
+  const at::Tensor turned = x.slice(2, 0, d);
+  const at::Tensor rotated = at::cat({-turned.slice(2, d / 2, d), turned.slice(2, 0, d / 2)}, 2);
+  return at::cat({turned * cos + rotated * sin, x.slice(2, d, x.size(2))}, 2);
 }
 
 // A linear layer of the checkpoint's `name` (with its bias where it has one).
@@ -356,8 +398,9 @@ at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ck
 
 }  // namespace
 
-at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at::Tensor>& stacked,
                             const std::vector<std::int64_t>& tokens) {
+  const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
                      nkv = c.num_key_value_heads;
   at::Tensor h = f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens));

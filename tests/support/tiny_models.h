@@ -25,14 +25,17 @@ namespace tpreload::testdata {
 // intermediate_size 48, top 2, renormalised; rope_theta left to its default),
 // "llama_mlp_bias" (o_proj and gate/up/down biases, none on q/k/v: bias, qkv_bias
 // false, mlp_bias; 4 KV heads, vocab 110),
+// "phi3" (Phi-3: q/k/v stacked in qkv_proj and gate/up in gate_up_proj in the
+// checkpoint, 8 heads / 2 KV heads, rotary over half of each head, vocab 105),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
-inline const char* const kTinyConfigs[] = {"llama_gqa",   "qwen2_tied", "mistral_mqa",
-                                           "qwen3_dense", "qwen3_moe",  "qwen3_moe_plain",
-                                           "qwen2_moe",   "mixtral",    "llama_mlp_bias"};
+inline const char* const kTinyConfigs[] = {
+    "llama_gqa",       "qwen2_tied", "mistral_mqa", "qwen3_dense",    "qwen3_moe",
+    "qwen3_moe_plain", "qwen2_moe",  "mixtral",     "llama_mlp_bias", "phi3"};
 
-// Every checkpoint tensor for `config` (names from checkpoint_tensor_specs), with
+// Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
+// stacked), with
 // values drawn from a generator seeded by `seed`, in the config's dtype.
 std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config, std::uint64_t seed);
 

@@ -1,7 +1,7 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Qwen2ForCausalLM,
-// Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a
-// checkpoint for it holds. No torch here:
+// (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM,
+// Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM),
+// and the tensors a checkpoint for it holds. No torch here:
 // the checkpoint tool and the checkpoint layer's tests use it too.
 #pragma once
 
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tpreload/checkpoint/row_split.h"
 #include "tpreload/core/dtype.h"
 
 namespace tpreload {
@@ -57,6 +58,10 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
+  // The share of each head's dimensions that rotary turns (the first
+  // head_dim x factor of them; vLLM's get_rope), as vLLM's Llama attention reads
+  // `partial_rotary_factor` (Llama, Mistral, Phi-3); 1 for the other families.
+  double partial_rotary_factor = 1;
   bool tie_word_embeddings = false;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
   // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`
@@ -130,13 +135,26 @@ struct CheckpointTensorSpec {
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:
 // model.embed_tokens.weight, then per layer input_layernorm, self_attn.{q,k,v,o}_proj
+// (Phi-3: self_attn.qkv_proj and o_proj; see stacked_checkpoint_tensors())
 // (q/k/v biases when attention_bias, o_proj's when o_proj_bias),
 // self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
-// mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias) or the
+// mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias; Phi-3:
+// mlp.gate_up_proj and down_proj) or the
 // router and every expert's three projections as moe_names() spells them
 // (sparse layers; then Qwen2-MoE's mlp.shared_expert.{gate,up,down}_proj and
 // mlp.shared_expert_gate); then
 // model.norm.weight and lm_head.weight (untied only).
 std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);
+
+// The tensors a checkpoint for `config` stacks by rows (RowSplit): Phi-3's
+// self_attn.qkv_proj.weight ([q; k; v]: num_attention_heads x head_dim rows of
+// q_proj, then num_key_value_heads x head_dim of k_proj and of v_proj) and
+// mlp.gate_up_proj.weight (intermediate_size rows of gate_proj, then of
+// up_proj) in every layer; none for the other families.
+std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& config);
+
+// What the weight loaders take: checkpoint_tensor_specs() with every stacked
+// tensor replaced by its parts (Hugging Face's q/k/v_proj and gate/up_proj).
+std::vector<CheckpointTensorSpec> loader_tensor_specs(const ModelConfig& config);
 
 }  // namespace tpreload

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -37,6 +38,8 @@
 #include "tpreload/model/config.h"
 
 namespace tpreload {
+
+class WeightSource;
 
 inline constexpr std::int64_t kVocabPadding = 64;
 
@@ -155,6 +158,15 @@ class ShardingRules {
   std::vector<std::pair<std::string, Rule>> rules_;  // sorted by checkpoint name
   std::vector<ParamSpec> params_;
 };
+
+// What a checkpoint-format load reads of `source`: the source with the
+// config's stacked tensors (stacked_checkpoint_tensors(): Phi-3's qkv_proj and
+// gate_up_proj) listed as the parts the rules take (make_row_split_source(),
+// which `source` must outlive), as vLLM's weight loaders split them; null when
+// the config stacks none or `source` is kernel format (already the model's
+// parameters). A checkpoint whose stacked tensor has other rows than the
+// config's is refused when the view is listed (CheckpointError).
+std::unique_ptr<WeightSource> loader_view(WeightSource& source, const ModelConfig& config);
 
 // The decoder layer index in a name ("model.layers.12.mlp..." -> 12), -1 if none.
 std::int64_t layer_of(const std::string& name);

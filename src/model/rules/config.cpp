@@ -82,15 +82,22 @@ struct Family {
   Biases biases;
   bool qk_norm;  // per-head RMSNorm of q and k before rotary
   Experts experts;
+  bool partial_rotary;  // reads partial_rotary_factor (vLLM's Llama attention)
+  bool stacked;         // q/k/v and gate/up stacked in the checkpoint (Phi-3)
 };
 constexpr Family kFamilies[] = {
-    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone},
-    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone},
-    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral},
-    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone},
-    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared},
-    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone},
-    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen},
+    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, true, false},
+    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, true, false},
+    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false, false},
+    // (vLLM's Phi3ForCausalLM is its Llama; Hugging Face's Phi-3 has no biases)
+    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, true, true},
+    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, false, false},
+    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared, false,
+     false},
+    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone, false,
+     false},
+    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen, false,
+     false},
 };
 
 const Family* family_of(const std::string& architecture) {
@@ -321,6 +328,12 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.rms_norm_eps = positive_number(j, "rms_norm_eps", f.rms_norm_eps, origin);
   c.rope_theta = rope_theta_of(j, origin, f.rope_theta);
   c.rope_scaling = rope_scaling_of(j, origin);
+  if (f.partial_rotary) {
+    c.partial_rotary_factor = positive_number(j, "partial_rotary_factor", 1.0, origin);
+    if (c.partial_rotary_factor > 1)
+      raise<ModelError>(origin, ": field 'partial_rotary_factor' must be at most 1, got ",
+                        j["partial_rotary_factor"].dump());
+  }
   c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
   switch (f.biases) {
     case Biases::kLlama:
@@ -384,6 +397,7 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
+  if (c.partial_rotary_factor != 1) j["partial_rotary_factor"] = c.partial_rotary_factor;
   // Llama and Mistral spell o_proj's bias attention_bias, q/k/v's qkv_bias where
   // it differs; Qwen2's q/k/v biases are not a setting.
   const Family& f = family(c);
@@ -410,16 +424,43 @@ std::string model_config_to_json(const ModelConfig& c) {
   return j.dump(2);
 }
 
-std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) {
+namespace {
+
+// A stacked tensor of layer prefix `p` and its parts (stacked_checkpoint_tensors()).
+RowSplit stacked_qkv(const ModelConfig& c, const std::string& p) {
+  const std::int64_t q = c.num_attention_heads * c.head_dim,
+                     kv = c.num_key_value_heads * c.head_dim;
+  return {p + "self_attn.qkv_proj.weight",
+          {{p + "self_attn.q_proj.weight", q},
+           {p + "self_attn.k_proj.weight", kv},
+           {p + "self_attn.v_proj.weight", kv}}};
+}
+RowSplit stacked_gate_up(const ModelConfig& c, const std::string& p) {
+  return {p + "mlp.gate_up_proj.weight",
+          {{p + "mlp.gate_proj.weight", c.intermediate_size},
+           {p + "mlp.up_proj.weight", c.intermediate_size}}};
+}
+
+// `split`'s parts (as the loaders take them), or the stacked tensor (as the
+// checkpoint holds it) with `columns`.
+void push_stacked(std::vector<CheckpointTensorSpec>& specs, const RowSplit& split,
+                  std::int64_t columns, bool stacked) {
+  std::int64_t rows = 0;
+  for (const RowPart& part : split.parts) {
+    if (!stacked) specs.push_back({part.name, {part.rows, columns}});
+    rows += part.rows;
+  }
+  if (stacked) specs.push_back({split.name, {rows, columns}});
+}
+
+std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacked) {
   const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
                      kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
   std::vector<CheckpointTensorSpec> specs = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     specs.push_back({p + "input_layernorm.weight", {h}});
-    specs.push_back({p + "self_attn.q_proj.weight", {q, h}});
-    specs.push_back({p + "self_attn.k_proj.weight", {kv, h}});
-    specs.push_back({p + "self_attn.v_proj.weight", {kv, h}});
+    push_stacked(specs, stacked_qkv(c, p), h, stacked);
     if (c.attention_bias) {
       specs.push_back({p + "self_attn.q_proj.bias", {q}});
       specs.push_back({p + "self_attn.k_proj.bias", {kv}});
@@ -453,8 +494,7 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
       }
       continue;
     }
-    specs.push_back({p + "mlp.gate_proj.weight", {inter, h}});
-    specs.push_back({p + "mlp.up_proj.weight", {inter, h}});
+    push_stacked(specs, stacked_gate_up(c, p), h, stacked);
     specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
     if (c.mlp_bias) {
       specs.push_back({p + "mlp.gate_proj.bias", {inter}});
@@ -465,6 +505,27 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
   specs.push_back({"model.norm.weight", {h}});
   if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}});
   return specs;
+}
+
+}  // namespace
+
+std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) {
+  return tensor_specs(c, family(c).stacked);
+}
+
+std::vector<CheckpointTensorSpec> loader_tensor_specs(const ModelConfig& c) {
+  return tensor_specs(c, false);
+}
+
+std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
+  std::vector<RowSplit> out;
+  if (!family(c).stacked) return out;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    out.push_back(stacked_qkv(c, p));
+    out.push_back(stacked_gate_up(c, p));
+  }
+  return out;
 }
 
 std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
@@ -486,6 +547,7 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
     return c.rope_scaling.json.empty() ? std::string("none") : c.rope_scaling.json;
   };
   field("rope_scaling", scaling(a), scaling(b));
+  field("partial_rotary_factor", a.partial_rotary_factor, b.partial_rotary_factor);
   field("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
   field("attention_bias", a.attention_bias, b.attention_bias);
   field("o_proj_bias", a.o_proj_bias, b.o_proj_bias);

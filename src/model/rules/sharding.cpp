@@ -4,6 +4,8 @@
 #include <cctype>
 #include <set>
 
+#include "tpreload/checkpoint/row_split.h"
+#include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/error.h"
 
 namespace tpreload {
@@ -151,7 +153,7 @@ std::optional<ExpertName> parse_expert(const std::string& name, const MoeNames& 
 
 void ShardingRules::build_rules() {
   const MoeNames names = moe_names(config_);
-  for (const auto& spec : checkpoint_tensor_specs(config_)) {
+  for (const auto& spec : loader_tensor_specs(config_)) {
     const NameParts p = split_name(spec.name);
     Rule rule{spec.name, Role::kWhole, ShardKind::kReplicated, spec.shape};
     if (const auto e = parse_expert(spec.name, names)) {
@@ -342,6 +344,13 @@ void ShardingRules::place_expert(const Rule& rule, int tp_rank, Placement& pl) c
       pl.source_length = inter;
     }
   }
+}
+
+std::unique_ptr<WeightSource> loader_view(WeightSource& source, const ModelConfig& config) {
+  if (source.kernel_format()) return nullptr;
+  std::vector<RowSplit> stacked = stacked_checkpoint_tensors(config);
+  if (stacked.empty()) return nullptr;
+  return make_row_split_source(source, std::move(stacked), config.architecture + "'s config");
 }
 
 }  // namespace tpreload
