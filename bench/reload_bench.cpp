@@ -409,11 +409,15 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   world.allreduce_ints(&row.depth, 1, IntOp::kMax);
   row.seconds /= o.iters;
   row.checksum /= o.iters;
-  // The bound: the same plan's buckets, raw.
+  // The bound: the same plan's buckets, raw, of the source as the reload lists it
+  // (Phi-3: stacked tensors as the parts the loaders take).
+  std::unique_ptr<WeightSource> view;
+  if (source && !kernel) view = loader_view(*source, config);
+  WeightSource* listed = view ? view.get() : source.get();
   SourceMetadata md;
   std::vector<std::uint8_t> payload;
   if (world.rank() == 0)
-    payload = serialize_metadata(source->describe(), source->tensors(), source->kernel_format());
+    payload = serialize_metadata(listed->describe(), listed->tensors(), listed->kernel_format());
   std::int64_t size = payload.size();
   world.broadcast(MutableBytes(&size, 8), 0);
   payload.resize(size);
@@ -462,7 +466,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
     share = one ? double(busiest) / one : 1.0;
   }
   for (int i = 0; i < o.iters; ++i)
-    row.bound += share * measure_bound(plan, md, source.get(), world, 0, all ? &own : nullptr,
+    row.bound += share * measure_bound(plan, md, listed, world, 0, all ? &own : nullptr,
                                        model.rules(), [&] { cool(o, path, world); });
   row.bound /= o.iters;
   return row;

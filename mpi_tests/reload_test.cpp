@@ -274,18 +274,25 @@ std::map<std::string, at::Tensor> unstacked_phi3(const ModelConfig& c,
   std::map<std::string, at::Tensor> out = ckpt;
   const std::int64_t q = c.num_attention_heads * c.head_dim,
                      kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    const at::Tensor qkv = out.at(p + "self_attn.qkv_proj.weight"),
-                     gate_up = out.at(p + "mlp.gate_up_proj.weight");
-    out.erase(p + "self_attn.qkv_proj.weight");
-    out.erase(p + "mlp.gate_up_proj.weight");
-    out[p + "self_attn.q_proj.weight"] = qkv.narrow(0, 0, q).contiguous();
-    out[p + "self_attn.k_proj.weight"] = qkv.narrow(0, q, kv).contiguous();
-    out[p + "self_attn.v_proj.weight"] = qkv.narrow(0, q + kv, kv).contiguous();
-    out[p + "mlp.gate_proj.weight"] = gate_up.narrow(0, 0, inter).contiguous();
-    out[p + "mlp.up_proj.weight"] = gate_up.narrow(0, inter, inter).contiguous();
-  }
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (const std::string leaf : {".weight", ".bias"}) {
+      const std::string a = "model.layers." + std::to_string(l) + ".self_attn.",
+                        m = "model.layers." + std::to_string(l) + ".mlp.";
+      if (!ckpt.count(a + "qkv_proj" + leaf)) continue;  // (no bias)
+      const at::Tensor qkv = out.at(a + "qkv_proj" + leaf),
+                       gate_up = out.at(m + "gate_up_proj" + leaf);
+      out.erase(a + "qkv_proj" + leaf);
+      out.erase(m + "gate_up_proj" + leaf);
+      out[a + "q_proj" + leaf] = qkv.narrow(0, 0, q).contiguous();
+      out[a + "k_proj" + leaf] = qkv.narrow(0, q, kv).contiguous();
+      out[a + "v_proj" + leaf] = qkv.narrow(0, q + kv, kv).contiguous();
+      out[m + "gate_proj" + leaf] = gate_up.narrow(0, 0, inter).contiguous();
+      out[m + "up_proj" + leaf] = gate_up.narrow(0, inter, inter).contiguous();
+    }
+  for (const auto& [name, t] : out)  // (the test proves nothing with a stacked tensor left)
+    if (name.find("qkv_proj") != std::string::npos ||
+        name.find("gate_up_proj") != std::string::npos)
+      throw std::logic_error("unstacked_phi3 left " + name);
   return out;
 }
 

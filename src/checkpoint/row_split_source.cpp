@@ -36,8 +36,14 @@ class RowSplitSource final : public WeightSource {
                           ")");
   }
 
+  // (A mutex rather than std::call_once: a listing that throws is retried, and
+  // call_once after a throw hangs on some libstdc++ targets.)
   const std::vector<TensorInfo>& tensors() const override {
-    std::call_once(listed_, [this] { list(); });
+    std::lock_guard<std::mutex> lock(listing_);
+    if (!listed_) {
+      list();
+      listed_ = true;
+    }
     return tensors_;
   }
 
@@ -147,7 +153,8 @@ class RowSplitSource final : public WeightSource {
   WeightSource& base_;
   std::map<std::string, RowSplit> splits_;
   std::string whose_;
-  mutable std::once_flag listed_;
+  mutable std::mutex listing_;
+  mutable bool listed_ = false;
   mutable std::vector<TensorInfo> tensors_;
   mutable std::vector<Origin> origins_;
   mutable std::size_t stacked_ = 0;

@@ -98,9 +98,11 @@ std::vector<TensorSpec> generate_specs(const ModelConfig& config, const Generate
   std::vector<TensorSpec> specs = checkpoint_specs(config);
   if (a.with_inv_freq)
     for (std::int64_t l = 0; l < config.num_hidden_layers; ++l)
-      specs.push_back({"model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq",
-                       DType::kFloat32,
-                       {config.head_dim / 2}});
+      specs.push_back(
+          {"model.layers." + std::to_string(l) + ".self_attn.rotary_emb.inv_freq",
+           DType::kFloat32,
+           // (one frequency per pair of the dimensions rotary turns)
+           {static_cast<std::int64_t>(config.head_dim * config.partial_rotary_factor) / 2}});
   for (const auto& e : a.extras) specs.push_back(parse_extra(e, config.dtype, config.hidden_size));
   return specs;
 }

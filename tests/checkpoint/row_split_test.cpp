@@ -104,6 +104,8 @@ void expect_parts(WeightSource& base) {
     EXPECT_EQ(t.file, from.file);
     if (from.file_offset != 0) {
       EXPECT_EQ(t.file_offset, from.file_offset + std::max<std::int64_t>(p.first, 0) * row_bytes);
+    } else {  // (0: not plainly in a file, which readers must still know)
+      EXPECT_EQ(t.file_offset, 0u);
     }
     std::vector<std::int32_t> got(want.size(), -1);
     source->read(i, {0, t.nbytes}, MutableBytes(got.data(), t.nbytes));

@@ -120,8 +120,9 @@ TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
 // Phi-3-medium's config.json (transformers' Phi3Config; vLLM's phi3.py, its
 // Llama): q/k/v stacked in self_attn.qkv_proj and gate/up in mlp.gate_up_proj in
 // the checkpoint, cut into the parts the loaders take; num_attention_heads KV
-// heads and rms_norm_eps 1e-5 when absent; no biases; partial_rotary_factor as
-// Phi-4-mini writes it.
+// heads and rms_norm_eps 1e-5 when absent; biases only where Llama's keys ask
+// (stacked as their weights); partial_rotary_factor as Phi-4-mini writes it, at
+// the top level or in rope_parameters (transformers 5), for every family.
 TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
   const std::string phi3 = R"({"architectures":["Phi3ForCausalLM"],"hidden_size":5120,
     "intermediate_size":17920,"num_hidden_layers":2,"num_attention_heads":40,
@@ -163,6 +164,22 @@ TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
                   parse_model_config(replaced(phi3, "Phi3ForCausalLM", "LlamaForCausalLM"), "c"))
                   .empty())
       << "Llama stacks nothing";
+  // Biases (Llama's keys): stacked as their weights.
+  const ModelConfig biased =
+      parse_model_config(replaced(phi3, R"("rope_scaling":null,)",
+                                  R"("rope_scaling":null,"attention_bias":true,"mlp_bias":true,)"),
+                         "c");
+  std::map<std::string, std::vector<std::int64_t>> biases;
+  for (const auto& s : checkpoint_tensor_specs(biased)) biases[s.name] = s.shape;
+  EXPECT_EQ(biases[p + "self_attn.qkv_proj.bias"], (std::vector<std::int64_t>{7680}));
+  EXPECT_EQ(biases[p + "mlp.gate_up_proj.bias"], (std::vector<std::int64_t>{2 * 17920}));
+  EXPECT_EQ(biases[p + "self_attn.o_proj.bias"], (std::vector<std::int64_t>{5120}));
+  EXPECT_EQ(biases.count(p + "self_attn.q_proj.bias"), 0u);
+  const auto biased_stacks = stacked_checkpoint_tensors(biased);
+  ASSERT_EQ(biased_stacks.size(), 8u);  // weights and biases, two layers
+  EXPECT_EQ(biased_stacks[1].name, "model.layers.0.self_attn.qkv_proj.bias");
+  EXPECT_EQ(biased_stacks[1].parts[1].name, "model.layers.0.self_attn.k_proj.bias");
+  EXPECT_EQ(biased_stacks[1].parts[1].rows, 1280);
   // partial_rotary_factor: read, compared and written back; at most 1.
   const std::string partial = replaced(phi3, R"("rope_scaling":null,)",
                                        R"("rope_scaling":null,"partial_rotary_factor":0.75,)");
@@ -173,9 +190,28 @@ TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
   const ModelConfig back = parse_model_config(model_config_to_json(mini), "round trip");
   EXPECT_TRUE(config_differences(mini, back).empty()) << config_differences(mini, back)[0];
   const std::string over = replaced(partial, "0.75", "1.5");
-  EXPECT_NE(error_of(over).find("'partial_rotary_factor' must be at most 1, got 1.5"),
+  EXPECT_NE(error_of(over).find("partial_rotary_factor must be at most 1, got 1.5"),
             std::string::npos)
       << error_of(over);
+  // In rope_parameters, as transformers 5 writes it: the same setting, and no
+  // rope scaling; beside a top-level one, they must agree.
+  const std::string nested = replaced(
+      phi3, R"("rope_scaling":null,)",
+      R"("rope_parameters":{"rope_type":"default","rope_theta":10000.0,"partial_rotary_factor":0.75},)");
+  const ModelConfig v5 = parse_model_config(nested, "c");
+  EXPECT_TRUE(config_differences(mini, v5).empty()) << config_differences(mini, v5)[0];
+  EXPECT_EQ(v5.rope_scaling.json, "");
+  const std::string both = replaced(nested, R"("num_hidden_layers":2,)",
+                                    R"("num_hidden_layers":2,"partial_rotary_factor":0.5,)");
+  EXPECT_NE(error_of(both).find(
+                "partial_rotary_factor 0.5 and rope_parameters.partial_rotary_factor 0.75 differ"),
+            std::string::npos)
+      << error_of(both);
+  const ModelConfig qwen3 = parse_model_config(
+      replaced(replaced(partial, "Phi3ForCausalLM", "Qwen3ForCausalLM"),
+               R"("num_key_value_heads":10,)", R"("num_key_value_heads":10,"head_dim":128,)"),
+      "c");
+  EXPECT_EQ(qwen3.partial_rotary_factor, 0.75) << "every family reads it (vLLM's get_rope)";
 }
 
 // Qwen1.5-MoE-A2.7B's config.json (transformers' Qwen2MoeConfig; vLLM's

@@ -50,7 +50,10 @@ std::string place_name(Place p) {
 std::vector<std::unique_ptr<TensorParallelModel>> simulate(
     const ModelConfig& config, WeightSource& source, const PlanOptions& o,
     const std::string& quantization, int ranks_per_node = 0, Place place = Place::kNone) {
-  const SourceMetadata md = metadata_of(source);
+  // (Phi-3: the stacked tensors as the parts the loaders take, as a reload lists them)
+  const auto view = loader_view(source, config);
+  WeightSource& listed = view ? *view : source;
+  const SourceMetadata md = metadata_of(listed);
   std::vector<std::unique_ptr<TensorParallelModel>> models;
   std::vector<std::vector<BucketApply>> applies;
   for (int w = 0; w < o.world_size; ++w) {
@@ -64,7 +67,7 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(
   const Plan plan = make_plan(md, models[0]->rules(), o);
   for (int w = 0; w < o.world_size; ++w)
     applies.push_back(resolve_applies(plan, md, models[w]->rules(), o, w));
-  detail::BucketReader reader(plan, md, source, o.world_size, o.tp_size, /*zero_copy=*/false);
+  detail::BucketReader reader(plan, md, listed, o.world_size, o.tp_size, /*zero_copy=*/false);
   std::vector<std::byte> send(plan.largest_bucket);
   constexpr std::byte kMarker{0xA5};
   std::uint64_t placed_bytes = 0;

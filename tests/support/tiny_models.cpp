@@ -59,10 +59,12 @@ ModelConfig tiny_config(const std::string& name) {
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":110,
       "bias":true,"qkv_bias":false,"mlp_bias":true,"torch_dtype":"bfloat16"})";
   else if (name == "phi3")  // q/k/v and gate/up stacked in the checkpoint; GQA; half rotary
+    // (biases as vLLM's Llama reads them, which no released Phi-3 sets: they
+    // stack too)
     json = R"({"architectures":["Phi3ForCausalLM"],"hidden_size":64,"intermediate_size":80,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":105,
       "partial_rotary_factor":0.5,"tie_word_embeddings":false,"rope_scaling":null,
-      "sliding_window":2047,"torch_dtype":"bfloat16"})";
+      "attention_bias":true,"mlp_bias":true,"sliding_window":2047,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,

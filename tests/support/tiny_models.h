@@ -26,7 +26,8 @@ namespace tpreload::testdata {
 // "llama_mlp_bias" (o_proj and gate/up/down biases, none on q/k/v: bias, qkv_bias
 // false, mlp_bias; 4 KV heads, vocab 110),
 // "phi3" (Phi-3: q/k/v stacked in qkv_proj and gate/up in gate_up_proj in the
-// checkpoint, 8 heads / 2 KV heads, rotary over half of each head, vocab 105),
+// checkpoint, their biases too; 8 heads / 2 KV heads, rotary over half of each
+// head, vocab 105),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);

@@ -59,8 +59,10 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
   // The share of each head's dimensions that rotary turns (the first
-  // head_dim x factor of them; vLLM's get_rope), as vLLM's Llama attention reads
-  // `partial_rotary_factor` (Llama, Mistral, Phi-3); 1 for the other families.
+  // head_dim x factor of them, truncated; vLLM's get_rope):
+  // `partial_rotary_factor` at the top level or in rope_parameters (where
+  // transformers 5 and vLLM move it; both, they must agree), at most 1; 1 when
+  // absent.
   double partial_rotary_factor = 1;
   bool tie_word_embeddings = false;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
@@ -150,7 +152,8 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& con
 // self_attn.qkv_proj.weight ([q; k; v]: num_attention_heads x head_dim rows of
 // q_proj, then num_key_value_heads x head_dim of k_proj and of v_proj) and
 // mlp.gate_up_proj.weight (intermediate_size rows of gate_proj, then of
-// up_proj) in every layer; none for the other families.
+// up_proj) in every layer, and their biases where the config has them; none
+// for the other families.
 std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& config);
 
 // What the weight loaders take: checkpoint_tensor_specs() with every stacked

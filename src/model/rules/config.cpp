@@ -82,22 +82,19 @@ struct Family {
   Biases biases;
   bool qk_norm;  // per-head RMSNorm of q and k before rotary
   Experts experts;
-  bool partial_rotary;  // reads partial_rotary_factor (vLLM's Llama attention)
-  bool stacked;         // q/k/v and gate/up stacked in the checkpoint (Phi-3)
+  bool stacked;  // q/k/v and gate/up stacked in the checkpoint (Phi-3)
 };
 constexpr Family kFamilies[] = {
-    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, true, false},
-    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, true, false},
-    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false, false},
-    // (vLLM's Phi3ForCausalLM is its Llama; Hugging Face's Phi-3 has no biases)
-    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, true, true},
-    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, false, false},
-    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared, false,
-     false},
-    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone, false,
-     false},
-    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen, false,
-     false},
+    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false},
+    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false},
+    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false},
+    // (vLLM's Phi3ForCausalLM is its Llama: biases as Llama's keys say, which
+    // no Phi-3 config sets)
+    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone, true},
+    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, false},
+    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared, false},
+    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone, false},
+    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen, false},
 };
 
 const Family* family_of(const std::string& architecture) {
@@ -114,19 +111,19 @@ const Family& family(const ModelConfig& c) {
   return *f;
 }
 
-// rope_theta: at the top level (transformers 4), or in rope_parameters
-// (transformers 5 writes it there); both, they must agree; `fallback` without
-// either.
-double rope_theta_of(const json& j, const std::string& origin, double fallback) {
-  const double top = positive_number(j, "rope_theta", fallback, origin);
+// rope_theta or partial_rotary_factor (`key`): at the top level (transformers
+// 4), or in rope_parameters (transformers 5 and vLLM move both there); both,
+// they must agree; `fallback` without either.
+double rope_number(const json& j, const char* key, const std::string& origin, double fallback) {
+  const double top = positive_number(j, key, fallback, origin);
   if (!j.contains("rope_parameters") || j["rope_parameters"].is_null()) return top;
   const json& p = j["rope_parameters"];
   if (!p.is_object())
     raise<ModelError>(origin, ": field 'rope_parameters' must be an object, got ", p.dump());
-  const double nested = positive_number(p, "rope_theta", top, origin, "rope_parameters.");
-  if (j.contains("rope_theta") && !j["rope_theta"].is_null() && nested != top)
-    raise<ModelError>(origin, ": rope_theta ", j["rope_theta"].dump(),
-                      " and rope_parameters.rope_theta ", p["rope_theta"].dump(), " differ");
+  const double nested = positive_number(p, key, top, origin, "rope_parameters.");
+  if (j.contains(key) && !j[key].is_null() && nested != top)
+    raise<ModelError>(origin, ": ", key, " ", j[key].dump(), " and rope_parameters.", key, " ",
+                      p[key].dump(), " differ");
   return nested;
 }
 
@@ -141,14 +138,16 @@ json numbers_as_doubles(const json& j) {
 
 // The scaling settings of `key` (an object, or absent or null), written so
 // that settings that mean the same compare equal: numbers as doubles, the older
-// `type` folded into `rope_type`, rope_theta left out; null when nothing but a
+// `type` folded into `rope_type`, rope_theta and partial_rotary_factor left
+// out; null when nothing but a
 // default kind is left.
 json scaling_settings(const json& j, const char* key, const std::string& origin) {
   if (!j.contains(key) || j[key].is_null()) return nullptr;
   if (!j[key].is_object())
     raise<ModelError>(origin, ": field '", key, "' must be an object, got ", j[key].dump());
   json s = numbers_as_doubles(j[key]);
-  s.erase("rope_theta");
+  s.erase("rope_theta");  // (read on their own: rope_number())
+  s.erase("partial_rotary_factor");
   if (s.contains("type")) {
     if (s.contains("rope_type") && s["rope_type"] != s["type"])
       raise<ModelError>(origin, ": ", key, ".rope_type ", s["rope_type"].dump(), " and ", key,
@@ -326,14 +325,12 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   else
     c.head_dim = c.hidden_size / c.num_attention_heads;
   c.rms_norm_eps = positive_number(j, "rms_norm_eps", f.rms_norm_eps, origin);
-  c.rope_theta = rope_theta_of(j, origin, f.rope_theta);
+  c.rope_theta = rope_number(j, "rope_theta", origin, f.rope_theta);
   c.rope_scaling = rope_scaling_of(j, origin);
-  if (f.partial_rotary) {
-    c.partial_rotary_factor = positive_number(j, "partial_rotary_factor", 1.0, origin);
-    if (c.partial_rotary_factor > 1)
-      raise<ModelError>(origin, ": field 'partial_rotary_factor' must be at most 1, got ",
-                        j["partial_rotary_factor"].dump());
-  }
+  c.partial_rotary_factor = rope_number(j, "partial_rotary_factor", origin, 1.0);
+  if (c.partial_rotary_factor > 1)
+    raise<ModelError>(origin, ": partial_rotary_factor must be at most 1, got ",
+                      c.partial_rotary_factor);
   c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
   switch (f.biases) {
     case Biases::kLlama:
@@ -426,46 +423,45 @@ std::string model_config_to_json(const ModelConfig& c) {
 
 namespace {
 
-// A stacked tensor of layer prefix `p` and its parts (stacked_checkpoint_tensors()).
-RowSplit stacked_qkv(const ModelConfig& c, const std::string& p) {
+// A stacked tensor of layer prefix `p`, with `leaf` "weight" or "bias", and its
+// parts (stacked_checkpoint_tensors()).
+RowSplit stacked_qkv(const ModelConfig& c, const std::string& p, const std::string& leaf) {
   const std::int64_t q = c.num_attention_heads * c.head_dim,
                      kv = c.num_key_value_heads * c.head_dim;
-  return {p + "self_attn.qkv_proj.weight",
-          {{p + "self_attn.q_proj.weight", q},
-           {p + "self_attn.k_proj.weight", kv},
-           {p + "self_attn.v_proj.weight", kv}}};
+  const std::string a = p + "self_attn.";
+  return {a + "qkv_proj." + leaf,
+          {{a + "q_proj." + leaf, q}, {a + "k_proj." + leaf, kv}, {a + "v_proj." + leaf, kv}}};
 }
-RowSplit stacked_gate_up(const ModelConfig& c, const std::string& p) {
-  return {p + "mlp.gate_up_proj.weight",
-          {{p + "mlp.gate_proj.weight", c.intermediate_size},
-           {p + "mlp.up_proj.weight", c.intermediate_size}}};
+RowSplit stacked_gate_up(const ModelConfig& c, const std::string& p, const std::string& leaf) {
+  return {p + "mlp.gate_up_proj." + leaf,
+          {{p + "mlp.gate_proj." + leaf, c.intermediate_size},
+           {p + "mlp.up_proj." + leaf, c.intermediate_size}}};
 }
 
 // `split`'s parts (as the loaders take them), or the stacked tensor (as the
-// checkpoint holds it) with `columns`.
+// checkpoint holds it): rows of `columns` (a bias: 0, one value per row).
 void push_stacked(std::vector<CheckpointTensorSpec>& specs, const RowSplit& split,
                   std::int64_t columns, bool stacked) {
+  auto shape = [&](std::int64_t rows) {
+    return columns > 0 ? std::vector<std::int64_t>{rows, columns} : std::vector<std::int64_t>{rows};
+  };
   std::int64_t rows = 0;
   for (const RowPart& part : split.parts) {
-    if (!stacked) specs.push_back({part.name, {part.rows, columns}});
+    if (!stacked) specs.push_back({part.name, shape(part.rows)});
     rows += part.rows;
   }
-  if (stacked) specs.push_back({split.name, {rows, columns}});
+  if (stacked) specs.push_back({split.name, shape(rows)});
 }
 
 std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacked) {
   const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
-                     kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
+                     inter = c.intermediate_size;
   std::vector<CheckpointTensorSpec> specs = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     specs.push_back({p + "input_layernorm.weight", {h}});
-    push_stacked(specs, stacked_qkv(c, p), h, stacked);
-    if (c.attention_bias) {
-      specs.push_back({p + "self_attn.q_proj.bias", {q}});
-      specs.push_back({p + "self_attn.k_proj.bias", {kv}});
-      specs.push_back({p + "self_attn.v_proj.bias", {kv}});
-    }
+    push_stacked(specs, stacked_qkv(c, p, "weight"), h, stacked);
+    if (c.attention_bias) push_stacked(specs, stacked_qkv(c, p, "bias"), 0, stacked);
     specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
     // (vLLM's Qwen2 and Qwen3 attention has no o_proj bias: Hugging Face's Qwen3
     // would take one, no released Qwen3 checkpoint has it, and vLLM could not
@@ -494,11 +490,10 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacke
       }
       continue;
     }
-    push_stacked(specs, stacked_gate_up(c, p), h, stacked);
+    push_stacked(specs, stacked_gate_up(c, p, "weight"), h, stacked);
     specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
     if (c.mlp_bias) {
-      specs.push_back({p + "mlp.gate_proj.bias", {inter}});
-      specs.push_back({p + "mlp.up_proj.bias", {inter}});
+      push_stacked(specs, stacked_gate_up(c, p, "bias"), 0, stacked);
       specs.push_back({p + "mlp.down_proj.bias", {h}});
     }
   }
@@ -522,8 +517,10 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
   if (!family(c).stacked) return out;
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    out.push_back(stacked_qkv(c, p));
-    out.push_back(stacked_gate_up(c, p));
+    out.push_back(stacked_qkv(c, p, "weight"));
+    if (c.attention_bias) out.push_back(stacked_qkv(c, p, "bias"));
+    out.push_back(stacked_gate_up(c, p, "weight"));
+    if (c.mlp_bias) out.push_back(stacked_gate_up(c, p, "bias"));
   }
   return out;
 }
