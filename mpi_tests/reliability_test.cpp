@@ -173,8 +173,8 @@ Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig
   };
   row.kind = "UsageError";
   row.fragment =
-      "ranks disagree on the model config's rms_norm_eps, rope_theta, rope scaling or "
-      "partial_rotary_factor";
+      "ranks disagree on the model config's rms_norm_eps, rope_theta, rope scaling, "
+      "partial_rotary_factor or hidden_activation";
   row.config_of = std::move(config_of);
   return row;
 }
@@ -336,6 +336,13 @@ std::vector<Row> rows() {
                      [](const ModelConfig& c) {
                        ModelConfig mine = c;
                        if (world().rank() == world().size() - 1) mine.partial_rotary_factor = 0.5;
+                       return mine;
+                     }),
+      config_differs("a config whose MLP activation differs between ranks",
+                     [](const ModelConfig& c) {
+                       ModelConfig mine = c;
+                       if (world().rank() == world().size() - 1)
+                         mine.activation = Activation::kGelu;
                        return mine;
                      }),
   };

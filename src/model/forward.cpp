@@ -9,6 +9,7 @@
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/model.h"
+#include "tpreload/model/torch_dtype.h"
 
 namespace tpreload {
 namespace {
@@ -19,9 +20,24 @@ void allreduce_sum(at::Tensor& t, Communicator& comm) {
   comm.allreduce_floats(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()));
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+// RMSNorm; Gemma's scales by 1 + weight.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, const ModelConfig& c) {
   const at::Tensor variance = x.pow(2).mean({-1}, /*keepdim=*/true);
-  return x * at::rsqrt(variance + eps) * weight.to(at::kFloat);
+  const at::Tensor scale = weight.to(at::kFloat);
+  return x * at::rsqrt(variance + c.rms_norm_eps) * (c.gemma_normalization ? scale + 1 : scale);
+}
+
+// The MLP's activation of its gate rows.
+at::Tensor activate(const at::Tensor& gate, Activation activation) {
+  switch (activation) {
+    case Activation::kGeluTanh:
+      return at::gelu(gate, "tanh");
+    case Activation::kGelu:
+      return at::gelu(gate);
+    case Activation::kSilu:
+      break;
+  }
+  return at::silu(gate);
 }
 
 // The rotary embedding of a head of `dim` dims: its frequencies,
@@ -152,8 +168,9 @@ at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string
   const at::Tensor gate_up = linear(y, p + "gate_up_proj");
   const std::int64_t inter = gate_up.size(1) / 2;
   // Row-parallel: down_proj's (replicated) bias is added once, by tp rank 0.
-  return linear(at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter),
-                p + "down_proj", /*add_bias=*/tp_rank() == 0);
+  return linear(
+      activate(gate_up.narrow(1, 0, inter), config().activation) * gate_up.narrow(1, inter, inter),
+      p + "down_proj", /*add_bias=*/tp_rank() == 0);
 }
 
 // The rank's share of a sparse MoE block (Qwen2-MoE, Qwen3-MoE, Mixtral): the
@@ -182,7 +199,8 @@ at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& 
     if (rows.numel() == 0) continue;
     const at::Tensor x = y.index_select(0, rows);
     const at::Tensor gate_up = at::matmul(x, w13[e].t());
-    const at::Tensor act = at::silu(gate_up.narrow(1, 0, inter)) * gate_up.narrow(1, inter, inter);
+    const at::Tensor act =
+        activate(gate_up.narrow(1, 0, inter), c.activation) * gate_up.narrow(1, inter, inter);
     const at::Tensor expert_out =
         at::matmul(act, w2[e].t()) * token_weight.index_select(0, rows).unsqueeze(1);
     out.index_add_(0, rows, expert_out);
@@ -213,6 +231,10 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   at::Tensor h = weight_f32("model.embed_tokens").index_select(0, local_ids) *
                  in_range.unsqueeze(1).to(at::kFloat);
   allreduce_sum(h, comm);
+  if (c.gemma_normalization)  // (vLLM's normalizer: sqrt(hidden_size) in the model's dtype)
+    h = h * at::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)),
+                              at::TensorOptions().dtype(dtype_to_torch(c.dtype)))
+                .item<double>();
 
   const std::int64_t q_heads = c.num_attention_heads / tp, kv_heads = rules_.kv_heads_per_rank();
   const std::int64_t hd = c.head_dim, group = c.num_attention_heads / c.num_key_value_heads;
@@ -224,7 +246,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
 
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const at::Tensor x = rms_norm(h, host_param(p + "input_layernorm.weight"), c.rms_norm_eps);
+    const at::Tensor x = rms_norm(h, host_param(p + "input_layernorm.weight"), c);
     const at::Tensor qkv = linear(x, p + "self_attn.qkv_proj");
     const std::int64_t n = static_cast<std::int64_t>(tokens.size());
     at::Tensor q = qkv.narrow(1, 0, q_heads * hd).reshape({n, q_heads, hd});
@@ -232,8 +254,8 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     at::Tensor v =
         qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
     if (c.qk_norm) {  // Qwen3: RMSNorm over each head's dimensions, before rotary
-      q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c.rms_norm_eps);
-      k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c.rms_norm_eps);
+      q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c);
+      k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c);
     }
     q = apply_rope(q, rope);
     k = apply_rope(k, rope).index_select(1, kv_index);
@@ -246,13 +268,12 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     const at::Tensor o_bias = host_param(p + "self_attn.o_proj.bias");
     if (o_bias.defined()) attn = attn + o_bias.to(at::kFloat);
     h = h + attn;
-    const at::Tensor y =
-        rms_norm(h, host_param(p + "post_attention_layernorm.weight"), c.rms_norm_eps);
+    const at::Tensor y = rms_norm(h, host_param(p + "post_attention_layernorm.weight"), c);
     at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
     allreduce_sum(mlp, comm);
     h = h + mlp;
   }
-  h = rms_norm(h, host_param("model.norm.weight"), c.rms_norm_eps);
+  h = rms_norm(h, host_param("model.norm.weight"), c);
   const std::string head = c.tie_word_embeddings ? "model.embed_tokens" : "lm_head";
   const at::Tensor local_logits = at::matmul(h, weight_f32(head).t());
   at::Tensor logits = at::zeros({h.size(0), rules_.padded_vocab()}, at::kFloat);

@@ -189,11 +189,12 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
     std::memcpy(&bits, &v, sizeof bits);
     forward = fnv(forward, bits);
   }
-  forward = fnv(forward, c.rope_scaling.json);
+  forward = fnv(fnv(forward, c.rope_scaling.json), static_cast<std::uint64_t>(c.activation));
   const std::uint64_t plane =
       fnv(fnv(kFnvOffsetBasis, data.backend()), static_cast<std::uint64_t>(data.memory()));
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
-          {"the model config's rms_norm_eps, rope_theta, rope scaling or partial_rotary_factor",
+          {"the model config's rms_norm_eps, rope_theta, rope scaling, partial_rotary_factor or "
+           "hidden_activation",
            forward},
           {"the tp size", std::uint64_t(model.rules().tp_size())},
           {"the data plane (transport, memory space)", plane},

@@ -214,6 +214,55 @@ TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(qwen3.partial_rotary_factor, 0.75) << "every family reads it (vLLM's get_rope)";
 }
 
+// Gemma-2B's config.json (16 heads here; transformers' GemmaConfig; vLLM's
+// gemma.py): the head
+// tied to the embeddings when the key is absent, and required; one KV head;
+// tanh-approximated GeLU unless hidden_activation says "gelu" (hidden_act's
+// "gelu" is the known mistake vLLM overrides); 16 KV heads and head_dim 256 when
+// absent; no biases whatever attention_bias says.
+TEST(Config, GemmaKeysAsHuggingFaceWritesThem) {
+  const std::string gemma = R"({"architectures":["GemmaForCausalLM"],"hidden_size":2048,
+    "intermediate_size":16384,"num_hidden_layers":2,"num_attention_heads":16,
+    "num_key_value_heads":1,"head_dim":256,"vocab_size":256000,"hidden_act":"gelu",
+    "rms_norm_eps":1e-06,"rope_theta":10000.0,"attention_bias":true,"torch_dtype":"bfloat16"})";
+  const ModelConfig c = parse_model_config(gemma, "config.json");
+  EXPECT_TRUE(c.tie_word_embeddings) << "GemmaConfig's default";
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_TRUE(c.gemma_normalization);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias);
+  std::set<std::string> names;
+  for (const auto& s : checkpoint_tensor_specs(c)) names.insert(s.name);
+  EXPECT_EQ(names.count("lm_head.weight"), 0u);
+  EXPECT_EQ(names.size(), 1 + 2 * 9 + 1u);  // (embed; norms, q/k/v/o, gate/up/down; norm)
+  const ModelConfig plain =
+      parse_model_config(replaced(replaced(gemma, R"("num_key_value_heads":1,"head_dim":256,)", ""),
+                                  R"("hidden_act":"gelu",)", R"("hidden_activation":"gelu",)"),
+                         "c");
+  EXPECT_EQ(plain.num_key_value_heads, 16) << "GemmaConfig's default";
+  EXPECT_EQ(plain.head_dim, 256) << "GemmaConfig's default, not 2048 / 16";
+  EXPECT_EQ(plain.activation, Activation::kGelu) << "exact GeLU when hidden_activation says so";
+  const ModelConfig back = parse_model_config(model_config_to_json(plain), "round trip");
+  EXPECT_TRUE(config_differences(plain, back).empty()) << config_differences(plain, back)[0];
+  EXPECT_EQ(config_differences(c, back),
+            (std::vector<std::string>{"num_key_value_heads 1 vs 16",
+                                      "hidden_activation 'gelu_pytorch_tanh' vs 'gelu'"}));
+  const std::string untied =
+      replaced(gemma, R"("hidden_act")", R"("tie_word_embeddings":false,"hidden_act")");
+  EXPECT_NE(error_of(untied).find("GemmaForCausalLM ties its LM head to the embeddings (vLLM "
+                                  "asserts tie_word_embeddings), but the config sets it false"),
+            std::string::npos)
+      << error_of(untied);
+  const std::string silu =
+      replaced(gemma, R"("hidden_act")", R"("hidden_activation":"silu","hidden_act")");
+  EXPECT_NE(error_of(silu).find("hidden_activation \"silu\" is not one Gemma takes"),
+            std::string::npos)
+      << error_of(silu);
+  EXPECT_EQ(
+      parse_model_config(replaced(gemma, "GemmaForCausalLM", "LlamaForCausalLM"), "c").activation,
+      Activation::kSilu)
+      << "only Gemma reads hidden_activation";
+}
+
 // Qwen1.5-MoE-A2.7B's config.json (transformers' Qwen2MoeConfig; vLLM's
 // qwen2_moe.py): Qwen3-MoE's expert keys plus a shared expert, a dense MLP of
 // shared_expert_intermediate_size with a [1, hidden] sigmoid gate, in every
@@ -492,7 +541,8 @@ TEST(Config, RopeScalingAsVllmReadsIt) {
 TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
-          .find("architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM, "
+          .find("architecture 'GPT2LMHeadModel' is not supported (supported: GemmaForCausalLM, "
+                "LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
                 "Qwen2MoeForCausalLM, Qwen3ForCausalLM, "
                 "Qwen3MoeForCausalLM)"),

@@ -517,5 +517,24 @@ TEST(Forward, PartialRotaryTurnsTheFirstDimensionsOfEachHead) {
   }
 }
 
+// Gemma's MLP activation as its config says: exact GeLU with hidden_activation
+// "gelu", the tanh approximation otherwise; the reference's logits differ
+// between the two (the tiny gemma config, whose tanh GeLU every walk of the
+// tiny models checks, proves the rest: its norms and scaled embeddings).
+TEST(Forward, GemmaActivationsAsTheConfigSaysThem) {
+  const ModelConfig tanh = tiny_config("gemma");
+  ASSERT_EQ(tanh.activation, Activation::kGeluTanh);
+  std::string text = tanh.json;
+  text.insert(text.rfind('}'), R"(,"hidden_activation":"gelu")");
+  const ModelConfig exact = parse_model_config(text, "config.json");
+  const auto ckpt = random_checkpoint(exact, 29);
+  const auto [got, want] = logits_and_reference(exact, ckpt);
+  EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
+      << "max diff " << (got - want).abs().max().item<float>();
+  EXPECT_GT((want - testdata::reference_logits(tanh, ckpt, kRopeTokens)).abs().max().item<float>(),
+            1e-4)
+      << "the two GeLUs give the reference the same logits: the test proves nothing";
+}
+
 }  // namespace
 }  // namespace tpreload

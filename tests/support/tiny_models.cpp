@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include <nlohmann/json.hpp>
+
 #include "tpreload/model/torch_dtype.h"
 
 namespace tpreload::testdata {
@@ -65,6 +67,10 @@ ModelConfig tiny_config(const std::string& name) {
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":105,
       "partial_rotary_factor":0.5,"tie_word_embeddings":false,"rope_scaling":null,
       "attention_bias":true,"mlp_bias":true,"sliding_window":2047,"torch_dtype":"bfloat16"})";
+  else if (name == "gemma")  // MQA, head_dim 16 != 48 / 8, tied by default, GeLU from hidden_act
+    json = R"({"architectures":["GemmaForCausalLM"],"hidden_size":48,"intermediate_size":64,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":1,"head_dim":16,
+      "vocab_size":130,"hidden_act":"gelu","torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -138,6 +144,10 @@ bool qwen3(const ModelConfig& c) {
 
 bool mixtral(const ModelConfig& c) {
   return c.architecture == "MixtralForCausalLM";
+}
+
+bool gemma(const ModelConfig& c) {
+  return c.architecture == "GemmaForCausalLM";
 }
 
 bool sparse(const ModelConfig& c, std::int64_t layer) {
@@ -289,8 +299,20 @@ at::Tensor f32(const std::map<std::string, at::Tensor>& ckpt, const std::string&
   return ckpt.at(name).to(at::kDouble);
 }
 
-at::Tensor norm(const at::Tensor& x, const at::Tensor& w, double eps) {
-  return x / at::sqrt(x.pow(2).mean({-1}, true) + eps) * w;
+// RMSNorm; Gemma's multiplies by 1 + w (GemmaRMSNorm).
+at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const ModelConfig& c) {
+  return x / at::sqrt(x.pow(2).mean({-1}, true) + c.rms_norm_eps) * (gemma(c) ? w + 1 : w);
+}
+
+// The MLP's activation as the config's JSON asks, read here: SiLU, or for
+// Gemma GeLU, exact when hidden_activation is "gelu", else tanh-approximated
+// (both written out).
+at::Tensor activation(const ModelConfig& c, const at::Tensor& x) {
+  if (!gemma(c)) return x / (1 + at::exp(-x));
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  if (j.value("hidden_activation", nlohmann::json()) == "gelu")
+    return 0.5 * x * (1 + at::erf(x / std::sqrt(2.0)));
+  return 0.5 * x * (1 + at::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x.pow(3))));
 }
 
 // The frequency of pair i of a head of d dims, one frequency at a time: as
@@ -364,10 +386,11 @@ at::Tensor linear_ref(const std::map<std::string, at::Tensor>& ckpt, const at::T
   return ckpt.count(name + ".bias") ? y + f32(ckpt, name + ".bias") : y;
 }
 
-// down(SiLU(gate(x)) * up(x)), each named in full.
-at::Tensor swiglu(const std::map<std::string, at::Tensor>& ckpt, const at::Tensor& x,
-                  const std::string& gate, const std::string& up, const std::string& down) {
-  return linear_ref(ckpt, at::silu(linear_ref(ckpt, x, gate)) * linear_ref(ckpt, x, up), down);
+// down(act(gate(x)) * up(x)), each named in full.
+at::Tensor swiglu(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                  const at::Tensor& x, const std::string& gate, const std::string& up,
+                  const std::string& down) {
+  return linear_ref(ckpt, activation(c, linear_ref(ckpt, x, gate)) * linear_ref(ckpt, x, up), down);
 }
 
 // Hugging Face's Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock and
@@ -387,13 +410,14 @@ at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ck
     for (std::int64_t k = 0; k < c.num_experts_per_tok; ++k) {
       const std::string x =
           p + n.block + "experts." + std::to_string(idx[k].item<std::int64_t>()) + ".";
-      out[t] += (swiglu(ckpt, row, x + n.gate, x + n.up, x + n.down) * w[k]).squeeze(0);
+      out[t] += (swiglu(c, ckpt, row, x + n.gate, x + n.up, x + n.down) * w[k]).squeeze(0);
     }
     const std::string shared = p + "mlp.shared_expert.";
     if (ckpt.count(p + "mlp.shared_expert_gate.weight"))  // Qwen2-MoE: + sigmoid(gate) x MLP
-      out[t] += (at::sigmoid(linear_ref(ckpt, row, p + "mlp.shared_expert_gate")) *
-                 swiglu(ckpt, row, shared + "gate_proj", shared + "up_proj", shared + "down_proj"))
-                    .squeeze(0);
+      out[t] +=
+          (at::sigmoid(linear_ref(ckpt, row, p + "mlp.shared_expert_gate")) *
+           swiglu(c, ckpt, row, shared + "gate_proj", shared + "up_proj", shared + "down_proj"))
+              .squeeze(0);
   }
   return out;
 }
@@ -406,14 +430,18 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
                      nkv = c.num_key_value_heads;
   at::Tensor h = f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens));
+  if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
+    h = h * at::tensor(std::sqrt(static_cast<double>(c.hidden_size)))
+                .to(dtype_to_torch(c.dtype))
+                .to(at::kDouble);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c.rms_norm_eps);
+    const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c);
     at::Tensor q = linear_ref(ckpt, x, p + "self_attn.q_proj").reshape({n, nh, hd});
     at::Tensor k = linear_ref(ckpt, x, p + "self_attn.k_proj").reshape({n, nkv, hd});
     if (qwen3(c)) {  // per-head RMSNorm before rotary
-      q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c.rms_norm_eps);
-      k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c.rms_norm_eps);
+      q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
+      k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }
     q = rope(q.transpose(0, 1), c);
     k = rope(k.transpose(0, 1), c);
@@ -425,13 +453,13 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     s = s + at::full({n, n}, -INFINITY, at::kDouble).triu(1);
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
     h = h + linear_ref(ckpt, a, p + "self_attn.o_proj");
-    const at::Tensor y = norm(h, f32(ckpt, p + "post_attention_layernorm.weight"), c.rms_norm_eps);
+    const at::Tensor y = norm(h, f32(ckpt, p + "post_attention_layernorm.weight"), c);
     if (sparse(c, l))
       h = h + moe(c, ckpt, p, y);
     else
-      h = h + swiglu(ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj", p + "mlp.down_proj");
+      h = h + swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj", p + "mlp.down_proj");
   }
-  h = norm(h, f32(ckpt, "model.norm.weight"), c.rms_norm_eps);
+  h = norm(h, f32(ckpt, "model.norm.weight"), c);
   return at::matmul(
              h,
              f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight").t())

@@ -28,12 +28,14 @@ namespace tpreload::testdata {
 // "phi3" (Phi-3: q/k/v stacked in qkv_proj and gate/up in gate_up_proj in the
 // checkpoint, their biases too; 8 heads / 2 KV heads, rotary over half of each
 // head, vocab 105),
+// "gemma" (Gemma: one KV head of 8 heads, head_dim 16 with hidden 48, tied head
+// by default, tanh GeLU although hidden_act says "gelu", vocab 130),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
-    "llama_gqa",       "qwen2_tied", "mistral_mqa", "qwen3_dense",    "qwen3_moe",
-    "qwen3_moe_plain", "qwen2_moe",  "mixtral",     "llama_mlp_bias", "phi3"};
+    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
+    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

@@ -1,6 +1,7 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM,
-// Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM),
+// (GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+// Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM,
+// Qwen3MoeForCausalLM),
 // and the tensors a checkpoint for it holds. No torch here:
 // the checkpoint tool and the checkpoint layer's tests use it too.
 #pragma once
@@ -46,6 +47,13 @@ struct RopeScaling {
   std::string json;
 };
 
+// The activation of an MLP's gate rows (times its up rows): SiLU (SwiGLU) for
+// every family but Gemma, whose GeLU is tanh-approximated unless the config's
+// `hidden_activation` is "gelu" (vLLM's _get_gemma_act_fn).
+enum class Activation : std::uint8_t { kSilu, kGeluTanh, kGelu };
+// "silu", "gelu_pytorch_tanh", "gelu".
+const char* activation_name(Activation activation);
+
 struct ModelConfig {
   std::string architecture;  // one of supported_architectures()
   std::int64_t hidden_size = 0;
@@ -64,7 +72,12 @@ struct ModelConfig {
   // transformers 5 and vLLM move it; both, they must agree), at most 1; 1 when
   // absent.
   double partial_rotary_factor = 1;
-  bool tie_word_embeddings = false;
+  bool tie_word_embeddings = false;  // absent: true for Gemma, false for the others
+  Activation activation = Activation::kSilu;
+  // Gemma (vLLM's GemmaRMSNorm and GemmaModel): RMSNorm scales by 1 + weight,
+  // and the embeddings are multiplied by sqrt(hidden_size) rounded to the
+  // model's dtype.
+  bool gemma_normalization = false;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
   // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`
   // or `bias`, which give o_proj's too, while `qkv_bias`, when present, decides

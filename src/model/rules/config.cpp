@@ -83,18 +83,24 @@ struct Family {
   bool qk_norm;  // per-head RMSNorm of q and k before rotary
   Experts experts;
   bool stacked;  // q/k/v and gate/up stacked in the checkpoint (Phi-3)
+  bool gemma;    // tied head by default (and required), GeLU, Gemma's normalization
 };
 constexpr Family kFamilies[] = {
-    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false},
-    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false},
-    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false},
+    // (vLLM's Gemma has no biases whatever the config says)
+    {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, false, true},
+    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false, false},
+    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false, false},
+    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false, false},
     // (vLLM's Phi3ForCausalLM is its Llama: biases as Llama's keys say, which
     // no Phi-3 config sets)
-    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone, true},
-    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, false},
-    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared, false},
-    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone, false},
-    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen, false},
+    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone, true, false},
+    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, false, false},
+    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared, false,
+     false},
+    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone, false,
+     false},
+    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen, false,
+     false},
 };
 
 const Family* family_of(const std::string& architecture) {
@@ -211,6 +217,19 @@ const Family& architecture_of(const json& j, const std::string& origin) {
                     ")");
 }
 
+// Gemma's MLP activation (vLLM's _get_gemma_act_fn): `hidden_activation`,
+// tanh-approximated GeLU when absent (whatever `hidden_act` says: Gemma's first
+// configs gave exact GeLU there by mistake).
+Activation gemma_activation(const json& j, const std::string& origin) {
+  if (!j.contains("hidden_activation") || j["hidden_activation"].is_null())
+    return Activation::kGeluTanh;
+  const json& a = j["hidden_activation"];
+  if (a == "gelu_pytorch_tanh") return Activation::kGeluTanh;
+  if (a == "gelu") return Activation::kGelu;
+  raise<ModelError>(origin, ": hidden_activation ", a.dump(),
+                    " is not one Gemma takes (gelu_pytorch_tanh, gelu)");
+}
+
 // The expert keys of `kind` (Family::experts; vLLM's MixtralMoE renormalises:
 // renormalize=True).
 void parse_experts(const json& j, const std::string& origin, Experts kind, ModelConfig& c) {
@@ -267,6 +286,18 @@ void check_heads(const ModelConfig& c, const std::string& origin) {
 }
 
 }  // namespace
+
+const char* activation_name(Activation activation) {
+  switch (activation) {
+    case Activation::kGeluTanh:
+      return "gelu_pytorch_tanh";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kSilu:
+      break;
+  }
+  return "silu";
+}
 
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = [] {
@@ -331,7 +362,17 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (c.partial_rotary_factor > 1)
     raise<ModelError>(origin, ": partial_rotary_factor must be at most 1, got ",
                       c.partial_rotary_factor);
-  c.tie_word_embeddings = flag(j, "tie_word_embeddings", origin);
+  c.tie_word_embeddings = j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null()
+                              ? flag(j, "tie_word_embeddings", origin)
+                              : f.gemma;
+  if (f.gemma) {
+    if (!c.tie_word_embeddings)
+      raise<ModelError>(origin, ": ", f.architecture,
+                        " ties its LM head to the embeddings (vLLM asserts "
+                        "tie_word_embeddings), but the config sets it false");
+    c.activation = gemma_activation(j, origin);
+    c.gemma_normalization = true;
+  }
   switch (f.biases) {
     case Biases::kLlama:
       c.o_proj_bias = flag(j, "attention_bias", origin) || flag(j, "bias", origin);
@@ -395,6 +436,7 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
   if (c.partial_rotary_factor != 1) j["partial_rotary_factor"] = c.partial_rotary_factor;
+  if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
   // Llama and Mistral spell o_proj's bias attention_bias, q/k/v's qkv_bias where
   // it differs; Qwen2's q/k/v biases are not a setting.
   const Family& f = family(c);
@@ -546,6 +588,8 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   field("rope_scaling", scaling(a), scaling(b));
   field("partial_rotary_factor", a.partial_rotary_factor, b.partial_rotary_factor);
   field("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
+  field("hidden_activation", std::string(activation_name(a.activation)),
+        std::string(activation_name(b.activation)));
   field("attention_bias", a.attention_bias, b.attention_bias);
   field("o_proj_bias", a.o_proj_bias, b.o_proj_bias);
   field("mlp_bias", a.mlp_bias, b.mlp_bias);
