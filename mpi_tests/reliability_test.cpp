@@ -173,8 +173,9 @@ Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig
   };
   row.kind = "UsageError";
   row.fragment =
-      "ranks disagree on the model config's rms_norm_eps, rope_theta, rope scaling, "
-      "partial_rotary_factor or hidden_activation";
+      "ranks disagree on the model config's settings of the forward pass (rms_norm_eps, "
+      "rope_theta, rope scaling, partial_rotary_factor, hidden_activation, Gemma 2's attention "
+      "scaling, soft-capping and sliding windows)";
   row.config_of = std::move(config_of);
   return row;
 }
@@ -343,6 +344,13 @@ std::vector<Row> rows() {
                        ModelConfig mine = c;
                        if (world().rank() == world().size() - 1)
                          mine.activation = Activation::kGelu;
+                       return mine;
+                     }),
+      config_differs("a config whose sliding layers differ between ranks",
+                     [](const ModelConfig& c) {
+                       ModelConfig mine = c;
+                       mine.sliding_window = 4;
+                       mine.sliding_layers = {world().rank() == world().size() - 1 ? 1 : 0};
                        return mine;
                      }),
   };

@@ -128,11 +128,24 @@ at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
   return at::cat({turned, x.narrow(2, 2 * half, x.size(2) - 2 * half)}, -1);
 }
 
-at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+// cap x tanh(x / cap); x itself when cap is 0 (Gemma 2's soft-capping).
+at::Tensor soft_cap(const at::Tensor& x, double cap) {
+  return cap > 0 ? at::tanh(x / cap) * cap : x;
+}
+
+// Causal attention of layer `layer` on [tokens, heads, head_dim]: scores scaled
+// by query_pre_attn_scalar^-1/2 (or head_dim's), soft-capped, and (sliding
+// layers) limited to the sliding_window latest positions.
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const ModelConfig& c, std::int64_t layer) {
   const std::int64_t tokens = q.size(0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(2)));
-  at::Tensor scores = at::einsum("thd,shd->hts", {q, k}) * scale;
-  const at::Tensor mask = at::ones({tokens, tokens}, at::kBool).triu(1);
+  const double scaled_by =
+      c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(q.size(2));
+  at::Tensor scores = at::einsum("thd,shd->hts", {q, k}) / std::sqrt(scaled_by);
+  scores = soft_cap(scores, c.attn_logit_softcapping);
+  at::Tensor mask = at::ones({tokens, tokens}, at::kBool).triu(1);  // (later positions)
+  if (c.sliding_layer(layer))  // and those sliding_window or more before
+    mask = mask | at::ones({tokens, tokens}, at::kBool).tril(-c.sliding_window);
   scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
   return at::einsum("hts,shd->thd", {at::softmax(scores, -1), v});
 }
@@ -262,15 +275,23 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     v = v.index_select(1, kv_index);
     // Row-parallel: partial products are summed over the group, then the
     // (replicated) bias is added once.
-    at::Tensor attn = linear(causal_attention(q, k, v).reshape({n, q_heads * hd}),
+    at::Tensor attn = linear(causal_attention(q, k, v, c, l).reshape({n, q_heads * hd}),
                              p + "self_attn.o_proj", /*add_bias=*/false);
     allreduce_sum(attn, comm);
     const at::Tensor o_bias = host_param(p + "self_attn.o_proj.bias");
     if (o_bias.defined()) attn = attn + o_bias.to(at::kFloat);
+    // Gemma 2: post_attention_layernorm norms the attention's output, and the
+    // MLP runs between pre_ and post_feedforward_layernorm.
+    const auto norm = [&](const at::Tensor& x, const char* name) {
+      return rms_norm(x, host_param(p + name), c);
+    };
+    if (c.sandwich_norms) attn = norm(attn, "post_attention_layernorm.weight");
     h = h + attn;
-    const at::Tensor y = rms_norm(h, host_param(p + "post_attention_layernorm.weight"), c);
+    const at::Tensor y = norm(h, c.sandwich_norms ? "pre_feedforward_layernorm.weight"
+                                                  : "post_attention_layernorm.weight");
     at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
     allreduce_sum(mlp, comm);
+    if (c.sandwich_norms) mlp = norm(mlp, "post_feedforward_layernorm.weight");
     h = h + mlp;
   }
   h = rms_norm(h, host_param("model.norm.weight"), c);
@@ -279,7 +300,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   at::Tensor logits = at::zeros({h.size(0), rules_.padded_vocab()}, at::kFloat);
   logits.narrow(1, vocab_start, per_vocab).copy_(local_logits);
   allreduce_sum(logits, comm);
-  return logits.narrow(1, 0, c.vocab_size).contiguous();
+  return soft_cap(logits.narrow(1, 0, c.vocab_size), c.final_logit_softcapping).contiguous();
 }
 
 }  // namespace tpreload

@@ -263,6 +263,67 @@ TEST(Config, GemmaKeysAsHuggingFaceWritesThem) {
       << "only Gemma reads hidden_activation";
 }
 
+// Gemma-2-2B's config.json (transformers' Gemma2Config; vLLM's gemma2.py): the
+// pre/post feed-forward norms in the checkpoint; attention scaled by
+// query_pre_attn_scalar, soft-capped scores and logits (null: none), sliding
+// windows on the layers layer_types marks, the even ones without it; Gemma2Config's
+// defaults for absent keys; tanh GeLU only.
+TEST(Config, Gemma2KeysAsHuggingFaceWritesThem) {
+  const std::string gemma2 = R"({"architectures":["Gemma2ForCausalLM"],"hidden_size":2304,
+    "intermediate_size":9216,"num_hidden_layers":3,"num_attention_heads":8,"num_key_value_heads":4,
+    "head_dim":256,"vocab_size":256000,"hidden_activation":"gelu_pytorch_tanh",
+    "query_pre_attn_scalar":224,"attn_logit_softcapping":null,"final_logit_softcapping":30.0,
+    "sliding_window":4096,"layer_types":["full_attention","sliding_attention","full_attention"],
+    "torch_dtype":"bfloat16"})";
+  const ModelConfig c = parse_model_config(gemma2, "config.json");
+  EXPECT_TRUE(c.tie_word_embeddings && c.gemma_normalization && c.sandwich_norms);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_EQ(c.query_pre_attn_scalar, 224);
+  EXPECT_EQ(c.attn_logit_softcapping, 0) << "null: not capped";
+  EXPECT_EQ(c.final_logit_softcapping, 30);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.sliding_layers, std::vector<std::int64_t>{1});
+  EXPECT_TRUE(c.sliding_layer(1) && !c.sliding_layer(0) && !c.sliding_layer(2));
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  EXPECT_EQ(shapes["model.layers.2.pre_feedforward_layernorm.weight"],
+            std::vector<std::int64_t>{2304});
+  EXPECT_EQ(shapes["model.layers.0.post_feedforward_layernorm.weight"],
+            std::vector<std::int64_t>{2304});
+  EXPECT_EQ(shapes.size(), 1 + 3 * 11 + 1u);  // (embed; 4 norms, q/k/v/o, gate/up/down; norm)
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  // Gemma2Config's defaults: 4 KV heads, head_dim 256, scalar 256, caps 50 and
+  // 30, windows of 4096 on the even layers.
+  std::string bare = gemma2;
+  for (
+      const char* key :
+      {R"("num_key_value_heads":4,)", R"("head_dim":256,)", R"("query_pre_attn_scalar":224,)",
+       R"("attn_logit_softcapping":null,"final_logit_softcapping":30.0,)",
+       R"("sliding_window":4096,"layer_types":["full_attention","sliding_attention","full_attention"],)"})
+    bare = replaced(bare, key, "");
+  const ModelConfig d = parse_model_config(bare, "c");
+  EXPECT_EQ(d.num_key_value_heads, 4);
+  EXPECT_EQ(d.head_dim, 256);
+  EXPECT_EQ(d.query_pre_attn_scalar, 256);
+  EXPECT_EQ(d.attn_logit_softcapping, 50);
+  EXPECT_EQ(d.final_logit_softcapping, 30);
+  EXPECT_EQ(d.sliding_window, 4096);
+  EXPECT_EQ(d.sliding_layers, (std::vector<std::int64_t>{0, 2}));
+  const std::string exact = replaced(gemma2, "gelu_pytorch_tanh", "gelu");
+  EXPECT_NE(error_of(exact).find("Gemma2ForCausalLM takes hidden_activation gelu_pytorch_tanh "
+                                 "only, got \"gelu\""),
+            std::string::npos)
+      << error_of(exact);
+  const std::string short_types = replaced(gemma2, R"(,"full_attention"])", "]");
+  EXPECT_NE(error_of(short_types).find("field 'layer_types' must list the 3 layers' attention"),
+            std::string::npos)
+      << error_of(short_types);
+  const std::string odd_type = replaced(gemma2, R"("sliding_attention")", R"("chunked")");
+  EXPECT_NE(error_of(odd_type).find("layer_types[1] is \"chunked\""), std::string::npos)
+      << error_of(odd_type);
+}
+
 // Qwen1.5-MoE-A2.7B's config.json (transformers' Qwen2MoeConfig; vLLM's
 // qwen2_moe.py): Qwen3-MoE's expert keys plus a shared expert, a dense MLP of
 // shared_expert_intermediate_size with a [1, hidden] sigmoid gate, in every
@@ -542,7 +603,7 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: GemmaForCausalLM, "
-                "LlamaForCausalLM, "
+                "Gemma2ForCausalLM, LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
                 "Qwen2MoeForCausalLM, Qwen3ForCausalLM, "
                 "Qwen3MoeForCausalLM)"),

@@ -71,6 +71,12 @@ ModelConfig tiny_config(const std::string& name) {
     json = R"({"architectures":["GemmaForCausalLM"],"hidden_size":48,"intermediate_size":64,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":1,"head_dim":16,
       "vocab_size":130,"hidden_act":"gelu","torch_dtype":"bfloat16"})";
+  else if (name == "gemma2")  // sandwich norms, scaled and capped attention, windows of 3
+    json = R"({"architectures":["Gemma2ForCausalLM"],"hidden_size":48,"intermediate_size":64,
+      "num_hidden_layers":3,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":16,
+      "vocab_size":140,"hidden_activation":"gelu_pytorch_tanh","query_pre_attn_scalar":24,
+      "attn_logit_softcapping":2.0,"final_logit_softcapping":3.0,"sliding_window":3,
+      "torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -146,8 +152,42 @@ bool mixtral(const ModelConfig& c) {
   return c.architecture == "MixtralForCausalLM";
 }
 
-bool gemma(const ModelConfig& c) {
-  return c.architecture == "GemmaForCausalLM";
+bool gemma(const ModelConfig& c) {  // (Gemma and Gemma 2)
+  return c.architecture.rfind("Gemma", 0) == 0;
+}
+
+// Gemma 2's attention, as its config's JSON says (read here, with
+// Gemma2Config's defaults): scores scaled by query_pre_attn_scalar^-1/2, capped
+// at attn_logit_softcapping, the final logits at final_logit_softcapping (null:
+// no cap), and layers that attend to the sliding_window latest positions (null:
+// none): those `layer_types` marks sliding, else the even ones.
+struct Gemma2Attention {
+  double scalar = 0, attn_cap = 0, final_cap = 0;
+  std::int64_t window = 0;
+  std::vector<bool> sliding;
+};
+
+Gemma2Attention gemma2_attention(const ModelConfig& c) {
+  Gemma2Attention g;
+  g.sliding.assign(c.num_hidden_layers, false);
+  if (c.architecture != "Gemma2ForCausalLM") return g;
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  auto number = [&](const char* key, double fallback) {
+    if (!j.contains(key)) return fallback;
+    return j[key].is_null() ? 0.0 : j[key].get<double>();
+  };
+  g.scalar = number("query_pre_attn_scalar", 256);
+  g.attn_cap = number("attn_logit_softcapping", 50);
+  g.final_cap = number("final_logit_softcapping", 30);
+  g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    g.sliding[l] =
+        j.contains("layer_types") ? j["layer_types"][l] == "sliding_attention" : l % 2 == 0;
+  return g;
+}
+
+at::Tensor capped(const at::Tensor& x, double cap) {
+  return cap > 0 ? cap * at::tanh(x / cap) : x;
 }
 
 bool sparse(const ModelConfig& c, std::int64_t layer) {
@@ -266,8 +306,10 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
   out["model.norm.weight"] = ckpt.at("model.norm.weight");
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"})
-      out[p + norm] = ckpt.at(p + norm);
+    for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight",
+                             "pre_feedforward_layernorm.weight",  // (Gemma 2's, replicated)
+                             "post_feedforward_layernorm.weight"})
+      if (ckpt.count(p + norm)) out[p + norm] = ckpt.at(p + norm);
     for (std::string leaf : {"weight", "bias"}) {
       const std::string q = p + "self_attn.q_proj." + leaf;
       if (!ckpt.count(q)) continue;
@@ -429,6 +471,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
                      nkv = c.num_key_value_heads;
+  const Gemma2Attention g2 = gemma2_attention(c);
   at::Tensor h = f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens));
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
     h = h * at::tensor(std::sqrt(static_cast<double>(c.hidden_size)))
@@ -449,20 +492,34 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
         linear_ref(ckpt, x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);
     v = v.repeat_interleave(nh / nkv, 0);
-    at::Tensor s = at::matmul(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(hd));
-    s = s + at::full({n, n}, -INFINITY, at::kDouble).triu(1);
+    at::Tensor s = at::matmul(q, k.transpose(1, 2)) /
+                   std::sqrt(g2.scalar > 0 ? g2.scalar : static_cast<double>(hd));
+    s = capped(s, g2.attn_cap);
+    for (std::int64_t t = 0; t < n; ++t)  // query t sees keys t - window + 1 .. t
+      for (std::int64_t key = 0; key < n; ++key)
+        if (key > t || (g2.sliding[l] && g2.window > 0 && t - key >= g2.window))
+          s.select(1, t).select(1, key).fill_(-INFINITY);
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
-    h = h + linear_ref(ckpt, a, p + "self_attn.o_proj");
-    const at::Tensor y = norm(h, f32(ckpt, p + "post_attention_layernorm.weight"), c);
-    if (sparse(c, l))
-      h = h + moe(c, ckpt, p, y);
-    else
-      h = h + swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj", p + "mlp.down_proj");
+    at::Tensor attn = linear_ref(ckpt, a, p + "self_attn.o_proj");
+    // Gemma 2 norms the attention's output, and the MLP's input and output.
+    const bool sandwich = ckpt.count(p + "pre_feedforward_layernorm.weight") > 0;
+    if (sandwich) attn = norm(attn, f32(ckpt, p + "post_attention_layernorm.weight"), c);
+    h = h + attn;
+    const at::Tensor y = norm(h,
+                              f32(ckpt, p + (sandwich ? "pre_feedforward_layernorm.weight"
+                                                      : "post_attention_layernorm.weight")),
+                              c);
+    at::Tensor mlp = sparse(c, l) ? moe(c, ckpt, p, y)
+                                  : swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj",
+                                           p + "mlp.down_proj");
+    if (sandwich) mlp = norm(mlp, f32(ckpt, p + "post_feedforward_layernorm.weight"), c);
+    h = h + mlp;
   }
   h = norm(h, f32(ckpt, "model.norm.weight"), c);
-  return at::matmul(
-             h,
-             f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight").t())
+  return capped(at::matmul(h, f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight"
+                                                              : "lm_head.weight")
+                                  .t()),
+                g2.final_cap)
       .to(at::kFloat);
 }
 

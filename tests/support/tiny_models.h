@@ -30,12 +30,15 @@ namespace tpreload::testdata {
 // head, vocab 105),
 // "gemma" (Gemma: one KV head of 8 heads, head_dim 16 with hidden 48, tied head
 // by default, tanh GeLU although hidden_act says "gelu", vocab 130),
+// "gemma2" (Gemma 2: pre/post feed-forward norms, attention scaled by
+// query_pre_attn_scalar 24, scores capped at 2 and logits at 3, layers 0 and 2
+// attending to windows of 3 positions),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
     "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
-    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma"};
+    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",     "gemma2"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

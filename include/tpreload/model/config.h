@@ -1,5 +1,5 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (GemmaForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
+// (GemmaForCausalLM, Gemma2ForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
 // Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM,
 // Qwen3MoeForCausalLM),
 // and the tensors a checkpoint for it holds. No torch here:
@@ -78,6 +78,20 @@ struct ModelConfig {
   // and the embeddings are multiplied by sqrt(hidden_size) rounded to the
   // model's dtype.
   bool gemma_normalization = false;
+  // Gemma 2 (Gemma2Config's defaults; vLLM's gemma2.py), read for it alone:
+  // the attention output normed (post_attention_layernorm) before the
+  // residual, and the MLP between pre_ and post_feedforward_layernorm;
+  // attention scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2
+  // (0: head_dim); attention scores and the final logits soft-capped,
+  // cap x tanh(x / cap) (0: not capped); decoder layers in sliding_layers
+  // attend to the sliding_window latest positions only (those in
+  // `layer_types` marked "sliding_attention", else the even layers).
+  bool sandwich_norms = false;
+  double query_pre_attn_scalar = 0;
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
+  std::int64_t sliding_window = 0;
+  std::vector<std::int64_t> sliding_layers;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
   // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`
   // or `bias`, which give o_proj's too, while `qkv_bias`, when present, decides
@@ -102,6 +116,9 @@ struct ModelConfig {
   std::int64_t shared_expert_intermediate_size = 0;
   DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
   std::string json;               // the original text, for kernel_format.json
+
+  // Whether decoder layer `layer` attends to a sliding window (Gemma 2).
+  bool sliding_layer(std::int64_t layer) const;
 
   // Whether decoder layer `layer` has experts: num_experts > 0, the layer is not
   // in mlp_only_layers, and (layer + 1) % decoder_sparse_step == 0.
@@ -153,6 +170,7 @@ struct CheckpointTensorSpec {
 // (Phi-3: self_attn.qkv_proj and o_proj; see stacked_checkpoint_tensors())
 // (q/k/v biases when attention_bias, o_proj's when o_proj_bias),
 // self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
+// Gemma 2: pre_feedforward_layernorm and post_feedforward_layernorm, then
 // mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias; Phi-3:
 // mlp.gate_up_proj and down_proj) or the
 // router and every expert's three projections as moe_names() spells them

@@ -1,6 +1,7 @@
 #include "tpreload/model/config.h"
 
 #include <sys/stat.h>
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -83,24 +84,34 @@ struct Family {
   bool qk_norm;  // per-head RMSNorm of q and k before rotary
   Experts experts;
   bool stacked;  // q/k/v and gate/up stacked in the checkpoint (Phi-3)
-  bool gemma;    // tied head by default (and required), GeLU, Gemma's normalization
+  // Gemma: tied head by default (and required), GeLU, Gemma's normalization;
+  // Gemma 2: and its sandwich norms, attention scaling, soft-capping, windows.
+  enum Gemma { kNotGemma, kGemma, kGemma2 } gemma;
 };
 constexpr Family kFamilies[] = {
     // (vLLM's Gemma has no biases whatever the config says)
-    {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, false, true},
-    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false, false},
-    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false, false},
-    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false, false},
+    {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, false,
+     Family::kGemma},
+    {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, false,
+     Family::kGemma2},
+    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
+     Family::kNotGemma},
+    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
+     Family::kNotGemma},
+    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false,
+     Family::kNotGemma},
     // (vLLM's Phi3ForCausalLM is its Llama: biases as Llama's keys say, which
     // no Phi-3 config sets)
-    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone, true, false},
-    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, false, false},
+    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone, true,
+     Family::kNotGemma},
+    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, false,
+     Family::kNotGemma},
     {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared, false,
-     false},
+     Family::kNotGemma},
     {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone, false,
-     false},
+     Family::kNotGemma},
     {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen, false,
-     false},
+     Family::kNotGemma},
 };
 
 const Family* family_of(const std::string& architecture) {
@@ -230,6 +241,45 @@ Activation gemma_activation(const json& j, const std::string& origin) {
                     " is not one Gemma takes (gelu_pytorch_tanh, gelu)");
 }
 
+// A soft-capping value: absent, `fallback`; null, 0 (not capped); else positive.
+double softcap(const json& j, const char* key, double fallback, const std::string& origin) {
+  if (j.contains(key) && j[key].is_null()) return 0;
+  return positive_number(j, key, fallback, origin);
+}
+
+// Gemma 2's keys, with Gemma2Config's defaults (vLLM's gemma2.py): its GeLU
+// must be the tanh one (vLLM refuses any other).
+void parse_gemma2(const json& j, const std::string& origin, ModelConfig& c) {
+  if (gemma_activation(j, origin) != Activation::kGeluTanh)
+    raise<ModelError>(origin,
+                      ": Gemma2ForCausalLM takes hidden_activation gelu_pytorch_tanh "
+                      "only, got ",
+                      j["hidden_activation"].dump());
+  c.sandwich_norms = true;
+  c.query_pre_attn_scalar = positive_number(j, "query_pre_attn_scalar", 256, origin);
+  c.attn_logit_softcapping = softcap(j, "attn_logit_softcapping", 50, origin);
+  c.final_logit_softcapping = softcap(j, "final_logit_softcapping", 30, origin);
+  c.sliding_window = !j.contains("sliding_window")   ? 4096
+                     : j["sliding_window"].is_null() ? 0
+                                                     : positive_int(j, "sliding_window", origin);
+  if (c.sliding_window == 0) return;
+  if (!j.contains("layer_types") || j["layer_types"].is_null()) {
+    for (std::int64_t l = 0; l < c.num_hidden_layers; l += 2) c.sliding_layers.push_back(l);
+    return;
+  }
+  const json& types = j["layer_types"];
+  if (!types.is_array() || static_cast<std::int64_t>(types.size()) != c.num_hidden_layers)
+    raise<ModelError>(origin, ": field 'layer_types' must list the ", c.num_hidden_layers,
+                      " layers' attention, got ", types.dump());
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (types[l] == "sliding_attention")
+      c.sliding_layers.push_back(l);
+    else if (types[l] != "full_attention")
+      raise<ModelError>(origin, ": layer_types[", l, "] is ", types[l].dump(),
+                        ", not \"sliding_attention\" or \"full_attention\"");
+  }
+}
+
 // The expert keys of `kind` (Family::experts; vLLM's MixtralMoE renormalises:
 // renormalize=True).
 void parse_experts(const json& j, const std::string& origin, Experts kind, ModelConfig& c) {
@@ -313,6 +363,11 @@ MoeNames moe_names(const ModelConfig& c) {
   return {"mlp", "gate_proj", "up_proj", "down_proj"};
 }
 
+bool ModelConfig::sliding_layer(std::int64_t layer) const {
+  return sliding_window > 0 &&
+         std::find(sliding_layers.begin(), sliding_layers.end(), layer) != sliding_layers.end();
+}
+
 bool ModelConfig::sparse_layer(std::int64_t layer) const {
   if (num_experts <= 0) return false;
   for (std::int64_t l : mlp_only_layers)
@@ -364,14 +419,15 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
                       c.partial_rotary_factor);
   c.tie_word_embeddings = j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null()
                               ? flag(j, "tie_word_embeddings", origin)
-                              : f.gemma;
-  if (f.gemma) {
+                              : f.gemma != Family::kNotGemma;
+  if (f.gemma != Family::kNotGemma) {
     if (!c.tie_word_embeddings)
       raise<ModelError>(origin, ": ", f.architecture,
                         " ties its LM head to the embeddings (vLLM asserts "
                         "tie_word_embeddings), but the config sets it false");
     c.activation = gemma_activation(j, origin);
     c.gemma_normalization = true;
+    if (f.gemma == Family::kGemma2) parse_gemma2(j, origin, c);
   }
   switch (f.biases) {
     case Biases::kLlama:
@@ -437,6 +493,19 @@ std::string model_config_to_json(const ModelConfig& c) {
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
   if (c.partial_rotary_factor != 1) j["partial_rotary_factor"] = c.partial_rotary_factor;
   if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
+  if (c.sandwich_norms) {  // (Gemma 2's: null for 0, as Gemma2Config takes "none")
+    auto or_null = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+    j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
+    j["attn_logit_softcapping"] = or_null(c.attn_logit_softcapping);
+    j["final_logit_softcapping"] = or_null(c.final_logit_softcapping);
+    j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    if (c.sliding_window > 0) {
+      json types = json::array();
+      for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+        types.push_back(c.sliding_layer(l) ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+    }
+  }
   // Llama and Mistral spell o_proj's bias attention_bias, q/k/v's qkv_bias where
   // it differs; Qwen2's q/k/v biases are not a setting.
   const Family& f = family(c);
@@ -514,6 +583,10 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacke
       specs.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
     }
     specs.push_back({p + "post_attention_layernorm.weight", {h}});
+    if (c.sandwich_norms) {
+      specs.push_back({p + "pre_feedforward_layernorm.weight", {h}});
+      specs.push_back({p + "post_feedforward_layernorm.weight", {h}});
+    }
     if (c.sparse_layer(l)) {
       const std::int64_t mi = c.moe_intermediate_size;
       const MoeNames names = moe_names(c);
@@ -590,6 +663,11 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   field("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
   field("hidden_activation", std::string(activation_name(a.activation)),
         std::string(activation_name(b.activation)));
+  field("query_pre_attn_scalar", a.query_pre_attn_scalar, b.query_pre_attn_scalar);
+  field("attn_logit_softcapping", a.attn_logit_softcapping, b.attn_logit_softcapping);
+  field("final_logit_softcapping", a.final_logit_softcapping, b.final_logit_softcapping);
+  field("sliding_window", a.sliding_window, b.sliding_window);
+  field("sliding_layers", a.sliding_layers, b.sliding_layers);
   field("attention_bias", a.attention_bias, b.attention_bias);
   field("o_proj_bias", a.o_proj_bias, b.o_proj_bias);
   field("mlp_bias", a.mlp_bias, b.mlp_bias);
