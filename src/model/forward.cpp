@@ -1,5 +1,6 @@
 // The tensor-parallel forward pass (CPU, float32 compute): embedding, RMSNorm,
-// rotary attention with grouped-query heads, SwiGLU MLP and the LM head. Row-
+// rotary attention with grouped-query heads (Gemma 2: scaled, soft-capped,
+// sliding windows), the SiLU- or GeLU-gated MLP or experts and the LM head. Row-
 // parallel outputs and vocab-parallel pieces are summed over the TP group.
 #include <ATen/ATen.h>
 

@@ -191,6 +191,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
     forward = fnv(forward, bits);
   }
   forward = fnv(fnv(forward, c.rope_scaling.json), static_cast<std::uint64_t>(c.activation));
+  forward = fnv(forward, static_cast<std::uint64_t>(c.gemma_normalization));
   forward = fnv(forward, static_cast<std::uint64_t>(c.sliding_window));
   for (std::int64_t l : c.sliding_layers) forward = fnv(forward, static_cast<std::uint64_t>(l));
   const std::uint64_t plane =

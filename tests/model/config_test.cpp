@@ -263,7 +263,8 @@ TEST(Config, GemmaKeysAsHuggingFaceWritesThem) {
       << "only Gemma reads hidden_activation";
 }
 
-// Gemma-2-2B's config.json (transformers' Gemma2Config; vLLM's gemma2.py): the
+// Gemma-2-2B's config.json, with another scalar and no attention cap, and three
+// layers (transformers' Gemma2Config; vLLM's gemma2.py): the
 // pre/post feed-forward norms in the checkpoint; attention scaled by
 // query_pre_attn_scalar, soft-capped scores and logits (null: none), sliding
 // windows on the layers layer_types marks, the even ones without it; Gemma2Config's
@@ -271,7 +272,8 @@ TEST(Config, GemmaKeysAsHuggingFaceWritesThem) {
 TEST(Config, Gemma2KeysAsHuggingFaceWritesThem) {
   const std::string gemma2 = R"({"architectures":["Gemma2ForCausalLM"],"hidden_size":2304,
     "intermediate_size":9216,"num_hidden_layers":3,"num_attention_heads":8,"num_key_value_heads":4,
-    "head_dim":256,"vocab_size":256000,"hidden_activation":"gelu_pytorch_tanh",
+    "head_dim":256,"vocab_size":256000,"hidden_act":"gelu_pytorch_tanh",
+    "hidden_activation":"gelu_pytorch_tanh",
     "query_pre_attn_scalar":224,"attn_logit_softcapping":null,"final_logit_softcapping":30.0,
     "sliding_window":4096,"layer_types":["full_attention","sliding_attention","full_attention"],
     "torch_dtype":"bfloat16"})";
@@ -310,11 +312,32 @@ TEST(Config, Gemma2KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(d.final_logit_softcapping, 30);
   EXPECT_EQ(d.sliding_window, 4096);
   EXPECT_EQ(d.sliding_layers, (std::vector<std::int64_t>{0, 2}));
-  const std::string exact = replaced(gemma2, "gelu_pytorch_tanh", "gelu");
+  const std::string exact = replaced(gemma2, R"("hidden_activation":"gelu_pytorch_tanh")",
+                                     R"("hidden_activation":"gelu")");
   EXPECT_NE(error_of(exact).find("Gemma2ForCausalLM takes hidden_activation gelu_pytorch_tanh "
                                  "only, got \"gelu\""),
             std::string::npos)
       << error_of(exact);
+  const std::string act =
+      replaced(gemma2, R"("hidden_act":"gelu_pytorch_tanh")", R"("hidden_act":"gelu")");
+  EXPECT_NE(error_of(act).find("Gemma2ForCausalLM takes hidden_act gelu_pytorch_tanh only"),
+            std::string::npos)
+      << error_of(act);
+  const std::string no_scalar =
+      replaced(gemma2, R"("query_pre_attn_scalar":224)", R"("query_pre_attn_scalar":null)");
+  EXPECT_NE(error_of(no_scalar).find("'query_pre_attn_scalar' must be a positive number, got null"),
+            std::string::npos)
+      << error_of(no_scalar);
+  // attention_bias gives q/k/v and o_proj biases (vLLM's Gemma2Attention), none to the MLP.
+  const ModelConfig biased =
+      parse_model_config(replaced(gemma2, R"("torch_dtype")",
+                                  R"("attention_bias":true,"mlp_bias":true,"torch_dtype")"),
+                         "c");
+  EXPECT_TRUE(biased.attention_bias && biased.o_proj_bias);
+  EXPECT_FALSE(biased.mlp_bias) << "Gemma 2 reads attention_bias alone";
+  const ModelConfig biased_back = parse_model_config(model_config_to_json(biased), "round trip");
+  EXPECT_TRUE(config_differences(biased, biased_back).empty())
+      << config_differences(biased, biased_back)[0];
   const std::string short_types = replaced(gemma2, R"(,"full_attention"])", "]");
   EXPECT_NE(error_of(short_types).find("field 'layer_types' must list the 3 layers' attention"),
             std::string::npos)

@@ -74,8 +74,10 @@ ModelConfig tiny_config(const std::string& name) {
   else if (name == "gemma2")  // sandwich norms, scaled and capped attention, windows of 3
     json = R"({"architectures":["Gemma2ForCausalLM"],"hidden_size":48,"intermediate_size":64,
       "num_hidden_layers":3,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":16,
-      "vocab_size":140,"hidden_activation":"gelu_pytorch_tanh","query_pre_attn_scalar":24,
+      "vocab_size":140,"hidden_act":"gelu_pytorch_tanh","hidden_activation":"gelu_pytorch_tanh",
+      "query_pre_attn_scalar":24,
       "attn_logit_softcapping":2.0,"final_logit_softcapping":3.0,"sliding_window":3,
+      "attention_bias":true,
       "torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,

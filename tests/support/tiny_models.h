@@ -32,7 +32,8 @@ namespace tpreload::testdata {
 // by default, tanh GeLU although hidden_act says "gelu", vocab 130),
 // "gemma2" (Gemma 2: pre/post feed-forward norms, attention scaled by
 // query_pre_attn_scalar 24, scores capped at 2 and logits at 3, layers 0 and 2
-// attending to windows of 3 positions),
+// attending to windows of 3 positions; q/k/v and o_proj biases, which no
+// released Gemma 2 has),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);

@@ -48,8 +48,9 @@ struct RopeScaling {
 };
 
 // The activation of an MLP's gate rows (times its up rows): SiLU (SwiGLU) for
-// every family but Gemma, whose GeLU is tanh-approximated unless the config's
-// `hidden_activation` is "gelu" (vLLM's _get_gemma_act_fn).
+// every family but the Gemmas: Gemma's GeLU is tanh-approximated unless the config's
+// `hidden_activation` is "gelu" (vLLM's _get_gemma_act_fn), Gemma 2's always
+// tanh-approximated.
 enum class Activation : std::uint8_t { kSilu, kGeluTanh, kGelu };
 // "silu", "gelu_pytorch_tanh", "gelu".
 const char* activation_name(Activation activation);
@@ -72,7 +73,7 @@ struct ModelConfig {
   // transformers 5 and vLLM move it; both, they must agree), at most 1; 1 when
   // absent.
   double partial_rotary_factor = 1;
-  bool tie_word_embeddings = false;  // absent: true for Gemma, false for the others
+  bool tie_word_embeddings = false;  // absent: true for the Gemmas, false for the others
   Activation activation = Activation::kSilu;
   // Gemma (vLLM's GemmaRMSNorm and GemmaModel): RMSNorm scales by 1 + weight,
   // and the embeddings are multiplied by sqrt(hidden_size) rounded to the

@@ -66,6 +66,7 @@ enum class Biases {
   kLlama,        // attention_bias or bias: q/k/v and o_proj; qkv_bias decides q/k/v; mlp_bias
   kQkv,          // q/k/v always, no others (Qwen2's)
   kQkvOptional,  // attention_bias: q/k/v only (Qwen3's)
+  kQkvAndO,      // attention_bias: q/k/v and o_proj (Gemma 2's)
   kNone,         // (Mixtral's)
 };
 enum class Experts {
@@ -89,10 +90,11 @@ struct Family {
   enum Gemma { kNotGemma, kGemma, kGemma2 } gemma;
 };
 constexpr Family kFamilies[] = {
-    // (vLLM's Gemma has no biases whatever the config says)
+    // (vLLM's Gemma has no biases whatever the config says; its Gemma 2 reads
+    // attention_bias)
     {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, false,
      Family::kGemma},
-    {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, false,
+    {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kQkvAndO, false, Experts::kNone, false,
      Family::kGemma2},
     {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
      Family::kNotGemma},
@@ -248,14 +250,18 @@ double softcap(const json& j, const char* key, double fallback, const std::strin
 }
 
 // Gemma 2's keys, with Gemma2Config's defaults (vLLM's gemma2.py): its GeLU
-// must be the tanh one (vLLM refuses any other).
+// must be the tanh one, in hidden_activation (absent: its default) and in
+// hidden_act where the config has it (vLLM's Gemma2MLP refuses any other).
 void parse_gemma2(const json& j, const std::string& origin, ModelConfig& c) {
-  if (gemma_activation(j, origin) != Activation::kGeluTanh)
-    raise<ModelError>(origin,
-                      ": Gemma2ForCausalLM takes hidden_activation gelu_pytorch_tanh "
-                      "only, got ",
-                      j["hidden_activation"].dump());
+  for (const char* key : {"hidden_act", "hidden_activation"})
+    if (j.contains(key) && j[key] != "gelu_pytorch_tanh")
+      raise<ModelError>(origin, ": Gemma2ForCausalLM takes ", key, " gelu_pytorch_tanh only, got ",
+                        j[key].dump());
+  c.activation = Activation::kGeluTanh;
   c.sandwich_norms = true;
+  if (j.contains("query_pre_attn_scalar") && j["query_pre_attn_scalar"].is_null())
+    raise<ModelError>(origin,
+                      ": field 'query_pre_attn_scalar' must be a positive number, got null");
   c.query_pre_attn_scalar = positive_number(j, "query_pre_attn_scalar", 256, origin);
   c.attn_logit_softcapping = softcap(j, "attn_logit_softcapping", 50, origin);
   c.final_logit_softcapping = softcap(j, "final_logit_softcapping", 30, origin);
@@ -425,9 +431,11 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
       raise<ModelError>(origin, ": ", f.architecture,
                         " ties its LM head to the embeddings (vLLM asserts "
                         "tie_word_embeddings), but the config sets it false");
-    c.activation = gemma_activation(j, origin);
     c.gemma_normalization = true;
-    if (f.gemma == Family::kGemma2) parse_gemma2(j, origin, c);
+    if (f.gemma == Family::kGemma2)
+      parse_gemma2(j, origin, c);
+    else
+      c.activation = gemma_activation(j, origin);
   }
   switch (f.biases) {
     case Biases::kLlama:
@@ -442,6 +450,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
       break;
     case Biases::kQkvOptional:
       c.attention_bias = flag(j, "attention_bias", origin);
+      break;
+    case Biases::kQkvAndO:
+      c.attention_bias = c.o_proj_bias = flag(j, "attention_bias", origin);
       break;
     case Biases::kNone:
       break;
@@ -513,7 +524,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.o_proj_bias;
     if (c.attention_bias != c.o_proj_bias) j["qkv_bias"] = c.attention_bias;
     if (c.mlp_bias) j["mlp_bias"] = true;
-  } else if (f.biases == Biases::kQkvOptional) {
+  } else if (f.biases == Biases::kQkvOptional || f.biases == Biases::kQkvAndO) {
     j["attention_bias"] = c.attention_bias;
   }
   if (f.experts == Experts::kMixtral) {
