@@ -377,10 +377,48 @@ TEST(Config, Qwen2MoeKeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(shapes.count("model.layers.0.self_attn.q_proj.bias"), 1u);
   const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
   EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
-  const std::string without = replaced(qwen2_moe, R"("shared_expert_intermediate_size":5632,)", "");
-  EXPECT_NE(error_of(without).find("field 'shared_expert_intermediate_size' is missing"),
+  const std::string zero = replaced(qwen2_moe, R"("shared_expert_intermediate_size":5632,)",
+                                    R"("shared_expert_intermediate_size":0,)");
+  EXPECT_NE(error_of(zero).find("field 'shared_expert_intermediate_size' must be positive, got 0"),
             std::string::npos)
-      << error_of(without);
+      << error_of(zero);
+}
+
+// Expert keys a config leaves out take its config class's defaults, as vLLM
+// (which loads the config through it) sees them: MixtralConfig's 8 experts, top
+// 2; Qwen3MoeConfig's 128, top 8, of 768; Qwen2MoeConfig's 60, top 4, of 1408,
+// and a shared expert of 5632. The count may be spelled num_local_experts
+// (transformers 5 maps num_experts onto it); both given, they must agree.
+TEST(Config, ExpertKeysTakeTheirConfigClassesDefaults) {
+  const std::string head = R"("hidden_size":2048,"intermediate_size":14336,
+    "num_hidden_layers":2,"num_attention_heads":16,"num_key_value_heads":4,"vocab_size":50})";
+  auto parse = [&](const std::string& arch, const std::string& fields) {
+    return parse_model_config(R"({"architectures":[")" + arch + R"("],)" + fields + head, "c");
+  };
+  const ModelConfig mixtral = parse("MixtralForCausalLM", "");
+  EXPECT_EQ(mixtral.num_experts, 8);
+  EXPECT_EQ(mixtral.num_experts_per_tok, 2);
+  const ModelConfig qwen3 = parse("Qwen3MoeForCausalLM", "");
+  EXPECT_EQ(qwen3.num_experts, 128);
+  EXPECT_EQ(qwen3.num_experts_per_tok, 8);
+  EXPECT_EQ(qwen3.moe_intermediate_size, 768);
+  EXPECT_EQ(qwen3.decoder_sparse_step, 1);
+  EXPECT_FALSE(qwen3.norm_topk_prob);
+  const ModelConfig qwen2 = parse("Qwen2MoeForCausalLM", "");
+  EXPECT_EQ(qwen2.num_experts, 60);
+  EXPECT_EQ(qwen2.num_experts_per_tok, 4);
+  EXPECT_EQ(qwen2.moe_intermediate_size, 1408);
+  EXPECT_EQ(qwen2.shared_expert_intermediate_size, 5632);
+  EXPECT_EQ(parse("Qwen3MoeForCausalLM", R"("num_local_experts":64,)").num_experts, 64);
+  EXPECT_EQ(parse("MixtralForCausalLM", R"("num_experts":4,)").num_experts, 4);
+  EXPECT_EQ(parse("Qwen2MoeForCausalLM", R"("num_experts":16,"num_local_experts":16,)").num_experts,
+            16);
+  const std::string both = R"({"architectures":["Qwen3MoeForCausalLM"],"num_experts":16,)"
+                           R"("num_local_experts":32,)" +
+                           head;
+  EXPECT_NE(error_of(both).find("num_experts 16 and num_local_experts 32 differ"),
+            std::string::npos)
+      << error_of(both);
 }
 
 // Which biases a checkpoint holds, as vLLM reads the config: Llama and Mistral

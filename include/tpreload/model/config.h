@@ -101,10 +101,11 @@ struct ModelConfig {
   bool o_proj_bias = false;
   bool mlp_bias = false;
   bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3)
-  // Mixture of experts (Qwen2MoeForCausalLM, Qwen3MoeForCausalLM; MixtralForCausalLM, whose
-  // num_local_experts is num_experts and whose intermediate_size is the
-  // experts', every layer sparse, top-k weights renormalised); num_experts 0
-  // for dense models.
+  // Mixture of experts (Qwen2MoeForCausalLM, Qwen3MoeForCausalLM;
+  // MixtralForCausalLM, whose intermediate_size is the experts', every layer
+  // sparse, top-k weights renormalised); num_experts 0 for dense models. The
+  // count is num_experts or num_local_experts in every family; absent keys
+  // take the config classes' defaults.
   std::int64_t num_experts = 0;
   std::int64_t num_experts_per_tok = 0;
   std::int64_t moe_intermediate_size = 0;

@@ -288,22 +288,48 @@ void parse_gemma2(const json& j, const std::string& origin, ModelConfig& c) {
 
 // The expert keys of `kind` (Family::experts; vLLM's MixtralMoE renormalises:
 // renormalize=True).
+// A positive integer at `key`, or `fallback` (its config class's default)
+// where the key is absent.
+std::int64_t positive_int_or(const json& j, const char* key, std::int64_t fallback,
+                             const std::string& origin) {
+  return j.contains(key) ? positive_int(j, key, origin) : fallback;
+}
+
+// The number of experts: `num_experts` or `num_local_experts` (transformers 5
+// maps the one onto the other), the same where both are given; `fallback`
+// without either.
+std::int64_t expert_count(const json& j, std::int64_t fallback, const std::string& origin) {
+  const bool experts = j.contains("num_experts"), local = j.contains("num_local_experts");
+  const std::int64_t n = experts ? positive_int(j, "num_experts", origin)
+                         : local ? positive_int(j, "num_local_experts", origin)
+                                 : fallback;
+  if (experts && local && positive_int(j, "num_local_experts", origin) != n)
+    raise<ModelError>(origin, ": num_experts ", n, " and num_local_experts ",
+                      j["num_local_experts"].dump(), " differ");
+  return n;
+}
+
 void parse_experts(const json& j, const std::string& origin, Experts kind, ModelConfig& c) {
-  const bool mixtral = kind == Experts::kMixtral;
+  // Absent keys: MixtralConfig's, Qwen3MoeConfig's and Qwen2MoeConfig's defaults.
+  const bool mixtral = kind == Experts::kMixtral, shared = kind == Experts::kQwenShared;
   const char* const count = mixtral ? "num_local_experts" : "num_experts";
-  c.num_experts = positive_int(j, count, origin);
-  c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", origin);
+  c.num_experts = expert_count(j, mixtral ? 8 : shared ? 60 : 128, origin);
+  c.num_experts_per_tok = positive_int_or(j, "num_experts_per_tok",
+                                          mixtral  ? 2
+                                          : shared ? 4
+                                                   : 8,
+                                          origin);
   if (mixtral) {
     c.moe_intermediate_size = c.intermediate_size;
     c.norm_topk_prob = true;
   } else {
-    c.moe_intermediate_size = positive_int(j, "moe_intermediate_size", origin);
-    c.decoder_sparse_step =
-        j.contains("decoder_sparse_step") ? positive_int(j, "decoder_sparse_step", origin) : 1;
+    c.moe_intermediate_size =
+        positive_int_or(j, "moe_intermediate_size", shared ? 1408 : 768, origin);
+    c.decoder_sparse_step = positive_int_or(j, "decoder_sparse_step", 1, origin);
     c.norm_topk_prob = flag(j, "norm_topk_prob", origin);
-    if (kind == Experts::kQwenShared)
+    if (shared)
       c.shared_expert_intermediate_size =
-          positive_int(j, "shared_expert_intermediate_size", origin);
+          positive_int_or(j, "shared_expert_intermediate_size", 5632, origin);
     if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
       if (!j["mlp_only_layers"].is_array())
         raise<ModelError>(origin, ": field 'mlp_only_layers' must be a list of layer indices");
