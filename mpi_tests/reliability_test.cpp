@@ -180,6 +180,19 @@ Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig
   return row;
 }
 
+// A row whose last rank's config is `base` then `edit` of the shared one, the
+// other ranks' `base` of it alone.
+Row last_rank_differs(
+    std::string name, std::function<void(ModelConfig&)> edit,
+    std::function<void(ModelConfig&)> base = [](ModelConfig&) {}) {
+  return config_differs(std::move(name), [edit, base](const ModelConfig& c) {
+    ModelConfig mine = c;
+    base(mine);
+    if (world().rank() == world().size() - 1) edit(mine);
+    return mine;
+  });
+}
+
 std::vector<Row> rows() {
   auto kernel = [](ReloadOptions& o) { o.format = WeightFormat::kKernel; };
   return {
@@ -315,12 +328,8 @@ std::vector<Row> rows() {
          return std::unique_ptr<WeightSource>(
              std::make_unique<MappingCheckThrows>(open_weight_source(path)));
        }},
-      config_differs("a config that differs between ranks in a field the forward pass uses",
-                     [](const ModelConfig& c) {
-                       ModelConfig mine = c;
-                       if (world().rank() == world().size() - 1) mine.rope_theta = 500000.0;
-                       return mine;
-                     }),
+      last_rank_differs("a config that differs between ranks in a field the forward pass uses",
+                        [](ModelConfig& c) { c.rope_theta = 500000.0; }),
       config_differs("a config whose rope scaling differs between ranks",
                      [](const ModelConfig& c) {
                        // The last rank's low_freq_factor is 2, the others' 1.
@@ -333,26 +342,17 @@ std::vector<Row> rows() {
                                R"(,"high_freq_factor":4.0,"original_max_position_embeddings":64})");
                        return parse_model_config(text, "config.json");
                      }),
-      config_differs("a config whose partial_rotary_factor differs between ranks",
-                     [](const ModelConfig& c) {
-                       ModelConfig mine = c;
-                       if (world().rank() == world().size() - 1) mine.partial_rotary_factor = 0.5;
-                       return mine;
-                     }),
-      config_differs("a config whose MLP activation differs between ranks",
-                     [](const ModelConfig& c) {
-                       ModelConfig mine = c;
-                       if (world().rank() == world().size() - 1)
-                         mine.activation = Activation::kGelu;
-                       return mine;
-                     }),
-      config_differs("a config whose sliding layers differ between ranks",
-                     [](const ModelConfig& c) {
-                       ModelConfig mine = c;
-                       mine.sliding_window = 4;
-                       mine.sliding_layers = {world().rank() == world().size() - 1 ? 1 : 0};
-                       return mine;
-                     }),
+      last_rank_differs("a config whose partial_rotary_factor differs between ranks",
+                        [](ModelConfig& c) { c.partial_rotary_factor = 0.5; }),
+      last_rank_differs("a config whose MLP activation differs between ranks",
+                        [](ModelConfig& c) { c.activation = Activation::kGelu; }),
+      last_rank_differs(
+          "a config whose sliding layers differ between ranks",
+          [](ModelConfig& c) { c.sliding_layers = {1}; },
+          [](ModelConfig& c) {
+            c.sliding_window = 4;
+            c.sliding_layers = {0};
+          }),
   };
 }
 

@@ -267,35 +267,6 @@ TEST(Reload, Phi3StackedTensorsFromEverySourceAndDistribution) {
   run_checkpoint_matrix("phi3", {world().size(), "int8", true});
 }
 
-// The checkpoint as the tests cut it themselves: q/k/v and gate/up as separate
-// Hugging Face tensors (which vLLM's Llama loader takes for a Phi-3 as well).
-std::map<std::string, at::Tensor> unstacked_phi3(const ModelConfig& c,
-                                                 const std::map<std::string, at::Tensor>& ckpt) {
-  std::map<std::string, at::Tensor> out = ckpt;
-  const std::int64_t q = c.num_attention_heads * c.head_dim,
-                     kv = c.num_key_value_heads * c.head_dim, inter = c.intermediate_size;
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-    for (const std::string leaf : {".weight", ".bias"}) {
-      const std::string a = "model.layers." + std::to_string(l) + ".self_attn.",
-                        m = "model.layers." + std::to_string(l) + ".mlp.";
-      if (!ckpt.count(a + "qkv_proj" + leaf)) continue;  // (no bias)
-      const at::Tensor qkv = out.at(a + "qkv_proj" + leaf),
-                       gate_up = out.at(m + "gate_up_proj" + leaf);
-      out.erase(a + "qkv_proj" + leaf);
-      out.erase(m + "gate_up_proj" + leaf);
-      out[a + "q_proj" + leaf] = qkv.narrow(0, 0, q).contiguous();
-      out[a + "k_proj" + leaf] = qkv.narrow(0, q, kv).contiguous();
-      out[a + "v_proj" + leaf] = qkv.narrow(0, q + kv, kv).contiguous();
-      out[m + "gate_proj" + leaf] = gate_up.narrow(0, 0, inter).contiguous();
-      out[m + "up_proj" + leaf] = gate_up.narrow(0, inter, inter).contiguous();
-    }
-  for (const auto& [name, t] : out)  // (the test proves nothing with a stacked tensor left)
-    if (name.find("qkv_proj") != std::string::npos ||
-        name.find("gate_up_proj") != std::string::npos)
-      throw std::logic_error("unstacked_phi3 left " + name);
-  return out;
-}
-
 // A stacked tensor with rows its config does not give is refused on every rank
 // alike, naming the file, the tensor and the parts, before any write; the same
 // weights as separate tensors load as the stacked ones do.
@@ -339,7 +310,11 @@ TEST(Reload, Phi3StackedTensorWithOtherRowsIsRefusedAndSeparateTensorsLoad) {
         << what << ": " << error;
     EXPECT_TRUE(mpitest::same_on_every_rank(error)) << what << ": " << error;
     expect_params(model, expected_params(config, setup, v1), what + ": refused, unchanged");
-    const auto separate = unstacked_phi3(config, v2);
+    const auto separate = testdata::unstacked(config, v2);  // (q/k/v, gate/up apart)
+    for (const auto& [name, t] : separate)
+      ASSERT_TRUE(name.find("qkv_proj") == std::string::npos &&
+                  name.find("gate_up_proj") == std::string::npos)
+          << name << " is still stacked: the test would prove nothing";
     const ReloadResult r = reload_from(model, "", &separate, o);
     EXPECT_TRUE(r.complete()) << what;
     expect_params(model, expected_params(config, setup, v2), what + ": separate tensors");

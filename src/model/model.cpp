@@ -240,8 +240,8 @@ std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
                                                         std::set<std::string>* skipped) {
   begin_load();
   // (Phi-3: stacked q/k/v and gate/up read as the tensors the loaders take)
-  const auto view = loader_view(source, config());
-  WeightSource& from = view ? *view : source;
+  const auto split = loader_view(source, config());
+  WeightSource& from = split ? *split : source;
   const bool kernel = from.kernel_format().has_value();
   const auto& infos = from.tensors();
   for (std::size_t i = 0; i < infos.size(); ++i) {

@@ -202,37 +202,6 @@ bool sparse(const ModelConfig& c, std::int64_t layer) {
   return (layer + 1) % c.decoder_sparse_step == 0;
 }
 
-// Phi-3's checkpoint stacks q, k and v in self_attn.qkv_proj and gate and up in
-// mlp.gate_up_proj; the checkpoint with those cut into Hugging Face's separate
-// tensors (num_attention_heads x head_dim rows of q, then num_key_value_heads x
-// head_dim of k and of v; gate's rows the first half, up's the second), and
-// every other tensor as it is.
-std::map<std::string, at::Tensor> unstacked(const ModelConfig& c,
-                                            const std::map<std::string, at::Tensor>& ckpt) {
-  std::map<std::string, at::Tensor> out;
-  const std::int64_t q = c.num_attention_heads * c.head_dim,
-                     kv = c.num_key_value_heads * c.head_dim;
-  for (const auto& [name, t] : ckpt) {
-    const auto at_qkv = name.find("self_attn.qkv_proj.");
-    const auto at_gate_up = name.find("mlp.gate_up_proj.");
-    if (at_qkv != std::string::npos) {
-      const std::string p = name.substr(0, at_qkv) + "self_attn.",
-                        leaf = name.substr(at_qkv + std::strlen("self_attn.qkv_proj"));
-      out[p + "q_proj" + leaf] = rows(t, 0, q);
-      out[p + "k_proj" + leaf] = rows(t, q, kv);
-      out[p + "v_proj" + leaf] = rows(t, q + kv, kv);
-    } else if (at_gate_up != std::string::npos) {
-      const std::string p = name.substr(0, at_gate_up) + "mlp.",
-                        leaf = name.substr(at_gate_up + std::strlen("mlp.gate_up_proj"));
-      out[p + "gate_proj" + leaf] = rows(t, 0, t.size(0) / 2);
-      out[p + "up_proj" + leaf] = rows(t, t.size(0) / 2, t.size(0) / 2);
-    } else {
-      out[name] = t;
-    }
-  }
-  return out;
-}
-
 // A sparse layer's Hugging Face names: its block and an expert's gate, up and
 // down projections (Mixtral's MixtralSparseMoeBlock: w1, w3, w2).
 struct ExpertNames {
@@ -290,6 +259,32 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
 }
 
 }  // namespace
+
+std::map<std::string, at::Tensor> unstacked(const ModelConfig& c,
+                                            const std::map<std::string, at::Tensor>& ckpt) {
+  std::map<std::string, at::Tensor> out;
+  const std::int64_t q = c.num_attention_heads * c.head_dim,
+                     kv = c.num_key_value_heads * c.head_dim;
+  for (const auto& [name, t] : ckpt) {
+    const auto at_qkv = name.find("self_attn.qkv_proj.");
+    const auto at_gate_up = name.find("mlp.gate_up_proj.");
+    if (at_qkv != std::string::npos) {
+      const std::string p = name.substr(0, at_qkv) + "self_attn.",
+                        leaf = name.substr(at_qkv + std::strlen("self_attn.qkv_proj"));
+      out[p + "q_proj" + leaf] = rows(t, 0, q);
+      out[p + "k_proj" + leaf] = rows(t, q, kv);
+      out[p + "v_proj" + leaf] = rows(t, q + kv, kv);
+    } else if (at_gate_up != std::string::npos) {
+      const std::string p = name.substr(0, at_gate_up) + "mlp.",
+                        leaf = name.substr(at_gate_up + std::strlen("mlp.gate_up_proj"));
+      out[p + "gate_proj" + leaf] = rows(t, 0, t.size(0) / 2);
+      out[p + "up_proj" + leaf] = rows(t, t.size(0) / 2, t.size(0) / 2);
+    } else {
+      out[name] = t;
+    }
+  }
+  return out;
+}
 
 std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
                                                   const std::map<std::string, at::Tensor>& stacked,

@@ -60,6 +60,14 @@ std::vector<InMemoryTensor> in_memory(const std::map<std::string, at::Tensor>& t
 // An in-memory source over `tensors` (which it keeps alive).
 std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tensor>& tensors);
 
+// The checkpoint with Phi-3's stacked tensors cut into Hugging Face's separate
+// ones by the tests' own row arithmetic (self_attn.qkv_proj: num_attention_heads
+// x head_dim rows of q_proj, then num_key_value_heads x head_dim of k_proj and
+// of v_proj; mlp.gate_up_proj: gate's rows the first half, up's the second;
+// weights and biases), every other tensor as it is.
+std::map<std::string, at::Tensor> unstacked(const ModelConfig& config,
+                                            const std::map<std::string, at::Tensor>& ckpt);
+
 // What rank `tp_rank` of `tp_size` must hold for every in-model parameter, sliced
 // from the checkpoint by rules written here, independently of ShardingRules
 // (experts: every expert's slice, or whole experts with `expert_parallel`).
