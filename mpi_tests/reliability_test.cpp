@@ -174,8 +174,8 @@ Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig
   row.kind = "UsageError";
   row.fragment =
       "ranks disagree on the model config's settings of the forward pass (rms_norm_eps, "
-      "rope_theta, rope scaling, partial_rotary_factor, hidden_activation, Gemma 2's attention "
-      "scaling, soft-capping and sliding windows)";
+      "rope_theta, rope scaling, partial_rotary_factor, hidden_activation, the Gemmas' attention "
+      "scaling, soft-capping, sliding windows and their rotary)";
   row.config_of = std::move(config_of);
   return row;
 }
@@ -352,6 +352,26 @@ std::vector<Row> rows() {
           [](ModelConfig& c) {
             c.sliding_window = 4;
             c.sliding_layers = {0};
+          }),
+      last_rank_differs(
+          "a config whose sliding layers' rotary base differs between ranks",
+          [](ModelConfig& c) { c.sliding_rope_theta = 20000.0; },
+          [](ModelConfig& c) {
+            c.sliding_window = 4;
+            c.sliding_layers = {0};
+            c.sliding_rope_theta = 10000.0;
+          }),
+      last_rank_differs(
+          "a config whose sliding layers' rope scaling differs between ranks",
+          [](ModelConfig& c) {
+            c.sliding_rope_scaling.type = "linear";
+            c.sliding_rope_scaling.factor = 2;
+            c.sliding_rope_scaling.json = R"({"factor":2.0,"rope_type":"linear"})";
+          },
+          [](ModelConfig& c) {
+            c.sliding_window = 4;
+            c.sliding_layers = {0};
+            c.sliding_rope_theta = 10000.0;
           }),
   };
 }

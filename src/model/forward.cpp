@@ -1,7 +1,7 @@
 // The tensor-parallel forward pass (CPU, float32 compute): embedding, RMSNorm,
-// rotary attention with grouped-query heads (Gemma 2: scaled, soft-capped,
-// sliding windows), the SiLU- or GeLU-gated MLP or experts and the LM head. Row-
-// parallel outputs and vocab-parallel pieces are summed over the TP group.
+// rotary attention with grouped-query heads (Gemma 2 and 3: scaled, soft-capped,
+// sliding windows; Gemma 3's turned at their own base), the SiLU- or GeLU-gated MLP or experts and
+// the LM head. Row- parallel outputs and vocab-parallel pieces are summed over the TP group.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -42,8 +42,8 @@ at::Tensor activate(const at::Tensor& gate, Activation activation) {
 }
 
 // The rotary embedding of a head of `dim` dims: its frequencies,
-// theta^(-2i/dim), scaled as the config says, and the factor cos and sin are
-// multiplied by (vLLM's LinearScalingRotaryEmbedding, Llama3RotaryEmbedding and
+// theta^(-2i/dim), scaled as `s` says (the config's, or Gemma 3's sliding layers'), and the factor
+// cos and sin are multiplied by (vLLM's LinearScalingRotaryEmbedding, Llama3RotaryEmbedding and
 // YaRNScalingRotaryEmbedding: llama3 keeps the high frequencies, divides the
 // low ones by the factor and blends those between; yarn blends the same way
 // over pairs bounded by rotation counts within the original context, and
@@ -53,10 +53,9 @@ struct Rope {
   double scale = 1;
 };
 
-Rope rope_of(const ModelConfig& c, std::int64_t dim) {
+Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim) {
   const at::Tensor inv =
-      1.0 / at::pow(c.rope_theta, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
-  const RopeScaling& s = c.rope_scaling;
+      1.0 / at::pow(theta, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
   if (s.type == "default") return {inv};
   if (s.type != "linear" && s.type != "llama3" && s.type != "yarn")
     raise<ModelError>("forward: rope_type '", s.type, "' (", s.source, " ", s.json,
@@ -78,7 +77,7 @@ Rope rope_of(const ModelConfig& c, std::int64_t dim) {
     // original context; the blend runs from beta_fast's pair to beta_slow's.
     const double d = static_cast<double>(dim);
     auto pair_of = [&](double rotations) {
-      return d * std::log(context / (rotations * 2 * M_PI)) / (2 * std::log(c.rope_theta));
+      return d * std::log(context / (rotations * 2 * M_PI)) / (2 * std::log(theta));
     };
     double low = pair_of(s.beta_fast), high = pair_of(s.beta_slow);
     if (s.truncate) low = std::floor(low), high = std::ceil(high);
@@ -231,7 +230,12 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
-  const Rope rope = rope_of(c, rotary_dims(c));  // (before any collective)
+  // (before any collective) Gemma 3's sliding layers turn at their own base.
+  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary_dims(c));
+  const Rope sliding_rope =
+      c.sliding_rope_theta > 0
+          ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary_dims(c))
+          : rope;
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
   const at::Tensor ids = at::tensor(tokens, at::kLong);
@@ -267,12 +271,13 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     at::Tensor k = qkv.narrow(1, q_heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
     at::Tensor v =
         qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
-    if (c.qk_norm) {  // Qwen3: RMSNorm over each head's dimensions, before rotary
+    if (c.qk_norm) {  // Qwen3, Gemma 3: RMSNorm over each head's dimensions, before rotary
       q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c);
       k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c);
     }
-    q = apply_rope(q, rope);
-    k = apply_rope(k, rope).index_select(1, kv_index);
+    const Rope& turn = c.sliding_layer(l) ? sliding_rope : rope;
+    q = apply_rope(q, turn);
+    k = apply_rope(k, turn).index_select(1, kv_index);
     v = v.index_select(1, kv_index);
     // Row-parallel: partial products are summed over the group, then the
     // (replicated) bias is added once.

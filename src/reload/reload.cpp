@@ -185,12 +185,13 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   // text, from which every typed field of RopeScaling is read.)
   std::uint64_t forward = kFnvOffsetBasis;
   for (double v : {c.rms_norm_eps, c.rope_theta, c.partial_rotary_factor, c.query_pre_attn_scalar,
-                   c.attn_logit_softcapping, c.final_logit_softcapping}) {
+                   c.attn_logit_softcapping, c.final_logit_softcapping, c.sliding_rope_theta}) {
     std::uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof bits);
     forward = fnv(forward, bits);
   }
   forward = fnv(fnv(forward, c.rope_scaling.json), static_cast<std::uint64_t>(c.activation));
+  forward = fnv(forward, c.sliding_rope_scaling.json);
   forward = fnv(forward, static_cast<std::uint64_t>(c.gemma_normalization));
   forward = fnv(forward, static_cast<std::uint64_t>(c.sliding_window));
   for (std::int64_t l : c.sliding_layers) forward = fnv(forward, static_cast<std::uint64_t>(l));
@@ -198,8 +199,8 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
       fnv(fnv(kFnvOffsetBasis, data.backend()), static_cast<std::uint64_t>(data.memory()));
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
           {"the model config's settings of the forward pass (rms_norm_eps, rope_theta, rope "
-           "scaling, partial_rotary_factor, hidden_activation, Gemma 2's attention scaling, "
-           "soft-capping and sliding windows)",
+           "scaling, partial_rotary_factor, hidden_activation, the Gemmas' attention scaling, "
+           "soft-capping, sliding windows and their rotary)",
            forward},
           {"the tp size", std::uint64_t(model.rules().tp_size())},
           {"the data plane (transport, memory space)", plane},

@@ -22,6 +22,12 @@ std::string replaced(std::string text, const std::string& from, const std::strin
   return text.replace(at, from.size(), to);
 }
 
+// `text` without each of `keys` (each must be there).
+std::string without(std::string text, std::initializer_list<const char*> keys) {
+  for (const char* key : keys) text = replaced(text, key, "");
+  return text;
+}
+
 std::string error_of(const std::string& json) {
   try {
     parse_model_config(json, "config.json");
@@ -297,14 +303,13 @@ TEST(Config, Gemma2KeysAsHuggingFaceWritesThem) {
   EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
   // Gemma2Config's defaults: 4 KV heads, head_dim 256, scalar 256, caps 50 and
   // 30, windows of 4096 on the even layers.
-  std::string bare = gemma2;
-  for (
-      const char* key :
-      {R"("num_key_value_heads":4,)", R"("head_dim":256,)", R"("query_pre_attn_scalar":224,)",
-       R"("attn_logit_softcapping":null,"final_logit_softcapping":30.0,)",
-       R"("sliding_window":4096,"layer_types":["full_attention","sliding_attention","full_attention"],)"})
-    bare = replaced(bare, key, "");
-  const ModelConfig d = parse_model_config(bare, "c");
+  const ModelConfig d = parse_model_config(
+      without(
+          gemma2,
+          {R"("num_key_value_heads":4,)", R"("head_dim":256,)", R"("query_pre_attn_scalar":224,)",
+           R"("attn_logit_softcapping":null,"final_logit_softcapping":30.0,)",
+           R"("sliding_window":4096,"layer_types":["full_attention","sliding_attention","full_attention"],)"}),
+      "c");
   EXPECT_EQ(d.num_key_value_heads, 4);
   EXPECT_EQ(d.head_dim, 256);
   EXPECT_EQ(d.query_pre_attn_scalar, 256);
@@ -345,6 +350,141 @@ TEST(Config, Gemma2KeysAsHuggingFaceWritesThem) {
   const std::string odd_type = replaced(gemma2, R"("sliding_attention")", R"("chunked")");
   EXPECT_NE(error_of(odd_type).find("layer_types[1] is \"chunked\""), std::string::npos)
       << error_of(odd_type);
+}
+
+// gemma-3-1b's config.json as transformers 4 writes it (Gemma3TextConfig;
+// vLLM's gemma3.py), seven layers.
+const char* const kGemma3 = R"({"architectures":["Gemma3ForCausalLM"],"hidden_size":1152,
+  "intermediate_size":6912,"num_hidden_layers":7,"num_attention_heads":4,"num_key_value_heads":1,
+  "head_dim":256,"vocab_size":262144,"hidden_activation":"gelu_pytorch_tanh",
+  "query_pre_attn_scalar":256,"rope_theta":1000000,"rope_local_base_freq":10000,
+  "rope_scaling":null,"sliding_window":512,"sliding_window_pattern":6,
+  "attn_logit_softcapping":null,"final_logit_softcapping":null,"rms_norm_eps":1e-06,
+  "torch_dtype":"bfloat16"})";
+
+TEST(Config, Gemma3KeysAsHuggingFaceWritesThem) {
+  const ModelConfig c = parse_model_config(kGemma3, "config.json");
+  EXPECT_TRUE(c.tie_word_embeddings && c.gemma_normalization && c.sandwich_norms && c.qk_norm);
+  EXPECT_EQ(c.activation, Activation::kGeluTanh);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256);
+  EXPECT_EQ(c.attn_logit_softcapping, 0);
+  EXPECT_EQ(c.final_logit_softcapping, 0);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.sliding_rope_theta, 1e4);
+  EXPECT_TRUE(c.rope_scaling.json.empty() && c.sliding_rope_scaling.json.empty());
+  EXPECT_EQ(c.sliding_window, 512);
+  // Every layer but each sixth slides: 0-4 and 6, written out.
+  EXPECT_EQ(c.sliding_layers, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 6}));
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  EXPECT_EQ(shapes["model.layers.6.self_attn.q_norm.weight"], std::vector<std::int64_t>{256});
+  EXPECT_EQ(shapes["model.layers.0.self_attn.k_norm.weight"], std::vector<std::int64_t>{256});
+  EXPECT_EQ(shapes["model.layers.3.pre_feedforward_layernorm.weight"],
+            std::vector<std::int64_t>{1152});
+  EXPECT_EQ(shapes["model.layers.1.self_attn.k_proj.weight"],
+            (std::vector<std::int64_t>{256, 1152}));
+  // (embed; per layer 4 norms, q/k/v/o, q/k norms, gate/up/down; norm; tied)
+  EXPECT_EQ(shapes.size(), 1 + 7 * 13 + 1u);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+
+  // Gemma3TextConfig's defaults: 4 KV heads, head_dim 256, rope_theta 1e6,
+  // local base 1e4, windows of 4096 on all but every sixth layer, scalar 256,
+  // no soft-capping.
+  const ModelConfig d = parse_model_config(
+      without(kGemma3, {R"("num_key_value_heads":1,)", R"("head_dim":256,)",
+                        R"("query_pre_attn_scalar":256,)",
+                        R"("rope_theta":1000000,"rope_local_base_freq":10000,)",
+                        R"("sliding_window":512,"sliding_window_pattern":6,)",
+                        R"("attn_logit_softcapping":null,"final_logit_softcapping":null,)"}),
+      "c");
+  EXPECT_EQ(d.num_key_value_heads, 4);
+  EXPECT_EQ(d.head_dim, 256);
+  EXPECT_EQ(d.rope_theta, 1e6);
+  EXPECT_EQ(d.sliding_rope_theta, 1e4);
+  EXPECT_EQ(d.sliding_window, 4096);
+  EXPECT_EQ(d.sliding_layers, c.sliding_layers);
+  EXPECT_EQ(d.query_pre_attn_scalar, 256);
+  EXPECT_EQ(d.attn_logit_softcapping, 0);
+  EXPECT_EQ(d.final_logit_softcapping, 0);
+  // vLLM's Gemma3Attention caps no scores whatever the config says; the logits
+  // it caps where final_logit_softcapping is set.
+  const ModelConfig capped = parse_model_config(
+      replaced(kGemma3, R"("attn_logit_softcapping":null,"final_logit_softcapping":null)",
+               R"("attn_logit_softcapping":50.0,"final_logit_softcapping":30.0)"),
+      "c");
+  EXPECT_EQ(capped.attn_logit_softcapping, 0);
+  EXPECT_EQ(capped.final_logit_softcapping, 30);
+  const ModelConfig pattern = parse_model_config(
+      replaced(kGemma3, R"("sliding_window_pattern":6)", R"("sliding_window_pattern":3)"), "c");
+  EXPECT_EQ(pattern.sliding_layers, (std::vector<std::int64_t>{0, 1, 3, 4, 6}));
+  const ModelConfig no_window = parse_model_config(
+      replaced(kGemma3, R"("sliding_window":512)", R"("sliding_window":null)"), "c");
+  EXPECT_TRUE(no_window.sliding_layers.empty());
+  EXPECT_FALSE(no_window.sliding_layer(0));
+
+  // transformers 5 writes the rope per attention type: the same model as
+  // transformers 4's keys.
+  const std::string scaled = replaced(kGemma3, R"("rope_scaling":null)",
+                                      R"("rope_scaling":{"rope_type":"linear","factor":8.0})");
+  const std::string v5 =
+      replaced(replaced(scaled, R"("rope_theta":1000000,"rope_local_base_freq":10000,)", ""),
+               R"("rope_scaling":{"rope_type":"linear","factor":8.0})",
+               R"("rope_parameters":{"full_attention":{"rope_type":"linear","factor":8,)"
+               R"("rope_theta":1000000.0},"sliding_attention":{"rope_type":"default",)"
+               R"("rope_theta":10000.0}})");
+  const ModelConfig four = parse_model_config(scaled, "4"), five = parse_model_config(v5, "5");
+  EXPECT_EQ(five.rope_scaling.type, "linear");
+  EXPECT_EQ(five.rope_scaling.factor, 8);
+  EXPECT_EQ(five.sliding_rope_theta, 1e4);
+  EXPECT_TRUE(config_differences(four, five).empty()) << config_differences(four, five)[0];
+  // A scaled sliding rotary (which transformers 4's keys cannot say) survives
+  // the round trip.
+  const ModelConfig local_scaled =
+      parse_model_config(replaced(v5, R"("sliding_attention":{"rope_type":"default",)",
+                                  R"("sliding_attention":{"rope_type":"linear","factor":2,)"),
+                         "5");
+  EXPECT_EQ(local_scaled.sliding_rope_scaling.type, "linear");
+  EXPECT_EQ(local_scaled.sliding_rope_scaling.factor, 2);
+  EXPECT_EQ(local_scaled.rope_scaling.factor, 8);
+  const ModelConfig local_back =
+      parse_model_config(model_config_to_json(local_scaled), "round trip");
+  EXPECT_TRUE(config_differences(local_scaled, local_back).empty())
+      << config_differences(local_scaled, local_back)[0];
+  EXPECT_FALSE(config_differences(five, local_scaled).empty());
+
+  const std::string disagree = replaced(v5, R"("sliding_window":512)",
+                                        R"("rope_local_base_freq":5000,"sliding_window":512)");
+  EXPECT_NE(error_of(disagree).find("rope_local_base_freq 5000 and "
+                                    "rope_parameters.sliding_attention.rope_theta 10000 differ"),
+            std::string::npos)
+      << error_of(disagree);
+  const std::string odd_type =
+      replaced(v5, R"("sliding_attention":{)", R"("chunked_attention":{},"sliding_attention":{)");
+  EXPECT_NE(error_of(odd_type).find("rope_parameters per attention type holds "
+                                    "'chunked_attention'"),
+            std::string::npos)
+      << error_of(odd_type);
+  const std::string llama = replaced(v5, "Gemma3ForCausalLM", "LlamaForCausalLM");
+  EXPECT_NE(error_of(llama).find("is read for Gemma3ForCausalLM only, not LlamaForCausalLM"),
+            std::string::npos)
+      << error_of(llama);
+  const std::string full_theta = replaced(v5, R"("rope_theta":1000000.0})", R"("rope_theta":0})");
+  EXPECT_NE(error_of(full_theta)
+                .find("'rope_parameters.full_attention.rope_theta' must be a "
+                      "positive number"),
+            std::string::npos)
+      << error_of(full_theta);
+  const std::string exact = replaced(kGemma3, R"("hidden_activation":"gelu_pytorch_tanh")",
+                                     R"("hidden_activation":"gelu")");
+  EXPECT_NE(error_of(exact).find("Gemma3ForCausalLM takes hidden_activation gelu_pytorch_tanh "
+                                 "only, got \"gelu\""),
+            std::string::npos)
+      << error_of(exact);
+  // attention_bias gives q/k/v and o_proj biases (vLLM's Gemma3Attention).
+  const ModelConfig biased = parse_model_config(
+      replaced(kGemma3, R"("torch_dtype")", R"("attention_bias":true,"torch_dtype")"), "c");
+  EXPECT_TRUE(biased.attention_bias && biased.o_proj_bias && !biased.mlp_bias);
 }
 
 // Qwen1.5-MoE-A2.7B's config.json (transformers' Qwen2MoeConfig; vLLM's
@@ -664,7 +804,7 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: GemmaForCausalLM, "
-                "Gemma2ForCausalLM, LlamaForCausalLM, "
+                "Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
                 "Qwen2MoeForCausalLM, Qwen3ForCausalLM, "
                 "Qwen3MoeForCausalLM)"),

@@ -79,6 +79,14 @@ ModelConfig tiny_config(const std::string& name) {
       "attn_logit_softcapping":2.0,"final_logit_softcapping":3.0,"sliding_window":3,
       "attention_bias":true,
       "torch_dtype":"bfloat16"})";
+  else if (name == "gemma3")  // q/k norms; layers 0 and 1 slide (pattern 3) at their own base
+    json = R"({"architectures":["Gemma3ForCausalLM"],"hidden_size":48,"intermediate_size":64,
+      "num_hidden_layers":3,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":16,
+      "vocab_size":150,"hidden_activation":"gelu_pytorch_tanh","query_pre_attn_scalar":32,
+      "rope_theta":1000000.0,"rope_local_base_freq":100.0,
+      "rope_scaling":{"rope_type":"linear","factor":4.0},"sliding_window":3,
+      "sliding_window_pattern":3,"attn_logit_softcapping":null,"final_logit_softcapping":null,
+      "torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -154,37 +162,53 @@ bool mixtral(const ModelConfig& c) {
   return c.architecture == "MixtralForCausalLM";
 }
 
-bool gemma(const ModelConfig& c) {  // (Gemma and Gemma 2)
+bool gemma(const ModelConfig& c) {  // (Gemma, Gemma 2 and Gemma 3)
   return c.architecture.rfind("Gemma", 0) == 0;
 }
 
-// Gemma 2's attention, as its config's JSON says (read here, with
-// Gemma2Config's defaults): scores scaled by query_pre_attn_scalar^-1/2, capped
-// at attn_logit_softcapping, the final logits at final_logit_softcapping (null:
-// no cap), and layers that attend to the sliding_window latest positions (null:
-// none): those `layer_types` marks sliding, else the even ones.
-struct Gemma2Attention {
-  double scalar = 0, attn_cap = 0, final_cap = 0;
+bool gemma3(const ModelConfig& c) {
+  return c.architecture == "Gemma3ForCausalLM";
+}
+
+// Per-head RMSNorm of q and k before rotary: Qwen3's and Gemma 3's.
+bool qk_norms(const ModelConfig& c) {
+  return qwen3(c) || gemma3(c);
+}
+
+// Gemma 2's and Gemma 3's attention, as the config's JSON says (read here,
+// with Gemma2Config's and Gemma3TextConfig's defaults): scores scaled by
+// query_pre_attn_scalar^-1/2, capped at attn_logit_softcapping (Gemma 2 only:
+// vLLM's Gemma3Attention takes no cap), the final logits at
+// final_logit_softcapping (null: no cap), and layers that attend to the
+// sliding_window latest positions (null: none): those `layer_types` marks
+// sliding, else Gemma 2's even ones and all of Gemma 3's but every
+// sliding_window_pattern-th. Gemma 3's sliding layers turn at
+// rope_local_base_freq (10000 when absent) without scaling.
+struct GemmaAttention {
+  double scalar = 0, attn_cap = 0, final_cap = 0, local_base = 0;
   std::int64_t window = 0;
   std::vector<bool> sliding;
 };
 
-Gemma2Attention gemma2_attention(const ModelConfig& c) {
-  Gemma2Attention g;
+GemmaAttention gemma_attention(const ModelConfig& c) {
+  GemmaAttention g;
   g.sliding.assign(c.num_hidden_layers, false);
-  if (c.architecture != "Gemma2ForCausalLM") return g;
+  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c)) return g;
   const nlohmann::json j = nlohmann::json::parse(c.json);
   auto number = [&](const char* key, double fallback) {
     if (!j.contains(key)) return fallback;
     return j[key].is_null() ? 0.0 : j[key].get<double>();
   };
   g.scalar = number("query_pre_attn_scalar", 256);
-  g.attn_cap = number("attn_logit_softcapping", 50);
-  g.final_cap = number("final_logit_softcapping", 30);
+  g.attn_cap = gemma3(c) ? 0 : number("attn_logit_softcapping", 50);
+  g.final_cap = number("final_logit_softcapping", gemma3(c) ? 0 : 30);
   g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
+  const auto pattern = static_cast<std::int64_t>(number("sliding_window_pattern", 6));
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-    g.sliding[l] =
-        j.contains("layer_types") ? j["layer_types"][l] == "sliding_attention" : l % 2 == 0;
+    g.sliding[l] = j.contains("layer_types") ? j["layer_types"][l] == "sliding_attention"
+                   : gemma3(c)               ? (l + 1) % pattern != 0
+                                             : l % 2 == 0;
+  if (gemma3(c)) g.local_base = number("rope_local_base_freq", 10000);
   return g;
 }
 
@@ -319,7 +343,7 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
       out[p + "self_attn.o_proj.bias"] = ckpt.at(p + "self_attn.o_proj.bias");
     out[p + "self_attn.o_proj.weight"] =
         ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
-    if (qwen3(c))
+    if (qk_norms(c))
       for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
         out[p + norm] = ckpt.at(p + norm);
     if (sparse(c, l)) {
@@ -468,7 +492,12 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
                      nkv = c.num_key_value_heads;
-  const Gemma2Attention g2 = gemma2_attention(c);
+  const GemmaAttention g2 = gemma_attention(c);
+  ModelConfig local = c;  // (Gemma 3's sliding layers' rotary: their base, no scaling)
+  if (g2.local_base > 0) {
+    local.rope_theta = g2.local_base;
+    local.rope_scaling = RopeScaling{};
+  }
   at::Tensor h = f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens));
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
     h = h * at::tensor(std::sqrt(static_cast<double>(c.hidden_size)))
@@ -479,12 +508,13 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c);
     at::Tensor q = linear_ref(ckpt, x, p + "self_attn.q_proj").reshape({n, nh, hd});
     at::Tensor k = linear_ref(ckpt, x, p + "self_attn.k_proj").reshape({n, nkv, hd});
-    if (qwen3(c)) {  // per-head RMSNorm before rotary
+    if (qk_norms(c)) {  // per-head RMSNorm before rotary
       q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }
-    q = rope(q.transpose(0, 1), c);
-    k = rope(k.transpose(0, 1), c);
+    const ModelConfig& turn = g2.sliding[l] && g2.window > 0 && g2.local_base > 0 ? local : c;
+    q = rope(q.transpose(0, 1), turn);
+    k = rope(k.transpose(0, 1), turn);
     at::Tensor v =
         linear_ref(ckpt, x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);

@@ -34,12 +34,17 @@ namespace tpreload::testdata {
 // query_pre_attn_scalar 24, scores capped at 2 and logits at 3, layers 0 and 2
 // attending to windows of 3 positions; q/k/v and o_proj biases, which no
 // released Gemma 2 has),
+// "gemma3" (Gemma 3: Gemma 2's norms and scaling without soft-capping, q/k
+// norms, layers 0 and 1 of 3 sliding (sliding_window_pattern 3) over windows of
+// 3 positions with rotary at rope_local_base_freq 100, layer 2 at rope_theta
+// with linear scaling by 4, vocab 150),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
-    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
-    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",     "gemma2"};
+    "llama_gqa",       "qwen2_tied", "mistral_mqa", "qwen3_dense",    "qwen3_moe",
+    "qwen3_moe_plain", "qwen2_moe",  "mixtral",     "llama_mlp_bias", "phi3",
+    "gemma",           "gemma2",     "gemma3"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

@@ -1,6 +1,6 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (GemmaForCausalLM, Gemma2ForCausalLM, LlamaForCausalLM, MistralForCausalLM, MixtralForCausalLM,
-// Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM,
+// (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM,
+// MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM,
 // Qwen3MoeForCausalLM),
 // and the tensors a checkpoint for it holds. No torch here:
 // the checkpoint tool and the checkpoint layer's tests use it too.
@@ -79,7 +79,7 @@ struct ModelConfig {
   // and the embeddings are multiplied by sqrt(hidden_size) rounded to the
   // model's dtype.
   bool gemma_normalization = false;
-  // Gemma 2 (Gemma2Config's defaults; vLLM's gemma2.py), read for it alone:
+  // Gemma 2 (Gemma2Config's defaults; vLLM's gemma2.py), and Gemma 3 below:
   // the attention output normed (post_attention_layernorm) before the
   // residual, and the MLP between pre_ and post_feedforward_layernorm;
   // attention scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2
@@ -87,20 +87,32 @@ struct ModelConfig {
   // cap x tanh(x / cap) (0: not capped); decoder layers in sliding_layers
   // attend to the sliding_window latest positions only (those in
   // `layer_types` marked "sliding_attention", else the even layers).
+  // Gemma 3 (Gemma3TextConfig's defaults; vLLM's gemma3.py) reads the same
+  // keys with its own defaults: no soft-capping (vLLM's Gemma3Attention takes
+  // none whatever attn_logit_softcapping says), windows on the layers
+  // `layer_types` marks, else on all but every sliding_window_pattern-th.
   bool sandwich_norms = false;
   double query_pre_attn_scalar = 0;
   double attn_logit_softcapping = 0;
   double final_logit_softcapping = 0;
   std::int64_t sliding_window = 0;
   std::vector<std::int64_t> sliding_layers;
+  // Gemma 3: the sliding layers' own rotary embedding, rope_local_base_freq
+  // (10000 when absent) with the default scaling, or transformers 5's
+  // rope_parameters.sliding_attention; the other layers take rope_theta and
+  // rope_scaling (rope_parameters.full_attention). 0: every layer takes
+  // rope_theta and rope_scaling.
+  double sliding_rope_theta = 0;
+  RopeScaling sliding_rope_scaling;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
   // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`
   // or `bias`, which give o_proj's too, while `qkv_bias`, when present, decides
-  // q/k/v's; `mlp_bias` gives gate/up/down's (Llama, Mistral).
+  // q/k/v's; `mlp_bias` gives gate/up/down's (Llama, Mistral, Phi-3);
+  // `attention_bias` gives q/k/v's and o_proj's for Gemma 2 and 3.
   bool attention_bias = false;  // q/k/v
   bool o_proj_bias = false;
   bool mlp_bias = false;
-  bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3)
+  bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3, Gemma 3)
   // Mixture of experts (Qwen2MoeForCausalLM, Qwen3MoeForCausalLM;
   // MixtralForCausalLM, whose intermediate_size is the experts', every layer
   // sparse, top-k weights renormalised); num_experts 0 for dense models. The
@@ -119,7 +131,7 @@ struct ModelConfig {
   DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
   std::string json;               // the original text, for kernel_format.json
 
-  // Whether decoder layer `layer` attends to a sliding window (Gemma 2).
+  // Whether decoder layer `layer` attends to a sliding window (Gemma 2 and 3).
   bool sliding_layer(std::int64_t layer) const;
 
   // Whether decoder layer `layer` has experts: num_experts > 0, the layer is not
@@ -172,7 +184,7 @@ struct CheckpointTensorSpec {
 // (Phi-3: self_attn.qkv_proj and o_proj; see stacked_checkpoint_tensors())
 // (q/k/v biases when attention_bias, o_proj's when o_proj_bias),
 // self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
-// Gemma 2: pre_feedforward_layernorm and post_feedforward_layernorm, then
+// Gemma 2 and 3: pre_feedforward_layernorm and post_feedforward_layernorm, then
 // mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias; Phi-3:
 // mlp.gate_up_proj and down_proj) or the
 // router and every expert's three projections as moe_names() spells them

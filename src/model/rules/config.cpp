@@ -86,8 +86,9 @@ struct Family {
   Experts experts;
   bool stacked;  // q/k/v and gate/up stacked in the checkpoint (Phi-3)
   // Gemma: tied head by default (and required), GeLU, Gemma's normalization;
-  // Gemma 2: and its sandwich norms, attention scaling, soft-capping, windows.
-  enum Gemma { kNotGemma, kGemma, kGemma2 } gemma;
+  // Gemma 2: and its sandwich norms, attention scaling, soft-capping, windows;
+  // Gemma 3: and its sliding layers' own rotary.
+  enum Gemma { kNotGemma, kGemma, kGemma2, kGemma3 } gemma;
 };
 constexpr Family kFamilies[] = {
     // (vLLM's Gemma has no biases whatever the config says; its Gemma 2 reads
@@ -96,6 +97,9 @@ constexpr Family kFamilies[] = {
      Family::kGemma},
     {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kQkvAndO, false, Experts::kNone, false,
      Family::kGemma2},
+    // (vLLM's Gemma3Attention: attention_bias for q/k/v and o_proj; q/k norms)
+    {"Gemma3ForCausalLM", 4, 256, 1e6, 1e-6, Biases::kQkvAndO, true, Experts::kNone, false,
+     Family::kGemma3},
     {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
      Family::kNotGemma},
     {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
@@ -131,17 +135,19 @@ const Family& family(const ModelConfig& c) {
 }
 
 // rope_theta or partial_rotary_factor (`key`): at the top level (transformers
-// 4), or in rope_parameters (transformers 5 and vLLM move both there); both,
-// they must agree; `fallback` without either.
-double rope_number(const json& j, const char* key, const std::string& origin, double fallback) {
+// 4), or in rope_parameters (transformers 5 and vLLM move both there; `params`
+// names that object, as it is keyed in `j`); both, they must agree; `fallback`
+// without either.
+double rope_number(const json& j, const char* key, const std::string& origin, double fallback,
+                   const std::string& params = "rope_parameters") {
   const double top = positive_number(j, key, fallback, origin);
-  if (!j.contains("rope_parameters") || j["rope_parameters"].is_null()) return top;
-  const json& p = j["rope_parameters"];
+  if (!j.contains(params) || j[params].is_null()) return top;
+  const json& p = j[params];
   if (!p.is_object())
-    raise<ModelError>(origin, ": field 'rope_parameters' must be an object, got ", p.dump());
-  const double nested = positive_number(p, key, top, origin, "rope_parameters.");
+    raise<ModelError>(origin, ": field '", params, "' must be an object, got ", p.dump());
+  const double nested = positive_number(p, key, top, origin, (params + ".").c_str());
   if (j.contains(key) && !j[key].is_null() && nested != top)
-    raise<ModelError>(origin, ": ", key, " ", j[key].dump(), " and rope_parameters.", key, " ",
+    raise<ModelError>(origin, ": ", key, " ", j[key].dump(), " and ", params, ".", key, " ",
                       p[key].dump(), " differ");
   return nested;
 }
@@ -183,14 +189,15 @@ json scaling_settings(const json& j, const char* key, const std::string& origin)
 }
 
 // rope_scaling where it is set, else rope_parameters (as transformers 5 and
-// vLLM read them). Fields the forward pass needs are checked there, not here:
-// a reload does not depend on them.
-RopeScaling rope_scaling_of(const json& j, const std::string& origin) {
+// vLLM read them; `params` as rope_number() takes it). Fields the forward pass
+// needs are checked there, not here: a reload does not depend on them.
+RopeScaling rope_scaling_of(const json& j, const std::string& origin,
+                            const std::string& params = "rope_parameters") {
   RopeScaling r;
   json s = scaling_settings(j, "rope_scaling", origin);
   if (s.is_null()) {
-    s = scaling_settings(j, "rope_parameters", origin);
-    r.source = "rope_parameters";
+    s = scaling_settings(j, params.c_str(), origin);
+    r.source = params;
   }
   if (s.is_null()) return r;
   if (s.contains("rope_type")) r.type = s["rope_type"].get<std::string>();
@@ -243,34 +250,49 @@ Activation gemma_activation(const json& j, const std::string& origin) {
                     " is not one Gemma takes (gelu_pytorch_tanh, gelu)");
 }
 
+// A positive integer at `key`, or `fallback` (its config class's default)
+// where the key is absent.
+std::int64_t positive_int_or(const json& j, const char* key, std::int64_t fallback,
+                             const std::string& origin) {
+  return j.contains(key) ? positive_int(j, key, origin) : fallback;
+}
+
 // A soft-capping value: absent, `fallback`; null, 0 (not capped); else positive.
 double softcap(const json& j, const char* key, double fallback, const std::string& origin) {
   if (j.contains(key) && j[key].is_null()) return 0;
   return positive_number(j, key, fallback, origin);
 }
 
-// Gemma 2's keys, with Gemma2Config's defaults (vLLM's gemma2.py): its GeLU
-// must be the tanh one, in hidden_activation (absent: its default) and in
-// hidden_act where the config has it (vLLM's Gemma2MLP refuses any other).
-void parse_gemma2(const json& j, const std::string& origin, ModelConfig& c) {
+// Gemma 2's and Gemma 3's keys, with Gemma2Config's and Gemma3TextConfig's
+// defaults (vLLM's gemma2.py and gemma3.py): the GeLU must be the tanh one, in
+// hidden_activation (absent: its default) and in hidden_act where the config
+// has it (vLLM's Gemma2MLP and Gemma3MLP refuse any other). Gemma 3's
+// attention is never soft-capped (vLLM's Gemma3Attention passes no cap) and its
+// logits only where final_logit_softcapping says so; without `layer_types`
+// Gemma 2 slides on the even layers, Gemma 3 on all but every
+// sliding_window_pattern-th (6 when absent), as the config classes fill it.
+void parse_gemma_sandwich(const json& j, const std::string& origin, bool gemma3, ModelConfig& c) {
   for (const char* key : {"hidden_act", "hidden_activation"})
     if (j.contains(key) && j[key] != "gelu_pytorch_tanh")
-      raise<ModelError>(origin, ": Gemma2ForCausalLM takes ", key, " gelu_pytorch_tanh only, got ",
-                        j[key].dump());
+      raise<ModelError>(origin, ": ", c.architecture, " takes ", key,
+                        " gelu_pytorch_tanh only, got ", j[key].dump());
   c.activation = Activation::kGeluTanh;
   c.sandwich_norms = true;
   if (j.contains("query_pre_attn_scalar") && j["query_pre_attn_scalar"].is_null())
     raise<ModelError>(origin,
                       ": field 'query_pre_attn_scalar' must be a positive number, got null");
   c.query_pre_attn_scalar = positive_number(j, "query_pre_attn_scalar", 256, origin);
-  c.attn_logit_softcapping = softcap(j, "attn_logit_softcapping", 50, origin);
-  c.final_logit_softcapping = softcap(j, "final_logit_softcapping", 30, origin);
+  c.attn_logit_softcapping = gemma3 ? 0 : softcap(j, "attn_logit_softcapping", 50, origin);
+  c.final_logit_softcapping = softcap(j, "final_logit_softcapping", gemma3 ? 0 : 30, origin);
   c.sliding_window = !j.contains("sliding_window")   ? 4096
                      : j["sliding_window"].is_null() ? 0
                                                      : positive_int(j, "sliding_window", origin);
   if (c.sliding_window == 0) return;
   if (!j.contains("layer_types") || j["layer_types"].is_null()) {
-    for (std::int64_t l = 0; l < c.num_hidden_layers; l += 2) c.sliding_layers.push_back(l);
+    const std::int64_t pattern =
+        gemma3 ? positive_int_or(j, "sliding_window_pattern", 6, origin) : 2;
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+      if (gemma3 ? (l + 1) % pattern != 0 : l % 2 == 0) c.sliding_layers.push_back(l);
     return;
   }
   const json& types = j["layer_types"];
@@ -286,13 +308,46 @@ void parse_gemma2(const json& j, const std::string& origin, ModelConfig& c) {
   }
 }
 
-// The expert keys of `kind` (Family::experts; vLLM's MixtralMoE renormalises:
-// renormalize=True).
-// A positive integer at `key`, or `fallback` (its config class's default)
-// where the key is absent.
-std::int64_t positive_int_or(const json& j, const char* key, std::int64_t fallback,
-                             const std::string& origin) {
-  return j.contains(key) ? positive_int(j, key, origin) : fallback;
+// transformers 5 writes Gemma 3's rope_parameters per attention type,
+// {"full_attention": {...}, "sliding_attention": {...}}; null where the
+// config's rope_parameters is flat (or absent). Each entry must be an object.
+json rope_per_attention_type(const json& j, const std::string& origin) {
+  if (!j.contains("rope_parameters") || !j["rope_parameters"].is_object()) return nullptr;
+  const json& p = j["rope_parameters"];
+  if (!p.contains("full_attention") && !p.contains("sliding_attention")) return nullptr;
+  for (const auto& [type, params] : p.items())
+    if ((type != "full_attention" && type != "sliding_attention") ||
+        !(params.is_object() || params.is_null()))
+      raise<ModelError>(origin, ": rope_parameters per attention type holds '", type,
+                        "': ", params.dump(),
+                        " (only full_attention and sliding_attention objects)");
+  return p;
+}
+
+// Gemma 3's sliding layers' rotary: rope_local_base_freq (10000 when absent)
+// with the default scaling (transformers 4, vLLM's Gemma3Attention), or
+// rope_parameters.sliding_attention from `per_type` (transformers 5; both
+// given, the bases must agree). Its partial_rotary_factor must be the full
+// layers'.
+void parse_gemma3_rope(const json& j, const json& per_type, const std::string& origin,
+                       ModelConfig& c) {
+  const double local = positive_number(j, "rope_local_base_freq", 1e4, origin);
+  c.sliding_rope_theta = local;
+  if (per_type.is_null() || !per_type.contains("sliding_attention")) return;
+  const std::string params = "rope_parameters.sliding_attention";
+  const json view = {{params, per_type["sliding_attention"]}};
+  c.sliding_rope_theta = rope_number(view, "rope_theta", origin, local, params);
+  if (j.contains("rope_local_base_freq") && !j["rope_local_base_freq"].is_null() &&
+      c.sliding_rope_theta != local)
+    raise<ModelError>(origin, ": rope_local_base_freq ", j["rope_local_base_freq"].dump(), " and ",
+                      params, ".rope_theta ", c.sliding_rope_theta, " differ");
+  c.sliding_rope_scaling = rope_scaling_of(view, origin, params);
+  const double partial =
+      rope_number(view, "partial_rotary_factor", origin, c.partial_rotary_factor, params);
+  if (partial != c.partial_rotary_factor)
+    raise<ModelError>(origin, ": ", params, ".partial_rotary_factor ", partial,
+                      " differs from the full attention layers' ", c.partial_rotary_factor,
+                      " (one factor for every layer is read)");
 }
 
 // The number of experts: `num_experts` or `num_local_experts` (transformers 5
@@ -309,6 +364,8 @@ std::int64_t expert_count(const json& j, std::int64_t fallback, const std::strin
   return n;
 }
 
+// The expert keys of `kind` (Family::experts; vLLM's MixtralMoE renormalises:
+// renormalize=True).
 void parse_experts(const json& j, const std::string& origin, Experts kind, ModelConfig& c) {
   // Absent keys: MixtralConfig's, Qwen3MoeConfig's and Qwen2MoeConfig's defaults.
   const bool mixtral = kind == Experts::kMixtral, shared = kind == Experts::kQwenShared;
@@ -443,9 +500,25 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   else
     c.head_dim = c.hidden_size / c.num_attention_heads;
   c.rms_norm_eps = positive_number(j, "rms_norm_eps", f.rms_norm_eps, origin);
-  c.rope_theta = rope_number(j, "rope_theta", origin, f.rope_theta);
-  c.rope_scaling = rope_scaling_of(j, origin);
-  c.partial_rotary_factor = rope_number(j, "partial_rotary_factor", origin, 1.0);
+  // Rope per attention type (Gemma 3 as transformers 5 writes it): the full
+  // layers' read as a flat rope_parameters is, the sliding ones' below.
+  const json per_type = rope_per_attention_type(j, origin);
+  if (!per_type.is_null() && f.gemma != Family::kGemma3)
+    raise<ModelError>(origin,
+                      ": rope_parameters per attention type (full_attention, "
+                      "sliding_attention) is read for Gemma3ForCausalLM only, not ",
+                      f.architecture);
+  json full = per_type.is_null() ? json(nullptr) : j;
+  std::string params = "rope_parameters";
+  if (!per_type.is_null()) {
+    params = "rope_parameters.full_attention";
+    full.erase("rope_parameters");
+    if (per_type.contains("full_attention")) full[params] = per_type["full_attention"];
+  }
+  const json& rope = per_type.is_null() ? j : full;
+  c.rope_theta = rope_number(rope, "rope_theta", origin, f.rope_theta, params);
+  c.rope_scaling = rope_scaling_of(rope, origin, params);
+  c.partial_rotary_factor = rope_number(rope, "partial_rotary_factor", origin, 1.0, params);
   if (c.partial_rotary_factor > 1)
     raise<ModelError>(origin, ": partial_rotary_factor must be at most 1, got ",
                       c.partial_rotary_factor);
@@ -458,10 +531,11 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
                         " ties its LM head to the embeddings (vLLM asserts "
                         "tie_word_embeddings), but the config sets it false");
     c.gemma_normalization = true;
-    if (f.gemma == Family::kGemma2)
-      parse_gemma2(j, origin, c);
-    else
+    if (f.gemma == Family::kGemma)
       c.activation = gemma_activation(j, origin);
+    else
+      parse_gemma_sandwich(j, origin, f.gemma == Family::kGemma3, c);
+    if (f.gemma == Family::kGemma3) parse_gemma3_rope(j, per_type, origin, c);
   }
   switch (f.biases) {
     case Biases::kLlama:
@@ -530,7 +604,21 @@ std::string model_config_to_json(const ModelConfig& c) {
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
   if (c.partial_rotary_factor != 1) j["partial_rotary_factor"] = c.partial_rotary_factor;
   if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
-  if (c.sandwich_norms) {  // (Gemma 2's: null for 0, as Gemma2Config takes "none")
+  if (c.sliding_rope_theta > 0 && c.sliding_rope_scaling.json.empty()) {
+    j["rope_local_base_freq"] = c.sliding_rope_theta;
+  } else if (c.sliding_rope_theta > 0) {  // (a scaled one: transformers 5's form)
+    auto of = [](double theta, const RopeScaling& s) {
+      json r = s.json.empty() ? json{{"rope_type", "default"}} : json::parse(s.json);
+      r["rope_theta"] = theta;
+      return r;
+    };
+    j["rope_parameters"] = {
+        {"full_attention", of(c.rope_theta, c.rope_scaling)},
+        {"sliding_attention", of(c.sliding_rope_theta, c.sliding_rope_scaling)}};
+    j.erase("rope_theta");
+    j.erase("rope_scaling");
+  }
+  if (c.sandwich_norms) {  // (Gemma 2's and 3's: null for 0, as their configs take "none")
     auto or_null = [](double v) { return v > 0 ? json(v) : json(nullptr); };
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
     j["attn_logit_softcapping"] = or_null(c.attn_logit_softcapping);
@@ -692,10 +780,11 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   field("vocab_size", a.vocab_size, b.vocab_size);
   field("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
   field("rope_theta", a.rope_theta, b.rope_theta);
-  auto scaling = [](const ModelConfig& c) {
-    return c.rope_scaling.json.empty() ? std::string("none") : c.rope_scaling.json;
-  };
-  field("rope_scaling", scaling(a), scaling(b));
+  auto scaling = [](const RopeScaling& s) { return s.json.empty() ? std::string("none") : s.json; };
+  field("rope_scaling", scaling(a.rope_scaling), scaling(b.rope_scaling));
+  field("rope_local_base_freq", a.sliding_rope_theta, b.sliding_rope_theta);
+  field("the sliding layers' rope scaling", scaling(a.sliding_rope_scaling),
+        scaling(b.sliding_rope_scaling));
   field("partial_rotary_factor", a.partial_rotary_factor, b.partial_rotary_factor);
   field("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
   field("hidden_activation", std::string(activation_name(a.activation)),
