@@ -175,7 +175,7 @@ Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig
   row.fragment =
       "ranks disagree on the model config's settings of the forward pass (rms_norm_eps, "
       "rope_theta, rope scaling, partial_rotary_factor, hidden_activation, the Gemmas' attention "
-      "scaling, soft-capping, sliding windows and their rotary)";
+      "scaling, soft-capping, sliding windows and their rotary, Granite's multipliers)";
   row.config_of = std::move(config_of);
   return row;
 }
@@ -373,6 +373,14 @@ std::vector<Row> rows() {
             c.sliding_layers = {0};
             c.sliding_rope_theta = 10000.0;
           }),
+      last_rank_differs("a config whose embedding multiplier differs between ranks (Granite)",
+                        [](ModelConfig& c) { c.embedding_multiplier = 12; }),
+      last_rank_differs("a config whose attention multiplier differs between ranks (Granite)",
+                        [](ModelConfig& c) { c.attention_multiplier = 0.25; }),
+      last_rank_differs("a config whose residual multiplier differs between ranks (Granite)",
+                        [](ModelConfig& c) { c.residual_multiplier = 0.5; }),
+      last_rank_differs("a config whose logits scaling differs between ranks (Granite)",
+                        [](ModelConfig& c) { c.logits_scaling = 8; }),
   };
 }
 

@@ -134,14 +134,17 @@ at::Tensor soft_cap(const at::Tensor& x, double cap) {
 }
 
 // Causal attention of layer `layer` on [tokens, heads, head_dim]: scores scaled
-// by query_pre_attn_scalar^-1/2 (or head_dim's), soft-capped, and (sliding
-// layers) limited to the sliding_window latest positions.
+// by attention_multiplier (Granite's), else query_pre_attn_scalar^-1/2 (or head_dim's),
+// soft-capped, and (sliding layers) limited to the sliding_window latest positions.
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const ModelConfig& c, std::int64_t layer) {
   const std::int64_t tokens = q.size(0);
-  const double scaled_by =
-      c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar : static_cast<double>(q.size(2));
-  at::Tensor scores = at::einsum("thd,shd->hts", {q, k}) / std::sqrt(scaled_by);
+  const double scale =
+      c.attention_multiplier > 0
+          ? c.attention_multiplier  // (Granite's)
+          : 1 / std::sqrt(c.query_pre_attn_scalar > 0 ? c.query_pre_attn_scalar
+                                                      : static_cast<double>(q.size(2)));
+  at::Tensor scores = at::einsum("thd,shd->hts", {q, k}) * scale;
   scores = soft_cap(scores, c.attn_logit_softcapping);
   at::Tensor mask = at::ones({tokens, tokens}, at::kBool).triu(1);  // (later positions)
   if (c.sliding_layer(layer))  // and those sliding_window or more before
@@ -249,7 +252,8 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   at::Tensor h = weight_f32("model.embed_tokens").index_select(0, local_ids) *
                  in_range.unsqueeze(1).to(at::kFloat);
   allreduce_sum(h, comm);
-  if (c.gemma_normalization)  // (vLLM's normalizer: sqrt(hidden_size) in the model's dtype)
+  h = h * c.embedding_multiplier;  // (Granite's; 1 for the others)
+  if (c.gemma_normalization)       // (vLLM's normalizer: sqrt(hidden_size) in the model's dtype)
     h = h * at::scalar_tensor(std::sqrt(static_cast<double>(c.hidden_size)),
                               at::TensorOptions().dtype(dtype_to_torch(c.dtype)))
                 .item<double>();
@@ -292,13 +296,13 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
       return rms_norm(x, host_param(p + name), c);
     };
     if (c.sandwich_norms) attn = norm(attn, "post_attention_layernorm.weight");
-    h = h + attn;
+    h = h + attn * c.residual_multiplier;  // (Granite's; 1 for the others)
     const at::Tensor y = norm(h, c.sandwich_norms ? "pre_feedforward_layernorm.weight"
                                                   : "post_attention_layernorm.weight");
     at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
     allreduce_sum(mlp, comm);
     if (c.sandwich_norms) mlp = norm(mlp, "post_feedforward_layernorm.weight");
-    h = h + mlp;
+    h = h + mlp * c.residual_multiplier;
   }
   h = rms_norm(h, host_param("model.norm.weight"), c);
   const std::string head = c.tie_word_embeddings ? "model.embed_tokens" : "lm_head";
@@ -306,7 +310,8 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   at::Tensor logits = at::zeros({h.size(0), rules_.padded_vocab()}, at::kFloat);
   logits.narrow(1, vocab_start, per_vocab).copy_(local_logits);
   allreduce_sum(logits, comm);
-  return soft_cap(logits.narrow(1, 0, c.vocab_size), c.final_logit_softcapping).contiguous();
+  return soft_cap(logits.narrow(1, 0, c.vocab_size) / c.logits_scaling, c.final_logit_softcapping)
+      .contiguous();
 }
 
 }  // namespace tpreload

@@ -184,8 +184,10 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   // logits from the same weights. (Rope scaling as its settings' canonical
   // text, from which every typed field of RopeScaling is read.)
   std::uint64_t forward = kFnvOffsetBasis;
-  for (double v : {c.rms_norm_eps, c.rope_theta, c.partial_rotary_factor, c.query_pre_attn_scalar,
-                   c.attn_logit_softcapping, c.final_logit_softcapping, c.sliding_rope_theta}) {
+  for (double v :
+       {c.rms_norm_eps, c.rope_theta, c.partial_rotary_factor, c.query_pre_attn_scalar,
+        c.attn_logit_softcapping, c.final_logit_softcapping, c.sliding_rope_theta,
+        c.embedding_multiplier, c.attention_multiplier, c.residual_multiplier, c.logits_scaling}) {
     std::uint64_t bits = 0;
     std::memcpy(&bits, &v, sizeof bits);
     forward = fnv(forward, bits);
@@ -200,7 +202,7 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
   return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
           {"the model config's settings of the forward pass (rms_norm_eps, rope_theta, rope "
            "scaling, partial_rotary_factor, hidden_activation, the Gemmas' attention scaling, "
-           "soft-capping, sliding windows and their rotary)",
+           "soft-capping, sliding windows and their rotary, Granite's multipliers)",
            forward},
           {"the tp size", std::uint64_t(model.rules().tp_size())},
           {"the data plane (transport, memory space)", plane},

@@ -487,6 +487,68 @@ TEST(Config, Gemma3KeysAsHuggingFaceWritesThem) {
   EXPECT_TRUE(biased.attention_bias && biased.o_proj_bias && !biased.mlp_bias);
 }
 
+// granite-3.1-8b-instruct's config.json (transformers' GraniteConfig; vLLM's
+// granite.py), two layers.
+const char* const kGranite = R"({"architectures":["GraniteForCausalLM"],"attention_bias":false,
+  "attention_dropout":0.0,"attention_multiplier":0.0078125,"embedding_multiplier":12.0,
+  "hidden_act":"silu","hidden_size":4096,"intermediate_size":12800,"logits_scaling":16.0,
+  "max_position_embeddings":131072,"mlp_bias":false,"model_type":"granite",
+  "num_attention_heads":32,"num_hidden_layers":2,"num_key_value_heads":8,
+  "residual_multiplier":0.22,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000000.0,
+  "tie_word_embeddings":true,"torch_dtype":"bfloat16","vocab_size":49155})";
+
+TEST(Config, GraniteKeysAsHuggingFaceWritesThem) {
+  const ModelConfig c = parse_model_config(kGranite, "config.json");
+  EXPECT_EQ(c.embedding_multiplier, 12);
+  EXPECT_EQ(c.attention_multiplier, 0.0078125);
+  EXPECT_EQ(c.residual_multiplier, 0.22);
+  EXPECT_EQ(c.logits_scaling, 16);
+  EXPECT_EQ(c.head_dim, 4096 / 32);
+  EXPECT_EQ(c.rope_theta, 1e7);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.gemma_normalization);
+  EXPECT_EQ(c.activation, Activation::kSilu);
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  EXPECT_EQ(shapes["model.layers.1.self_attn.k_proj.weight"],
+            (std::vector<std::int64_t>{8 * 128, 4096}));
+  EXPECT_EQ(shapes.size(), 1 + 2 * 9 + 1u);  // (embed; 2 norms, q/k/v/o, gate/up/down; norm)
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  // GraniteConfig's defaults: every multiplier 1 (the attention's scale
+  // itself, not head_dim^-1/2), rope_theta 10000.
+  const ModelConfig d = parse_model_config(
+      without(kGranite, {R"("attention_multiplier":0.0078125,"embedding_multiplier":12.0,)",
+                         R"("logits_scaling":16.0,)", R"("residual_multiplier":0.22,)",
+                         R"("rope_theta":10000000.0,)"}),
+      "c");
+  EXPECT_EQ(d.embedding_multiplier, 1);
+  EXPECT_EQ(d.attention_multiplier, 1);
+  EXPECT_EQ(d.residual_multiplier, 1);
+  EXPECT_EQ(d.logits_scaling, 1);
+  EXPECT_EQ(d.rope_theta, 1e4);
+  EXPECT_FALSE(config_differences(c, d).empty());
+  // attention_bias or bias gives q/k/v and o_proj biases (no qkv_bias is read,
+  // as vLLM's GraniteAttention reads none); mlp_bias the MLP's.
+  const ModelConfig biased = parse_model_config(
+      replaced(replaced(kGranite, R"("attention_bias":false)", R"("bias":true,"qkv_bias":false)"),
+               R"("mlp_bias":false)", R"("mlp_bias":true)"),
+      "c");
+  EXPECT_TRUE(biased.attention_bias && biased.o_proj_bias && biased.mlp_bias);
+  const ModelConfig biased_back = parse_model_config(model_config_to_json(biased), "round trip");
+  EXPECT_TRUE(config_differences(biased, biased_back).empty())
+      << config_differences(biased, biased_back)[0];
+  const std::string gelu = replaced(kGranite, R"("hidden_act":"silu")", R"("hidden_act":"gelu")");
+  EXPECT_NE(error_of(gelu).find("GraniteForCausalLM takes hidden_act silu only, got \"gelu\""),
+            std::string::npos)
+      << error_of(gelu);
+  const std::string zero = replaced(kGranite, R"("logits_scaling":16.0)", R"("logits_scaling":0)");
+  EXPECT_NE(error_of(zero).find("field 'logits_scaling' must be a positive number, got 0"),
+            std::string::npos)
+      << error_of(zero);
+}
+
 // Qwen1.5-MoE-A2.7B's config.json (transformers' Qwen2MoeConfig; vLLM's
 // qwen2_moe.py): Qwen3-MoE's expert keys plus a shared expert, a dense MLP of
 // shared_expert_intermediate_size with a [1, hidden] sigmoid gate, in every
@@ -804,7 +866,7 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: GemmaForCausalLM, "
-                "Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, "
+                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, "
                 "Qwen2MoeForCausalLM, Qwen3ForCausalLM, "
                 "Qwen3MoeForCausalLM)"),

@@ -87,6 +87,12 @@ ModelConfig tiny_config(const std::string& name) {
       "rope_scaling":{"rope_type":"linear","factor":4.0},"sliding_window":3,
       "sliding_window_pattern":3,"attn_logit_softcapping":null,"final_logit_softcapping":null,
       "torch_dtype":"bfloat16"})";
+  else if (name == "granite")  // every multiplier away from 1; q/k/v/o and MLP biases; tied
+    json = R"({"architectures":["GraniteForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":115,
+      "hidden_act":"silu","embedding_multiplier":4.0,"attention_multiplier":0.25,
+      "residual_multiplier":0.5,"logits_scaling":3.0,"attention_bias":true,"mlp_bias":true,
+      "tie_word_embeddings":true,"rope_theta":10000000.0,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -209,6 +215,26 @@ GemmaAttention gemma_attention(const ModelConfig& c) {
                    : gemma3(c)               ? (l + 1) % pattern != 0
                                              : l % 2 == 0;
   if (gemma3(c)) g.local_base = number("rope_local_base_freq", 10000);
+  return g;
+}
+
+// Granite's scaling, as its config's JSON says (read here; GraniteConfig's
+// 1 when absent): the embeddings times embedding_multiplier, attention scores
+// times attention_multiplier (in place of head_dim^-1/2), attention and MLP
+// outputs times residual_multiplier, logits over logits_scaling. Every other
+// family: none (attention 0: not Granite's).
+struct GraniteScales {
+  double embedding = 1, attention = 0, residual = 1, logits = 1;
+};
+
+GraniteScales granite_scales(const ModelConfig& c) {
+  GraniteScales g;
+  if (c.architecture != "GraniteForCausalLM") return g;
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  g.embedding = j.value("embedding_multiplier", 1.0);
+  g.attention = j.value("attention_multiplier", 1.0);
+  g.residual = j.value("residual_multiplier", 1.0);
+  g.logits = j.value("logits_scaling", 1.0);
   return g;
 }
 
@@ -493,12 +519,14 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
                      nkv = c.num_key_value_heads;
   const GemmaAttention g2 = gemma_attention(c);
+  const GraniteScales gs = granite_scales(c);
   ModelConfig local = c;  // (Gemma 3's sliding layers' rotary: their base, no scaling)
   if (g2.local_base > 0) {
     local.rope_theta = g2.local_base;
     local.rope_scaling = RopeScaling{};
   }
-  at::Tensor h = f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens));
+  at::Tensor h =
+      f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens)) * gs.embedding;
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
     h = h * at::tensor(std::sqrt(static_cast<double>(c.hidden_size)))
                 .to(dtype_to_torch(c.dtype))
@@ -519,8 +547,9 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
         linear_ref(ckpt, x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);
     v = v.repeat_interleave(nh / nkv, 0);
-    at::Tensor s = at::matmul(q, k.transpose(1, 2)) /
-                   std::sqrt(g2.scalar > 0 ? g2.scalar : static_cast<double>(hd));
+    at::Tensor s = at::matmul(q, k.transpose(1, 2));
+    s = gs.attention > 0 ? s * gs.attention
+                         : s / std::sqrt(g2.scalar > 0 ? g2.scalar : static_cast<double>(hd));
     s = capped(s, g2.attn_cap);
     for (std::int64_t t = 0; t < n; ++t)  // query t sees keys t - window + 1 .. t
       for (std::int64_t key = 0; key < n; ++key)
@@ -531,7 +560,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     // Gemma 2 norms the attention's output, and the MLP's input and output.
     const bool sandwich = ckpt.count(p + "pre_feedforward_layernorm.weight") > 0;
     if (sandwich) attn = norm(attn, f32(ckpt, p + "post_attention_layernorm.weight"), c);
-    h = h + attn;
+    h = h + attn * gs.residual;
     const at::Tensor y = norm(h,
                               f32(ckpt, p + (sandwich ? "pre_feedforward_layernorm.weight"
                                                       : "post_attention_layernorm.weight")),
@@ -540,12 +569,13 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
                                   : swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj",
                                            p + "mlp.down_proj");
     if (sandwich) mlp = norm(mlp, f32(ckpt, p + "post_feedforward_layernorm.weight"), c);
-    h = h + mlp;
+    h = h + mlp * gs.residual;
   }
   h = norm(h, f32(ckpt, "model.norm.weight"), c);
   return capped(at::matmul(h, f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight"
                                                               : "lm_head.weight")
-                                  .t()),
+                                  .t()) /
+                    gs.logits,
                 g2.final_cap)
       .to(at::kFloat);
 }

@@ -38,13 +38,16 @@ namespace tpreload::testdata {
 // norms, layers 0 and 1 of 3 sliding (sliding_window_pattern 3) over windows of
 // 3 positions with rotary at rope_local_base_freq 100, layer 2 at rope_theta
 // with linear scaling by 4, vocab 150),
+// "granite" (Granite: embedding multiplier 4, attention multiplier 0.25,
+// residual multiplier 0.5, logits scaling 3; q/k/v/o and MLP biases; tied;
+// 8 heads / 2 KV heads, vocab 115),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
     "llama_gqa",       "qwen2_tied", "mistral_mqa", "qwen3_dense",    "qwen3_moe",
     "qwen3_moe_plain", "qwen2_moe",  "mixtral",     "llama_mlp_bias", "phi3",
-    "gemma",           "gemma2",     "gemma3"};
+    "gemma",           "gemma2",     "gemma3",      "granite"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

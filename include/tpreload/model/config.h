@@ -1,8 +1,7 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM,
-// MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM, Qwen3ForCausalLM,
-// Qwen3MoeForCausalLM),
-// and the tensors a checkpoint for it holds. No torch here:
+// (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM,
+// MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM,
+// Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it holds. No torch here:
 // the checkpoint tool and the checkpoint layer's tests use it too.
 #pragma once
 
@@ -104,11 +103,21 @@ struct ModelConfig {
   // rope_theta and rope_scaling.
   double sliding_rope_theta = 0;
   RopeScaling sliding_rope_scaling;
+  // Granite (GraniteConfig's keys, 1 when absent; vLLM's granite.py): the
+  // embeddings multiplied by embedding_multiplier, attention scores by
+  // attention_multiplier (0 here for the others: head_dim^-1/2), each
+  // attention and MLP output by residual_multiplier before the residual, and
+  // the logits divided by logits_scaling.
+  double embedding_multiplier = 1;
+  double attention_multiplier = 0;
+  double residual_multiplier = 1;
+  double logits_scaling = 1;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
   // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`
   // or `bias`, which give o_proj's too, while `qkv_bias`, when present, decides
   // q/k/v's; `mlp_bias` gives gate/up/down's (Llama, Mistral, Phi-3);
-  // `attention_bias` gives q/k/v's and o_proj's for Gemma 2 and 3.
+  // `attention_bias` gives q/k/v's and o_proj's for Gemma 2 and 3, and so does
+  // `attention_bias` or `bias` for Granite, with `mlp_bias` the MLP's.
   bool attention_bias = false;  // q/k/v
   bool o_proj_bias = false;
   bool mlp_bias = false;

@@ -66,7 +66,8 @@ enum class Biases {
   kLlama,        // attention_bias or bias: q/k/v and o_proj; qkv_bias decides q/k/v; mlp_bias
   kQkv,          // q/k/v always, no others (Qwen2's)
   kQkvOptional,  // attention_bias: q/k/v only (Qwen3's)
-  kQkvAndO,      // attention_bias: q/k/v and o_proj (Gemma 2's)
+  kQkvAndO,      // attention_bias: q/k/v and o_proj (Gemma 2's and 3's)
+  kGranite,      // attention_bias or bias: q/k/v and o_proj (no qkv_bias); mlp_bias
   kNone,         // (Mixtral's)
 };
 enum class Experts {
@@ -89,6 +90,7 @@ struct Family {
   // Gemma 2: and its sandwich norms, attention scaling, soft-capping, windows;
   // Gemma 3: and its sliding layers' own rotary.
   enum Gemma { kNotGemma, kGemma, kGemma2, kGemma3 } gemma;
+  bool multipliers = false;  // Granite's embedding, attention, residual and logits scaling
 };
 constexpr Family kFamilies[] = {
     // (vLLM's Gemma has no biases whatever the config says; its Gemma 2 reads
@@ -100,6 +102,9 @@ constexpr Family kFamilies[] = {
     // (vLLM's Gemma3Attention: attention_bias for q/k/v and o_proj; q/k norms)
     {"Gemma3ForCausalLM", 4, 256, 1e6, 1e-6, Biases::kQkvAndO, true, Experts::kNone, false,
      Family::kGemma3},
+    // (vLLM's GraniteAttention and GraniteMLP: attention_bias or bias, mlp_bias)
+    {"GraniteForCausalLM", 0, 0, 1e4, 1e-6, Biases::kGranite, false, Experts::kNone, false,
+     Family::kNotGemma, true},
     {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
      Family::kNotGemma},
     {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
@@ -255,6 +260,19 @@ Activation gemma_activation(const json& j, const std::string& origin) {
 std::int64_t positive_int_or(const json& j, const char* key, std::int64_t fallback,
                              const std::string& origin) {
   return j.contains(key) ? positive_int(j, key, origin) : fallback;
+}
+
+// Granite's multipliers (GraniteConfig: 1 when absent; vLLM's granite.py takes
+// attention_multiplier as the attention's scale itself), and its MLP's
+// activation, which vLLM's GraniteMLP takes as silu only.
+void parse_granite(const json& j, const std::string& origin, ModelConfig& c) {
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    raise<ModelError>(origin, ": GraniteForCausalLM takes hidden_act silu only, got ",
+                      j["hidden_act"].dump());
+  c.embedding_multiplier = positive_number(j, "embedding_multiplier", 1, origin);
+  c.attention_multiplier = positive_number(j, "attention_multiplier", 1, origin);
+  c.residual_multiplier = positive_number(j, "residual_multiplier", 1, origin);
+  c.logits_scaling = positive_number(j, "logits_scaling", 1, origin);
 }
 
 // A soft-capping value: absent, `fallback`; null, 0 (not capped); else positive.
@@ -554,10 +572,16 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     case Biases::kQkvAndO:
       c.attention_bias = c.o_proj_bias = flag(j, "attention_bias", origin);
       break;
+    case Biases::kGranite:
+      c.attention_bias = c.o_proj_bias =
+          flag(j, "attention_bias", origin) || flag(j, "bias", origin);
+      c.mlp_bias = flag(j, "mlp_bias", origin);
+      break;
     case Biases::kNone:
       break;
   }
   c.qk_norm = f.qk_norm;
+  if (f.multipliers) parse_granite(j, origin, c);
   if (f.experts != Experts::kNone) parse_experts(j, origin, f.experts, c);
   c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
@@ -640,6 +664,15 @@ std::string model_config_to_json(const ModelConfig& c) {
     if (c.mlp_bias) j["mlp_bias"] = true;
   } else if (f.biases == Biases::kQkvOptional || f.biases == Biases::kQkvAndO) {
     j["attention_bias"] = c.attention_bias;
+  } else if (f.biases == Biases::kGranite) {
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = c.mlp_bias;
+  }
+  if (f.multipliers) {
+    j["embedding_multiplier"] = c.embedding_multiplier;
+    j["attention_multiplier"] = c.attention_multiplier;
+    j["residual_multiplier"] = c.residual_multiplier;
+    j["logits_scaling"] = c.logits_scaling;
   }
   if (f.experts == Experts::kMixtral) {
     j["num_local_experts"] = c.num_experts;
@@ -790,6 +823,10 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
   field("hidden_activation", std::string(activation_name(a.activation)),
         std::string(activation_name(b.activation)));
   field("query_pre_attn_scalar", a.query_pre_attn_scalar, b.query_pre_attn_scalar);
+  field("embedding_multiplier", a.embedding_multiplier, b.embedding_multiplier);
+  field("attention_multiplier", a.attention_multiplier, b.attention_multiplier);
+  field("residual_multiplier", a.residual_multiplier, b.residual_multiplier);
+  field("logits_scaling", a.logits_scaling, b.logits_scaling);
   field("attn_logit_softcapping", a.attn_logit_softcapping, b.attn_logit_softcapping);
   field("final_logit_softcapping", a.final_logit_softcapping, b.final_logit_softcapping);
   field("sliding_window", a.sliding_window, b.sliding_window);
