@@ -279,7 +279,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
       q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c);
       k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c);
     }
-    const Rope& turn = c.sliding_layer(l) ? sliding_rope : rope;
+    const Rope& turn = c.sliding_type(l) ? sliding_rope : rope;
     q = apply_rope(q, turn);
     k = apply_rope(k, turn).index_select(1, kv_index);
     v = v.index_select(1, kv_index);

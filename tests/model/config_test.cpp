@@ -420,8 +420,20 @@ TEST(Config, Gemma3KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(pattern.sliding_layers, (std::vector<std::int64_t>{0, 1, 3, 4, 6}));
   const ModelConfig no_window = parse_model_config(
       replaced(kGemma3, R"("sliding_window":512)", R"("sliding_window":null)"), "c");
-  EXPECT_TRUE(no_window.sliding_layers.empty());
-  EXPECT_FALSE(no_window.sliding_layer(0));
+  // Without a window every layer attends to all, and the sliding type's
+  // layers still turn at their own base (the rotary goes by type).
+  EXPECT_EQ(no_window.sliding_layers, c.sliding_layers);
+  EXPECT_TRUE(no_window.sliding_type(0) && !no_window.sliding_layer(0));
+  const ModelConfig no_window_back =
+      parse_model_config(model_config_to_json(no_window), "round trip");
+  EXPECT_TRUE(config_differences(no_window, no_window_back).empty())
+      << config_differences(no_window, no_window_back)[0];
+  // vLLM's Gemma3MLP reads hidden_activation alone.
+  EXPECT_EQ(parse_model_config(replaced(kGemma3, R"("hidden_activation")",
+                                        R"("hidden_act":"gelu","hidden_activation")"),
+                               "c")
+                .activation,
+            Activation::kGeluTanh);
 
   // transformers 5 writes the rope per attention type: the same model as
   // transformers 4's keys.
@@ -456,7 +468,7 @@ TEST(Config, Gemma3KeysAsHuggingFaceWritesThem) {
   const std::string disagree = replaced(v5, R"("sliding_window":512)",
                                         R"("rope_local_base_freq":5000,"sliding_window":512)");
   EXPECT_NE(error_of(disagree).find("rope_local_base_freq 5000 and "
-                                    "rope_parameters.sliding_attention.rope_theta 10000 differ"),
+                                    "rope_parameters.sliding_attention.rope_theta 10000.0 differ"),
             std::string::npos)
       << error_of(disagree);
   const std::string odd_type =
@@ -475,6 +487,24 @@ TEST(Config, Gemma3KeysAsHuggingFaceWritesThem) {
                       "positive number"),
             std::string::npos)
       << error_of(full_theta);
+  const std::string float_pattern =
+      replaced(kGemma3, R"("sliding_window_pattern":6)", R"("sliding_window_pattern":6.0)");
+  EXPECT_NE(
+      error_of(float_pattern).find("field 'sliding_window_pattern' must be an integer, got 6.0"),
+      std::string::npos)
+      << error_of(float_pattern);
+  // A partial rotary (no Gemma 3 has one; vLLM's versions read it differently).
+  const std::string partial =
+      replaced(kGemma3, R"("torch_dtype")", R"("partial_rotary_factor":0.5,"torch_dtype")");
+  EXPECT_NE(error_of(partial).find("partial_rotary_factor 0.5 is refused for Gemma3ForCausalLM"),
+            std::string::npos)
+      << error_of(partial);
+  const std::string partial_local = replaced(
+      v5, R"("rope_theta":10000.0})", R"("rope_theta":10000.0,"partial_rotary_factor":0.5})");
+  EXPECT_NE(error_of(partial_local)
+                .find("rope_parameters.sliding_attention.partial_rotary_factor 0.5 is refused"),
+            std::string::npos)
+      << error_of(partial_local);
   const std::string exact = replaced(kGemma3, R"("hidden_activation":"gelu_pytorch_tanh")",
                                      R"("hidden_activation":"gelu")");
   EXPECT_NE(error_of(exact).find("Gemma3ForCausalLM takes hidden_activation gelu_pytorch_tanh "

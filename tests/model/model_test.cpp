@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <nlohmann/json.hpp>
 
 #include "../support/tiny_models.h"
 #include "tpreload/checkpoint/weight_source.h"
@@ -534,6 +536,52 @@ TEST(Forward, GemmaActivationsAsTheConfigSaysThem) {
   EXPECT_GT((want - testdata::reference_logits(tanh, ckpt, kRopeTokens)).abs().max().item<float>(),
             1e-4)
       << "the two GeLUs give the reference the same logits: the test proves nothing";
+}
+
+// Gemma 3 chooses each layer's rotary by its type: with or without a window,
+// and whether the config spells the rotary as transformers 4 does or per
+// attention type as transformers 5 does (the sliding entry scaled too).
+TEST(Forward, Gemma3RotaryGoesByLayerTypeInEitherSpelling) {
+  const ModelConfig four = tiny_config("gemma3");
+  const auto ckpt = random_checkpoint(four, 31);
+  auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(four.json);
+    edit(j);
+    return parse_model_config(j.dump(), "config.json");
+  };
+  const auto [windowed, windowed_want] = logits_and_reference(four, ckpt);
+  const auto [unwindowed, unwindowed_want] =
+      logits_and_reference(edited([](nlohmann::json& j) { j["sliding_window"] = nullptr; }), ckpt);
+  EXPECT_TRUE(at::allclose(unwindowed, unwindowed_want, 1e-4, 1e-4))
+      << "max diff " << (unwindowed - unwindowed_want).abs().max().item<float>();
+  EXPECT_GT((unwindowed_want - windowed_want).abs().max().item<float>(), 1e-4)
+      << "the window changes nothing in the reference: the test proves nothing";
+  // transformers 5's spelling of the same model, then with the sliding layers'
+  // rotary scaled.
+  auto five = [&](double local_factor) {
+    return edited([&](nlohmann::json& j) {
+      j["rope_parameters"] = {
+          {"full_attention",
+           {{"rope_type", "linear"},
+            {"factor", j["rope_scaling"]["factor"]},
+            {"rope_theta", j["rope_theta"]}}},
+          {"sliding_attention",
+           local_factor == 1
+               ? nlohmann::json{{"rope_type", "default"}, {"rope_theta", j["rope_local_base_freq"]}}
+               : nlohmann::json{{"rope_type", "linear"},
+                                {"factor", local_factor},
+                                {"rope_theta", j["rope_local_base_freq"]}}}};
+      for (const char* key : {"rope_theta", "rope_local_base_freq", "rope_scaling"}) j.erase(key);
+    });
+  };
+  const auto [same, same_want] = logits_and_reference(five(1), ckpt);
+  EXPECT_TRUE(at::equal(same, windowed)) << "the two spellings of one model differ";
+  EXPECT_TRUE(at::allclose(same_want, windowed_want, 1e-9, 1e-9));
+  const auto [scaled, scaled_want] = logits_and_reference(five(2), ckpt);
+  EXPECT_TRUE(at::allclose(scaled, scaled_want, 1e-4, 1e-4))
+      << "max diff " << (scaled - scaled_want).abs().max().item<float>();
+  EXPECT_GT((scaled_want - windowed_want).abs().max().item<float>(), 1e-4)
+      << "scaling the sliding rotary changes nothing in the reference: the test proves nothing";
 }
 
 }  // namespace

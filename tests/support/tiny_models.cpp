@@ -188,13 +188,30 @@ bool qk_norms(const ModelConfig& c) {
 // final_logit_softcapping (null: no cap), and layers that attend to the
 // sliding_window latest positions (null: none): those `layer_types` marks
 // sliding, else Gemma 2's even ones and all of Gemma 3's but every
-// sliding_window_pattern-th. Gemma 3's sliding layers turn at
-// rope_local_base_freq (10000 when absent) without scaling.
+// sliding_window_pattern-th. Gemma 3 chooses each layer's rotary by its
+// type, window or not: the full layers' at rope_theta (1e6 when absent) with
+// rope_scaling, the sliding ones' at rope_local_base_freq (10000 when absent)
+// unscaled, or each from its entry of transformers 5's rope_parameters per
+// attention type (linear scaling or none: the only kinds read here).
 struct GemmaAttention {
-  double scalar = 0, attn_cap = 0, final_cap = 0, local_base = 0;
+  double scalar = 0, attn_cap = 0, final_cap = 0;
   std::int64_t window = 0;
   std::vector<bool> sliding;
+  bool own_rotary = false;  // (Gemma 3's: full and local below)
+  double full_base = 0, full_factor = 1, local_base = 0, local_factor = 1;
 };
+
+// The base and linear factor of a rotary entry `e` (an object or null), with
+// `base` and `factor` where it has none.
+void rotary_entry(const nlohmann::json& e, double& base, double& factor) {
+  if (!e.is_object()) return;
+  base = e.value("rope_theta", base);
+  const std::string type = e.value("rope_type", e.value("type", std::string("default")));
+  if (type == "linear")
+    factor = e.at("factor").get<double>();
+  else if (type != "default")
+    throw std::invalid_argument("the reference reads linear or default rotary only, not " + type);
+}
 
 GemmaAttention gemma_attention(const ModelConfig& c) {
   GemmaAttention g;
@@ -214,7 +231,17 @@ GemmaAttention gemma_attention(const ModelConfig& c) {
     g.sliding[l] = j.contains("layer_types") ? j["layer_types"][l] == "sliding_attention"
                    : gemma3(c)               ? (l + 1) % pattern != 0
                                              : l % 2 == 0;
-  if (gemma3(c)) g.local_base = number("rope_local_base_freq", 10000);
+  if (!gemma3(c)) return g;
+  g.own_rotary = true;
+  g.full_base = number("rope_theta", 1e6);
+  g.local_base = number("rope_local_base_freq", 10000);
+  if (j.contains("rope_scaling")) rotary_entry(j["rope_scaling"], g.full_base, g.full_factor);
+  if (j.contains("rope_parameters")) {
+    const nlohmann::json& p = j["rope_parameters"];
+    if (p.contains("full_attention")) rotary_entry(p["full_attention"], g.full_base, g.full_factor);
+    if (p.contains("sliding_attention"))
+      rotary_entry(p["sliding_attention"], g.local_base, g.local_factor);
+  }
   return g;
 }
 
@@ -520,11 +547,20 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
                      nkv = c.num_key_value_heads;
   const GemmaAttention g2 = gemma_attention(c);
   const GraniteScales gs = granite_scales(c);
-  ModelConfig local = c;  // (Gemma 3's sliding layers' rotary: their base, no scaling)
-  if (g2.local_base > 0) {
-    local.rope_theta = g2.local_base;
-    local.rope_scaling = RopeScaling{};
-  }
+  // Gemma 3's rotary of each type as the reference read it: the rope below
+  // computes from a config's rope_theta and linear factor.
+  auto rotary = [&](double base, double factor) {
+    ModelConfig r = c;
+    r.rope_theta = base;
+    r.rope_scaling = RopeScaling{};
+    if (factor != 1) {
+      r.rope_scaling.type = "linear";
+      r.rope_scaling.factor = factor;
+    }
+    return r;
+  };
+  const ModelConfig full = g2.own_rotary ? rotary(g2.full_base, g2.full_factor) : c,
+                    local = g2.own_rotary ? rotary(g2.local_base, g2.local_factor) : c;
   at::Tensor h =
       f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens)) * gs.embedding;
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
@@ -540,7 +576,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
       q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }
-    const ModelConfig& turn = g2.sliding[l] && g2.window > 0 && g2.local_base > 0 ? local : c;
+    const ModelConfig& turn = g2.sliding[l] ? local : full;
     q = rope(q.transpose(0, 1), turn);
     k = rope(k.transpose(0, 1), turn);
     at::Tensor v =

@@ -83,9 +83,10 @@ struct ModelConfig {
   // residual, and the MLP between pre_ and post_feedforward_layernorm;
   // attention scaled by query_pre_attn_scalar^-1/2 instead of head_dim^-1/2
   // (0: head_dim); attention scores and the final logits soft-capped,
-  // cap x tanh(x / cap) (0: not capped); decoder layers in sliding_layers
-  // attend to the sliding_window latest positions only (those in
-  // `layer_types` marked "sliding_attention", else the even layers).
+  // cap x tanh(x / cap) (0: not capped); decoder layers of the sliding type,
+  // sliding_layers (those `layer_types` marks "sliding_attention", else the
+  // even layers), attend to the sliding_window latest positions only (0:
+  // none is set, every layer attends to all).
   // Gemma 3 (Gemma3TextConfig's defaults; vLLM's gemma3.py) reads the same
   // keys with its own defaults: no soft-capping (vLLM's Gemma3Attention takes
   // none whatever attn_logit_softcapping says), windows on the layers
@@ -140,7 +141,12 @@ struct ModelConfig {
   DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
   std::string json;               // the original text, for kernel_format.json
 
-  // Whether decoder layer `layer` attends to a sliding window (Gemma 2 and 3).
+  // Whether decoder layer `layer` is of the sliding attention type (in
+  // sliding_layers), whether or not a window is set: Gemma 3's such layers
+  // turn at sliding_rope_theta either way.
+  bool sliding_type(std::int64_t layer) const;
+  // Whether decoder layer `layer` attends to a sliding window: a window is set
+  // and the layer is of the sliding type (Gemma 2 and 3).
   bool sliding_layer(std::int64_t layer) const;
 
   // Whether decoder layer `layer` has experts: num_experts > 0, the layer is not

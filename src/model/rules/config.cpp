@@ -39,8 +39,9 @@ bool flag(const json& j, const char* key, const std::string& origin) {
 }
 
 std::int64_t positive_int(const json& j, const char* key, const std::string& origin) {
-  if (!j.contains(key) || !j[key].is_number_integer())
-    raise<ModelError>(origin, ": field '", key, "' is missing or not an integer");
+  if (!j.contains(key)) raise<ModelError>(origin, ": field '", key, "' is missing");
+  if (!j[key].is_number_integer())
+    raise<ModelError>(origin, ": field '", key, "' must be an integer, got ", j[key].dump());
   const auto value = j[key].get<std::int64_t>();
   if (value <= 0) raise<ModelError>(origin, ": field '", key, "' must be positive, got ", value);
   return value;
@@ -283,15 +284,16 @@ double softcap(const json& j, const char* key, double fallback, const std::strin
 
 // Gemma 2's and Gemma 3's keys, with Gemma2Config's and Gemma3TextConfig's
 // defaults (vLLM's gemma2.py and gemma3.py): the GeLU must be the tanh one, in
-// hidden_activation (absent: its default) and in hidden_act where the config
-// has it (vLLM's Gemma2MLP and Gemma3MLP refuse any other). Gemma 3's
+// hidden_activation (absent: its default) and, for Gemma 2, in hidden_act
+// where the config has it (vLLM's Gemma2MLP and Gemma3MLP refuse any other). Gemma 3's
 // attention is never soft-capped (vLLM's Gemma3Attention passes no cap) and its
 // logits only where final_logit_softcapping says so; without `layer_types`
 // Gemma 2 slides on the even layers, Gemma 3 on all but every
 // sliding_window_pattern-th (6 when absent), as the config classes fill it.
 void parse_gemma_sandwich(const json& j, const std::string& origin, bool gemma3, ModelConfig& c) {
-  for (const char* key : {"hidden_act", "hidden_activation"})
-    if (j.contains(key) && j[key] != "gelu_pytorch_tanh")
+  // (vLLM's Gemma3MLP reads hidden_activation alone, Gemma2MLP both)
+  for (const char* key : {"hidden_activation", gemma3 ? nullptr : "hidden_act"})
+    if (key && j.contains(key) && j[key] != "gelu_pytorch_tanh")
       raise<ModelError>(origin, ": ", c.architecture, " takes ", key,
                         " gelu_pytorch_tanh only, got ", j[key].dump());
   c.activation = Activation::kGeluTanh;
@@ -305,7 +307,9 @@ void parse_gemma_sandwich(const json& j, const std::string& origin, bool gemma3,
   c.sliding_window = !j.contains("sliding_window")   ? 4096
                      : j["sliding_window"].is_null() ? 0
                                                      : positive_int(j, "sliding_window", origin);
-  if (c.sliding_window == 0) return;
+  // The layers' types, whether or not a window is set: Gemma 3's sliding
+  // layers turn at their own rotary base either way (Hugging Face's and
+  // vLLM's Gemma 3 choose the rotary by type and the mask by the window).
   if (!j.contains("layer_types") || j["layer_types"].is_null()) {
     const std::int64_t pattern =
         gemma3 ? positive_int_or(j, "sliding_window_pattern", 6, origin) : 2;
@@ -345,10 +349,18 @@ json rope_per_attention_type(const json& j, const std::string& origin) {
 // Gemma 3's sliding layers' rotary: rope_local_base_freq (10000 when absent)
 // with the default scaling (transformers 4, vLLM's Gemma3Attention), or
 // rope_parameters.sliding_attention from `per_type` (transformers 5; both
-// given, the bases must agree). Its partial_rotary_factor must be the full
-// layers'.
+// given, the bases must agree). No partial_rotary_factor but 1 is taken.
 void parse_gemma3_rope(const json& j, const json& per_type, const std::string& origin,
                        ModelConfig& c) {
+  // A partial rotary, which no Gemma 3 has, vLLM's versions read differently
+  // (every dimension whatever the key says, or each attention type's own).
+  auto whole_heads = [&](double factor, const std::string& key) {
+    if (factor != 1)
+      raise<ModelError>(origin, ": ", key, " ", json(factor).dump(),
+                        " is refused for Gemma3ForCausalLM (its rotary turns every dimension of "
+                        "a head; no Gemma 3 sets it)");
+  };
+  whole_heads(c.partial_rotary_factor, "partial_rotary_factor");
   const double local = positive_number(j, "rope_local_base_freq", 1e4, origin);
   c.sliding_rope_theta = local;
   if (per_type.is_null() || !per_type.contains("sliding_attention")) return;
@@ -358,14 +370,10 @@ void parse_gemma3_rope(const json& j, const json& per_type, const std::string& o
   if (j.contains("rope_local_base_freq") && !j["rope_local_base_freq"].is_null() &&
       c.sliding_rope_theta != local)
     raise<ModelError>(origin, ": rope_local_base_freq ", j["rope_local_base_freq"].dump(), " and ",
-                      params, ".rope_theta ", c.sliding_rope_theta, " differ");
+                      params, ".rope_theta ", json(c.sliding_rope_theta).dump(), " differ");
   c.sliding_rope_scaling = rope_scaling_of(view, origin, params);
-  const double partial =
-      rope_number(view, "partial_rotary_factor", origin, c.partial_rotary_factor, params);
-  if (partial != c.partial_rotary_factor)
-    raise<ModelError>(origin, ": ", params, ".partial_rotary_factor ", partial,
-                      " differs from the full attention layers' ", c.partial_rotary_factor,
-                      " (one factor for every layer is read)");
+  whole_heads(rope_number(view, "partial_rotary_factor", origin, 1, params),
+              params + ".partial_rotary_factor");
 }
 
 // The number of experts: `num_experts` or `num_local_experts` (transformers 5
@@ -470,9 +478,12 @@ MoeNames moe_names(const ModelConfig& c) {
   return {"mlp", "gate_proj", "up_proj", "down_proj"};
 }
 
+bool ModelConfig::sliding_type(std::int64_t layer) const {
+  return std::find(sliding_layers.begin(), sliding_layers.end(), layer) != sliding_layers.end();
+}
+
 bool ModelConfig::sliding_layer(std::int64_t layer) const {
-  return sliding_window > 0 &&
-         std::find(sliding_layers.begin(), sliding_layers.end(), layer) != sliding_layers.end();
+  return sliding_window > 0 && sliding_type(layer);
 }
 
 bool ModelConfig::sparse_layer(std::int64_t layer) const {
@@ -648,12 +659,10 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attn_logit_softcapping"] = or_null(c.attn_logit_softcapping);
     j["final_logit_softcapping"] = or_null(c.final_logit_softcapping);
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
-    if (c.sliding_window > 0) {
-      json types = json::array();
-      for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-        types.push_back(c.sliding_layer(l) ? "sliding_attention" : "full_attention");
-      j["layer_types"] = types;
-    }
+    json types = json::array();
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+      types.push_back(c.sliding_type(l) ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
   }
   // Llama and Mistral spell o_proj's bias attention_bias, q/k/v's qkv_bias where
   // it differs; Qwen2's q/k/v biases are not a setting.
