@@ -28,6 +28,20 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, const ModelCo
   return x * at::rsqrt(variance + c.rms_norm_eps) * (c.gemma_normalization ? scale + 1 : scale);
 }
 
+// RMSNorm over a whole projection that the tp group holds split by columns
+// (OLMo's q_norm and k_norm): `x` [tokens, local] is the rank's columns from
+// `first` on of `whole`; the squares are summed over the group, where every
+// column is held by `copies` ranks (replicated KV heads).
+at::Tensor rms_norm_split(const at::Tensor& x, const at::Tensor& weight, std::int64_t first,
+                          std::int64_t whole, std::int64_t copies, const ModelConfig& c,
+                          Communicator& comm) {
+  at::Tensor squares = x.pow(2).sum({-1}, /*keepdim=*/true);
+  allreduce_sum(squares, comm);
+  const at::Tensor variance = squares / static_cast<double>(copies * whole);
+  return x * at::rsqrt(variance + c.rms_norm_eps) *
+         weight.to(at::kFloat).narrow(0, first, x.size(1));
+}
+
 // The MLP's activation of its gate rows.
 at::Tensor activate(const at::Tensor& gate, Activation activation) {
   switch (activation) {
@@ -268,14 +282,24 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
 
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const at::Tensor x = rms_norm(h, host_param(p + "input_layernorm.weight"), c);
+    // (OLMo: post-norms only, nothing norms the layer's input)
+    const at::Tensor x =
+        c.post_norms ? h : rms_norm(h, host_param(p + "input_layernorm.weight"), c);
     const at::Tensor qkv = linear(x, p + "self_attn.qkv_proj");
     const std::int64_t n = static_cast<std::int64_t>(tokens.size());
-    at::Tensor q = qkv.narrow(1, 0, q_heads * hd).reshape({n, q_heads, hd});
-    at::Tensor k = qkv.narrow(1, q_heads * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+    at::Tensor q = qkv.narrow(1, 0, q_heads * hd), k = qkv.narrow(1, q_heads * hd, kv_heads * hd);
+    if (c.qk_norm_whole) {  // OLMo: over all heads of q and of k, across the group
+      q = rms_norm_split(q, host_param(p + "self_attn.q_norm.weight"), rank * q_heads * hd,
+                         c.num_attention_heads * hd, 1, c, comm);
+      k = rms_norm_split(k, host_param(p + "self_attn.k_norm.weight"),
+                         rules_.kv_head_start(rank) * hd, c.num_key_value_heads * hd,
+                         tp * kv_heads / c.num_key_value_heads, c, comm);
+    }
+    q = q.reshape({n, q_heads, hd});
+    k = k.reshape({n, kv_heads, hd});
     at::Tensor v =
         qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
-    if (c.qk_norm) {  // Qwen3, Gemma 3: RMSNorm over each head's dimensions, before rotary
+    if (c.qk_norm && !c.qk_norm_whole) {  // Qwen3, Gemma 3: over each head, before rotary
       q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c);
       k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c);
     }
@@ -290,18 +314,21 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     allreduce_sum(attn, comm);
     const at::Tensor o_bias = host_param(p + "self_attn.o_proj.bias");
     if (o_bias.defined()) attn = attn + o_bias.to(at::kFloat);
-    // Gemma 2: post_attention_layernorm norms the attention's output, and the
-    // MLP runs between pre_ and post_feedforward_layernorm.
+    // Gemma 2 and 3: post_attention_layernorm norms the attention's output,
+    // and the MLP runs between pre_ and post_feedforward_layernorm; OLMo: the
+    // attention's and the MLP's outputs normed, not their inputs.
     const auto norm = [&](const at::Tensor& x, const char* name) {
       return rms_norm(x, host_param(p + name), c);
     };
-    if (c.sandwich_norms) attn = norm(attn, "post_attention_layernorm.weight");
+    const bool output_norms = c.sandwich_norms || c.post_norms;
+    if (output_norms) attn = norm(attn, "post_attention_layernorm.weight");
     h = h + attn * c.residual_multiplier;  // (Granite's; 1 for the others)
-    const at::Tensor y = norm(h, c.sandwich_norms ? "pre_feedforward_layernorm.weight"
-                                                  : "post_attention_layernorm.weight");
+    const at::Tensor y = c.post_norms       ? h
+                         : c.sandwich_norms ? norm(h, "pre_feedforward_layernorm.weight")
+                                            : norm(h, "post_attention_layernorm.weight");
     at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
     allreduce_sum(mlp, comm);
-    if (c.sandwich_norms) mlp = norm(mlp, "post_feedforward_layernorm.weight");
+    if (output_norms) mlp = norm(mlp, "post_feedforward_layernorm.weight");
     h = h + mlp * c.residual_multiplier;
   }
   h = rms_norm(h, host_param("model.norm.weight"), c);

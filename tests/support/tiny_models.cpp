@@ -93,6 +93,15 @@ ModelConfig tiny_config(const std::string& name) {
       "hidden_act":"silu","embedding_multiplier":4.0,"attention_multiplier":0.25,
       "residual_multiplier":0.5,"logits_scaling":3.0,"attention_bias":true,"mlp_bias":true,
       "tie_word_embeddings":true,"rope_theta":10000000.0,"torch_dtype":"bfloat16"})";
+  else if (name == "olmo2")  // post-norms, q/k normed whole; 2 KV heads; eps and theta defaults
+    json = R"({"architectures":["Olmo2ForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":120,
+      "attention_bias":false,"tie_word_embeddings":false,"torch_dtype":"bfloat16"})";
+  else if (name == "olmo3")  // layers 0-2 slide over windows of 3, layer 3 full and scaled
+    json = R"({"architectures":["Olmo3ForCausalLM"],"hidden_size":64,"intermediate_size":80,
+      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":125,
+      "sliding_window":3,"rope_theta":50000.0,"rope_scaling":{"rope_type":"linear","factor":4.0},
+      "tie_word_embeddings":true,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -176,9 +185,14 @@ bool gemma3(const ModelConfig& c) {
   return c.architecture == "Gemma3ForCausalLM";
 }
 
-// Per-head RMSNorm of q and k before rotary: Qwen3's and Gemma 3's.
+bool olmo(const ModelConfig& c) {  // (OLMo 2 and OLMo 3)
+  return c.architecture.rfind("Olmo", 0) == 0;
+}
+
+// RMSNorm of q and k before rotary: Qwen3's and Gemma 3's per head, OLMo's
+// over the whole projection.
 bool qk_norms(const ModelConfig& c) {
-  return qwen3(c) || gemma3(c);
+  return qwen3(c) || gemma3(c) || olmo(c);
 }
 
 // Gemma 2's and Gemma 3's attention, as the config's JSON says (read here,
@@ -192,7 +206,10 @@ bool qk_norms(const ModelConfig& c) {
 // type, window or not: the full layers' at rope_theta (1e6 when absent) with
 // rope_scaling, the sliding ones' at rope_local_base_freq (10000 when absent)
 // unscaled, or each from its entry of transformers 5's rope_parameters per
-// attention type (linear scaling or none: the only kinds read here).
+// attention type (linear scaling or none: the only kinds read here). OLMo 3
+// (Olmo3Config's defaults) likewise, without the Gemmas' scaling and caps:
+// windows of 4096 on all but every fourth layer, its sliding layers' rotary
+// at rope_theta (10000 when absent) unscaled.
 struct GemmaAttention {
   double scalar = 0, attn_cap = 0, final_cap = 0;
   std::int64_t window = 0;
@@ -216,25 +233,28 @@ void rotary_entry(const nlohmann::json& e, double& base, double& factor) {
 GemmaAttention gemma_attention(const ModelConfig& c) {
   GemmaAttention g;
   g.sliding.assign(c.num_hidden_layers, false);
-  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c)) return g;
+  const bool olmo3 = c.architecture == "Olmo3ForCausalLM";
+  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c) && !olmo3) return g;
   const nlohmann::json j = nlohmann::json::parse(c.json);
   auto number = [&](const char* key, double fallback) {
     if (!j.contains(key)) return fallback;
     return j[key].is_null() ? 0.0 : j[key].get<double>();
   };
-  g.scalar = number("query_pre_attn_scalar", 256);
-  g.attn_cap = gemma3(c) ? 0 : number("attn_logit_softcapping", 50);
-  g.final_cap = number("final_logit_softcapping", gemma3(c) ? 0 : 30);
+  if (!olmo3) {
+    g.scalar = number("query_pre_attn_scalar", 256);
+    g.attn_cap = gemma3(c) ? 0 : number("attn_logit_softcapping", 50);
+    g.final_cap = number("final_logit_softcapping", gemma3(c) ? 0 : 30);
+  }
   g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
-  const auto pattern = static_cast<std::int64_t>(number("sliding_window_pattern", 6));
+  const auto pattern = olmo3 ? 4 : static_cast<std::int64_t>(number("sliding_window_pattern", 6));
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
     g.sliding[l] = j.contains("layer_types") ? j["layer_types"][l] == "sliding_attention"
-                   : gemma3(c)               ? (l + 1) % pattern != 0
+                   : gemma3(c) || olmo3      ? (l + 1) % pattern != 0
                                              : l % 2 == 0;
-  if (!gemma3(c)) return g;
+  if (!gemma3(c) && !olmo3) return g;
   g.own_rotary = true;
-  g.full_base = number("rope_theta", 1e6);
-  g.local_base = number("rope_local_base_freq", 10000);
+  g.full_base = number("rope_theta", olmo3 ? 1e4 : 1e6);
+  g.local_base = olmo3 ? g.full_base : number("rope_local_base_freq", 10000);
   if (j.contains("rope_scaling")) rotary_entry(j["rope_scaling"], g.full_base, g.full_factor);
   if (j.contains("rope_parameters")) {
     const nlohmann::json& p = j["rope_parameters"];
@@ -569,10 +589,17 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
                 .to(at::kDouble);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c);
-    at::Tensor q = linear_ref(ckpt, x, p + "self_attn.q_proj").reshape({n, nh, hd});
-    at::Tensor k = linear_ref(ckpt, x, p + "self_attn.k_proj").reshape({n, nkv, hd});
-    if (qk_norms(c)) {  // per-head RMSNorm before rotary
+    // OLMo norms no input, and q and k over their whole projections.
+    const at::Tensor x = olmo(c) ? h : norm(h, f32(ckpt, p + "input_layernorm.weight"), c);
+    at::Tensor q = linear_ref(ckpt, x, p + "self_attn.q_proj");
+    at::Tensor k = linear_ref(ckpt, x, p + "self_attn.k_proj");
+    if (olmo(c)) {
+      q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
+      k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
+    }
+    q = q.reshape({n, nh, hd});
+    k = k.reshape({n, nkv, hd});
+    if (qk_norms(c) && !olmo(c)) {  // per-head RMSNorm before rotary
       q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }
@@ -593,18 +620,21 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
           s.select(1, t).select(1, key).fill_(-INFINITY);
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
     at::Tensor attn = linear_ref(ckpt, a, p + "self_attn.o_proj");
-    // Gemma 2 norms the attention's output, and the MLP's input and output.
+    // Gemma 2 and 3 norm the attention's output, and the MLP's input and
+    // output; OLMo the attention's and the MLP's outputs alone.
     const bool sandwich = ckpt.count(p + "pre_feedforward_layernorm.weight") > 0;
-    if (sandwich) attn = norm(attn, f32(ckpt, p + "post_attention_layernorm.weight"), c);
+    if (sandwich || olmo(c)) attn = norm(attn, f32(ckpt, p + "post_attention_layernorm.weight"), c);
     h = h + attn * gs.residual;
-    const at::Tensor y = norm(h,
-                              f32(ckpt, p + (sandwich ? "pre_feedforward_layernorm.weight"
-                                                      : "post_attention_layernorm.weight")),
-                              c);
+    const at::Tensor y = olmo(c)
+                             ? h
+                             : norm(h,
+                                    f32(ckpt, p + (sandwich ? "pre_feedforward_layernorm.weight"
+                                                            : "post_attention_layernorm.weight")),
+                                    c);
     at::Tensor mlp = sparse(c, l) ? moe(c, ckpt, p, y)
                                   : swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj",
                                            p + "mlp.down_proj");
-    if (sandwich) mlp = norm(mlp, f32(ckpt, p + "post_feedforward_layernorm.weight"), c);
+    if (sandwich || olmo(c)) mlp = norm(mlp, f32(ckpt, p + "post_feedforward_layernorm.weight"), c);
     h = h + mlp * gs.residual;
   }
   h = norm(h, f32(ckpt, "model.norm.weight"), c);

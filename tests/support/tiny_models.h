@@ -41,13 +41,18 @@ namespace tpreload::testdata {
 // "granite" (Granite: embedding multiplier 4, attention multiplier 0.25,
 // residual multiplier 0.5, logits scaling 3; q/k/v/o and MLP biases; tied;
 // 8 heads / 2 KV heads, vocab 115),
+// "olmo2" (OLMo 2: no input norms, the attention's and MLP's outputs normed,
+// q and k normed over all heads; 8 heads / 2 KV heads, untied, vocab 120),
+// "olmo3" (OLMo 3: OLMo 2's layout, layers 0-2 of 4 sliding over windows of
+// 3 at rope_theta unscaled, layer 3 at rope_theta with linear scaling by 4;
+// tied, vocab 125),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
-    "llama_gqa",       "qwen2_tied", "mistral_mqa", "qwen3_dense",    "qwen3_moe",
-    "qwen3_moe_plain", "qwen2_moe",  "mixtral",     "llama_mlp_bias", "phi3",
-    "gemma",           "gemma2",     "gemma3",      "granite"};
+    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
+    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",     "gemma2",
+    "gemma3",    "granite",    "olmo2",          "olmo3"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

@@ -1,5 +1,6 @@
 // A Hugging Face config.json for the model families tpreload knows
 // (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM,
+// Olmo2ForCausalLM, Olmo3ForCausalLM,
 // MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM,
 // Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it holds. No torch here:
 // the checkpoint tool and the checkpoint layer's tests use it too.
@@ -97,18 +98,21 @@ struct ModelConfig {
   double final_logit_softcapping = 0;
   std::int64_t sliding_window = 0;
   std::vector<std::int64_t> sliding_layers;
-  // Gemma 3: the sliding layers' own rotary embedding, rope_local_base_freq
-  // (10000 when absent) with the default scaling, or transformers 5's
-  // rope_parameters.sliding_attention; the other layers take rope_theta and
-  // rope_scaling (rope_parameters.full_attention). 0: every layer takes
-  // rope_theta and rope_scaling.
+  // Gemma 3 and OLMo 3: the sliding layers' own rotary embedding (Gemma 3's
+  // at rope_local_base_freq, 10000 when absent, OLMo 3's at rope_theta) with
+  // the default scaling, or transformers 5's rope_parameters.sliding_attention;
+  // the other layers take rope_theta and rope_scaling
+  // (rope_parameters.full_attention). 0: every layer takes rope_theta and
+  // rope_scaling.
   double sliding_rope_theta = 0;
   RopeScaling sliding_rope_scaling;
   // Granite (GraniteConfig's keys, 1 when absent; vLLM's granite.py): the
   // embeddings multiplied by embedding_multiplier, attention scores by
-  // attention_multiplier (0 here for the others: head_dim^-1/2), each
+  // attention_multiplier (parsing sets it for Granite; 0, the others' value,
+  // leaves the scale to query_pre_attn_scalar^-1/2 or head_dim^-1/2), each
   // attention and MLP output by residual_multiplier before the residual, and
-  // the logits divided by logits_scaling.
+  // the logits divided by logits_scaling. (vLLM's Granite also multiplies the
+  // logits by a `logit_scale`, which is no GraniteConfig key and not read.)
   double embedding_multiplier = 1;
   double attention_multiplier = 0;
   double residual_multiplier = 1;
@@ -123,6 +127,13 @@ struct ModelConfig {
   bool o_proj_bias = false;
   bool mlp_bias = false;
   bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3, Gemma 3)
+  // OLMo 2 and 3 (vLLM's olmo2.py): q and k each normed over its whole
+  // projection (all heads; q_norm [heads x head_dim], k_norm [kv heads x
+  // head_dim]) with qk_norm; and post-norms only: no input_layernorm, the
+  // attention's output normed by post_attention_layernorm and the MLP's by
+  // post_feedforward_layernorm before each joins the residual.
+  bool qk_norm_whole = false;
+  bool post_norms = false;
   // Mixture of experts (Qwen2MoeForCausalLM, Qwen3MoeForCausalLM;
   // MixtralForCausalLM, whose intermediate_size is the experts', every layer
   // sparse, top-k weights renormalised); num_experts 0 for dense models. The
@@ -199,7 +210,8 @@ struct CheckpointTensorSpec {
 // (Phi-3: self_attn.qkv_proj and o_proj; see stacked_checkpoint_tensors())
 // (q/k/v biases when attention_bias, o_proj's when o_proj_bias),
 // self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
-// Gemma 2 and 3: pre_feedforward_layernorm and post_feedforward_layernorm, then
+// Gemma 2 and 3: pre_feedforward_layernorm and post_feedforward_layernorm
+// (OLMo: no input_layernorm, and post_feedforward_layernorm alone), then
 // mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias; Phi-3:
 // mlp.gate_up_proj and down_proj) or the
 // router and every expert's three projections as moe_names() spells them

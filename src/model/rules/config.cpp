@@ -92,6 +92,9 @@ struct Family {
   // Gemma 3: and its sliding layers' own rotary.
   enum Gemma { kNotGemma, kGemma, kGemma2, kGemma3 } gemma;
   bool multipliers = false;  // Granite's embedding, attention, residual and logits scaling
+  // OLMo 2: post-norms only, q and k normed over the whole projection; OLMo 3:
+  // and its sliding windows (vLLM serves both with its olmo2.py).
+  enum Olmo { kNotOlmo, kOlmo2, kOlmo3 } olmo = kNotOlmo;
 };
 constexpr Family kFamilies[] = {
     // (vLLM's Gemma has no biases whatever the config says; its Gemma 2 reads
@@ -112,6 +115,11 @@ constexpr Family kFamilies[] = {
      Family::kNotGemma},
     {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false,
      Family::kNotGemma},
+    // (vLLM's Olmo2Attention and Olmo2MLP: no biases whatever the config says)
+    {"Olmo2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, false,
+     Family::kNotGemma, false, Family::kOlmo2},
+    {"Olmo3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, false,
+     Family::kNotGemma, false, Family::kOlmo3},
     // (vLLM's Phi3ForCausalLM is its Llama: biases as Llama's keys say, which
     // no Phi-3 config sets)
     {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone, true,
@@ -270,6 +278,11 @@ void parse_granite(const json& j, const std::string& origin, ModelConfig& c) {
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     raise<ModelError>(origin, ": GraniteForCausalLM takes hidden_act silu only, got ",
                       j["hidden_act"].dump());
+  // (null refused: vLLM would multiply by None, transformers 5 refuses it)
+  for (const char* key :
+       {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"})
+    if (j.contains(key) && j[key].is_null())
+      raise<ModelError>(origin, ": field '", key, "' must be a positive number, got null");
   c.embedding_multiplier = positive_number(j, "embedding_multiplier", 1, origin);
   c.attention_multiplier = positive_number(j, "attention_multiplier", 1, origin);
   c.residual_multiplier = positive_number(j, "residual_multiplier", 1, origin);
@@ -280,6 +293,34 @@ void parse_granite(const json& j, const std::string& origin, ModelConfig& c) {
 double softcap(const json& j, const char* key, double fallback, const std::string& origin) {
   if (j.contains(key) && j[key].is_null()) return 0;
   return positive_number(j, key, fallback, origin);
+}
+
+// The attention windows: sliding_window (4096 when absent, null for none) and
+// the layers of the sliding type, whether or not a window is set (Gemma 3's
+// and OLMo 3's turn at their own rotary either way; Hugging Face's and vLLM's
+// choose the rotary by type and the mask by the window): those `layer_types`
+// marks "sliding_attention", else all but every `pattern`-th layer, or the
+// even ones where `pattern` is 0 (Gemma 2's).
+void parse_windows(const json& j, const std::string& origin, std::int64_t pattern, ModelConfig& c) {
+  c.sliding_window = !j.contains("sliding_window")   ? 4096
+                     : j["sliding_window"].is_null() ? 0
+                                                     : positive_int(j, "sliding_window", origin);
+  if (!j.contains("layer_types") || j["layer_types"].is_null()) {
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+      if (pattern > 0 ? (l + 1) % pattern != 0 : l % 2 == 0) c.sliding_layers.push_back(l);
+    return;
+  }
+  const json& types = j["layer_types"];
+  if (!types.is_array() || static_cast<std::int64_t>(types.size()) != c.num_hidden_layers)
+    raise<ModelError>(origin, ": field 'layer_types' must list the ", c.num_hidden_layers,
+                      " layers' attention, got ", types.dump());
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (types[l] == "sliding_attention")
+      c.sliding_layers.push_back(l);
+    else if (types[l] != "full_attention")
+      raise<ModelError>(origin, ": layer_types[", l, "] is ", types[l].dump(),
+                        ", not \"sliding_attention\" or \"full_attention\"");
+  }
 }
 
 // Gemma 2's and Gemma 3's keys, with Gemma2Config's and Gemma3TextConfig's
@@ -304,33 +345,13 @@ void parse_gemma_sandwich(const json& j, const std::string& origin, bool gemma3,
   c.query_pre_attn_scalar = positive_number(j, "query_pre_attn_scalar", 256, origin);
   c.attn_logit_softcapping = gemma3 ? 0 : softcap(j, "attn_logit_softcapping", 50, origin);
   c.final_logit_softcapping = softcap(j, "final_logit_softcapping", gemma3 ? 0 : 30, origin);
-  c.sliding_window = !j.contains("sliding_window")   ? 4096
-                     : j["sliding_window"].is_null() ? 0
-                                                     : positive_int(j, "sliding_window", origin);
-  // The layers' types, whether or not a window is set: Gemma 3's sliding
-  // layers turn at their own rotary base either way (Hugging Face's and
-  // vLLM's Gemma 3 choose the rotary by type and the mask by the window).
-  if (!j.contains("layer_types") || j["layer_types"].is_null()) {
-    const std::int64_t pattern =
-        gemma3 ? positive_int_or(j, "sliding_window_pattern", 6, origin) : 2;
-    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-      if (gemma3 ? (l + 1) % pattern != 0 : l % 2 == 0) c.sliding_layers.push_back(l);
-    return;
-  }
-  const json& types = j["layer_types"];
-  if (!types.is_array() || static_cast<std::int64_t>(types.size()) != c.num_hidden_layers)
-    raise<ModelError>(origin, ": field 'layer_types' must list the ", c.num_hidden_layers,
-                      " layers' attention, got ", types.dump());
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (types[l] == "sliding_attention")
-      c.sliding_layers.push_back(l);
-    else if (types[l] != "full_attention")
-      raise<ModelError>(origin, ": layer_types[", l, "] is ", types[l].dump(),
-                        ", not \"sliding_attention\" or \"full_attention\"");
-  }
+  if (gemma3)
+    parse_windows(j, origin, positive_int_or(j, "sliding_window_pattern", 6, origin), c);
+  else
+    parse_windows(j, origin, 0, c);
 }
 
-// transformers 5 writes Gemma 3's rope_parameters per attention type,
+// transformers 5 writes Gemma 3's and OLMo 3's rope_parameters per attention type,
 // {"full_attention": {...}, "sliding_attention": {...}}; null where the
 // config's rope_parameters is flat (or absent). Each entry must be an object.
 json rope_per_attention_type(const json& j, const std::string& origin) {
@@ -346,34 +367,60 @@ json rope_per_attention_type(const json& j, const std::string& origin) {
   return p;
 }
 
-// Gemma 3's sliding layers' rotary: rope_local_base_freq (10000 when absent)
-// with the default scaling (transformers 4, vLLM's Gemma3Attention), or
-// rope_parameters.sliding_attention from `per_type` (transformers 5; both
-// given, the bases must agree). No partial_rotary_factor but 1 is taken.
-void parse_gemma3_rope(const json& j, const json& per_type, const std::string& origin,
-                       ModelConfig& c) {
-  // A partial rotary, which no Gemma 3 has, vLLM's versions read differently
-  // (every dimension whatever the key says, or each attention type's own).
+// The rotary of the layers of the sliding type, for the families that turn
+// them apart from the full ones: Gemma 3's at rope_local_base_freq (10000
+// when absent), OLMo 3's at rope_theta (`local_key` null), each with the
+// default scaling (transformers 4; vLLM's Gemma3Attention and
+// Olmo2Attention), or rope_parameters.sliding_attention from `per_type`
+// (transformers 5; a base given both ways must agree). No
+// partial_rotary_factor but 1 is taken.
+void parse_sliding_rope(const json& j, const json& per_type, const std::string& origin,
+                        const char* local_key, double local_default, ModelConfig& c) {
+  // A partial rotary, which neither family has, vLLM's versions read
+  // differently (every dimension whatever the key says, or each attention
+  // type's own).
   auto whole_heads = [&](double factor, const std::string& key) {
     if (factor != 1)
-      raise<ModelError>(origin, ": ", key, " ", json(factor).dump(),
-                        " is refused for Gemma3ForCausalLM (its rotary turns every dimension of "
-                        "a head; no Gemma 3 sets it)");
+      raise<ModelError>(origin, ": ", key, " ", json(factor).dump(), " is refused for ",
+                        c.architecture,
+                        " (its rotary turns every dimension of a head; no such model sets it)");
   };
   whole_heads(c.partial_rotary_factor, "partial_rotary_factor");
-  const double local = positive_number(j, "rope_local_base_freq", 1e4, origin);
+  const double local =
+      local_key ? positive_number(j, local_key, local_default, origin) : local_default;
   c.sliding_rope_theta = local;
   if (per_type.is_null() || !per_type.contains("sliding_attention")) return;
   const std::string params = "rope_parameters.sliding_attention";
   const json view = {{params, per_type["sliding_attention"]}};
   c.sliding_rope_theta = rope_number(view, "rope_theta", origin, local, params);
-  if (j.contains("rope_local_base_freq") && !j["rope_local_base_freq"].is_null() &&
+  if (local_key && j.contains(local_key) && !j[local_key].is_null() &&
       c.sliding_rope_theta != local)
-    raise<ModelError>(origin, ": rope_local_base_freq ", j["rope_local_base_freq"].dump(), " and ",
-                      params, ".rope_theta ", json(c.sliding_rope_theta).dump(), " differ");
+    raise<ModelError>(origin, ": ", local_key, " ", j[local_key].dump(), " and ", params,
+                      ".rope_theta ", json(c.sliding_rope_theta).dump(), " differ");
   c.sliding_rope_scaling = rope_scaling_of(view, origin, params);
   whole_heads(rope_number(view, "partial_rotary_factor", origin, 1, params),
               params + ".partial_rotary_factor");
+}
+
+// OLMo 2's and OLMo 3's layout (Olmo2Config's and Olmo3Config's defaults;
+// vLLM's olmo2.py serves both): no input_layernorm, the attention's and the
+// MLP's outputs normed before each joins the residual, q and k each normed
+// over its whole projection before rotary, head_dim hidden_size / heads (vLLM
+// reads no head_dim key). OLMo 3 (and an OLMo 2 config with `layer_types`, as
+// vLLM reads it) slides on the layers of the sliding type (all but every
+// fourth without `layer_types`), which turn at rope_theta unscaled.
+void parse_olmo(const json& j, const json& per_type, const std::string& origin, bool olmo3,
+                ModelConfig& c) {
+  if (c.head_dim * c.num_attention_heads != c.hidden_size)
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " takes head_dim as hidden_size / num_attention_heads (vLLM's olmo2.py "
+                      "reads no head_dim), but head_dim ",
+                      c.head_dim, " x ", c.num_attention_heads, " heads is not hidden_size ",
+                      c.hidden_size);
+  c.post_norms = c.qk_norm_whole = true;
+  if (!olmo3 && (!j.contains("layer_types") || j["layer_types"].is_null())) return;
+  parse_windows(j, origin, 4, c);
+  parse_sliding_rope(j, per_type, origin, nullptr, c.rope_theta, c);
 }
 
 // The number of experts: `num_experts` or `num_local_experts` (transformers 5
@@ -529,13 +576,15 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   else
     c.head_dim = c.hidden_size / c.num_attention_heads;
   c.rms_norm_eps = positive_number(j, "rms_norm_eps", f.rms_norm_eps, origin);
-  // Rope per attention type (Gemma 3 as transformers 5 writes it): the full
-  // layers' read as a flat rope_parameters is, the sliding ones' below.
+  // Rope per attention type (Gemma 3 and OLMo 3 as transformers 5 writes
+  // them): the full layers' read as a flat rope_parameters is, the sliding
+  // ones' below.
   const json per_type = rope_per_attention_type(j, origin);
-  if (!per_type.is_null() && f.gemma != Family::kGemma3)
+  if (!per_type.is_null() && f.gemma != Family::kGemma3 && f.olmo == Family::kNotOlmo)
     raise<ModelError>(origin,
                       ": rope_parameters per attention type (full_attention, "
-                      "sliding_attention) is read for Gemma3ForCausalLM only, not ",
+                      "sliding_attention) is read for Gemma3ForCausalLM, Olmo2ForCausalLM and "
+                      "Olmo3ForCausalLM only, not ",
                       f.architecture);
   json full = per_type.is_null() ? json(nullptr) : j;
   std::string params = "rope_parameters";
@@ -564,7 +613,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
       c.activation = gemma_activation(j, origin);
     else
       parse_gemma_sandwich(j, origin, f.gemma == Family::kGemma3, c);
-    if (f.gemma == Family::kGemma3) parse_gemma3_rope(j, per_type, origin, c);
+    if (f.gemma == Family::kGemma3)
+      parse_sliding_rope(j, per_type, origin, "rope_local_base_freq", 1e4, c);
   }
   switch (f.biases) {
     case Biases::kLlama:
@@ -592,6 +642,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
       break;
   }
   c.qk_norm = f.qk_norm;
+  if (f.olmo != Family::kNotOlmo) parse_olmo(j, per_type, origin, f.olmo == Family::kOlmo3, c);
   if (f.multipliers) parse_granite(j, origin, c);
   if (f.experts != Experts::kNone) parse_experts(j, origin, f.experts, c);
   c.dtype = parse_dtype(j, origin);
@@ -639,9 +690,15 @@ std::string model_config_to_json(const ModelConfig& c) {
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
   if (c.partial_rotary_factor != 1) j["partial_rotary_factor"] = c.partial_rotary_factor;
   if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
-  if (c.sliding_rope_theta > 0 && c.sliding_rope_scaling.json.empty()) {
+  const Family& f = family(c);
+  // The sliding layers' own rotary: Gemma 3's base in rope_local_base_freq,
+  // OLMo 3's the full layers' (nothing to write); any other (a scaled one, or
+  // OLMo 3's at another base) in transformers 5's form.
+  const bool plain = c.sliding_rope_scaling.json.empty() &&
+                     (f.gemma == Family::kGemma3 || c.sliding_rope_theta == c.rope_theta);
+  if (c.sliding_rope_theta > 0 && plain && f.gemma == Family::kGemma3) {
     j["rope_local_base_freq"] = c.sliding_rope_theta;
-  } else if (c.sliding_rope_theta > 0) {  // (a scaled one: transformers 5's form)
+  } else if (c.sliding_rope_theta > 0 && !plain) {
     auto of = [](double theta, const RopeScaling& s) {
       json r = s.json.empty() ? json{{"rope_type", "default"}} : json::parse(s.json);
       r["rope_theta"] = theta;
@@ -658,6 +715,8 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
     j["attn_logit_softcapping"] = or_null(c.attn_logit_softcapping);
     j["final_logit_softcapping"] = or_null(c.final_logit_softcapping);
+  }
+  if (c.sandwich_norms || c.sliding_rope_theta > 0) {  // (the Gemmas' and OLMo 3's windows)
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     json types = json::array();
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
@@ -666,7 +725,6 @@ std::string model_config_to_json(const ModelConfig& c) {
   }
   // Llama and Mistral spell o_proj's bias attention_bias, q/k/v's qkv_bias where
   // it differs; Qwen2's q/k/v biases are not a setting.
-  const Family& f = family(c);
   if (f.biases == Biases::kLlama) {
     j["attention_bias"] = c.o_proj_bias;
     if (c.attention_bias != c.o_proj_bias) j["qkv_bias"] = c.attention_bias;
@@ -737,7 +795,7 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacke
   std::vector<CheckpointTensorSpec> specs = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    specs.push_back({p + "input_layernorm.weight", {h}});
+    if (!c.post_norms) specs.push_back({p + "input_layernorm.weight", {h}});
     push_stacked(specs, stacked_qkv(c, p, "weight"), h, stacked);
     if (c.attention_bias) push_stacked(specs, stacked_qkv(c, p, "bias"), 0, stacked);
     specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
@@ -745,15 +803,15 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacke
     // would take one, no released Qwen3 checkpoint has it, and vLLM could not
     // load it.)
     if (c.o_proj_bias) specs.push_back({p + "self_attn.o_proj.bias", {h}});
-    if (c.qk_norm) {
-      specs.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
-      specs.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    if (c.qk_norm) {  // (per head, or OLMo's over the whole projection)
+      const std::int64_t kv = c.num_key_value_heads * c.head_dim;
+      specs.push_back({p + "self_attn.q_norm.weight", {c.qk_norm_whole ? q : c.head_dim}});
+      specs.push_back({p + "self_attn.k_norm.weight", {c.qk_norm_whole ? kv : c.head_dim}});
     }
     specs.push_back({p + "post_attention_layernorm.weight", {h}});
-    if (c.sandwich_norms) {
-      specs.push_back({p + "pre_feedforward_layernorm.weight", {h}});
+    if (c.sandwich_norms) specs.push_back({p + "pre_feedforward_layernorm.weight", {h}});
+    if (c.sandwich_norms || c.post_norms)
       specs.push_back({p + "post_feedforward_layernorm.weight", {h}});
-    }
     if (c.sparse_layer(l)) {
       const std::int64_t mi = c.moe_intermediate_size;
       const MoeNames names = moe_names(c);
