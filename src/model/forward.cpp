@@ -61,27 +61,54 @@ at::Tensor activate(const at::Tensor& gate, Activation activation) {
 // YaRNScalingRotaryEmbedding: llama3 keeps the high frequencies, divides the
 // low ones by the factor and blends those between; yarn blends the same way
 // over pairs bounded by rotation counts within the original context, and
-// scales cos and sin). Throws ModelError for a scaling it does not compute.
+// scales cos and sin; DynamicNTKScalingRotaryEmbedding's base for the
+// extended context; Phi3LongRoPEScaledRotaryEmbedding's per-pair factors, the
+// long ones for `tokens` past the original context, as Hugging Face picks
+// them by length, where vLLM picks them once by max_model_len). Throws
+// ModelError for a scaling it does not compute.
 struct Rope {
   at::Tensor inv_freq;
   double scale = 1;
 };
 
-Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim) {
-  const at::Tensor inv =
-      1.0 / at::pow(theta, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
+Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim, std::int64_t tokens) {
+  auto frequencies = [&](double base) {
+    return 1.0 / at::pow(base, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
+  };
+  const at::Tensor inv = frequencies(theta);
   if (s.type == "default") return {inv};
-  if (s.type != "linear" && s.type != "llama3" && s.type != "yarn")
+  if (s.type != "linear" && s.type != "llama3" && s.type != "yarn" && s.type != "dynamic" &&
+      s.type != "longrope")
     raise<ModelError>("forward: rope_type '", s.type, "' (", s.source, " ", s.json,
-                      ") is not computed here (default, linear, llama3 and yarn are); reloading "
-                      "its weights is not affected");
+                      ") is not computed here (default, linear, llama3, yarn, dynamic and "
+                      "longrope are); reloading its weights is not affected");
   auto needs = [&](const char* key, double value) {
     if (!(value > 0))
       raise<ModelError>("forward: rope_type '", s.type, "' needs a positive '", s.source, ".", key,
                         "' (", s.json, ")");
   };
+  if (s.type == "longrope") {  // (the long factors past the original context)
+    needs("original_max_position_embeddings", s.original_max_position_embeddings);
+    needs("max_position_embeddings", s.max_position_embeddings);
+    const double original = s.original_max_position_embeddings;
+    const bool long_context = static_cast<double>(tokens) > original;
+    const std::vector<double>& factors = long_context ? s.long_factor : s.short_factor;
+    if (static_cast<std::int64_t>(factors.size()) != dim / 2 ||
+        !std::all_of(factors.begin(), factors.end(), [](double f) { return f > 0; }))
+      raise<ModelError>("forward: rope_type 'longrope' needs ", dim / 2, " positive '", s.source,
+                        ".", long_context ? "long_factor" : "short_factor",
+                        "' values (one per rotary pair), got ", factors.size());
+    const double scale = s.max_position_embeddings / original;
+    const double derived = scale <= 1 ? 1 : std::sqrt(1 + std::log(scale) / std::log(original));
+    const double mscale = long_context ? s.long_mscale : s.short_mscale;
+    return {inv / at::tensor(factors, at::kDouble), mscale > 0 ? mscale : derived};
+  }
   needs("factor", s.factor);
   if (s.type == "linear") return {inv / s.factor};
+  if (s.type == "dynamic") {  // (vLLM's base for the context extended by the factor)
+    const double d = static_cast<double>(dim);
+    return {frequencies(theta * std::pow(s.factor * s.factor - s.factor + 1, d / (d - 2)))};
+  }
   needs("original_max_position_embeddings", s.original_max_position_embeddings);
   const double context = s.original_max_position_embeddings;
   if (s.type == "yarn") {
@@ -247,11 +274,12 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
-  // (before any collective) Gemma 3's sliding layers turn at their own base.
-  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary_dims(c));
+  // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart.
+  const auto n_tokens = static_cast<std::int64_t>(tokens.size());
+  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary_dims(c), n_tokens);
   const Rope sliding_rope =
       c.sliding_rope_theta > 0
-          ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary_dims(c))
+          ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary_dims(c), n_tokens)
           : rope;
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;

@@ -150,6 +150,32 @@ TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
       "c");
   EXPECT_EQ(plain.num_key_value_heads, 40) << "Phi3Config: num_attention_heads when absent";
   EXPECT_EQ(plain.rms_norm_eps, 1e-5) << "Phi3Config's default";
+  // Phi-3.5's longrope: the context lengths at the top level join its
+  // settings (as vLLM copies them in), so a config that writes them inside
+  // reads the same; the factor lists are read as numbers.
+  const std::string longrope =
+      replaced(replaced(phi3, R"("rope_scaling":null)",
+                        R"("rope_scaling":{"type":"longrope","short_factor":[1.0,1.25],)"
+                        R"("long_factor":[2,4.5]},"max_position_embeddings":131072)"),
+               R"("sliding_window":131072,)", "");
+  const ModelConfig lr = parse_model_config(longrope, "c");
+  EXPECT_EQ(lr.rope_scaling.type, "longrope");
+  EXPECT_EQ(lr.rope_scaling.short_factor, (std::vector<double>{1.0, 1.25}));
+  EXPECT_EQ(lr.rope_scaling.long_factor, (std::vector<double>{2.0, 4.5}));
+  EXPECT_EQ(lr.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_EQ(lr.rope_scaling.max_position_embeddings, 131072);
+  const ModelConfig inside = parse_model_config(
+      replaced(replaced(longrope, R"("long_factor":[2,4.5]})",
+                        R"("long_factor":[2,4.5],"original_max_position_embeddings":4096,)"
+                        R"("max_position_embeddings":131072})"),
+               R"("original_max_position_embeddings":4096,)", ""),
+      "c");
+  EXPECT_TRUE(config_differences(lr, inside).empty()) << config_differences(lr, inside)[0];
+  const ModelConfig lr_back = parse_model_config(model_config_to_json(lr), "round trip");
+  EXPECT_TRUE(config_differences(lr, lr_back).empty()) << config_differences(lr, lr_back)[0];
+  EXPECT_TRUE(
+      refused(replaced(longrope, R"("long_factor":[2,4.5])", R"("long_factor":[2,"x"])"),
+              "field 'rope_scaling.long_factor' must be a list of numbers, got [2.0,\"x\"]"));
   // The checkpoint's tensors: stacked; the loaders': Hugging Face's separate ones.
   std::map<std::string, std::vector<std::int64_t>> held, loaded;
   for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
@@ -611,9 +637,10 @@ TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   // GQA: k_norm spans the KV heads' projection.
   const ModelConfig gqa = parse_model_config(
       replaced(kOlmo2, R"("num_key_value_heads":32)", R"("num_key_value_heads":8)"), "c");
-  for (const auto& s : checkpoint_tensor_specs(gqa))
-    if (s.name == "model.layers.0.self_attn.k_norm.weight")
-      EXPECT_EQ(s.shape, std::vector<std::int64_t>{8 * 128});
+  std::map<std::string, std::vector<std::int64_t>> gqa_shapes;
+  for (const auto& s : checkpoint_tensor_specs(gqa)) gqa_shapes[s.name] = s.shape;
+  EXPECT_EQ(gqa_shapes["model.layers.0.self_attn.k_norm.weight"],
+            std::vector<std::int64_t>{8 * 128});
   const std::string head_dim =
       replaced(kOlmo2, R"("hidden_size":4096)", R"("hidden_size":4096,"head_dim":64)");
   EXPECT_TRUE(refused(head_dim,
@@ -669,6 +696,16 @@ TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   const std::string partial =
       replaced(olmo3, R"("torch_dtype")", R"("partial_rotary_factor":0.5,"torch_dtype")");
   EXPECT_TRUE(refused(partial, "partial_rotary_factor 0.5 is refused for Olmo3ForCausalLM"));
+  EXPECT_TRUE(refused(replaced(olmo3, R"("torch_dtype")", R"("sliding_window":null,"torch_dtype")"),
+                      "Olmo3ForCausalLM takes a positive 'sliding_window', got null"));
+  EXPECT_TRUE(refused(replaced(kOlmo2, R"("rope_theta":500000,)",
+                               R"("layer_types":["sliding_attention","full_attention"],)"),
+                      "Olmo2ForCausalLM with 'layer_types' needs a 'sliding_window'"));
+  EXPECT_TRUE(refused(
+      replaced(kOlmo2, R"("rope_theta":500000,)",
+               R"("rope_parameters":{"full_attention":{"rope_theta":500000},)"
+               R"("sliding_attention":{"rope_theta":10000}},)"),
+      "rope_parameters.sliding_attention is given but Olmo2ForCausalLM has no sliding layers"));
 }
 
 // Qwen1.5-MoE-A2.7B's config.json (transformers' Qwen2MoeConfig; vLLM's

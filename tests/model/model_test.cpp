@@ -455,7 +455,17 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
         R"({"rope_type":"yarn","factor":8,"original_max_position_embeddings":64,"beta_fast":8,)"
         R"("beta_slow":2,"truncate":false,"attn_factor":0.9})",
         R"({"type":"yarn","factor":4,"original_max_position_embeddings":32,)"
-        R"("apply_yarn_scaling":false,"extrapolation_factor":0.5})"}) {
+        R"("apply_yarn_scaling":false,"extrapolation_factor":0.5})",
+        R"({"rope_type":"dynamic","factor":4.0})",
+        // longrope: the 9 tokens pass an original context of 4 (long factors,
+        // the magnitude from the extension to 64) and stay within one of 16
+        // (short factors, the magnitudes given).
+        R"({"rope_type":"longrope","short_factor":[1.0,1.5,2.5,4.0],)"
+        R"("long_factor":[1.0,3.0,6.0,12.0],"original_max_position_embeddings":4,)"
+        R"("max_position_embeddings":64})",
+        R"({"type":"longrope","short_factor":[1.0,1.5,2.5,4.0],"long_factor":[1,3,6,12],)"
+        R"("original_max_position_embeddings":16,"max_position_embeddings":64,)"
+        R"("short_mscale":1.3,"long_mscale":2.0})"}) {
     const auto [got, want] = logits_and_reference(with(R"(,"rope_scaling":)" + scaling), ckpt);
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
         << scaling << ": max diff " << (got - want).abs().max().item<float>();
@@ -464,7 +474,14 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
   }
   // Refused, naming what is missing: a kind not computed here, a field absent.
   for (const auto& [scaling, says] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"rope_type":"dynamic","factor":4.0})", "rope_type 'dynamic' (rope_scaling "},
+           {R"({"rope_type":"mrope","mrope_section":[2,1,1]})", "rope_type 'mrope' (rope_scaling "},
+           {R"({"rope_type":"longrope","short_factor":[1,2,3],"long_factor":[1,2,3],)"
+            R"("original_max_position_embeddings":4,"max_position_embeddings":64})",
+            "rope_type 'longrope' needs 4 positive 'rope_scaling.long_factor' values (one per "
+            "rotary pair), got 3"},
+           {R"({"rope_type":"longrope","short_factor":[1,2,3,4],"long_factor":[1,2,3,4]})",
+            "rope_type 'longrope' needs a positive "
+            "'rope_scaling.original_max_position_embeddings'"},
            {R"({"rope_type":"yarn","factor":4.0})",
             "rope_type 'yarn' needs a positive 'rope_scaling.original_max_position_embeddings'"},
            {R"({"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":32,)"

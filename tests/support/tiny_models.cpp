@@ -97,11 +97,13 @@ ModelConfig tiny_config(const std::string& name) {
     json = R"({"architectures":["Olmo2ForCausalLM"],"hidden_size":64,"intermediate_size":96,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":120,
       "attention_bias":false,"tie_word_embeddings":false,"torch_dtype":"bfloat16"})";
-  else if (name == "olmo3")  // layers 0-2 slide over windows of 3, layer 3 full and scaled
+  else if (name == "olmo3")  // layers 0, 2, 3 slide over windows of 3; layer 1 full and scaled
     json = R"({"architectures":["Olmo3ForCausalLM"],"hidden_size":64,"intermediate_size":80,
-      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":4,"vocab_size":125,
-      "sliding_window":3,"rope_theta":50000.0,"rope_scaling":{"rope_type":"linear","factor":4.0},
-      "tie_word_embeddings":true,"torch_dtype":"bfloat16"})";
+      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":125,
+      "sliding_window":3,"layer_types":["sliding_attention","full_attention",
+      "sliding_attention","sliding_attention"],"rope_theta":50000.0,
+      "rope_scaling":{"rope_type":"linear","factor":4.0},"tie_word_embeddings":true,
+      "torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -233,9 +235,11 @@ void rotary_entry(const nlohmann::json& e, double& base, double& factor) {
 GemmaAttention gemma_attention(const ModelConfig& c) {
   GemmaAttention g;
   g.sliding.assign(c.num_hidden_layers, false);
-  const bool olmo3 = c.architecture == "Olmo3ForCausalLM";
-  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c) && !olmo3) return g;
   const nlohmann::json j = nlohmann::json::parse(c.json);
+  // (OLMo 2 slides as OLMo 3 where its config has layer_types)
+  const bool olmo3 = c.architecture == "Olmo3ForCausalLM" ||
+                     (c.architecture == "Olmo2ForCausalLM" && j.contains("layer_types"));
+  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c) && !olmo3) return g;
   auto number = [&](const char* key, double fallback) {
     if (!j.contains(key)) return fallback;
     return j[key].is_null() ? 0.0 : j[key].get<double>();
@@ -451,14 +455,32 @@ at::Tensor activation(const ModelConfig& c, const at::Tensor& x) {
   return 0.5 * x * (1 + at::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x.pow(3))));
 }
 
+// longrope's choice for a sequence of `tokens`: the long factors past the
+// original context (as Hugging Face's Phi-3 picks them by length).
+bool long_rope(const RopeScaling& s, std::int64_t tokens) {
+  return tokens > s.original_max_position_embeddings;
+}
+
 // The frequency of pair i of a head of d dims, one frequency at a time: as
-// Hugging Face's rope init functions compute default, linear and llama3, and as
-// vLLM's YaRNScalingRotaryEmbedding computes yarn (with its extrapolation_factor
-// and attn_factor; transformers reads attention_factor and mscale instead).
-double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
+// Hugging Face's rope init functions compute default, linear, llama3 and
+// longrope (for a sequence of `tokens`), and as vLLM's
+// YaRNScalingRotaryEmbedding computes yarn (with its extrapolation_factor and
+// attn_factor; transformers reads attention_factor and mscale instead) and its
+// DynamicNTKScalingRotaryEmbedding dynamic (the base for max_position x
+// factor positions at any length, where transformers grows it with the
+// sequence).
+double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d, std::int64_t tokens) {
   const double base = std::pow(c.rope_theta, -2.0 * i / d);
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "linear") return base / s.factor;
+  if (s.type == "longrope")
+    return base / (long_rope(s, tokens) ? s.long_factor : s.short_factor)[i];
+  if (s.type == "dynamic") {
+    // vLLM: max_len = max_position x factor, then
+    // base x (factor x max_len / max_position - (factor - 1))^(d / (d - 2)).
+    const double alpha = s.factor * s.factor - (s.factor - 1);
+    return std::pow(c.rope_theta * std::pow(alpha, static_cast<double>(d) / (d - 2)), -2.0 * i / d);
+  }
   const double context = s.original_max_position_embeddings;
   if (s.type == "yarn") {
     // Pair p turns context * theta^(-2p/d) / 2pi times over the original
@@ -490,8 +512,18 @@ double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
 }
 
 // What cos and sin are multiplied by: yarn's attention scaling (YaRN paper,
-// sqrt(1/t) = 0.1 ln(s) + 1), times attn_factor.
-double rope_magnitude(const RopeScaling& s) {
+// sqrt(1/t) = 0.1 ln(s) + 1), times attn_factor; longrope's short_mscale or
+// long_mscale, else sqrt(1 + ln(max / original) / ln(original)) (1 without
+// extension).
+double rope_magnitude(const RopeScaling& s, std::int64_t tokens) {
+  if (s.type == "longrope") {
+    const double given = long_rope(s, tokens) ? s.long_mscale : s.short_mscale;
+    if (given > 0) return given;
+    const double ratio = s.max_position_embeddings / s.original_max_position_embeddings;
+    return ratio <= 1
+               ? 1
+               : std::sqrt(1 + std::log(ratio) / std::log(s.original_max_position_embeddings));
+  }
   if (s.type != "yarn") return 1;
   return (s.apply_yarn_scaling && s.factor > 1 ? 1 + 0.1 * std::log(s.factor) : 1) * s.attn_factor;
 }
@@ -505,9 +537,9 @@ at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, toke
   std::vector<double> cos_v(t * d), sin_v(t * d);
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
-      const double freq = rope_frequency(c, i % (d / 2), d);
-      cos_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::cos(pos * freq);
-      sin_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::sin(pos * freq);
+      const double freq = rope_frequency(c, i % (d / 2), d, t);
+      cos_v[pos * d + i] = rope_magnitude(c.rope_scaling, t) * std::cos(pos * freq);
+      sin_v[pos * d + i] = rope_magnitude(c.rope_scaling, t) * std::sin(pos * freq);
     }
   const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
   const at::Tensor turned = x.slice(2, 0, d);

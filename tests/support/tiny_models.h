@@ -43,9 +43,9 @@ namespace tpreload::testdata {
 // 8 heads / 2 KV heads, vocab 115),
 // "olmo2" (OLMo 2: no input norms, the attention's and MLP's outputs normed,
 // q and k normed over all heads; 8 heads / 2 KV heads, untied, vocab 120),
-// "olmo3" (OLMo 3: OLMo 2's layout, layers 0-2 of 4 sliding over windows of
-// 3 at rope_theta unscaled, layer 3 at rope_theta with linear scaling by 4;
-// tied, vocab 125),
+// "olmo3" (OLMo 3: OLMo 2's layout, layers 0, 2 and 3 of 4 sliding (layer_types,
+// not the default pattern) over windows of 3 at rope_theta unscaled, layer 1 at
+// rope_theta with linear scaling by 4; 2 KV heads, tied, vocab 125),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);

@@ -21,8 +21,13 @@ namespace tpreload {
 // depend on it: a config is refused only for a malformed value. The forward
 // pass computes "default", "linear" (which needs `factor`), "llama3" (which
 // also needs `low_freq_factor`, `high_freq_factor` and
-// `original_max_position_embeddings`) and "yarn" (`factor` and
-// `original_max_position_embeddings`, with the optional settings below) and
+// `original_max_position_embeddings`), "yarn" (`factor` and
+// `original_max_position_embeddings`, with the optional settings below),
+// "dynamic" (`factor`: vLLM's DynamicNTKScalingRotaryEmbedding, whose base is
+// scaled for the whole extended context at every length) and "longrope"
+// (Phi-3's: `short_factor` and `long_factor`, one per rotary pair,
+// `original_max_position_embeddings` and `max_position_embeddings`, both
+// taken from the top level of the config where the settings lack them) and
 // refuses the rest. A number not given is 0 unless a default is written here.
 struct RopeScaling {
   std::string type = "default";
@@ -42,6 +47,13 @@ struct RopeScaling {
   double attn_factor = 1;
   bool apply_yarn_scaling = true;
   bool truncate = true;
+  // longrope's: the divisors of each pair's frequency within the original
+  // context and beyond it, the extended context, and the magnitudes of cos and
+  // sin (0: sqrt(1 + ln(max / original) / ln(original)), 1 when max <=
+  // original; vLLM's Phi3LongRoPEScaledRotaryEmbedding).
+  std::vector<double> short_factor, long_factor;
+  double max_position_embeddings = 0;
+  double short_mscale = 0, long_mscale = 0;
   // Every setting but rope_theta (keys sorted, numbers as doubles, `type` as
   // `rope_type`): what ranks and kernel-format shards compare; "" for none.
   std::string json;
@@ -126,7 +138,9 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v
   bool o_proj_bias = false;
   bool mlp_bias = false;
-  bool qk_norm = false;  // per-head RMSNorm of q and k before rotary (Qwen3, Gemma 3)
+  // RMSNorm of q and k before rotary: per head (Qwen3, Gemma 3), or over the
+  // whole projection with qk_norm_whole (OLMo).
+  bool qk_norm = false;
   // OLMo 2 and 3 (vLLM's olmo2.py): q and k each normed over its whole
   // projection (all heads; q_norm [heads x head_dim], k_norm [kv heads x
   // head_dim]) with qk_norm; and post-norms only: no input_layernorm, the

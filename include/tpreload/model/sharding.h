@@ -13,7 +13,8 @@
 //  - merged column: gate_up_proj = [gate shard; up shard];
 //  - vocab-parallel (embed_tokens, lm_head): vocab padded up to a multiple of 64,
 //    split evenly; rows past the real vocab are zero;
-//  - RMSNorm weights (and Qwen3's per-head q_norm/k_norm) and the MoE router
+//  - RMSNorm weights (and Qwen3's and Gemma 3's per-head q_norm/k_norm, OLMo's
+//    whole-projection ones) and the MoE router
 //    (mlp.gate; Mixtral's block_sparse_moe.gate; Qwen2-MoE's
 //    mlp.shared_expert_gate) replicated; Qwen2-MoE's mlp.shared_expert split as a
 //    dense MLP;

@@ -84,7 +84,7 @@ struct Family {
   std::int64_t head_dim;            // head_dim when absent; 0: hidden_size / num_attention_heads
   double rope_theta, rms_norm_eps;  // when absent
   Biases biases;
-  bool qk_norm;  // per-head RMSNorm of q and k before rotary
+  bool qk_norm;  // RMSNorm of q and k before rotary (per head; OLMo's: Olmo below)
   Experts experts;
   bool stacked;  // q/k/v and gate/up stacked in the checkpoint (Phi-3)
   // Gemma: tied head by default (and required), GeLU, Gemma's normalization;
@@ -215,6 +215,13 @@ RopeScaling rope_scaling_of(const json& j, const std::string& origin,
   }
   if (s.is_null()) return r;
   if (s.contains("rope_type")) r.type = s["rope_type"].get<std::string>();
+  // longrope (Phi-3's) takes the model's context lengths from the top level
+  // where its settings lack them, as vLLM copies them in; they join the
+  // settings, so the ranks and kernel-format shards compare them too.
+  if (r.type == "longrope")
+    for (const char* key : {"original_max_position_embeddings", "max_position_embeddings"})
+      if ((!s.contains(key) || s[key].is_null()) && j.contains(key) && j[key].is_number())
+        s[key] = j[key].get<double>();
   // A number, or true or false for the flags; absent or null leaves the default.
   auto setting = [&](const char* key, auto& out) {
     constexpr bool flag = std::is_same_v<std::decay_t<decltype(out)>, bool>;
@@ -234,6 +241,18 @@ RopeScaling rope_scaling_of(const json& j, const std::string& origin,
   setting("attn_factor", r.attn_factor);
   setting("apply_yarn_scaling", r.apply_yarn_scaling);
   setting("truncate", r.truncate);
+  setting("max_position_embeddings", r.max_position_embeddings);
+  setting("short_mscale", r.short_mscale);
+  setting("long_mscale", r.long_mscale);
+  for (auto [key, out] :
+       {std::pair{"short_factor", &r.short_factor}, std::pair{"long_factor", &r.long_factor}}) {
+    if (!s.contains(key) || s[key].is_null()) continue;
+    if (!s[key].is_array() ||
+        !std::all_of(s[key].begin(), s[key].end(), [](const json& v) { return v.is_number(); }))
+      raise<ModelError>(origin, ": field '", r.source, ".", key,
+                        "' must be a list of numbers, got ", s[key].dump());
+    for (const json& v : s[key]) out->push_back(v.get<double>());
+  }
   r.json = s.dump();
   return r;
 }
@@ -406,9 +425,10 @@ void parse_sliding_rope(const json& j, const json& per_type, const std::string& 
 // vLLM's olmo2.py serves both): no input_layernorm, the attention's and the
 // MLP's outputs normed before each joins the residual, q and k each normed
 // over its whole projection before rotary, head_dim hidden_size / heads (vLLM
-// reads no head_dim key). OLMo 3 (and an OLMo 2 config with `layer_types`, as
-// vLLM reads it) slides on the layers of the sliding type (all but every
-// fourth without `layer_types`), which turn at rope_theta unscaled.
+// reads no head_dim key). OLMo 3 (and an OLMo 2 config with `layer_types` and
+// a `sliding_window`, as vLLM reads it) slides on the layers of the sliding
+// type (all but every fourth without `layer_types`), which turn at
+// rope_theta unscaled; a null window is refused.
 void parse_olmo(const json& j, const json& per_type, const std::string& origin, bool olmo3,
                 ModelConfig& c) {
   if (c.head_dim * c.num_attention_heads != c.hidden_size)
@@ -418,7 +438,24 @@ void parse_olmo(const json& j, const json& per_type, const std::string& origin, 
                       c.head_dim, " x ", c.num_attention_heads, " heads is not hidden_size ",
                       c.hidden_size);
   c.post_norms = c.qk_norm_whole = true;
-  if (!olmo3 && (!j.contains("layer_types") || j["layer_types"].is_null())) return;
+  const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
+  if (!olmo3 && !typed) {  // (OLMo 2 without windows: no sliding layers to turn apart)
+    if (!per_type.is_null() && per_type.contains("sliding_attention"))
+      raise<ModelError>(origin, ": rope_parameters.sliding_attention is given but ", c.architecture,
+                        " has no sliding layers without 'layer_types'");
+    return;
+  }
+  // No OLMo sets a null window, and the references disagree on its rotary
+  // (vLLM scales every layer then, Hugging Face the full ones alone); Olmo2Config
+  // has no sliding_window, so vLLM needs it given with layer_types.
+  if (j.contains("sliding_window") && j["sliding_window"].is_null())
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " takes a positive 'sliding_window', got null (vLLM and Hugging Face "
+                      "turn such a model's sliding layers differently)");
+  if (!olmo3 && !j.contains("sliding_window"))
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " with 'layer_types' needs a 'sliding_window' (Olmo2Config has none to "
+                      "default to)");
   parse_windows(j, origin, 4, c);
   parse_sliding_rope(j, per_type, origin, nullptr, c.rope_theta, c);
 }
