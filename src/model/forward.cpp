@@ -62,16 +62,16 @@ at::Tensor activate(const at::Tensor& gate, Activation activation) {
 // low ones by the factor and blends those between; yarn blends the same way
 // over pairs bounded by rotation counts within the original context, and
 // scales cos and sin; DynamicNTKScalingRotaryEmbedding's base for the
-// extended context; Phi3LongRoPEScaledRotaryEmbedding's per-pair factors, the
-// long ones for `tokens` past the original context, as Hugging Face picks
-// them by length, where vLLM picks them once by max_model_len). Throws
-// ModelError for a scaling it does not compute.
+// extended context, DynamicNTKAlphaRotaryEmbedding's with alpha;
+// Phi3LongRoPEScaledRotaryEmbedding's per-pair factors, the long ones where
+// the model's context exceeds the original one). Throws ModelError for a
+// scaling it does not compute.
 struct Rope {
   at::Tensor inv_freq;
   double scale = 1;
 };
 
-Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim, std::int64_t tokens) {
+Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim) {
   auto frequencies = [&](double base) {
     return 1.0 / at::pow(base, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
   };
@@ -87,28 +87,34 @@ Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim, std::int64_t 
       raise<ModelError>("forward: rope_type '", s.type, "' needs a positive '", s.source, ".", key,
                         "' (", s.json, ")");
   };
-  if (s.type == "longrope") {  // (the long factors past the original context)
+  if (s.type == "longrope") {
     needs("original_max_position_embeddings", s.original_max_position_embeddings);
     needs("max_position_embeddings", s.max_position_embeddings);
+    for (const auto& [key, list] :
+         {std::pair{"short_factor", &s.short_factor}, std::pair{"long_factor", &s.long_factor}})
+      if (static_cast<std::int64_t>(list->size()) != dim / 2 ||
+          !std::all_of(list->begin(), list->end(), [](double f) { return f > 0; }))
+        raise<ModelError>("forward: rope_type 'longrope' needs ", dim / 2, " positive '", s.source,
+                          ".", key, "' values (one per rotary pair), got ", list->size());
+    // The long factors wherever the model's context exceeds the original
+    // one, as vLLM picks them (by its max_model_len, the model's unless set
+    // lower), not by the sequence's length as Hugging Face does.
     const double original = s.original_max_position_embeddings;
-    const bool long_context = static_cast<double>(tokens) > original;
+    const bool long_context = s.max_position_embeddings > original;
     const std::vector<double>& factors = long_context ? s.long_factor : s.short_factor;
-    if (static_cast<std::int64_t>(factors.size()) != dim / 2 ||
-        !std::all_of(factors.begin(), factors.end(), [](double f) { return f > 0; }))
-      raise<ModelError>("forward: rope_type 'longrope' needs ", dim / 2, " positive '", s.source,
-                        ".", long_context ? "long_factor" : "short_factor",
-                        "' values (one per rotary pair), got ", factors.size());
     const double scale = s.max_position_embeddings / original;
     const double derived = scale <= 1 ? 1 : std::sqrt(1 + std::log(scale) / std::log(original));
     const double mscale = long_context ? s.long_mscale : s.short_mscale;
     return {inv / at::tensor(factors, at::kDouble), mscale > 0 ? mscale : derived};
   }
-  needs("factor", s.factor);
-  if (s.type == "linear") return {inv / s.factor};
   if (s.type == "dynamic") {  // (vLLM's base for the context extended by the factor)
     const double d = static_cast<double>(dim);
+    if (s.alpha > 0) return {frequencies(theta * std::pow(s.alpha, d / (d - 2)))};
+    needs("factor", s.factor);
     return {frequencies(theta * std::pow(s.factor * s.factor - s.factor + 1, d / (d - 2)))};
   }
+  needs("factor", s.factor);
+  if (s.type == "linear") return {inv / s.factor};
   needs("original_max_position_embeddings", s.original_max_position_embeddings);
   const double context = s.original_max_position_embeddings;
   if (s.type == "yarn") {
@@ -275,11 +281,10 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
   // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart.
-  const auto n_tokens = static_cast<std::int64_t>(tokens.size());
-  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary_dims(c), n_tokens);
+  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary_dims(c));
   const Rope sliding_rope =
       c.sliding_rope_theta > 0
-          ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary_dims(c), n_tokens)
+          ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary_dims(c))
           : rope;
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;

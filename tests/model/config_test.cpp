@@ -164,6 +164,22 @@ TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(lr.rope_scaling.long_factor, (std::vector<double>{2.0, 4.5}));
   EXPECT_EQ(lr.rope_scaling.original_max_position_embeddings, 4096);
   EXPECT_EQ(lr.rope_scaling.max_position_embeddings, 131072);
+  EXPECT_EQ(lr.rope_scaling.short_mscale, 0);
+  const ModelConfig mscales =
+      parse_model_config(replaced(longrope, R"("long_factor":[2,4.5])",
+                                  R"("long_factor":[2,4.5],"short_mscale":1.25,"long_mscale":1.5)"),
+                         "c");
+  EXPECT_EQ(mscales.rope_scaling.short_mscale, 1.25);
+  EXPECT_EQ(mscales.rope_scaling.long_mscale, 1.5);
+  EXPECT_EQ(parse_model_config(replaced(longrope, R"("type":"longrope")", R"("type":"su")"), "c")
+                .rope_scaling.type,
+            "longrope")
+      << "su is longrope's older name";
+  // Given both ways, the context lengths must agree.
+  EXPECT_TRUE(refused(replaced(longrope, R"("long_factor":[2,4.5]})",
+                               R"("long_factor":[2,4.5],"original_max_position_embeddings":2048})"),
+                      "original_max_position_embeddings 4096 and "
+                      "rope_scaling.original_max_position_embeddings 2048.0 differ"));
   const ModelConfig inside = parse_model_config(
       replaced(replaced(longrope, R"("long_factor":[2,4.5]})",
                         R"("long_factor":[2,4.5],"original_max_position_embeddings":4096,)"

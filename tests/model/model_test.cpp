@@ -456,15 +456,19 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
         R"("beta_slow":2,"truncate":false,"attn_factor":0.9})",
         R"({"type":"yarn","factor":4,"original_max_position_embeddings":32,)"
         R"("apply_yarn_scaling":false,"extrapolation_factor":0.5})",
-        R"({"rope_type":"dynamic","factor":4.0})",
-        // longrope: the 9 tokens pass an original context of 4 (long factors,
-        // the magnitude from the extension to 64) and stay within one of 16
-        // (short factors, the magnitudes given).
+        R"({"rope_type":"dynamic","factor":4.0})", R"({"rope_type":"dynamic","alpha":8.0})",
+        // longrope, as vLLM picks the factors: the long ones where the model's
+        // context (64) exceeds the original one, at any length (the magnitude
+        // derived, then given; "su" is its older name), the short ones where
+        // it does not (the magnitude given).
         R"({"rope_type":"longrope","short_factor":[1.0,1.5,2.5,4.0],)"
         R"("long_factor":[1.0,3.0,6.0,12.0],"original_max_position_embeddings":4,)"
         R"("max_position_embeddings":64})",
-        R"({"type":"longrope","short_factor":[1.0,1.5,2.5,4.0],"long_factor":[1,3,6,12],)"
+        R"({"type":"su","short_factor":[1.0,1.5,2.5,4.0],"long_factor":[1,3,6,12],)"
         R"("original_max_position_embeddings":16,"max_position_embeddings":64,)"
+        R"("short_mscale":1.3,"long_mscale":2.0})",
+        R"({"rope_type":"longrope","short_factor":[1.0,1.5,2.5,4.0],"long_factor":[1,3,6,12],)"
+        R"("original_max_position_embeddings":16,"max_position_embeddings":16,)"
         R"("short_mscale":1.3,"long_mscale":2.0})"}) {
     const auto [got, want] = logits_and_reference(with(R"(,"rope_scaling":)" + scaling), ckpt);
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
@@ -475,8 +479,8 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
   // Refused, naming what is missing: a kind not computed here, a field absent.
   for (const auto& [scaling, says] : std::vector<std::pair<std::string, std::string>>{
            {R"({"rope_type":"mrope","mrope_section":[2,1,1]})", "rope_type 'mrope' (rope_scaling "},
-           {R"({"rope_type":"longrope","short_factor":[1,2,3],"long_factor":[1,2,3],)"
-            R"("original_max_position_embeddings":4,"max_position_embeddings":64})",
+           {R"({"rope_type":"longrope","short_factor":[1,2,3,4],"long_factor":[1,2,3],)"
+            R"("original_max_position_embeddings":16,"max_position_embeddings":16})",
             "rope_type 'longrope' needs 4 positive 'rope_scaling.long_factor' values (one per "
             "rotary pair), got 3"},
            {R"({"rope_type":"longrope","short_factor":[1,2,3,4],"long_factor":[1,2,3,4]})",
@@ -512,7 +516,9 @@ TEST(Forward, PartialRotaryTurnsTheFirstDimensionsOfEachHead) {
   for (const std::string fields :
        {R"(,"partial_rotary_factor":0.5)",
         R"(,"partial_rotary_factor":0.75,"rope_scaling":{"rope_type":"yarn","factor":4.0,)"
-        R"("original_max_position_embeddings":32})"}) {
+        R"("original_max_position_embeddings":32})",
+        // (dynamic's exponent d / (d - 2) counts the rotary dimensions, 6)
+        R"(,"partial_rotary_factor":0.75,"rope_scaling":{"rope_type":"dynamic","factor":4.0})"}) {
     const ModelConfig config = llama_gqa_with(fields);
     const auto [got, want] = logits_and_reference(config, ckpt);
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
@@ -524,6 +530,22 @@ TEST(Forward, PartialRotaryTurnsTheFirstDimensionsOfEachHead) {
         1e-3)
         << fields << " does not change the reference's logits: the test proves nothing";
   }
+  // Phi-4-mini's shape: longrope over 0.75 of each head, one factor per
+  // rotary pair (3 here), against the same partial rotary unscaled.
+  const ModelConfig phi4 = llama_gqa_with(
+      R"(,"partial_rotary_factor":0.75,"rope_scaling":{"rope_type":"longrope",)"
+      R"("short_factor":[1,2,3],"long_factor":[1.5,4,9],"original_max_position_embeddings":4,)"
+      R"("max_position_embeddings":32})");
+  const auto [got, want] = logits_and_reference(phi4, ckpt);
+  EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
+      << "longrope: max diff " << (got - want).abs().max().item<float>();
+  EXPECT_GT((want - testdata::reference_logits(llama_gqa_with(R"(,"partial_rotary_factor":0.75)"),
+                                               ckpt, kRopeTokens))
+                .abs()
+                .max()
+                .item<float>(),
+            1e-3)
+      << "longrope does not change the reference's logits: the test proves nothing";
   auto comm = make_local_communicator();
   TensorParallelModel odd(llama_gqa_with(R"(,"partial_rotary_factor":0.2)"), opts(1, 0));
   try {

@@ -455,26 +455,29 @@ at::Tensor activation(const ModelConfig& c, const at::Tensor& x) {
   return 0.5 * x * (1 + at::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x.pow(3))));
 }
 
-// longrope's choice for a sequence of `tokens`: the long factors past the
-// original context (as Hugging Face's Phi-3 picks them by length).
-bool long_rope(const RopeScaling& s, std::int64_t tokens) {
-  return tokens > s.original_max_position_embeddings;
+// longrope's choice: the long factors when the model's context is longer
+// than the original one, at any sequence length (as vLLM picks them by its
+// max_model_len, the model's by default; Hugging Face picks by length).
+bool long_rope(const RopeScaling& s) {
+  return s.max_position_embeddings > s.original_max_position_embeddings;
 }
 
 // The frequency of pair i of a head of d dims, one frequency at a time: as
 // Hugging Face's rope init functions compute default, linear, llama3 and
-// longrope (for a sequence of `tokens`), and as vLLM's
-// YaRNScalingRotaryEmbedding computes yarn (with its extrapolation_factor and
-// attn_factor; transformers reads attention_factor and mscale instead) and its
-// DynamicNTKScalingRotaryEmbedding dynamic (the base for max_position x
-// factor positions at any length, where transformers grows it with the
-// sequence).
-double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d, std::int64_t tokens) {
+// longrope's frequencies, and as vLLM's YaRNScalingRotaryEmbedding computes
+// yarn (with its extrapolation_factor and attn_factor; transformers reads
+// attention_factor and mscale instead) and its DynamicNTKScalingRotaryEmbedding
+// dynamic (the base for max_position x factor positions at any length, where
+// transformers grows it with the sequence; with alpha, base x
+// alpha^(d / (d - 2))).
+double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
   const double base = std::pow(c.rope_theta, -2.0 * i / d);
   const RopeScaling& s = c.rope_scaling;
   if (s.type == "linear") return base / s.factor;
-  if (s.type == "longrope")
-    return base / (long_rope(s, tokens) ? s.long_factor : s.short_factor)[i];
+  if (s.type == "longrope") return base / (long_rope(s) ? s.long_factor : s.short_factor).at(i);
+  if (s.type == "dynamic" && s.alpha > 0)
+    return std::pow(c.rope_theta * std::pow(s.alpha, static_cast<double>(d) / (d - 2)),
+                    -2.0 * i / d);
   if (s.type == "dynamic") {
     // vLLM: max_len = max_position x factor, then
     // base x (factor x max_len / max_position - (factor - 1))^(d / (d - 2)).
@@ -514,10 +517,10 @@ double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d, std:
 // What cos and sin are multiplied by: yarn's attention scaling (YaRN paper,
 // sqrt(1/t) = 0.1 ln(s) + 1), times attn_factor; longrope's short_mscale or
 // long_mscale, else sqrt(1 + ln(max / original) / ln(original)) (1 without
-// extension).
-double rope_magnitude(const RopeScaling& s, std::int64_t tokens) {
+// extension), as vLLM computes it (transformers reads attention_factor).
+double rope_magnitude(const RopeScaling& s) {
   if (s.type == "longrope") {
-    const double given = long_rope(s, tokens) ? s.long_mscale : s.short_mscale;
+    const double given = long_rope(s) ? s.long_mscale : s.short_mscale;
     if (given > 0) return given;
     const double ratio = s.max_position_embeddings / s.original_max_position_embeddings;
     return ratio <= 1
@@ -537,9 +540,9 @@ at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, toke
   std::vector<double> cos_v(t * d), sin_v(t * d);
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
-      const double freq = rope_frequency(c, i % (d / 2), d, t);
-      cos_v[pos * d + i] = rope_magnitude(c.rope_scaling, t) * std::cos(pos * freq);
-      sin_v[pos * d + i] = rope_magnitude(c.rope_scaling, t) * std::sin(pos * freq);
+      const double freq = rope_frequency(c, i % (d / 2), d);
+      cos_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::cos(pos * freq);
+      sin_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::sin(pos * freq);
     }
   const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
   const at::Tensor turned = x.slice(2, 0, d);

@@ -24,11 +24,14 @@ namespace tpreload {
 // `original_max_position_embeddings`), "yarn" (`factor` and
 // `original_max_position_embeddings`, with the optional settings below),
 // "dynamic" (`factor`: vLLM's DynamicNTKScalingRotaryEmbedding, whose base is
-// scaled for the whole extended context at every length) and "longrope"
-// (Phi-3's: `short_factor` and `long_factor`, one per rotary pair,
-// `original_max_position_embeddings` and `max_position_embeddings`, both
-// taken from the top level of the config where the settings lack them) and
-// refuses the rest. A number not given is 0 unless a default is written here.
+// scaled for the whole extended context at every length; or `alpha`, which
+// vLLM reads first: its DynamicNTKAlphaRotaryEmbedding) and "longrope" (or
+// "su"; Phi-3's: `short_factor` and `long_factor`, one per rotary pair,
+// `original_max_position_embeddings` and `max_position_embeddings`, read at
+// the top level of the config or in the settings; given both ways, they must
+// agree) and refuses the rest. llama3 and yarn read
+// `original_max_position_embeddings` the same way. A number not given is 0
+// unless a default is written here.
 struct RopeScaling {
   std::string type = "default";
   std::string source = "rope_scaling";  // the config key it came from (messages)
@@ -54,6 +57,7 @@ struct RopeScaling {
   std::vector<double> short_factor, long_factor;
   double max_position_embeddings = 0;
   double short_mscale = 0, long_mscale = 0;
+  double alpha = 0;  // dynamic's alternative to factor
   // Every setting but rope_theta (keys sorted, numbers as doubles, `type` as
   // `rope_type`): what ranks and kernel-format shards compare; "" for none.
   std::string json;

@@ -215,13 +215,23 @@ RopeScaling rope_scaling_of(const json& j, const std::string& origin,
   }
   if (s.is_null()) return r;
   if (s.contains("rope_type")) r.type = s["rope_type"].get<std::string>();
-  // longrope (Phi-3's) takes the model's context lengths from the top level
-  // where its settings lack them, as vLLM copies them in; they join the
-  // settings, so the ranks and kernel-format shards compare them too.
-  if (r.type == "longrope")
-    for (const char* key : {"original_max_position_embeddings", "max_position_embeddings"})
-      if ((!s.contains(key) || s[key].is_null()) && j.contains(key) && j[key].is_number())
-        s[key] = j[key].get<double>();
+  if (r.type == "su") r.type = "longrope";  // (Phi-3's first name for it; vLLM's too)
+  // The model's context lengths as vLLM hands them to get_rope: the original
+  // one from the top level where the config has it there (Phi-3), else from
+  // the settings (Llama 3.1, Qwen's yarn); longrope's extended one from the
+  // top level. Given both ways, they must agree. They join the settings, so
+  // the ranks and kernel-format shards compare them too.
+  auto context = [&](const char* key) {
+    const bool top = j.contains(key) && j[key].is_number();
+    const bool inner = s.contains(key) && !s[key].is_null();
+    if (top && inner && (!s[key].is_number() || s[key].get<double>() != j[key].get<double>()))
+      raise<ModelError>(origin, ": ", key, " ", j[key].dump(), " and ", r.source, ".", key, " ",
+                        s[key].dump(), " differ");
+    if (top && !inner) s[key] = j[key].get<double>();
+  };
+  if (r.type == "longrope" || r.type == "llama3" || r.type == "yarn")
+    context("original_max_position_embeddings");
+  if (r.type == "longrope") context("max_position_embeddings");
   // A number, or true or false for the flags; absent or null leaves the default.
   auto setting = [&](const char* key, auto& out) {
     constexpr bool flag = std::is_same_v<std::decay_t<decltype(out)>, bool>;
@@ -244,6 +254,7 @@ RopeScaling rope_scaling_of(const json& j, const std::string& origin,
   setting("max_position_embeddings", r.max_position_embeddings);
   setting("short_mscale", r.short_mscale);
   setting("long_mscale", r.long_mscale);
+  setting("alpha", r.alpha);
   for (auto [key, out] :
        {std::pair{"short_factor", &r.short_factor}, std::pair{"long_factor", &r.long_factor}}) {
     if (!s.contains(key) || s[key].is_null()) continue;
