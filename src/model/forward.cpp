@@ -1,7 +1,9 @@
 // The tensor-parallel forward pass (CPU, float32 compute): embedding, RMSNorm,
-// rotary attention with grouped-query heads (Gemma 2 and 3: scaled, soft-capped,
-// sliding windows; Gemma 3's turned at their own base), the SiLU- or GeLU-gated MLP or experts and
-// the LM head. Row- parallel outputs and vocab-parallel pieces are summed over the TP group.
+// rotary attention with grouped-query heads (Gemma 2 and 3, OLMo 3: sliding
+// windows; the Gemmas: scaled, soft-capped; Granite: its multipliers; OLMo:
+// post-norms and whole-projection q/k norms), the SiLU- or GeLU-gated MLP or
+// experts and the LM head. Row-parallel outputs and vocab-parallel pieces are
+// summed over the TP group.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -22,10 +24,15 @@ void allreduce_sum(at::Tensor& t, Communicator& comm) {
 }
 
 // RMSNorm; Gemma's scales by 1 + weight.
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, const ModelConfig& c) {
-  const at::Tensor variance = x.pow(2).mean({-1}, /*keepdim=*/true);
+// `x` normed by its `variance` and scaled by `weight` (Gemma's: 1 + weight).
+at::Tensor normed(const at::Tensor& x, const at::Tensor& variance, const at::Tensor& weight,
+                  const ModelConfig& c) {
   const at::Tensor scale = weight.to(at::kFloat);
   return x * at::rsqrt(variance + c.rms_norm_eps) * (c.gemma_normalization ? scale + 1 : scale);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, const ModelConfig& c) {
+  return normed(x, x.pow(2).mean({-1}, /*keepdim=*/true), weight, c);
 }
 
 // RMSNorm over a whole projection that the tp group holds split by columns
@@ -37,9 +44,8 @@ at::Tensor rms_norm_split(const at::Tensor& x, const at::Tensor& weight, std::in
                           Communicator& comm) {
   at::Tensor squares = x.pow(2).sum({-1}, /*keepdim=*/true);
   allreduce_sum(squares, comm);
-  const at::Tensor variance = squares / static_cast<double>(copies * whole);
-  return x * at::rsqrt(variance + c.rms_norm_eps) *
-         weight.to(at::kFloat).narrow(0, first, x.size(1));
+  return normed(x, squares / static_cast<double>(copies * whole),
+                weight.narrow(0, first, x.size(1)), c);
 }
 
 // The MLP's activation of its gate rows.
@@ -56,8 +62,9 @@ at::Tensor activate(const at::Tensor& gate, Activation activation) {
 }
 
 // The rotary embedding of a head of `dim` dims: its frequencies,
-// theta^(-2i/dim), scaled as `s` says (the config's, or Gemma 3's sliding layers'), and the factor
-// cos and sin are multiplied by (vLLM's LinearScalingRotaryEmbedding, Llama3RotaryEmbedding and
+// theta^(-2i/dim), scaled as `s` says (the config's, or the sliding layers'),
+// and the factor cos and sin are multiplied by (vLLM's
+// LinearScalingRotaryEmbedding, Llama3RotaryEmbedding and
 // YaRNScalingRotaryEmbedding: llama3 keeps the high frequencies, divides the
 // low ones by the factor and blends those between; yarn blends the same way
 // over pairs bounded by rotation counts within the original context, and
@@ -281,11 +288,11 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
   // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart.
-  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary_dims(c));
-  const Rope sliding_rope =
-      c.sliding_rope_theta > 0
-          ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary_dims(c))
-          : rope;
+  const std::int64_t rotary = rotary_dims(c);
+  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary);
+  const Rope sliding_rope = c.sliding_rope_theta > 0
+                                ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary)
+                                : rope;
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
   const at::Tensor ids = at::tensor(tokens, at::kLong);

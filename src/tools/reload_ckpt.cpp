@@ -220,9 +220,8 @@ CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
       "Write a Hugging Face-style checkpoint (the tensor names and shapes of any supported "
       "architecture: Gemma, Gemma 2, Gemma 3, Granite, Llama, Mistral, Mixtral, OLMo 2, OLMo 3, "
       "Phi-3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) for a config.json, with seeded random values: "
-      "N(0, std) "
-      "weights, 1 + noise for norm "
-      "weights. Also writes config.json into the output directory (with --dtype applied).");
+      "N(0, std) weights, 1 + noise for norm weights. Also writes config.json into the output "
+      "directory (with --dtype applied).");
   cmd->add_option("--config", a.config, "config.json file (or a directory holding one)")
       ->required();
   cmd->add_option("--out", a.out, "Output directory (created if missing)")->required();

@@ -212,7 +212,7 @@ bool qk_norms(const ModelConfig& c) {
 // (Olmo3Config's defaults) likewise, without the Gemmas' scaling and caps:
 // windows of 4096 on all but every fourth layer, its sliding layers' rotary
 // at rope_theta (10000 when absent) unscaled.
-struct GemmaAttention {
+struct LayerAttention {
   double scalar = 0, attn_cap = 0, final_cap = 0;
   std::int64_t window = 0;
   std::vector<bool> sliding;
@@ -232,8 +232,8 @@ void rotary_entry(const nlohmann::json& e, double& base, double& factor) {
     throw std::invalid_argument("the reference reads linear or default rotary only, not " + type);
 }
 
-GemmaAttention gemma_attention(const ModelConfig& c) {
-  GemmaAttention g;
+LayerAttention layer_attention(const ModelConfig& c) {
+  LayerAttention g;
   g.sliding.assign(c.num_hidden_layers, false);
   const nlohmann::json j = nlohmann::json::parse(c.json);
   // (OLMo 2 slides as OLMo 3 where its config has layer_types)
@@ -600,7 +600,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
                      nkv = c.num_key_value_heads;
-  const GemmaAttention g2 = gemma_attention(c);
+  const LayerAttention att = layer_attention(c);
   const GraniteScales gs = granite_scales(c);
   // Gemma 3's rotary of each type as the reference read it: the rope below
   // computes from a config's rope_theta and linear factor.
@@ -614,8 +614,8 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     }
     return r;
   };
-  const ModelConfig full = g2.own_rotary ? rotary(g2.full_base, g2.full_factor) : c,
-                    local = g2.own_rotary ? rotary(g2.local_base, g2.local_factor) : c;
+  const ModelConfig full = att.own_rotary ? rotary(att.full_base, att.full_factor) : c,
+                    local = att.own_rotary ? rotary(att.local_base, att.local_factor) : c;
   at::Tensor h =
       f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens)) * gs.embedding;
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
@@ -638,7 +638,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
       q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }
-    const ModelConfig& turn = g2.sliding[l] ? local : full;
+    const ModelConfig& turn = att.sliding[l] ? local : full;
     q = rope(q.transpose(0, 1), turn);
     k = rope(k.transpose(0, 1), turn);
     at::Tensor v =
@@ -647,11 +647,11 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     v = v.repeat_interleave(nh / nkv, 0);
     at::Tensor s = at::matmul(q, k.transpose(1, 2));
     s = gs.attention > 0 ? s * gs.attention
-                         : s / std::sqrt(g2.scalar > 0 ? g2.scalar : static_cast<double>(hd));
-    s = capped(s, g2.attn_cap);
+                         : s / std::sqrt(att.scalar > 0 ? att.scalar : static_cast<double>(hd));
+    s = capped(s, att.attn_cap);
     for (std::int64_t t = 0; t < n; ++t)  // query t sees keys t - window + 1 .. t
       for (std::int64_t key = 0; key < n; ++key)
-        if (key > t || (g2.sliding[l] && g2.window > 0 && t - key >= g2.window))
+        if (key > t || (att.sliding[l] && att.window > 0 && t - key >= att.window))
           s.select(1, t).select(1, key).fill_(-INFINITY);
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
     at::Tensor attn = linear_ref(ckpt, a, p + "self_attn.o_proj");
@@ -677,7 +677,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
                                                               : "lm_head.weight")
                                   .t()) /
                     gs.logits,
-                g2.final_cap)
+                att.final_cap)
       .to(at::kFloat);
 }
 

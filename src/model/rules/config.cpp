@@ -294,6 +294,16 @@ Activation gemma_activation(const json& j, const std::string& origin) {
                     " is not one Gemma takes (gelu_pytorch_tanh, gelu)");
 }
 
+// A positive number at `key`, or `fallback` (its config class's default)
+// where the key is absent; null is refused, where positive_number() takes it
+// for absent (a setting its config class cannot leave unset).
+double positive_number_or(const json& j, const char* key, double fallback,
+                          const std::string& origin) {
+  if (j.contains(key) && j[key].is_null())
+    raise<ModelError>(origin, ": field '", key, "' must be a positive number, got null");
+  return positive_number(j, key, fallback, origin);
+}
+
 // A positive integer at `key`, or `fallback` (its config class's default)
 // where the key is absent.
 std::int64_t positive_int_or(const json& j, const char* key, std::int64_t fallback,
@@ -309,14 +319,10 @@ void parse_granite(const json& j, const std::string& origin, ModelConfig& c) {
     raise<ModelError>(origin, ": GraniteForCausalLM takes hidden_act silu only, got ",
                       j["hidden_act"].dump());
   // (null refused: vLLM would multiply by None, transformers 5 refuses it)
-  for (const char* key :
-       {"embedding_multiplier", "attention_multiplier", "residual_multiplier", "logits_scaling"})
-    if (j.contains(key) && j[key].is_null())
-      raise<ModelError>(origin, ": field '", key, "' must be a positive number, got null");
-  c.embedding_multiplier = positive_number(j, "embedding_multiplier", 1, origin);
-  c.attention_multiplier = positive_number(j, "attention_multiplier", 1, origin);
-  c.residual_multiplier = positive_number(j, "residual_multiplier", 1, origin);
-  c.logits_scaling = positive_number(j, "logits_scaling", 1, origin);
+  c.embedding_multiplier = positive_number_or(j, "embedding_multiplier", 1, origin);
+  c.attention_multiplier = positive_number_or(j, "attention_multiplier", 1, origin);
+  c.residual_multiplier = positive_number_or(j, "residual_multiplier", 1, origin);
+  c.logits_scaling = positive_number_or(j, "logits_scaling", 1, origin);
 }
 
 // A soft-capping value: absent, `fallback`; null, 0 (not capped); else positive.
@@ -329,15 +335,14 @@ double softcap(const json& j, const char* key, double fallback, const std::strin
 // the layers of the sliding type, whether or not a window is set (Gemma 3's
 // and OLMo 3's turn at their own rotary either way; Hugging Face's and vLLM's
 // choose the rotary by type and the mask by the window): those `layer_types`
-// marks "sliding_attention", else all but every `pattern`-th layer, or the
-// even ones where `pattern` is 0 (Gemma 2's).
+// marks "sliding_attention", else all but every `pattern`-th layer.
 void parse_windows(const json& j, const std::string& origin, std::int64_t pattern, ModelConfig& c) {
   c.sliding_window = !j.contains("sliding_window")   ? 4096
                      : j["sliding_window"].is_null() ? 0
                                                      : positive_int(j, "sliding_window", origin);
   if (!j.contains("layer_types") || j["layer_types"].is_null()) {
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-      if (pattern > 0 ? (l + 1) % pattern != 0 : l % 2 == 0) c.sliding_layers.push_back(l);
+      if ((l + 1) % pattern != 0) c.sliding_layers.push_back(l);
     return;
   }
   const json& types = j["layer_types"];
@@ -369,16 +374,11 @@ void parse_gemma_sandwich(const json& j, const std::string& origin, bool gemma3,
                         " gelu_pytorch_tanh only, got ", j[key].dump());
   c.activation = Activation::kGeluTanh;
   c.sandwich_norms = true;
-  if (j.contains("query_pre_attn_scalar") && j["query_pre_attn_scalar"].is_null())
-    raise<ModelError>(origin,
-                      ": field 'query_pre_attn_scalar' must be a positive number, got null");
-  c.query_pre_attn_scalar = positive_number(j, "query_pre_attn_scalar", 256, origin);
+  c.query_pre_attn_scalar = positive_number_or(j, "query_pre_attn_scalar", 256, origin);
   c.attn_logit_softcapping = gemma3 ? 0 : softcap(j, "attn_logit_softcapping", 50, origin);
   c.final_logit_softcapping = softcap(j, "final_logit_softcapping", gemma3 ? 0 : 30, origin);
-  if (gemma3)
-    parse_windows(j, origin, positive_int_or(j, "sliding_window_pattern", 6, origin), c);
-  else
-    parse_windows(j, origin, 0, c);
+  // (Gemma 2's even layers: all but every second)
+  parse_windows(j, origin, gemma3 ? positive_int_or(j, "sliding_window_pattern", 6, origin) : 2, c);
 }
 
 // transformers 5 writes Gemma 3's and OLMo 3's rope_parameters per attention type,
