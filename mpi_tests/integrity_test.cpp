@@ -327,31 +327,54 @@ TEST(Integrity, ReplicasThatDifferAfterAReloadFailItOnEveryRank) {
   }
 }
 
-TEST(Integrity, RanksThatDisagreeOnOptionsAreToldWhichBeforeAnyTransfer) {
+// Ranks whose options or configs differ are told which before any transfer.
+// Every field of the config is compared on its own, and the error names those
+// that differ: one the forward pass alone reads, and one that shapes the
+// parameters (whose layout then differs too).
+TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer) {
   TPRELOAD_REQUIRE_RANKS(2);
   const Versions v;
   struct Case {
-    std::function<void(ReloadOptions&)> on_last_rank;
+    std::function<void(ReloadOptions&)> options_on_last_rank;
+    std::function<void(ModelConfig&)> config_on_last_rank;
     std::string error;
   };
+  const auto same_options = [](ReloadOptions&) {};
+  const auto same_config = [](ModelConfig&) {};
   const std::vector<Case> cases = {
       {[](ReloadOptions& o) {
          o.bucket_bytes = 4096;
          o.checksums = false;
        },
+       same_config,
        "ranks disagree on the bucket size, checksums (every rank must pass the same); "
        "nothing was reloaded"},
       // Explicit depths may differ; a depth chosen on some ranks only may not (the
       // choice is collective).
-      {[](ReloadOptions& o) { o.pipeline_depth = 2; },
+      {[](ReloadOptions& o) { o.pipeline_depth = 2; }, same_config,
        "ranks disagree on whether the pipeline depth is chosen per rank (every rank must pass "
        "the same); nothing was reloaded"},
+      {same_options, [](ModelConfig& c) { c.rms_norm_eps *= 2; },
+       "ranks disagree on the model config's rms_norm_eps (every rank must pass the same); "
+       "nothing was reloaded"},
+      {same_options,
+       [](ModelConfig& c) {
+         c.qk_norm = true;
+         c.final_logit_softcapping = 30;
+       },
+       "ranks disagree on the model config's final_logit_softcapping, the model config's "
+       "qk_norm, the model's parameters (quantization, LoRA, expert parallelism, shapes) (every "
+       "rank must pass the same); nothing was reloaded"},
   };
   for (const Case& c : cases) {
-    TensorParallelModel model(v.config, on_this_rank());
-    auto source = testdata::memory_source(v.v1);
+    ModelConfig config = v.config;
     ReloadOptions o;
-    if (world().rank() == world().size() - 1) c.on_last_rank(o);
+    if (world().rank() == world().size() - 1) {
+      c.options_on_last_rank(o);
+      c.config_on_last_rank(config);
+    }
+    TensorParallelModel model(config, on_this_rank());
+    auto source = testdata::memory_source(v.v1);
     std::map<std::string, at::Tensor> before;
     for (const auto& [name, t] : model.named_parameters()) before[name] = t.clone();
     std::string error;

@@ -164,18 +164,18 @@ class MappingCheckThrows final : public WeightSource {
   std::thread::id made_on_ = std::this_thread::get_id();
 };
 
-// A row whose ranks hold different configs (`config_of`), told before any write.
-Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig&)> config_of) {
+// A row whose ranks hold different configs (`config_of`), told before any
+// write: the error names the config's `field`, and no other.
+Row config_differs(std::string name, const std::string& field,
+                   std::function<ModelConfig(const ModelConfig&)> config_of) {
   Row row;
   row.name = std::move(name);
   row.prepare = [](const std::string& d, const Versions& v, int) {
     return write_checkpoint(d + "/m.safetensors", v.v2);
   };
   row.kind = "UsageError";
-  row.fragment =
-      "ranks disagree on the model config's settings of the forward pass (rms_norm_eps, "
-      "rope_theta, rope scaling, partial_rotary_factor, hidden_activation, the Gemmas' attention "
-      "scaling, soft-capping, sliding windows and their rotary, Granite's multipliers)";
+  row.fragment = "ranks disagree on the model config's " + field +
+                 " (every rank must pass the same); nothing was reloaded";
   row.config_of = std::move(config_of);
   return row;
 }
@@ -183,9 +183,9 @@ Row config_differs(std::string name, std::function<ModelConfig(const ModelConfig
 // A row whose last rank's config is `base` then `edit` of the shared one, the
 // other ranks' `base` of it alone.
 Row last_rank_differs(
-    std::string name, std::function<void(ModelConfig&)> edit,
+    std::string name, const std::string& field, std::function<void(ModelConfig&)> edit,
     std::function<void(ModelConfig&)> base = [](ModelConfig&) {}) {
-  return config_differs(std::move(name), [edit, base](const ModelConfig& c) {
+  return config_differs(std::move(name), field, [edit, base](const ModelConfig& c) {
     ModelConfig mine = c;
     base(mine);
     if (world().rank() == world().size() - 1) edit(mine);
@@ -329,8 +329,8 @@ std::vector<Row> rows() {
              std::make_unique<MappingCheckThrows>(open_weight_source(path)));
        }},
       last_rank_differs("a config that differs between ranks in a field the forward pass uses",
-                        [](ModelConfig& c) { c.rope_theta = 500000.0; }),
-      config_differs("a config whose rope scaling differs between ranks",
+                        "rope_theta", [](ModelConfig& c) { c.rope_theta = 500000.0; }),
+      config_differs("a config whose rope scaling differs between ranks", "rope_scaling",
                      [](const ModelConfig& c) {
                        // The last rank's low_freq_factor is 2, the others' 1.
                        const bool last = world().rank() == world().size() - 1;
@@ -343,11 +343,12 @@ std::vector<Row> rows() {
                        return parse_model_config(text, "config.json");
                      }),
       last_rank_differs("a config whose partial_rotary_factor differs between ranks",
+                        "partial_rotary_factor",
                         [](ModelConfig& c) { c.partial_rotary_factor = 0.5; }),
-      last_rank_differs("a config whose MLP activation differs between ranks",
+      last_rank_differs("a config whose MLP activation differs between ranks", "hidden_activation",
                         [](ModelConfig& c) { c.activation = Activation::kGelu; }),
       last_rank_differs(
-          "a config whose sliding layers differ between ranks",
+          "a config whose sliding layers differ between ranks", "sliding_layers",
           [](ModelConfig& c) { c.sliding_layers = {1}; },
           [](ModelConfig& c) {
             c.sliding_window = 4;
@@ -355,7 +356,7 @@ std::vector<Row> rows() {
           }),
       last_rank_differs(
           "a config whose sliding layers' rotary base differs between ranks",
-          [](ModelConfig& c) { c.sliding_rope_theta = 20000.0; },
+          "rope_local_base_freq", [](ModelConfig& c) { c.sliding_rope_theta = 20000.0; },
           [](ModelConfig& c) {
             c.sliding_window = 4;
             c.sliding_layers = {0};
@@ -363,6 +364,7 @@ std::vector<Row> rows() {
           }),
       last_rank_differs(
           "a config whose sliding layers' rope scaling differs between ranks",
+          "the sliding layers' rope scaling",
           [](ModelConfig& c) {
             c.sliding_rope_scaling.type = "linear";
             c.sliding_rope_scaling.factor = 2;
@@ -374,13 +376,15 @@ std::vector<Row> rows() {
             c.sliding_rope_theta = 10000.0;
           }),
       last_rank_differs("a config whose embedding multiplier differs between ranks (Granite)",
+                        "embedding_multiplier",
                         [](ModelConfig& c) { c.embedding_multiplier = 12; }),
       last_rank_differs("a config whose attention multiplier differs between ranks (Granite)",
+                        "attention_multiplier",
                         [](ModelConfig& c) { c.attention_multiplier = 0.25; }),
       last_rank_differs("a config whose residual multiplier differs between ranks (Granite)",
-                        [](ModelConfig& c) { c.residual_multiplier = 0.5; }),
+                        "residual_multiplier", [](ModelConfig& c) { c.residual_multiplier = 0.5; }),
       last_rank_differs("a config whose logits scaling differs between ranks (Granite)",
-                        [](ModelConfig& c) { c.logits_scaling = 8; }),
+                        "logits_scaling", [](ModelConfig& c) { c.logits_scaling = 8; }),
   };
 }
 

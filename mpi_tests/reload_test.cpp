@@ -738,7 +738,7 @@ TEST(Reload, StagingStaysBoundedByTheBucketNotTheModel) {
 // here from the test's own gathering of host names and the rank's affinity).
 // Every depth gives the same bytes, and ranks with different explicit depths
 // reload together (ranks that differ on whether the depth is chosen:
-// Integrity.RanksThatDisagreeOnOptionsAreToldWhichBeforeAnyTransfer).
+// Integrity.RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer).
 TEST(Reload, PipelineDepthIsChosenPerRankAndNeverChangesTheBytes) {
   const std::vector<std::string> hosts = host_names();
   const auto on_host = static_cast<long>(

@@ -140,37 +140,22 @@ std::uint64_t fnv(std::uint64_t h, const std::string& s) {
 }
 
 // What must be identical on every rank, each part hashed on its own so that a
-// disagreement can be named: the model's parameter layout (config, quantization,
-// LoRA, and per parameter its shape, dtype, kind, layer and stacked shards), the
-// data plane, whose transfers every rank must post alike, and every option that
-// changes the plan or the sequence of collectives.
+// disagreement can be named: every field of the model's config (config_fields:
+// those that shape the parameters and those only the forward pass reads, where
+// a rank that differed would serve other logits from the same weights), the
+// rest of the parameter layout (quantization, LoRA, expert parallelism, and per
+// parameter its shape, dtype, kind, layer and stacked shards), the data plane,
+// whose transfers every rank must post alike, and every option that changes
+// the plan or the sequence of collectives.
 std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadTarget& model,
                                                                    const ReloadOptions& o,
                                                                    const DataTransport& data) {
-  const ModelConfig& c = model.rules().config();
-  std::uint64_t layout = fnv(kFnvOffsetBasis, c.architecture);
-  for (std::int64_t v : {c.hidden_size,
-                         c.intermediate_size,
-                         c.num_hidden_layers,
-                         c.num_attention_heads,
-                         c.num_key_value_heads,
-                         c.head_dim,
-                         c.vocab_size,
-                         std::int64_t(c.tie_word_embeddings),
-                         std::int64_t(c.attention_bias),
-                         std::int64_t(c.o_proj_bias),
-                         std::int64_t(c.mlp_bias),
-                         std::int64_t(c.dtype),
-                         std::int64_t(model.lora()),
-                         std::int64_t(c.qk_norm),
-                         c.num_experts,
-                         c.num_experts_per_tok,
-                         c.moe_intermediate_size,
-                         c.decoder_sparse_step,
-                         std::int64_t(c.norm_topk_prob),
-                         std::int64_t(model.rules().expert_parallel())})
-    layout = fnv(layout, static_cast<std::uint64_t>(v));
-  layout = fnv(layout, model.rules().quantization());
+  std::vector<std::pair<std::string, std::uint64_t>> parts;
+  for (const ConfigField& f : config_fields(model.rules().config()))
+    parts.emplace_back("the model config's " + f.name, fnv(kFnvOffsetBasis, f.value));
+  std::uint64_t layout = fnv(kFnvOffsetBasis, model.rules().quantization());
+  layout =
+      fnv(fnv(layout, std::uint64_t(model.lora())), std::uint64_t(model.rules().expert_parallel()));
   for (const ParamSpec& p : model.rules().params()) {
     layout = fnv(layout, p.name);
     for (auto d : p.shape) layout = fnv(layout, static_cast<std::uint64_t>(d));
@@ -179,48 +164,29 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
         static_cast<std::uint64_t>(p.layer));
     layout = fnv(layout, static_cast<std::uint64_t>(p.shards));
   }
-  for (std::int64_t l : c.mlp_only_layers) layout = fnv(layout, static_cast<std::uint64_t>(l));
-  // Fields only the forward pass reads: a rank that differs would serve other
-  // logits from the same weights. (Rope scaling as its settings' canonical
-  // text, from which every typed field of RopeScaling is read.)
-  std::uint64_t forward = kFnvOffsetBasis;
-  for (double v :
-       {c.rms_norm_eps, c.rope_theta, c.partial_rotary_factor, c.query_pre_attn_scalar,
-        c.attn_logit_softcapping, c.final_logit_softcapping, c.sliding_rope_theta,
-        c.embedding_multiplier, c.attention_multiplier, c.residual_multiplier, c.logits_scaling}) {
-    std::uint64_t bits = 0;
-    std::memcpy(&bits, &v, sizeof bits);
-    forward = fnv(forward, bits);
-  }
-  forward = fnv(fnv(forward, c.rope_scaling.json), static_cast<std::uint64_t>(c.activation));
-  forward = fnv(forward, c.sliding_rope_scaling.json);
-  forward = fnv(forward, static_cast<std::uint64_t>(c.gemma_normalization));
-  forward = fnv(forward, static_cast<std::uint64_t>(c.sliding_window));
-  for (std::int64_t l : c.sliding_layers) forward = fnv(forward, static_cast<std::uint64_t>(l));
   const std::uint64_t plane =
       fnv(fnv(kFnvOffsetBasis, data.backend()), static_cast<std::uint64_t>(data.memory()));
-  return {{"the model (config, quantization, LoRA, expert parallelism)", layout},
-          {"the model config's settings of the forward pass (rms_norm_eps, rope_theta, rope "
-           "scaling, partial_rotary_factor, hidden_activation, the Gemmas' attention scaling, "
-           "soft-capping, sliding windows and their rotary, Granite's multipliers)",
-           forward},
-          {"the tp size", std::uint64_t(model.rules().tp_size())},
-          {"the data plane (transport, memory space)", plane},
-          {"the format", std::uint64_t(o.format)},
-          {"the distribution", std::uint64_t(o.distribution)},
-          {"the bucket size", o.bucket_bytes},
-          {"the scattered replicated bytes", o.scatter_replicated_bytes},
-          {"the reader rank", std::uint64_t(o.reader_rank)},
-          {"the readers", std::uint64_t(o.readers)},
-          {"the ranks per node", std::uint64_t(o.ranks_per_node)},
-          {"the broadcast roots (rotated or not)", std::uint64_t(o.rotate_broadcast_roots)},
-          {"zero-copy", std::uint64_t(o.zero_copy)},
-          {"atomic", std::uint64_t(o.atomic)},
-          {"require-complete", std::uint64_t(o.require_complete)},
-          {"checksums", std::uint64_t(o.checksums)},
-          // (explicit depths may differ: only the automatic choice is collective)
-          {"whether the pipeline depth is chosen per rank", std::uint64_t(o.pipeline_depth == 0)},
-          {"compare-replicas", std::uint64_t(o.compare_replicas)}};
+  parts.insert(
+      parts.end(),
+      {{"the model's parameters (quantization, LoRA, expert parallelism, shapes)", layout},
+       {"the tp size", std::uint64_t(model.rules().tp_size())},
+       {"the data plane (transport, memory space)", plane},
+       {"the format", std::uint64_t(o.format)},
+       {"the distribution", std::uint64_t(o.distribution)},
+       {"the bucket size", o.bucket_bytes},
+       {"the scattered replicated bytes", o.scatter_replicated_bytes},
+       {"the reader rank", std::uint64_t(o.reader_rank)},
+       {"the readers", std::uint64_t(o.readers)},
+       {"the ranks per node", std::uint64_t(o.ranks_per_node)},
+       {"the broadcast roots (rotated or not)", std::uint64_t(o.rotate_broadcast_roots)},
+       {"zero-copy", std::uint64_t(o.zero_copy)},
+       {"atomic", std::uint64_t(o.atomic)},
+       {"require-complete", std::uint64_t(o.require_complete)},
+       {"checksums", std::uint64_t(o.checksums)},
+       // (explicit depths may differ: only the automatic choice is collective)
+       {"whether the pipeline depth is chosen per rank", std::uint64_t(o.pipeline_depth == 0)},
+       {"compare-replicas", std::uint64_t(o.compare_replicas)}});
+  return parts;
 }
 
 // COLLECTIVE, and the first call of a reload: ranks whose models or options

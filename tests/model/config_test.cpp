@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -82,6 +83,81 @@ TEST(Config, Qwen3MoeKeysAsHuggingFaceWritesThem) {
 
 // A model's directory from what names its config: the directory itself, or the
 // one holding the config file.
+// Every field of ModelConfig but its text, changed alone, is named by
+// config_differences (which the kernel-format shards and the ranks' agreement
+// compare), as config.json names it, with both values.
+TEST(Config, EveryFieldChangedAloneIsNamed) {
+  const ModelConfig base;
+  struct Change {
+    std::string difference;
+    std::function<void(ModelConfig&)> edit;
+  };
+  const std::vector<Change> changes = {
+      {"architectures '' vs 'LlamaForCausalLM'",
+       [](ModelConfig& c) { c.architecture = "LlamaForCausalLM"; }},
+      {"hidden_size 0 vs 8", [](ModelConfig& c) { c.hidden_size = 8; }},
+      {"intermediate_size 0 vs 8", [](ModelConfig& c) { c.intermediate_size = 8; }},
+      {"num_hidden_layers 0 vs 8", [](ModelConfig& c) { c.num_hidden_layers = 8; }},
+      {"num_attention_heads 0 vs 8", [](ModelConfig& c) { c.num_attention_heads = 8; }},
+      {"num_key_value_heads 0 vs 8", [](ModelConfig& c) { c.num_key_value_heads = 8; }},
+      {"head_dim 0 vs 8", [](ModelConfig& c) { c.head_dim = 8; }},
+      {"vocab_size 0 vs 8", [](ModelConfig& c) { c.vocab_size = 8; }},
+      {"rms_norm_eps 1e-06 vs 1e-05", [](ModelConfig& c) { c.rms_norm_eps = 1e-5; }},
+      {"rope_theta 10000.0 vs 500000.0", [](ModelConfig& c) { c.rope_theta = 5e5; }},
+      {"rope_scaling 'none' vs '{\"factor\":2.0,\"rope_type\":\"linear\"}'",
+       [](ModelConfig& c) { c.rope_scaling.json = R"({"factor":2.0,"rope_type":"linear"})"; }},
+      {"partial_rotary_factor 1.0 vs 0.5", [](ModelConfig& c) { c.partial_rotary_factor = 0.5; }},
+      {"tie_word_embeddings false vs true", [](ModelConfig& c) { c.tie_word_embeddings = true; }},
+      {"hidden_activation 'silu' vs 'gelu'",
+       [](ModelConfig& c) { c.activation = Activation::kGelu; }},
+      {"Gemma's normalization false vs true", [](ModelConfig& c) { c.gemma_normalization = true; }},
+      {"Gemma 2's sandwich norms false vs true", [](ModelConfig& c) { c.sandwich_norms = true; }},
+      {"query_pre_attn_scalar 0.0 vs 256.0", [](ModelConfig& c) { c.query_pre_attn_scalar = 256; }},
+      {"attn_logit_softcapping 0.0 vs 50.0", [](ModelConfig& c) { c.attn_logit_softcapping = 50; }},
+      {"final_logit_softcapping 0.0 vs 30.0",
+       [](ModelConfig& c) { c.final_logit_softcapping = 30; }},
+      {"sliding_window 0 vs 4096", [](ModelConfig& c) { c.sliding_window = 4096; }},
+      {"sliding_layers [] vs [0,2]",
+       [](ModelConfig& c) {
+         c.sliding_layers = {0, 2};
+       }},
+      {"rope_local_base_freq 0.0 vs 10000.0", [](ModelConfig& c) { c.sliding_rope_theta = 1e4; }},
+      {"the sliding layers' rope scaling 'none' vs '{\"factor\":4.0,\"rope_type\":\"linear\"}'",
+       [](ModelConfig& c) {
+         c.sliding_rope_scaling.json = R"({"factor":4.0,"rope_type":"linear"})";
+       }},
+      {"embedding_multiplier 1.0 vs 12.0", [](ModelConfig& c) { c.embedding_multiplier = 12; }},
+      {"attention_multiplier 0.0 vs 0.25", [](ModelConfig& c) { c.attention_multiplier = 0.25; }},
+      {"residual_multiplier 1.0 vs 0.5", [](ModelConfig& c) { c.residual_multiplier = 0.5; }},
+      {"logits_scaling 1.0 vs 8.0", [](ModelConfig& c) { c.logits_scaling = 8; }},
+      {"attention_bias false vs true", [](ModelConfig& c) { c.attention_bias = true; }},
+      {"o_proj_bias false vs true", [](ModelConfig& c) { c.o_proj_bias = true; }},
+      {"mlp_bias false vs true", [](ModelConfig& c) { c.mlp_bias = true; }},
+      {"qk_norm false vs true", [](ModelConfig& c) { c.qk_norm = true; }},
+      {"OLMo's whole-projection q/k norm false vs true",
+       [](ModelConfig& c) { c.qk_norm_whole = true; }},
+      {"OLMo's post-norms false vs true", [](ModelConfig& c) { c.post_norms = true; }},
+      {"num_experts 0 vs 8", [](ModelConfig& c) { c.num_experts = 8; }},
+      {"num_experts_per_tok 0 vs 2", [](ModelConfig& c) { c.num_experts_per_tok = 2; }},
+      {"moe_intermediate_size 0 vs 8", [](ModelConfig& c) { c.moe_intermediate_size = 8; }},
+      {"decoder_sparse_step 1 vs 2", [](ModelConfig& c) { c.decoder_sparse_step = 2; }},
+      {"mlp_only_layers [] vs [1]", [](ModelConfig& c) { c.mlp_only_layers = {1}; }},
+      {"norm_topk_prob false vs true", [](ModelConfig& c) { c.norm_topk_prob = true; }},
+      {"shared_expert_intermediate_size 0 vs 8",
+       [](ModelConfig& c) { c.shared_expert_intermediate_size = 8; }},
+      {"torch_dtype float32 vs bfloat16", [](ModelConfig& c) { c.dtype = DType::kBFloat16; }},
+  };
+  for (const Change& change : changes) {
+    ModelConfig changed = base;
+    change.edit(changed);
+    EXPECT_EQ(config_differences(base, changed), std::vector<std::string>{change.difference});
+  }
+  EXPECT_EQ(config_fields(base).size(), changes.size()) << "a field listed but not tried here";
+  ModelConfig only_text = base;
+  only_text.json = "{}";
+  EXPECT_TRUE(config_differences(base, only_text).empty()) << "the text does not count";
+}
+
 TEST(Config, TheModelDirectoryOfAConfigPath) {
   const std::string dir = ::testing::TempDir() + "tpreload-model-directory";
   std::filesystem::create_directories(dir);

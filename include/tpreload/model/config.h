@@ -211,7 +211,21 @@ std::string model_directory(const std::string& path);
 // Serialise to config.json text (the fields above, Hugging Face spelling).
 std::string model_config_to_json(const ModelConfig& config);
 
-// Every field of the above (json excepted) in which `a` and `b` differ, as
+// One field of a ModelConfig: its name (config.json's key where it has one)
+// and its value as text ("'LlamaForCausalLM'", "true", "2048", "1e-05",
+// "[0,2]", a rope scaling's canonical text or "none", a dtype's name).
+struct ConfigField {
+  std::string name;
+  std::string value;
+};
+
+// Every field of `config` but its json, in a fixed order: the one list that
+// config_differences and the ranks' agreement before a reload both compare, so
+// that a field added to ModelConfig is compared everywhere once it is added
+// there (config.cpp).
+std::vector<ConfigField> config_fields(const ModelConfig& config);
+
+// Every field of config_fields in which `a` and `b` differ, as
 // "hidden_size 2048 vs 1024" (a's value first); empty when they describe the same
 // model. The text of the configs (names, paths, fields tpreload does not read)
 // does not count.

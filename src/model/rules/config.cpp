@@ -913,52 +913,60 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
   return out;
 }
 
-std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
-  std::vector<std::string> out;
-  auto field = [&](const char* name, const auto& x, const auto& y) {
-    if (!(x == y)) out.push_back(detail::concat(name, " ", show(x), " vs ", show(y)));
-  };
-  field("architectures", a.architecture, b.architecture);
-  field("hidden_size", a.hidden_size, b.hidden_size);
-  field("intermediate_size", a.intermediate_size, b.intermediate_size);
-  field("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers);
-  field("num_attention_heads", a.num_attention_heads, b.num_attention_heads);
-  field("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads);
-  field("head_dim", a.head_dim, b.head_dim);
-  field("vocab_size", a.vocab_size, b.vocab_size);
-  field("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
-  field("rope_theta", a.rope_theta, b.rope_theta);
+std::vector<ConfigField> config_fields(const ModelConfig& c) {
+  std::vector<ConfigField> out;
+  auto field = [&](const char* name, const auto& value) { out.push_back({name, show(value)}); };
   auto scaling = [](const RopeScaling& s) { return s.json.empty() ? std::string("none") : s.json; };
-  field("rope_scaling", scaling(a.rope_scaling), scaling(b.rope_scaling));
-  field("rope_local_base_freq", a.sliding_rope_theta, b.sliding_rope_theta);
-  field("the sliding layers' rope scaling", scaling(a.sliding_rope_scaling),
-        scaling(b.sliding_rope_scaling));
-  field("partial_rotary_factor", a.partial_rotary_factor, b.partial_rotary_factor);
-  field("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
-  field("hidden_activation", std::string(activation_name(a.activation)),
-        std::string(activation_name(b.activation)));
-  field("query_pre_attn_scalar", a.query_pre_attn_scalar, b.query_pre_attn_scalar);
-  field("embedding_multiplier", a.embedding_multiplier, b.embedding_multiplier);
-  field("attention_multiplier", a.attention_multiplier, b.attention_multiplier);
-  field("residual_multiplier", a.residual_multiplier, b.residual_multiplier);
-  field("logits_scaling", a.logits_scaling, b.logits_scaling);
-  field("attn_logit_softcapping", a.attn_logit_softcapping, b.attn_logit_softcapping);
-  field("final_logit_softcapping", a.final_logit_softcapping, b.final_logit_softcapping);
-  field("sliding_window", a.sliding_window, b.sliding_window);
-  field("sliding_layers", a.sliding_layers, b.sliding_layers);
-  field("attention_bias", a.attention_bias, b.attention_bias);
-  field("o_proj_bias", a.o_proj_bias, b.o_proj_bias);
-  field("mlp_bias", a.mlp_bias, b.mlp_bias);
-  field("qk_norm", a.qk_norm, b.qk_norm);
-  field("num_experts", a.num_experts, b.num_experts);
-  field("num_experts_per_tok", a.num_experts_per_tok, b.num_experts_per_tok);
-  field("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size);
-  field("decoder_sparse_step", a.decoder_sparse_step, b.decoder_sparse_step);
-  field("mlp_only_layers", a.mlp_only_layers, b.mlp_only_layers);
-  field("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
-  field("shared_expert_intermediate_size", a.shared_expert_intermediate_size,
-        b.shared_expert_intermediate_size);
-  field("torch_dtype", a.dtype, b.dtype);
+  field("architectures", c.architecture);
+  field("hidden_size", c.hidden_size);
+  field("intermediate_size", c.intermediate_size);
+  field("num_hidden_layers", c.num_hidden_layers);
+  field("num_attention_heads", c.num_attention_heads);
+  field("num_key_value_heads", c.num_key_value_heads);
+  field("head_dim", c.head_dim);
+  field("vocab_size", c.vocab_size);
+  field("rms_norm_eps", c.rms_norm_eps);
+  field("rope_theta", c.rope_theta);
+  field("rope_scaling", scaling(c.rope_scaling));
+  field("partial_rotary_factor", c.partial_rotary_factor);
+  field("tie_word_embeddings", c.tie_word_embeddings);
+  field("hidden_activation", std::string(activation_name(c.activation)));
+  field("Gemma's normalization", c.gemma_normalization);
+  field("Gemma 2's sandwich norms", c.sandwich_norms);
+  field("query_pre_attn_scalar", c.query_pre_attn_scalar);
+  field("attn_logit_softcapping", c.attn_logit_softcapping);
+  field("final_logit_softcapping", c.final_logit_softcapping);
+  field("sliding_window", c.sliding_window);
+  field("sliding_layers", c.sliding_layers);
+  field("rope_local_base_freq", c.sliding_rope_theta);
+  field("the sliding layers' rope scaling", scaling(c.sliding_rope_scaling));
+  field("embedding_multiplier", c.embedding_multiplier);
+  field("attention_multiplier", c.attention_multiplier);
+  field("residual_multiplier", c.residual_multiplier);
+  field("logits_scaling", c.logits_scaling);
+  field("attention_bias", c.attention_bias);
+  field("o_proj_bias", c.o_proj_bias);
+  field("mlp_bias", c.mlp_bias);
+  field("qk_norm", c.qk_norm);
+  field("OLMo's whole-projection q/k norm", c.qk_norm_whole);
+  field("OLMo's post-norms", c.post_norms);
+  field("num_experts", c.num_experts);
+  field("num_experts_per_tok", c.num_experts_per_tok);
+  field("moe_intermediate_size", c.moe_intermediate_size);
+  field("decoder_sparse_step", c.decoder_sparse_step);
+  field("mlp_only_layers", c.mlp_only_layers);
+  field("norm_topk_prob", c.norm_topk_prob);
+  field("shared_expert_intermediate_size", c.shared_expert_intermediate_size);
+  field("torch_dtype", c.dtype);
+  return out;
+}
+
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
+  const std::vector<ConfigField> x = config_fields(a), y = config_fields(b);
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (x[i].value != y[i].value)
+      out.push_back(detail::concat(x[i].name, " ", x[i].value, " vs ", y[i].value));
   return out;
 }
 
