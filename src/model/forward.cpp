@@ -1,7 +1,8 @@
 // The tensor-parallel forward pass (CPU, float32 compute): embedding, RMSNorm,
 // rotary attention with grouped-query heads (Gemma 2 and 3, OLMo 3: sliding
 // windows; the Gemmas: scaled, soft-capped; Granite: its multipliers; OLMo:
-// post-norms and whole-projection q/k norms), the SiLU- or GeLU-gated MLP or
+// post-norms and whole-projection q/k norms; GLM-4: interleaved rotary), the
+// norms layer_norms() names, the SiLU- or GeLU-gated MLP or
 // experts and the LM head. Row-parallel outputs and vocab-parallel pieces are
 // summed over the TP group.
 #include <ATen/ATen.h>
@@ -76,6 +77,7 @@ at::Tensor activate(const at::Tensor& gate, Activation activation) {
 struct Rope {
   at::Tensor inv_freq;
   double scale = 1;
+  bool interleaved = false;  // (GLM-4's pairs: ModelConfig::rope_interleaved)
 };
 
 Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim) {
@@ -167,17 +169,28 @@ std::int64_t rotary_dims(const ModelConfig& c) {
   return dims;
 }
 
-// Hugging Face's rotate-half rotary embedding on [tokens, heads, head_dim],
-// over the first 2 x inv_freq's length dimensions of each head (the rest pass
-// through: partial rotary).
+// The rotary embedding on [tokens, heads, head_dim], over the first 2 x
+// inv_freq's length dimensions of each head (the rest pass through: partial
+// rotary): pair i is dimensions (i, i + half) (Hugging Face's rotate-half), or
+// (2i, 2i + 1) where the rope is interleaved.
 at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
   const std::int64_t tokens = x.size(0), half = rope.inv_freq.size(0);
   const at::Tensor freqs = at::outer(at::arange(tokens, at::kDouble), rope.inv_freq);
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);
-  const at::Tensor cos = (emb.cos() * rope.scale).to(at::kFloat).unsqueeze(1);
-  const at::Tensor sin = (emb.sin() * rope.scale).to(at::kFloat).unsqueeze(1);
-  const at::Tensor x1 = x.narrow(2, 0, half), x2 = x.narrow(2, half, half);
-  const at::Tensor turned = x.narrow(2, 0, 2 * half) * cos + at::cat({-x2, x1}, -1) * sin;
+  at::Tensor turned;
+  if (rope.interleaved) {
+    const at::Tensor cos = (freqs.cos() * rope.scale).to(at::kFloat).unsqueeze(1);
+    const at::Tensor sin = (freqs.sin() * rope.scale).to(at::kFloat).unsqueeze(1);
+    const at::Tensor pairs = x.narrow(2, 0, 2 * half).reshape({tokens, x.size(1), half, 2});
+    const at::Tensor even = pairs.select(3, 0), odd = pairs.select(3, 1);
+    turned = at::stack({even * cos - odd * sin, odd * cos + even * sin}, 3)
+                 .reshape({tokens, x.size(1), 2 * half});
+  } else {
+    const at::Tensor emb = at::cat({freqs, freqs}, -1);
+    const at::Tensor cos = (emb.cos() * rope.scale).to(at::kFloat).unsqueeze(1);
+    const at::Tensor sin = (emb.sin() * rope.scale).to(at::kFloat).unsqueeze(1);
+    const at::Tensor x1 = x.narrow(2, 0, half), x2 = x.narrow(2, half, half);
+    turned = x.narrow(2, 0, 2 * half) * cos + at::cat({-x2, x1}, -1) * sin;
+  }
   if (2 * half == x.size(2)) return turned;
   return at::cat({turned, x.narrow(2, 2 * half, x.size(2) - 2 * half)}, -1);
 }
@@ -289,10 +302,13 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   const ModelConfig& c = config();
   // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart.
   const std::int64_t rotary = rotary_dims(c);
-  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary);
-  const Rope sliding_rope = c.sliding_rope_theta > 0
-                                ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary)
-                                : rope;
+  Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary);
+  rope.interleaved = c.rope_interleaved;
+  Rope sliding_rope = rope;
+  if (c.sliding_rope_theta > 0) {
+    sliding_rope = rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary);
+    sliding_rope.interleaved = c.rope_interleaved;
+  }
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
   const at::Tensor ids = at::tensor(tokens, at::kLong);
@@ -320,11 +336,15 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     kv_of_q[i] = (rank * q_heads + i) / group - rules_.kv_head_start(rank);
   const at::Tensor kv_index = at::tensor(kv_of_q, at::kLong);
 
+  const LayerNorms norms = layer_norms(c);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    // (OLMo: post-norms only, nothing norms the layer's input)
-    const at::Tensor x =
-        c.post_norms ? h : rms_norm(h, host_param(p + "input_layernorm.weight"), c);
+    // Each norm layer_norms() names: OLMo's norm no input, the Gemmas' and
+    // GLM-4's the attention's and the MLP's inputs and outputs.
+    const auto norm = [&](const at::Tensor& x, const std::string& name) {
+      return name.empty() ? x : rms_norm(x, host_param(p + name + ".weight"), c);
+    };
+    const at::Tensor x = norm(h, norms.attention_in);
     const at::Tensor qkv = linear(x, p + "self_attn.qkv_proj");
     const std::int64_t n = static_cast<std::int64_t>(tokens.size());
     at::Tensor q = qkv.narrow(1, 0, q_heads * hd), k = qkv.narrow(1, q_heads * hd, kv_heads * hd);
@@ -354,21 +374,12 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     allreduce_sum(attn, comm);
     const at::Tensor o_bias = host_param(p + "self_attn.o_proj.bias");
     if (o_bias.defined()) attn = attn + o_bias.to(at::kFloat);
-    // Gemma 2 and 3: post_attention_layernorm norms the attention's output,
-    // and the MLP runs between pre_ and post_feedforward_layernorm; OLMo: the
-    // attention's and the MLP's outputs normed, not their inputs.
-    const auto norm = [&](const at::Tensor& x, const char* name) {
-      return rms_norm(x, host_param(p + name), c);
-    };
-    const bool output_norms = c.sandwich_norms || c.post_norms;
-    if (output_norms) attn = norm(attn, "post_attention_layernorm.weight");
+    attn = norm(attn, norms.attention_out);
     h = h + attn * c.residual_multiplier;  // (Granite's; 1 for the others)
-    const at::Tensor y = c.post_norms       ? h
-                         : c.sandwich_norms ? norm(h, "pre_feedforward_layernorm.weight")
-                                            : norm(h, "post_attention_layernorm.weight");
+    const at::Tensor y = norm(h, norms.mlp_in);
     at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
     allreduce_sum(mlp, comm);
-    if (output_norms) mlp = norm(mlp, "post_feedforward_layernorm.weight");
+    mlp = norm(mlp, norms.mlp_out);
     h = h + mlp * c.residual_multiplier;
   }
   h = rms_norm(h, host_param("model.norm.weight"), c);

@@ -107,11 +107,12 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"rope_scaling 'none' vs '{\"factor\":2.0,\"rope_type\":\"linear\"}'",
        [](ModelConfig& c) { c.rope_scaling.json = R"({"factor":2.0,"rope_type":"linear"})"; }},
       {"partial_rotary_factor 1.0 vs 0.5", [](ModelConfig& c) { c.partial_rotary_factor = 0.5; }},
+      {"interleaved rotary false vs true", [](ModelConfig& c) { c.rope_interleaved = true; }},
       {"tie_word_embeddings false vs true", [](ModelConfig& c) { c.tie_word_embeddings = true; }},
       {"hidden_activation 'silu' vs 'gelu'",
        [](ModelConfig& c) { c.activation = Activation::kGelu; }},
       {"Gemma's normalization false vs true", [](ModelConfig& c) { c.gemma_normalization = true; }},
-      {"Gemma 2's sandwich norms false vs true", [](ModelConfig& c) { c.sandwich_norms = true; }},
+      {"sandwich norms false vs true", [](ModelConfig& c) { c.sandwich_norms = true; }},
       {"query_pre_attn_scalar 0.0 vs 256.0", [](ModelConfig& c) { c.query_pre_attn_scalar = 256; }},
       {"attn_logit_softcapping 0.0 vs 50.0", [](ModelConfig& c) { c.attn_logit_softcapping = 50; }},
       {"final_logit_softcapping 0.0 vs 30.0",
@@ -698,6 +699,77 @@ const char* const kOlmo2 = R"({"architectures":["Olmo2ForCausalLM"],"attention_b
   "num_hidden_layers":2,"num_key_value_heads":32,"rms_norm_eps":1e-06,"rope_scaling":null,
   "rope_theta":500000,"tie_word_embeddings":false,"torch_dtype":"float32","vocab_size":100352})";
 
+// GLM-4-9B-0414's config.json, cut to 2 layers (Glm4Config; vLLM's glm4.py):
+// q/k/v biases, gate/up stacked in the checkpoint (q/k/v apart), four norms a
+// layer under GLM's names, rotary on interleaved pairs over half of each head.
+TEST(Config, Glm4KeysAsHuggingFaceWritesThem) {
+  const std::string glm4 = R"({"architectures":["Glm4ForCausalLM"],"attention_bias":true,
+    "attention_dropout":0.0,"eos_token_id":[151329,151336,151338],"head_dim":128,
+    "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":13696,
+    "max_position_embeddings":32768,"model_type":"glm4","num_attention_heads":32,
+    "num_hidden_layers":2,"num_key_value_heads":2,"pad_token_id":151329,
+    "partial_rotary_factor":0.5,"rms_norm_eps":1e-05,"rope_theta":10000.0,
+    "tie_word_embeddings":false,"torch_dtype":"bfloat16","use_cache":true,"vocab_size":151552})";
+  const ModelConfig c = parse_model_config(glm4, "config.json");
+  EXPECT_TRUE(c.attention_bias && c.sandwich_norms && c.rope_interleaved);
+  EXPECT_FALSE(c.o_proj_bias || c.mlp_bias || c.qk_norm || c.gemma_normalization || c.post_norms ||
+               c.tie_word_embeddings);
+  EXPECT_EQ(c.partial_rotary_factor, 0.5);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  std::map<std::string, std::vector<std::int64_t>> held, loaded;
+  for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
+  for (const auto& s : loader_tensor_specs(c)) loaded[s.name] = s.shape;
+  const std::string p = "model.layers.1.";
+  EXPECT_EQ(held[p + "mlp.gate_up_proj.weight"], (std::vector<std::int64_t>{2 * 13696, 4096}));
+  EXPECT_EQ(held[p + "self_attn.q_proj.bias"], std::vector<std::int64_t>{32 * 128});
+  EXPECT_EQ(held[p + "self_attn.k_proj.weight"], (std::vector<std::int64_t>{2 * 128, 4096}));
+  for (const char* norm : {"input_layernorm", "post_self_attn_layernorm",
+                           "post_attention_layernorm", "post_mlp_layernorm"})
+    EXPECT_EQ(held[p + norm + ".weight"], std::vector<std::int64_t>{4096}) << norm;
+  EXPECT_EQ(held.count(p + "self_attn.qkv_proj.weight") + held.count(p + "mlp.gate_proj.weight") +
+                held.count(p + "pre_feedforward_layernorm.weight") +
+                held.count(p + "self_attn.o_proj.bias"),
+            0u);
+  // (embed; per layer 4 norms, q/k/v weights and biases, o, gate_up, down; norm, head)
+  EXPECT_EQ(held.size(), 1 + 2 * (4 + 6 + 1 + 2) + 2u);
+  EXPECT_EQ(loaded[p + "mlp.up_proj.weight"], (std::vector<std::int64_t>{13696, 4096}));
+  EXPECT_EQ(loaded.count(p + "mlp.gate_up_proj.weight"), 0u);
+  const auto stacked = stacked_checkpoint_tensors(c);
+  ASSERT_EQ(stacked.size(), 2u);  // gate/up alone, one per layer
+  EXPECT_EQ(stacked[1].name, p + "mlp.gate_up_proj.weight");
+  ASSERT_EQ(stacked[1].parts.size(), 2u);
+  EXPECT_EQ(stacked[1].parts[0].name, p + "mlp.gate_proj.weight");
+  EXPECT_EQ(stacked[1].parts[1].rows, 13696);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  // Glm4Config's defaults: KV heads 2, head_dim 128, rms_norm_eps 1.5625e-7,
+  // q/k/v biases, half of each head turned.
+  const ModelConfig d = parse_model_config(
+      without(glm4, {R"("attention_bias":true,)", R"("head_dim":128,)",
+                     R"("num_key_value_heads":2,"pad_token_id":151329,)",
+                     R"("partial_rotary_factor":0.5,)", R"("rms_norm_eps":1e-05,)"}),
+      "c");
+  EXPECT_EQ(d.num_key_value_heads, 2);
+  EXPECT_EQ(d.head_dim, 128);
+  EXPECT_EQ(d.rms_norm_eps, 1.5625e-7);
+  EXPECT_TRUE(d.attention_bias);
+  EXPECT_EQ(d.partial_rotary_factor, 0.5);
+  // A whole-head rotary (set, against the default) survives the round trip.
+  const ModelConfig whole = parse_model_config(
+      replaced(glm4, R"("partial_rotary_factor":0.5)", R"("partial_rotary_factor":1.0)"), "c");
+  EXPECT_EQ(whole.partial_rotary_factor, 1);
+  const ModelConfig whole_back = parse_model_config(model_config_to_json(whole), "round trip");
+  EXPECT_TRUE(config_differences(whole, whole_back).empty())
+      << config_differences(whole, whole_back)[0];
+  const ModelConfig plain = parse_model_config(
+      replaced(glm4, R"("attention_bias":true)", R"("attention_bias":false)"), "c");
+  EXPECT_FALSE(plain.attention_bias);
+  const ModelConfig plain_back = parse_model_config(model_config_to_json(plain), "round trip");
+  EXPECT_FALSE(plain_back.attention_bias) << "false written, not left to the default";
+  EXPECT_TRUE(refused(replaced(glm4, R"("hidden_act":"silu")", R"("hidden_act":"gelu")"),
+                      "Glm4ForCausalLM takes hidden_act silu only, got \"gelu\""));
+}
+
 TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kOlmo2, "config.json");
   EXPECT_TRUE(c.qk_norm && c.qk_norm_whole && c.post_norms);
@@ -1102,7 +1174,8 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: GemmaForCausalLM, "
-                "Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM, "
+                "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, "
+                "LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, "
                 "Phi3ForCausalLM, Qwen2ForCausalLM, "
                 "Qwen2MoeForCausalLM, Qwen3ForCausalLM, "

@@ -104,6 +104,13 @@ ModelConfig tiny_config(const std::string& name) {
       "sliding_attention","sliding_attention"],"rope_theta":50000.0,
       "rope_scaling":{"rope_type":"linear","factor":4.0},"tie_word_embeddings":true,
       "torch_dtype":"bfloat16"})";
+  else if (name == "glm4")  // sandwich norms of its own names; half of each head interleaved
+    // (partial_rotary_factor, attention_bias, num_key_value_heads and
+    // rms_norm_eps absent: Glm4Config's 0.5, true, 2, 1.5625e-7)
+    json = R"({"architectures":["Glm4ForCausalLM"],"hidden_size":64,"intermediate_size":80,
+      "num_hidden_layers":2,"num_attention_heads":8,"head_dim":16,"vocab_size":135,
+      "hidden_act":"silu","rope_theta":10000.0,"tie_word_embeddings":false,
+      "torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -189,6 +196,15 @@ bool gemma3(const ModelConfig& c) {
 
 bool olmo(const ModelConfig& c) {  // (OLMo 2 and OLMo 3)
   return c.architecture.rfind("Olmo", 0) == 0;
+}
+
+// GLM-4 (vLLM's glm4.py; Glm4Config's defaults): q/k/v biases unless
+// attention_bias is false, the attention's and the MLP's inputs normed by
+// input_layernorm and post_attention_layernorm and their outputs by
+// post_self_attn_layernorm and post_mlp_layernorm, rotary on interleaved
+// pairs over partial_rotary_factor of each head (0.5 when absent).
+bool glm4(const ModelConfig& c) {
+  return c.architecture == "Glm4ForCausalLM";
 }
 
 // RMSNorm of q and k before rotary: Qwen3's and Gemma 3's per head, OLMo's
@@ -406,7 +422,9 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
     const std::string p = "model.layers." + std::to_string(l) + ".";
     for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight",
                              "pre_feedforward_layernorm.weight",  // (Gemma 2's, replicated)
-                             "post_feedforward_layernorm.weight"})
+                             "post_feedforward_layernorm.weight",
+                             "post_self_attn_layernorm.weight",  // (GLM-4's)
+                             "post_mlp_layernorm.weight"})
       if (ckpt.count(p + norm)) out[p + norm] = ckpt.at(p + norm);
     for (std::string leaf : {"weight", "bias"}) {
       const std::string q = p + "self_attn.q_proj." + leaf;
@@ -531,22 +549,31 @@ double rope_magnitude(const RopeScaling& s) {
   return (s.apply_yarn_scaling && s.factor > 1 ? 1 + 0.1 * std::log(s.factor) : 1) * s.attn_factor;
 }
 
-// Rotary over the first head_dim x partial_rotary_factor dimensions of each
-// head (as many as that product truncates to), frequencies counted over those
-// alone; the other dimensions pass through.
-at::Tensor rope(const at::Tensor& x, const ModelConfig& c) {  // x: [heads, tokens, head_dim]
-  const std::int64_t t = x.size(1),
-                     d = static_cast<std::int64_t>(x.size(2) * c.partial_rotary_factor);
+// Rotary over the first `share` of each head's dimensions (as many as that
+// product truncates to), frequencies counted over those alone; the other
+// dimensions pass through. Dimension i turns with its partner: i + d/2 (or
+// i - d/2), or where `interleaved`, its neighbour i ^ 1 (GPT-J's pairs).
+at::Tensor rope(const at::Tensor& x, const ModelConfig& c,  // x: [heads, tokens, head_dim]
+                double share, bool interleaved) {
+  const std::int64_t t = x.size(1), d = static_cast<std::int64_t>(x.size(2) * share);
   std::vector<double> cos_v(t * d), sin_v(t * d);
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
-      const double freq = rope_frequency(c, i % (d / 2), d);
+      const double freq = rope_frequency(c, interleaved ? i / 2 : i % (d / 2), d);
       cos_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::cos(pos * freq);
       sin_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::sin(pos * freq);
     }
   const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
   const at::Tensor turned = x.slice(2, 0, d);
-  const at::Tensor rotated = at::cat({-turned.slice(2, d / 2, d), turned.slice(2, 0, d / 2)}, 2);
+  // rotated[i] = -x[partner] for the first of a pair, x[partner] for the second.
+  std::vector<std::int64_t> partner(d);
+  std::vector<double> sign(d);
+  for (std::int64_t i = 0; i < d; ++i) {
+    const bool first = interleaved ? i % 2 == 0 : i < d / 2;
+    partner[i] = interleaved ? (first ? i + 1 : i - 1) : (first ? i + d / 2 : i - d / 2);
+    sign[i] = first ? -1 : 1;
+  }
+  const at::Tensor rotated = turned.index_select(2, at::tensor(partner)) * at::tensor(sign);
   return at::cat({turned * cos + rotated * sin, x.slice(2, d, x.size(2))}, 2);
 }
 
@@ -616,6 +643,10 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   };
   const ModelConfig full = att.own_rotary ? rotary(att.full_base, att.full_factor) : c,
                     local = att.own_rotary ? rotary(att.local_base, att.local_factor) : c;
+  // The share of each head that rotary turns, read here for GLM-4 (0.5 when
+  // absent); the others' as parsed.
+  const double share = glm4(c) ? nlohmann::json::parse(c.json).value("partial_rotary_factor", 0.5)
+                               : c.partial_rotary_factor;
   at::Tensor h =
       f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens)) * gs.embedding;
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
@@ -626,6 +657,9 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     const std::string p = "model.layers." + std::to_string(l) + ".";
     // OLMo norms no input, and q and k over their whole projections.
     const at::Tensor x = olmo(c) ? h : norm(h, f32(ckpt, p + "input_layernorm.weight"), c);
+    auto normed = [&](const at::Tensor& y, const char* name) {
+      return norm(y, f32(ckpt, p + name), c);
+    };
     at::Tensor q = linear_ref(ckpt, x, p + "self_attn.q_proj");
     at::Tensor k = linear_ref(ckpt, x, p + "self_attn.k_proj");
     if (olmo(c)) {
@@ -639,8 +673,8 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }
     const ModelConfig& turn = att.sliding[l] ? local : full;
-    q = rope(q.transpose(0, 1), turn);
-    k = rope(k.transpose(0, 1), turn);
+    q = rope(q.transpose(0, 1), turn, share, glm4(c));
+    k = rope(k.transpose(0, 1), turn, share, glm4(c));
     at::Tensor v =
         linear_ref(ckpt, x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);
@@ -656,20 +690,20 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
     at::Tensor attn = linear_ref(ckpt, a, p + "self_attn.o_proj");
     // Gemma 2 and 3 norm the attention's output, and the MLP's input and
-    // output; OLMo the attention's and the MLP's outputs alone.
+    // output; OLMo the attention's and the MLP's outputs alone; GLM-4 all four
+    // under its own names.
     const bool sandwich = ckpt.count(p + "pre_feedforward_layernorm.weight") > 0;
-    if (sandwich || olmo(c)) attn = norm(attn, f32(ckpt, p + "post_attention_layernorm.weight"), c);
+    if (sandwich || olmo(c)) attn = normed(attn, "post_attention_layernorm.weight");
+    if (glm4(c)) attn = normed(attn, "post_self_attn_layernorm.weight");
     h = h + attn * gs.residual;
-    const at::Tensor y = olmo(c)
-                             ? h
-                             : norm(h,
-                                    f32(ckpt, p + (sandwich ? "pre_feedforward_layernorm.weight"
-                                                            : "post_attention_layernorm.weight")),
-                                    c);
+    const at::Tensor y = olmo(c)    ? h
+                         : sandwich ? normed(h, "pre_feedforward_layernorm.weight")
+                                    : normed(h, "post_attention_layernorm.weight");
     at::Tensor mlp = sparse(c, l) ? moe(c, ckpt, p, y)
                                   : swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj",
                                            p + "mlp.down_proj");
-    if (sandwich || olmo(c)) mlp = norm(mlp, f32(ckpt, p + "post_feedforward_layernorm.weight"), c);
+    if (sandwich || olmo(c)) mlp = normed(mlp, "post_feedforward_layernorm.weight");
+    if (glm4(c)) mlp = normed(mlp, "post_mlp_layernorm.weight");
     h = h + mlp * gs.residual;
   }
   h = norm(h, f32(ckpt, "model.norm.weight"), c);

@@ -46,13 +46,18 @@ namespace tpreload::testdata {
 // "olmo3" (OLMo 3: OLMo 2's layout, layers 0, 2 and 3 of 4 sliding (layer_types,
 // not the default pattern) over windows of 3 at rope_theta unscaled, layer 1 at
 // rope_theta with linear scaling by 4; 2 KV heads, tied, vocab 125),
+// "glm4" (GLM-4: input_layernorm, post_self_attn_layernorm,
+// post_attention_layernorm and post_mlp_layernorm; gate/up stacked in the
+// checkpoint, q/k/v apart with biases (attention_bias absent: true); rotary on
+// interleaved pairs over half of each head of 16 (partial_rotary_factor
+// absent); 8 heads / 2 KV heads (absent), vocab 135),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
     "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
     "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",     "gemma2",
-    "gemma3",    "granite",    "olmo2",          "olmo3"};
+    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

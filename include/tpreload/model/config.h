@@ -1,5 +1,6 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, GraniteForCausalLM, LlamaForCausalLM,
+// (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM,
+// LlamaForCausalLM,
 // Olmo2ForCausalLM, Olmo3ForCausalLM,
 // MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM,
 // Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it holds. No torch here:
@@ -87,8 +88,12 @@ struct ModelConfig {
   // head_dim x factor of them, truncated; vLLM's get_rope):
   // `partial_rotary_factor` at the top level or in rope_parameters (where
   // transformers 5 and vLLM move it; both, they must agree), at most 1; 1 when
-  // absent.
+  // absent (GLM-4: 0.5, Glm4Config's).
   double partial_rotary_factor = 1;
+  // Rotary on pairs of neighbouring dimensions (2i, 2i + 1) of the turned
+  // ones, as GPT-J and GLM-4 turn them (vLLM's is_neox_style=False), instead
+  // of Llama's halves (i, i + dims / 2).
+  bool rope_interleaved = false;
   bool tie_word_embeddings = false;  // absent: true for the Gemmas, false for the others
   Activation activation = Activation::kSilu;
   // Gemma (vLLM's GemmaRMSNorm and GemmaModel): RMSNorm scales by 1 + weight,
@@ -108,6 +113,7 @@ struct ModelConfig {
   // keys with its own defaults: no soft-capping (vLLM's Gemma3Attention takes
   // none whatever attn_logit_softcapping says), windows on the layers
   // `layer_types` marks, else on all but every sliding_window_pattern-th.
+  // GLM-4's layers have the same four norms under other names (layer_norms()).
   bool sandwich_norms = false;
   double query_pre_attn_scalar = 0;
   double attn_logit_softcapping = 0;
@@ -186,6 +192,21 @@ struct ModelConfig {
 // "LlamaForCausalLM", ..., "Qwen3MoeForCausalLM".
 const std::vector<std::string>& supported_architectures();
 
+// The norms of a decoder layer, as the checkpoint names them after
+// "model.layers.<l>." (without ".weight"): of the attention's input and
+// output, and of the MLP's input and output; "" where the layer has none.
+// Most families: input_layernorm and post_attention_layernorm (the MLP's
+// input); Gemma 2 and 3 (sandwich_norms): input_layernorm,
+// post_attention_layernorm (the attention's output), pre_feedforward_layernorm,
+// post_feedforward_layernorm; GLM-4 (sandwich_norms): input_layernorm,
+// post_self_attn_layernorm, post_attention_layernorm (the MLP's input),
+// post_mlp_layernorm; OLMo 2 and 3 (post_norms): post_attention_layernorm and
+// post_feedforward_layernorm, on the outputs alone.
+struct LayerNorms {
+  std::string attention_in, attention_out, mlp_in, mlp_out;
+};
+LayerNorms layer_norms(const ModelConfig& config);
+
 // How a sparse layer's tensors are named in the checkpoint, after
 // "model.layers.<l>.": `module`.gate.weight (the router) and
 // `module`.experts.<e>.{`gate`,`up`,`down`}.weight. Qwen3-MoE: mlp and
@@ -238,14 +259,13 @@ struct CheckpointTensorSpec {
 };
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:
-// model.embed_tokens.weight, then per layer input_layernorm, self_attn.{q,k,v,o}_proj
+// model.embed_tokens.weight, then per layer the attention's input norm
+// (layer_norms()), self_attn.{q,k,v,o}_proj
 // (Phi-3: self_attn.qkv_proj and o_proj; see stacked_checkpoint_tensors())
 // (q/k/v biases when attention_bias, o_proj's when o_proj_bias),
-// self_attn.{q,k}_norm (qk_norm), post_attention_layernorm, and either
-// Gemma 2 and 3: pre_feedforward_layernorm and post_feedforward_layernorm
-// (OLMo: no input_layernorm, and post_feedforward_layernorm alone), then
-// mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias; Phi-3:
-// mlp.gate_up_proj and down_proj) or the
+// self_attn.{q,k}_norm (qk_norm), the other norms of layer_norms(), then
+// mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias; Phi-3 and
+// GLM-4: mlp.gate_up_proj and down_proj) or the
 // router and every expert's three projections as moe_names() spells them
 // (sparse layers; then Qwen2-MoE's mlp.shared_expert.{gate,up,down}_proj and
 // mlp.shared_expert_gate); then
@@ -256,8 +276,8 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& con
 // self_attn.qkv_proj.weight ([q; k; v]: num_attention_heads x head_dim rows of
 // q_proj, then num_key_value_heads x head_dim of k_proj and of v_proj) and
 // mlp.gate_up_proj.weight (intermediate_size rows of gate_proj, then of
-// up_proj) in every layer, and their biases where the config has them; none
-// for the other families.
+// up_proj) in every layer, and their biases where the config has them;
+// GLM-4's mlp.gate_up_proj.weight alone; none for the other families.
 std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& config);
 
 // What the weight loaders take: checkpoint_tensor_specs() with every stacked

@@ -64,12 +64,19 @@ double positive_number(const json& j, const char* key, double fallback, const st
 // class (the defaults of absent keys) and vLLM's model class (biases, q/k norms,
 // experts) read it.
 enum class Biases {
-  kLlama,        // attention_bias or bias: q/k/v and o_proj; qkv_bias decides q/k/v; mlp_bias
-  kQkv,          // q/k/v always, no others (Qwen2's)
-  kQkvOptional,  // attention_bias: q/k/v only (Qwen3's)
-  kQkvAndO,      // attention_bias: q/k/v and o_proj (Gemma 2's and 3's)
-  kGranite,      // attention_bias or bias: q/k/v and o_proj (no qkv_bias); mlp_bias
-  kNone,         // (Mixtral's)
+  kLlama,         // attention_bias or bias: q/k/v and o_proj; qkv_bias decides q/k/v; mlp_bias
+  kQkv,           // q/k/v always, no others (Qwen2's)
+  kQkvOptional,   // attention_bias: q/k/v only (Qwen3's)
+  kQkvAndO,       // attention_bias: q/k/v and o_proj (Gemma 2's and 3's)
+  kGranite,       // attention_bias or bias: q/k/v and o_proj (no qkv_bias); mlp_bias
+  kQkvUnlessOff,  // attention_bias, true when absent: q/k/v only (GLM-4's)
+  kNone,          // (Mixtral's)
+};
+// What the checkpoint stacks by rows (stacked_checkpoint_tensors()).
+enum class Stacked {
+  kNone,
+  kQkvAndGateUp,  // self_attn.qkv_proj and mlp.gate_up_proj (Phi-3's)
+  kGateUp,        // mlp.gate_up_proj alone (GLM-4's)
 };
 enum class Experts {
   kNone,
@@ -86,7 +93,7 @@ struct Family {
   Biases biases;
   bool qk_norm;  // RMSNorm of q and k before rotary (per head; OLMo's: Olmo below)
   Experts experts;
-  bool stacked;  // q/k/v and gate/up stacked in the checkpoint (Phi-3)
+  Stacked stacked;
   // Gemma: tied head by default (and required), GeLU, Gemma's normalization;
   // Gemma 2: and its sandwich norms, attention scaling, soft-capping, windows;
   // Gemma 3: and its sliding layers' own rotary.
@@ -95,43 +102,51 @@ struct Family {
   // OLMo 2: post-norms only, q and k normed over the whole projection; OLMo 3:
   // and its sliding windows (vLLM serves both with its olmo2.py).
   enum Olmo { kNotOlmo, kOlmo2, kOlmo3 } olmo = kNotOlmo;
+  // GLM-4 (Glm4Config's defaults; vLLM's glm4.py): sandwich norms under its
+  // own names, rotary on interleaved pairs over partial_rotary_factor of each
+  // head (0.5 when absent).
+  bool glm = false;
 };
 constexpr Family kFamilies[] = {
     // (vLLM's Gemma has no biases whatever the config says; its Gemma 2 reads
     // attention_bias)
-    {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, false,
+    {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, Stacked::kNone,
      Family::kGemma},
-    {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kQkvAndO, false, Experts::kNone, false,
-     Family::kGemma2},
+    {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kQkvAndO, false, Experts::kNone,
+     Stacked::kNone, Family::kGemma2},
     // (vLLM's Gemma3Attention: attention_bias for q/k/v and o_proj; q/k norms)
-    {"Gemma3ForCausalLM", 4, 256, 1e6, 1e-6, Biases::kQkvAndO, true, Experts::kNone, false,
+    {"Gemma3ForCausalLM", 4, 256, 1e6, 1e-6, Biases::kQkvAndO, true, Experts::kNone, Stacked::kNone,
      Family::kGemma3},
+    // (vLLM's Glm4Attention: q/k/v biases as attention_bias says; its MLP is
+    // Llama's, without biases)
+    {"Glm4ForCausalLM", 2, 128, 1e4, 1.5625e-7, Biases::kQkvUnlessOff, false, Experts::kNone,
+     Stacked::kGateUp, Family::kNotGemma, false, Family::kNotOlmo, true},
     // (vLLM's GraniteAttention and GraniteMLP: attention_bias or bias, mlp_bias)
-    {"GraniteForCausalLM", 0, 0, 1e4, 1e-6, Biases::kGranite, false, Experts::kNone, false,
+    {"GraniteForCausalLM", 0, 0, 1e4, 1e-6, Biases::kGranite, false, Experts::kNone, Stacked::kNone,
      Family::kNotGemma, true},
-    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
+    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, Stacked::kNone,
      Family::kNotGemma},
-    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, false,
+    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, Stacked::kNone,
      Family::kNotGemma},
-    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, false,
+    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, Stacked::kNone,
      Family::kNotGemma},
     // (vLLM's Olmo2Attention and Olmo2MLP: no biases whatever the config says)
-    {"Olmo2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, false,
+    {"Olmo2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, Stacked::kNone,
      Family::kNotGemma, false, Family::kOlmo2},
-    {"Olmo3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, false,
+    {"Olmo3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, Stacked::kNone,
      Family::kNotGemma, false, Family::kOlmo3},
     // (vLLM's Phi3ForCausalLM is its Llama: biases as Llama's keys say, which
     // no Phi-3 config sets)
-    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone, true,
+    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone,
+     Stacked::kQkvAndGateUp, Family::kNotGemma},
+    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, Stacked::kNone,
      Family::kNotGemma},
-    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, false,
-     Family::kNotGemma},
-    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared, false,
-     Family::kNotGemma},
-    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone, false,
-     Family::kNotGemma},
-    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen, false,
-     Family::kNotGemma},
+    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared,
+     Stacked::kNone, Family::kNotGemma},
+    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone,
+     Stacked::kNone, Family::kNotGemma},
+    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen,
+     Stacked::kNone, Family::kNotGemma},
 };
 
 const Family* family_of(const std::string& architecture) {
@@ -311,13 +326,19 @@ std::int64_t positive_int_or(const json& j, const char* key, std::int64_t fallba
   return j.contains(key) ? positive_int(j, key, origin) : fallback;
 }
 
+// `hidden_act` silu or absent, for the families whose MLP vLLM computes
+// with SiLU only (GraniteMLP; GLM-4's LlamaMLP, which refuses any other).
+void silu_only(const json& j, const std::string& origin, const ModelConfig& c) {
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    raise<ModelError>(origin, ": ", c.architecture, " takes hidden_act silu only, got ",
+                      j["hidden_act"].dump());
+}
+
 // Granite's multipliers (GraniteConfig: 1 when absent; vLLM's granite.py takes
 // attention_multiplier as the attention's scale itself), and its MLP's
 // activation, which vLLM's GraniteMLP takes as silu only.
 void parse_granite(const json& j, const std::string& origin, ModelConfig& c) {
-  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    raise<ModelError>(origin, ": GraniteForCausalLM takes hidden_act silu only, got ",
-                      j["hidden_act"].dump());
+  silu_only(j, origin, c);
   // (null refused: vLLM would multiply by None, transformers 5 refuses it)
   c.embedding_multiplier = positive_number_or(j, "embedding_multiplier", 1, origin);
   c.attention_multiplier = positive_number_or(j, "attention_multiplier", 1, origin);
@@ -581,6 +602,17 @@ bool ModelConfig::sliding_layer(std::int64_t layer) const {
   return sliding_window > 0 && sliding_type(layer);
 }
 
+LayerNorms layer_norms(const ModelConfig& c) {
+  if (c.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};
+  if (c.sandwich_norms && family(c).glm)
+    return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+            "post_mlp_layernorm"};
+  if (c.sandwich_norms)
+    return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+            "post_feedforward_layernorm"};
+  return {"input_layernorm", "", "post_attention_layernorm", ""};
+}
+
 bool ModelConfig::sparse_layer(std::int64_t layer) const {
   if (num_experts <= 0) return false;
   for (std::int64_t l : mlp_only_layers)
@@ -644,7 +676,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   const json& rope = per_type.is_null() ? j : full;
   c.rope_theta = rope_number(rope, "rope_theta", origin, f.rope_theta, params);
   c.rope_scaling = rope_scaling_of(rope, origin, params);
-  c.partial_rotary_factor = rope_number(rope, "partial_rotary_factor", origin, 1.0, params);
+  c.partial_rotary_factor =
+      rope_number(rope, "partial_rotary_factor", origin, f.glm ? 0.5 : 1.0, params);
   if (c.partial_rotary_factor > 1)
     raise<ModelError>(origin, ": partial_rotary_factor must be at most 1, got ",
                       c.partial_rotary_factor);
@@ -686,12 +719,19 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
           flag(j, "attention_bias", origin) || flag(j, "bias", origin);
       c.mlp_bias = flag(j, "mlp_bias", origin);
       break;
+    case Biases::kQkvUnlessOff:
+      c.attention_bias = !j.contains("attention_bias") || flag(j, "attention_bias", origin);
+      break;
     case Biases::kNone:
       break;
   }
   c.qk_norm = f.qk_norm;
   if (f.olmo != Family::kNotOlmo) parse_olmo(j, per_type, origin, f.olmo == Family::kOlmo3, c);
   if (f.multipliers) parse_granite(j, origin, c);
+  if (f.glm) {
+    silu_only(j, origin, c);
+    c.sandwich_norms = c.rope_interleaved = true;
+  }
   if (f.experts != Experts::kNone) parse_experts(j, origin, f.experts, c);
   c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
@@ -736,9 +776,11 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
-  if (c.partial_rotary_factor != 1) j["partial_rotary_factor"] = c.partial_rotary_factor;
-  if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
   const Family& f = family(c);
+  if (c.partial_rotary_factor != 1 || f.glm)  // (GLM-4's 0.5 when absent)
+    j["partial_rotary_factor"] = c.partial_rotary_factor;
+  if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
+  const bool gemma2_or_3 = f.gemma == Family::kGemma2 || f.gemma == Family::kGemma3;
   // The sliding layers' own rotary: Gemma 3's base in rope_local_base_freq,
   // OLMo 3's the full layers' (nothing to write); any other (a scaled one, or
   // OLMo 3's at another base) in transformers 5's form.
@@ -758,13 +800,13 @@ std::string model_config_to_json(const ModelConfig& c) {
     j.erase("rope_theta");
     j.erase("rope_scaling");
   }
-  if (c.sandwich_norms) {  // (Gemma 2's and 3's: null for 0, as their configs take "none")
+  if (gemma2_or_3) {  // (null for 0, as their configs take "none")
     auto or_null = [](double v) { return v > 0 ? json(v) : json(nullptr); };
     j["query_pre_attn_scalar"] = c.query_pre_attn_scalar;
     j["attn_logit_softcapping"] = or_null(c.attn_logit_softcapping);
     j["final_logit_softcapping"] = or_null(c.final_logit_softcapping);
   }
-  if (c.sandwich_norms || c.sliding_rope_theta > 0) {  // (the Gemmas' and OLMo 3's windows)
+  if (gemma2_or_3 || c.sliding_rope_theta > 0) {  // (the Gemmas' and OLMo 3's windows)
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     json types = json::array();
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
@@ -777,7 +819,8 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.o_proj_bias;
     if (c.attention_bias != c.o_proj_bias) j["qkv_bias"] = c.attention_bias;
     if (c.mlp_bias) j["mlp_bias"] = true;
-  } else if (f.biases == Biases::kQkvOptional || f.biases == Biases::kQkvAndO) {
+  } else if (f.biases == Biases::kQkvOptional || f.biases == Biases::kQkvAndO ||
+             f.biases == Biases::kQkvUnlessOff) {
     j["attention_bias"] = c.attention_bias;
   } else if (f.biases == Biases::kGranite) {
     j["attention_bias"] = c.attention_bias;
@@ -837,15 +880,20 @@ void push_stacked(std::vector<CheckpointTensorSpec>& specs, const RowSplit& spli
   if (stacked) specs.push_back({split.name, shape(rows)});
 }
 
-std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacked) {
+std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked stacked) {
   const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
                      inter = c.intermediate_size;
   std::vector<CheckpointTensorSpec> specs = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    if (!c.post_norms) specs.push_back({p + "input_layernorm.weight", {h}});
-    push_stacked(specs, stacked_qkv(c, p, "weight"), h, stacked);
-    if (c.attention_bias) push_stacked(specs, stacked_qkv(c, p, "bias"), 0, stacked);
+    const LayerNorms norms = layer_norms(c);
+    auto push_norm = [&](const std::string& name) {
+      if (!name.empty()) specs.push_back({p + name + ".weight", {h}});
+    };
+    push_norm(norms.attention_in);
+    const bool qkv = stacked == Stacked::kQkvAndGateUp, gate_up = stacked != Stacked::kNone;
+    push_stacked(specs, stacked_qkv(c, p, "weight"), h, qkv);
+    if (c.attention_bias) push_stacked(specs, stacked_qkv(c, p, "bias"), 0, qkv);
     specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
     // (vLLM's Qwen2 and Qwen3 attention has no o_proj bias: Hugging Face's Qwen3
     // would take one, no released Qwen3 checkpoint has it, and vLLM could not
@@ -856,10 +904,8 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacke
       specs.push_back({p + "self_attn.q_norm.weight", {c.qk_norm_whole ? q : c.head_dim}});
       specs.push_back({p + "self_attn.k_norm.weight", {c.qk_norm_whole ? kv : c.head_dim}});
     }
-    specs.push_back({p + "post_attention_layernorm.weight", {h}});
-    if (c.sandwich_norms) specs.push_back({p + "pre_feedforward_layernorm.weight", {h}});
-    if (c.sandwich_norms || c.post_norms)
-      specs.push_back({p + "post_feedforward_layernorm.weight", {h}});
+    for (const std::string* name : {&norms.attention_out, &norms.mlp_in, &norms.mlp_out})
+      push_norm(*name);
     if (c.sparse_layer(l)) {
       const std::int64_t mi = c.moe_intermediate_size;
       const MoeNames names = moe_names(c);
@@ -878,10 +924,10 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, bool stacke
       }
       continue;
     }
-    push_stacked(specs, stacked_gate_up(c, p, "weight"), h, stacked);
+    push_stacked(specs, stacked_gate_up(c, p, "weight"), h, gate_up);
     specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
     if (c.mlp_bias) {
-      push_stacked(specs, stacked_gate_up(c, p, "bias"), 0, stacked);
+      push_stacked(specs, stacked_gate_up(c, p, "bias"), 0, gate_up);
       specs.push_back({p + "mlp.down_proj.bias", {h}});
     }
   }
@@ -897,16 +943,19 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& c) 
 }
 
 std::vector<CheckpointTensorSpec> loader_tensor_specs(const ModelConfig& c) {
-  return tensor_specs(c, false);
+  return tensor_specs(c, Stacked::kNone);
 }
 
 std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
   std::vector<RowSplit> out;
-  if (!family(c).stacked) return out;
+  const Stacked stacked = family(c).stacked;
+  if (stacked == Stacked::kNone) return out;
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    out.push_back(stacked_qkv(c, p, "weight"));
-    if (c.attention_bias) out.push_back(stacked_qkv(c, p, "bias"));
+    if (stacked == Stacked::kQkvAndGateUp) {
+      out.push_back(stacked_qkv(c, p, "weight"));
+      if (c.attention_bias) out.push_back(stacked_qkv(c, p, "bias"));
+    }
     out.push_back(stacked_gate_up(c, p, "weight"));
     if (c.mlp_bias) out.push_back(stacked_gate_up(c, p, "bias"));
   }
@@ -929,10 +978,11 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("rope_theta", c.rope_theta);
   field("rope_scaling", scaling(c.rope_scaling));
   field("partial_rotary_factor", c.partial_rotary_factor);
+  field("interleaved rotary", c.rope_interleaved);
   field("tie_word_embeddings", c.tie_word_embeddings);
   field("hidden_activation", std::string(activation_name(c.activation)));
   field("Gemma's normalization", c.gemma_normalization);
-  field("Gemma 2's sandwich norms", c.sandwich_norms);
+  field("sandwich norms", c.sandwich_norms);
   field("query_pre_attn_scalar", c.query_pre_attn_scalar);
   field("attn_logit_softcapping", c.attn_logit_softcapping);
   field("final_logit_softcapping", c.final_logit_softcapping);
