@@ -356,7 +356,7 @@ std::vector<Row> rows() {
           }),
       last_rank_differs(
           "a config whose sliding layers' rotary base differs between ranks",
-          "rope_local_base_freq", [](ModelConfig& c) { c.sliding_rope_theta = 20000.0; },
+          "the sliding layers' rope_theta", [](ModelConfig& c) { c.sliding_rope_theta = 20000.0; },
           [](ModelConfig& c) {
             c.sliding_window = 4;
             c.sliding_layers = {0};

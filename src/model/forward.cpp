@@ -302,6 +302,12 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   const ModelConfig& c = config();
   // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart.
   const std::int64_t rotary = rotary_dims(c);
+  for (const RopeScaling* s : {&c.rope_scaling, &c.sliding_rope_scaling})
+    if (c.rope_interleaved && s->type == "longrope")
+      raise<ModelError>("forward: longrope on interleaved pairs (", c.architecture,
+                        "'s) is not computed here, as vLLM computes it on halves only (its "
+                        "Phi3LongRoPEScaledRotaryEmbedding takes neox style alone); reloading "
+                        "its weights is not affected");
   Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary);
   rope.interleaved = c.rope_interleaved;
   Rope sliding_rope = rope;

@@ -111,7 +111,8 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"tie_word_embeddings false vs true", [](ModelConfig& c) { c.tie_word_embeddings = true; }},
       {"hidden_activation 'silu' vs 'gelu'",
        [](ModelConfig& c) { c.activation = Activation::kGelu; }},
-      {"Gemma's normalization false vs true", [](ModelConfig& c) { c.gemma_normalization = true; }},
+      {"Gemma-style normalization false vs true",
+       [](ModelConfig& c) { c.gemma_normalization = true; }},
       {"sandwich norms false vs true", [](ModelConfig& c) { c.sandwich_norms = true; }},
       {"query_pre_attn_scalar 0.0 vs 256.0", [](ModelConfig& c) { c.query_pre_attn_scalar = 256; }},
       {"attn_logit_softcapping 0.0 vs 50.0", [](ModelConfig& c) { c.attn_logit_softcapping = 50; }},
@@ -122,7 +123,8 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
        [](ModelConfig& c) {
          c.sliding_layers = {0, 2};
        }},
-      {"rope_local_base_freq 0.0 vs 10000.0", [](ModelConfig& c) { c.sliding_rope_theta = 1e4; }},
+      {"the sliding layers' rope_theta 0.0 vs 10000.0",
+       [](ModelConfig& c) { c.sliding_rope_theta = 1e4; }},
       {"the sliding layers' rope scaling 'none' vs '{\"factor\":4.0,\"rope_type\":\"linear\"}'",
        [](ModelConfig& c) {
          c.sliding_rope_scaling.json = R"({"factor":4.0,"rope_type":"linear"})";
@@ -135,9 +137,9 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"o_proj_bias false vs true", [](ModelConfig& c) { c.o_proj_bias = true; }},
       {"mlp_bias false vs true", [](ModelConfig& c) { c.mlp_bias = true; }},
       {"qk_norm false vs true", [](ModelConfig& c) { c.qk_norm = true; }},
-      {"OLMo's whole-projection q/k norm false vs true",
+      {"q/k norms over whole projections false vs true",
        [](ModelConfig& c) { c.qk_norm_whole = true; }},
-      {"OLMo's post-norms false vs true", [](ModelConfig& c) { c.post_norms = true; }},
+      {"post-norms false vs true", [](ModelConfig& c) { c.post_norms = true; }},
       {"num_experts 0 vs 8", [](ModelConfig& c) { c.num_experts = 8; }},
       {"num_experts_per_tok 0 vs 2", [](ModelConfig& c) { c.num_experts_per_tok = 2; }},
       {"moe_intermediate_size 0 vs 8", [](ModelConfig& c) { c.moe_intermediate_size = 8; }},
@@ -770,6 +772,54 @@ TEST(Config, Glm4KeysAsHuggingFaceWritesThem) {
                       "Glm4ForCausalLM takes hidden_act silu only, got \"gelu\""));
 }
 
+// ERNIE-4.5-0.3B-PT's config.json, cut to 2 layers (Ernie4_5Config; vLLM's
+// ernie45.py): Llama's tensors without biases, tied, rotary on interleaved
+// pairs over whole heads.
+TEST(Config, Ernie45KeysAsHuggingFaceWritesThem) {
+  const std::string ernie = R"({"architectures":["Ernie4_5ForCausalLM"],"bos_token_id":1,
+    "eos_token_id":2,"hidden_act":"silu","hidden_size":1024,"intermediate_size":3072,
+    "max_position_embeddings":131072,"model_type":"ernie4_5","num_attention_heads":16,
+    "num_key_value_heads":2,"head_dim":128,"num_hidden_layers":2,"pad_token_id":0,
+    "rms_norm_eps":1e-05,"use_cache":false,"vocab_size":103424,"rope_theta":500000,
+    "use_bias":false,"tie_word_embeddings":true,"torch_dtype":"bfloat16"})";
+  const ModelConfig c = parse_model_config(ernie, "config.json");
+  EXPECT_TRUE(c.rope_interleaved && c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm || c.sandwich_norms ||
+               c.gemma_normalization);
+  EXPECT_EQ(c.partial_rotary_factor, 1);
+  EXPECT_EQ(c.rope_theta, 500000);
+  std::map<std::string, std::vector<std::int64_t>> held;
+  for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
+  EXPECT_EQ(held["model.layers.1.self_attn.q_proj.weight"],
+            (std::vector<std::int64_t>{16 * 128, 1024}));
+  EXPECT_EQ(held["model.layers.1.mlp.up_proj.weight"], (std::vector<std::int64_t>{3072, 1024}));
+  EXPECT_EQ(held.count("lm_head.weight"), 0u);
+  // (embed; per layer 2 norms, q/k/v/o, gate/up/down; norm)
+  EXPECT_EQ(held.size(), 1 + 2 * 9 + 1u);
+  EXPECT_TRUE(stacked_checkpoint_tensors(c).empty());
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  // Ernie4_5Config's defaults: tied, 2 KV heads, head_dim 128, rope_theta
+  // 500000, rms_norm_eps 1e-5.
+  const ModelConfig d = parse_model_config(
+      without(ernie, {R"("num_key_value_heads":2,"head_dim":128,)", R"("rms_norm_eps":1e-05,)",
+                      R"("rope_theta":500000,)", R"("tie_word_embeddings":true,)"}),
+      "c");
+  EXPECT_EQ(d.num_key_value_heads, 2);
+  EXPECT_EQ(d.head_dim, 128);
+  EXPECT_EQ(d.rope_theta, 500000);
+  EXPECT_EQ(d.rms_norm_eps, 1e-5);
+  EXPECT_TRUE(d.tie_word_embeddings);
+  const ModelConfig untied = parse_model_config(
+      replaced(ernie, R"("tie_word_embeddings":true)", R"("tie_word_embeddings":false)"), "c");
+  const ModelConfig untied_back = parse_model_config(model_config_to_json(untied), "round trip");
+  EXPECT_FALSE(untied_back.tie_word_embeddings) << "false written, not left to the default";
+  EXPECT_TRUE(refused(replaced(ernie, R"("use_bias":false)", R"("use_bias":true)"),
+                      "use_bias true is refused for Ernie4_5ForCausalLM"));
+  EXPECT_TRUE(refused(replaced(ernie, R"("hidden_act":"silu")", R"("hidden_act":"relu")"),
+                      "Ernie4_5ForCausalLM takes hidden_act silu only, got \"relu\""));
+}
+
 TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kOlmo2, "config.json");
   EXPECT_TRUE(c.qk_norm && c.qk_norm_whole && c.post_norms);
@@ -1173,7 +1223,8 @@ TEST(Config, RopeScalingAsVllmReadsIt) {
 TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
-          .find("architecture 'GPT2LMHeadModel' is not supported (supported: GemmaForCausalLM, "
+          .find("architecture 'GPT2LMHeadModel' is not supported (supported: Ernie4_5ForCausalLM, "
+                "GemmaForCausalLM, "
                 "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, "
                 "LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, "

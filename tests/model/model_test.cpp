@@ -558,6 +558,46 @@ TEST(Forward, PartialRotaryTurnsTheFirstDimensionsOfEachHead) {
   }
 }
 
+// GLM-4's rotary on interleaved pairs over whole heads (its factor set to 1)
+// and with yarn, against the reference, whose logits each setting changes;
+// longrope, which vLLM computes on halves only (its
+// Phi3LongRoPEScaledRotaryEmbedding refuses GPT-J's pairs), is refused.
+TEST(Forward, Glm4RotaryOnInterleavedPairs) {
+  const ModelConfig glm = tiny_config("glm4");
+  const auto ckpt = random_checkpoint(glm, 37);
+  auto with = [&](const std::string& fields) {
+    std::string text = glm.json;
+    text.insert(text.rfind('}'), fields);
+    return parse_model_config(text, "config.json");
+  };
+  for (
+      const std::string fields :
+      {R"(,"partial_rotary_factor":1.0)",
+       R"(,"rope_scaling":{"rope_type":"yarn","factor":4.0,"original_max_position_embeddings":4})"}) {
+    const auto [got, want] = logits_and_reference(with(fields), ckpt);
+    EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
+        << fields << ": max diff " << (got - want).abs().max().item<float>();
+    EXPECT_GT((want - testdata::reference_logits(glm, ckpt, kRopeTokens)).abs().max().item<float>(),
+              1e-3)
+        << fields << " does not change the reference's logits: the test proves nothing";
+  }
+  auto comm = make_local_communicator();
+  TensorParallelModel longrope(
+      with(R"(,"rope_scaling":{"rope_type":"longrope","short_factor":[1,2,3,4],)"
+           R"("long_factor":[1,2,3,4],"original_max_position_embeddings":4,)"
+           R"("max_position_embeddings":32})"),
+      opts(1, 0));
+  try {
+    longrope.forward(kRopeTokens, *comm);
+    ADD_FAILURE() << "longrope on interleaved pairs ran";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("longrope on interleaved pairs (Glm4ForCausalLM's) is "
+                                         "not computed here"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Gemma's MLP activation as its config says: exact GeLU with hidden_activation
 // "gelu", the tanh approximation otherwise; the reference's logits differ
 // between the two (the tiny gemma config, whose tanh GeLU every walk of the

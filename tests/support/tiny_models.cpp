@@ -111,6 +111,11 @@ ModelConfig tiny_config(const std::string& name) {
       "num_hidden_layers":2,"num_attention_heads":8,"head_dim":16,"vocab_size":135,
       "hidden_act":"silu","rope_theta":10000.0,"tie_word_embeddings":false,
       "torch_dtype":"bfloat16"})";
+  else if (name == "ernie45")  // interleaved rotary over whole heads; tied, KV heads and
+    // rope_theta absent (Ernie4_5Config's true, 2, 500000)
+    json = R"({"architectures":["Ernie4_5ForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":2,"num_attention_heads":8,"head_dim":16,"vocab_size":120,
+      "rms_norm_eps":1e-05,"use_bias":false,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -205,6 +210,12 @@ bool olmo(const ModelConfig& c) {  // (OLMo 2 and OLMo 3)
 // pairs over partial_rotary_factor of each head (0.5 when absent).
 bool glm4(const ModelConfig& c) {
   return c.architecture == "Glm4ForCausalLM";
+}
+
+// Rotary on interleaved pairs: GLM-4's and ERNIE 4.5's (vLLM's ernie45.py
+// turns its Llama's to GPT-J's pairs).
+bool interleaved_pairs(const ModelConfig& c) {
+  return glm4(c) || c.architecture == "Ernie4_5ForCausalLM";
 }
 
 // RMSNorm of q and k before rotary: Qwen3's and Gemma 3's per head, OLMo's
@@ -673,8 +684,8 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }
     const ModelConfig& turn = att.sliding[l] ? local : full;
-    q = rope(q.transpose(0, 1), turn, share, glm4(c));
-    k = rope(k.transpose(0, 1), turn, share, glm4(c));
+    q = rope(q.transpose(0, 1), turn, share, interleaved_pairs(c));
+    k = rope(k.transpose(0, 1), turn, share, interleaved_pairs(c));
     at::Tensor v =
         linear_ref(ckpt, x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);

@@ -51,13 +51,15 @@ namespace tpreload::testdata {
 // checkpoint, q/k/v apart with biases (attention_bias absent: true); rotary on
 // interleaved pairs over half of each head of 16 (partial_rotary_factor
 // absent); 8 heads / 2 KV heads (absent), vocab 135),
+// "ernie45" (ERNIE 4.5: Llama's layout, rotary on interleaved pairs over whole
+// heads of 16; tied, 2 KV heads and rope_theta 500000 by default, vocab 120),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
     "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
     "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",     "gemma2",
-    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4"};
+    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4",      "ernie45"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

@@ -1,5 +1,6 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM,
+// (Ernie4_5ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM,
+// GraniteForCausalLM,
 // LlamaForCausalLM,
 // Olmo2ForCausalLM, Olmo3ForCausalLM,
 // MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM,
@@ -91,10 +92,11 @@ struct ModelConfig {
   // absent (GLM-4: 0.5, Glm4Config's).
   double partial_rotary_factor = 1;
   // Rotary on pairs of neighbouring dimensions (2i, 2i + 1) of the turned
-  // ones, as GPT-J and GLM-4 turn them (vLLM's is_neox_style=False), instead
+  // ones, as GPT-J, GLM-4 and ERNIE 4.5 turn them (vLLM's is_neox_style=False), instead
   // of Llama's halves (i, i + dims / 2).
   bool rope_interleaved = false;
-  bool tie_word_embeddings = false;  // absent: true for the Gemmas, false for the others
+  bool tie_word_embeddings =
+      false;  // absent: true for the Gemmas and ERNIE 4.5, false for the others
   Activation activation = Activation::kSilu;
   // Gemma (vLLM's GemmaRMSNorm and GemmaModel): RMSNorm scales by 1 + weight,
   // and the embeddings are multiplied by sqrt(hidden_size) rounded to the
@@ -113,7 +115,8 @@ struct ModelConfig {
   // keys with its own defaults: no soft-capping (vLLM's Gemma3Attention takes
   // none whatever attn_logit_softcapping says), windows on the layers
   // `layer_types` marks, else on all but every sliding_window_pattern-th.
-  // GLM-4's layers have the same four norms under other names (layer_norms()).
+  // sandwich_norms: the four norms a layer (Gemma 2's and 3's, and GLM-4's
+  // under its own names: layer_norms() names each family's).
   bool sandwich_norms = false;
   double query_pre_attn_scalar = 0;
   double attn_logit_softcapping = 0;

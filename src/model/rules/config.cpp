@@ -106,8 +106,15 @@ struct Family {
   // own names, rotary on interleaved pairs over partial_rotary_factor of each
   // head (0.5 when absent).
   bool glm = false;
+  // ERNIE 4.5 (Ernie4_5Config's defaults; vLLM's ernie45.py, its Llama):
+  // rotary on interleaved pairs over whole heads, tied by default, no biases.
+  bool ernie = false;
 };
 constexpr Family kFamilies[] = {
+    // (vLLM's Ernie4_5ForCausalLM: its Llama without o_proj's bias; no
+    // Ernie4_5Config key gives it any other)
+    {"Ernie4_5ForCausalLM", 2, 128, 5e5, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
+     Family::kNotGemma, false, Family::kNotOlmo, false, true},
     // (vLLM's Gemma has no biases whatever the config says; its Gemma 2 reads
     // attention_bias)
     {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, Stacked::kNone,
@@ -327,7 +334,8 @@ std::int64_t positive_int_or(const json& j, const char* key, std::int64_t fallba
 }
 
 // `hidden_act` silu or absent, for the families whose MLP vLLM computes
-// with SiLU only (GraniteMLP; GLM-4's LlamaMLP, which refuses any other).
+// with SiLU only (GraniteMLP; GLM-4's and ERNIE 4.5's LlamaMLP, which refuses
+// any other).
 void silu_only(const json& j, const std::string& origin, const ModelConfig& c) {
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     raise<ModelError>(origin, ": ", c.architecture, " takes hidden_act silu only, got ",
@@ -683,7 +691,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
                       c.partial_rotary_factor);
   c.tie_word_embeddings = j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null()
                               ? flag(j, "tie_word_embeddings", origin)
-                              : f.gemma != Family::kNotGemma;
+                              : f.gemma != Family::kNotGemma || f.ernie;
   if (f.gemma != Family::kNotGemma) {
     if (!c.tie_word_embeddings)
       raise<ModelError>(origin, ": ", f.architecture,
@@ -728,10 +736,17 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.qk_norm = f.qk_norm;
   if (f.olmo != Family::kNotOlmo) parse_olmo(j, per_type, origin, f.olmo == Family::kOlmo3, c);
   if (f.multipliers) parse_granite(j, origin, c);
-  if (f.glm) {
+  if (f.glm || f.ernie) {
     silu_only(j, origin, c);
-    c.sandwich_norms = c.rope_interleaved = true;
+    c.rope_interleaved = true;
+    c.sandwich_norms = f.glm;
   }
+  // (Hugging Face's Ernie4_5 gives every projection a bias with use_bias;
+  // vLLM's takes none, and could not load them)
+  if (f.ernie && flag(j, "use_bias", origin))
+    raise<ModelError>(origin,
+                      ": use_bias true is refused for Ernie4_5ForCausalLM (vLLM's model takes no "
+                      "biases; no released ERNIE 4.5 sets it)");
   if (f.experts != Experts::kNone) parse_experts(j, origin, f.experts, c);
   c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
@@ -962,6 +977,14 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
   return out;
 }
 
+// (A field added to ModelConfig joins the list below; on the platform the
+// project builds on, the size of the struct changes with most additions: a
+// check that fails until the list is looked at.)
+#if defined(__GLIBCXX__) && defined(__x86_64__)
+static_assert(sizeof(ModelConfig) == 832,
+              "ModelConfig changed: add its new field to config_fields(), then this size");
+#endif
+
 std::vector<ConfigField> config_fields(const ModelConfig& c) {
   std::vector<ConfigField> out;
   auto field = [&](const char* name, const auto& value) { out.push_back({name, show(value)}); };
@@ -981,14 +1004,14 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("interleaved rotary", c.rope_interleaved);
   field("tie_word_embeddings", c.tie_word_embeddings);
   field("hidden_activation", std::string(activation_name(c.activation)));
-  field("Gemma's normalization", c.gemma_normalization);
+  field("Gemma-style normalization", c.gemma_normalization);
   field("sandwich norms", c.sandwich_norms);
   field("query_pre_attn_scalar", c.query_pre_attn_scalar);
   field("attn_logit_softcapping", c.attn_logit_softcapping);
   field("final_logit_softcapping", c.final_logit_softcapping);
   field("sliding_window", c.sliding_window);
   field("sliding_layers", c.sliding_layers);
-  field("rope_local_base_freq", c.sliding_rope_theta);
+  field("the sliding layers' rope_theta", c.sliding_rope_theta);
   field("the sliding layers' rope scaling", scaling(c.sliding_rope_scaling));
   field("embedding_multiplier", c.embedding_multiplier);
   field("attention_multiplier", c.attention_multiplier);
@@ -998,8 +1021,8 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("o_proj_bias", c.o_proj_bias);
   field("mlp_bias", c.mlp_bias);
   field("qk_norm", c.qk_norm);
-  field("OLMo's whole-projection q/k norm", c.qk_norm_whole);
-  field("OLMo's post-norms", c.post_norms);
+  field("q/k norms over whole projections", c.qk_norm_whole);
+  field("post-norms", c.post_norms);
   field("num_experts", c.num_experts);
   field("num_experts_per_tok", c.num_experts_per_tok);
   field("moe_intermediate_size", c.moe_intermediate_size);
