@@ -1,7 +1,8 @@
-// The tensor-parallel forward pass (CPU, float32 compute): embedding, RMSNorm,
-// rotary attention with grouped-query heads (Gemma 2 and 3, OLMo 3: sliding
-// windows; the Gemmas: scaled, soft-capped; Granite: its multipliers; OLMo:
-// post-norms and whole-projection q/k norms; GLM-4: interleaved rotary), the
+// The tensor-parallel forward pass (CPU, float32 compute): embedding, RMSNorm
+// (Cohere: LayerNorm), rotary attention with grouped-query heads (Gemma 2 and
+// 3, OLMo 3: sliding windows; the Gemmas: scaled, soft-capped; Granite: its
+// multipliers; OLMo: post-norms and whole-projection q/k norms; GLM-4, ERNIE
+// 4.5 and Cohere: interleaved rotary; Cohere: attention and MLP in parallel), the
 // norms layer_norms() names, the SiLU- or GeLU-gated MLP or
 // experts and the LM head. Row-parallel outputs and vocab-parallel pieces are
 // summed over the TP group.
@@ -24,7 +25,6 @@ void allreduce_sum(at::Tensor& t, Communicator& comm) {
   comm.allreduce_floats(t.data_ptr<float>(), static_cast<std::size_t>(t.numel()));
 }
 
-// RMSNorm; Gemma's scales by 1 + weight.
 // `x` normed by its `variance` and scaled by `weight` (Gemma's: 1 + weight).
 at::Tensor normed(const at::Tensor& x, const at::Tensor& variance, const at::Tensor& weight,
                   const ModelConfig& c) {
@@ -32,8 +32,11 @@ at::Tensor normed(const at::Tensor& x, const at::Tensor& variance, const at::Ten
   return x * at::rsqrt(variance + c.rms_norm_eps) * (c.gemma_normalization ? scale + 1 : scale);
 }
 
+// RMSNorm over the last dimension; Cohere's LayerNorm (layer_norm, no bias)
+// centres `x` on its mean first.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, const ModelConfig& c) {
-  return normed(x, x.pow(2).mean({-1}, /*keepdim=*/true), weight, c);
+  const at::Tensor centred = c.layer_norm ? x - x.mean({-1}, /*keepdim=*/true) : x;
+  return normed(centred, centred.pow(2).mean({-1}, /*keepdim=*/true), weight, c);
 }
 
 // RMSNorm over a whole projection that the tp group holds split by columns
@@ -346,7 +349,8 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     // Each norm layer_norms() names: OLMo's norm no input, the Gemmas' and
-    // GLM-4's the attention's and the MLP's inputs and outputs.
+    // GLM-4's the attention's and the MLP's inputs and outputs, Cohere's the
+    // layer's input alone.
     const auto norm = [&](const at::Tensor& x, const std::string& name) {
       return name.empty() ? x : rms_norm(x, host_param(p + name + ".weight"), c);
     };
@@ -382,7 +386,8 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     if (o_bias.defined()) attn = attn + o_bias.to(at::kFloat);
     attn = norm(attn, norms.attention_out);
     h = h + attn * c.residual_multiplier;  // (Granite's; 1 for the others)
-    const at::Tensor y = norm(h, norms.mlp_in);
+    // (Cohere: the MLP takes the attention's normed input, in parallel)
+    const at::Tensor y = c.parallel_residual ? x : norm(h, norms.mlp_in);
     at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
     allreduce_sum(mlp, comm);
     mlp = norm(mlp, norms.mlp_out);
@@ -394,7 +399,9 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   at::Tensor logits = at::zeros({h.size(0), rules_.padded_vocab()}, at::kFloat);
   logits.narrow(1, vocab_start, per_vocab).copy_(local_logits);
   allreduce_sum(logits, comm);
-  return soft_cap(logits.narrow(1, 0, c.vocab_size) / c.logits_scaling, c.final_logit_softcapping)
+  // (Granite divides by logits_scaling, Cohere multiplies by logit_scale)
+  return soft_cap(logits.narrow(1, 0, c.vocab_size) / c.logits_scaling * c.logit_scale,
+                  c.final_logit_softcapping)
       .contiguous();
 }
 

@@ -133,6 +133,10 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"attention_multiplier 0.0 vs 0.25", [](ModelConfig& c) { c.attention_multiplier = 0.25; }},
       {"residual_multiplier 1.0 vs 0.5", [](ModelConfig& c) { c.residual_multiplier = 0.5; }},
       {"logits_scaling 1.0 vs 8.0", [](ModelConfig& c) { c.logits_scaling = 8; }},
+      {"logit_scale 1.0 vs 0.0625", [](ModelConfig& c) { c.logit_scale = 0.0625; }},
+      {"mean-centred norms (LayerNorm) false vs true", [](ModelConfig& c) { c.layer_norm = true; }},
+      {"attention and MLP in parallel false vs true",
+       [](ModelConfig& c) { c.parallel_residual = true; }},
       {"attention_bias false vs true", [](ModelConfig& c) { c.attention_bias = true; }},
       {"o_proj_bias false vs true", [](ModelConfig& c) { c.o_proj_bias = true; }},
       {"mlp_bias false vs true", [](ModelConfig& c) { c.mlp_bias = true; }},
@@ -820,6 +824,62 @@ TEST(Config, Ernie45KeysAsHuggingFaceWritesThem) {
                       "Ernie4_5ForCausalLM takes hidden_act silu only, got \"relu\""));
 }
 
+// c4ai-command-r-v01's config.json, cut to 2 layers (CohereConfig; vLLM's
+// commandr.py): Llama's tensors but one norm a layer and no lm_head, the
+// LayerNorm's epsilon in layer_norm_eps, logit_scale, interleaved rotary.
+TEST(Config, CohereKeysAsHuggingFaceWritesThem) {
+  const std::string cohere = R"({"architectures":["CohereForCausalLM"],"attention_bias":false,
+    "attention_dropout":0.0,"bos_token_id":5,"eos_token_id":255001,"hidden_act":"silu",
+    "hidden_size":8192,"initializer_range":0.02,"intermediate_size":22528,
+    "layer_norm_eps":1e-05,"logit_scale":0.0625,"max_position_embeddings":8192,
+    "model_type":"cohere","num_attention_heads":64,"num_hidden_layers":2,
+    "num_key_value_heads":64,"pad_token_id":0,"rope_theta":8000000.0,"torch_dtype":"float16",
+    "use_cache":true,"use_qk_norm":false,"vocab_size":256000})";
+  const ModelConfig c = parse_model_config(cohere, "config.json");
+  EXPECT_TRUE(c.layer_norm && c.parallel_residual && c.rope_interleaved && c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm || c.sandwich_norms);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.logit_scale, 0.0625);
+  EXPECT_EQ(c.rope_theta, 8e6);
+  std::map<std::string, std::vector<std::int64_t>> held;
+  for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
+  EXPECT_EQ(held["model.layers.1.input_layernorm.weight"], std::vector<std::int64_t>{8192});
+  EXPECT_EQ(
+      held.count("model.layers.1.post_attention_layernorm.weight") + held.count("lm_head.weight"),
+      0u);
+  // (embed; per layer 1 norm, q/k/v/o, gate/up/down; norm)
+  EXPECT_EQ(held.size(), 1 + 2 * 8 + 1u);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  // CohereConfig's defaults: KV heads = heads, layer_norm_eps 1e-5,
+  // logit_scale 0.0625, tied; rope_theta transformers 4's 10000. An
+  // rms_norm_eps is not Cohere's key.
+  const ModelConfig d = parse_model_config(
+      replaced(without(cohere, {R"("layer_norm_eps":1e-05,"logit_scale":0.0625,)",
+                                R"("num_key_value_heads":64,)", R"("rope_theta":8000000.0,)"}),
+               R"("hidden_act")", R"("rms_norm_eps":0.5,"hidden_act")"),
+      "c");
+  EXPECT_EQ(d.num_key_value_heads, 64);
+  EXPECT_EQ(d.rms_norm_eps, 1e-5);
+  EXPECT_EQ(d.logit_scale, 0.0625);
+  EXPECT_EQ(d.rope_theta, 1e4);
+  EXPECT_TRUE(d.tie_word_embeddings);
+  EXPECT_TRUE(refused(replaced(cohere, R"("logit_scale":0.0625)", R"("logit_scale":null)"),
+                      "field 'logit_scale' must be a positive number, got null"));
+  EXPECT_TRUE(
+      refused(replaced(cohere, R"("use_cache")", R"("tie_word_embeddings":false,"use_cache")"),
+              "CohereForCausalLM computes its logits with the embeddings"));
+  EXPECT_TRUE(refused(replaced(cohere, R"("attention_bias":false)", R"("attention_bias":true)"),
+                      "attention_bias true is refused for CohereForCausalLM"));
+  EXPECT_TRUE(refused(replaced(cohere, R"("use_qk_norm":false)", R"("use_qk_norm":true)"),
+                      "use_qk_norm true (Command R+'s per-head q/k LayerNorm) is not supported"));
+  EXPECT_TRUE(
+      refused(replaced(cohere, R"("hidden_size":8192)", R"("hidden_size":8192,"head_dim":64)"),
+              "CohereForCausalLM takes head_dim as hidden_size / num_attention_heads "
+              "(vLLM's commandr.py reads no head_dim)"));
+}
+
 TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kOlmo2, "config.json");
   EXPECT_TRUE(c.qk_norm && c.qk_norm_whole && c.post_norms);
@@ -1223,7 +1283,8 @@ TEST(Config, RopeScalingAsVllmReadsIt) {
 TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
-          .find("architecture 'GPT2LMHeadModel' is not supported (supported: Ernie4_5ForCausalLM, "
+          .find("architecture 'GPT2LMHeadModel' is not supported (supported: CohereForCausalLM, "
+                "Ernie4_5ForCausalLM, "
                 "GemmaForCausalLM, "
                 "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, "
                 "LlamaForCausalLM, "

@@ -116,6 +116,12 @@ ModelConfig tiny_config(const std::string& name) {
     json = R"({"architectures":["Ernie4_5ForCausalLM"],"hidden_size":64,"intermediate_size":96,
       "num_hidden_layers":2,"num_attention_heads":8,"head_dim":16,"vocab_size":120,
       "rms_norm_eps":1e-05,"use_bias":false,"torch_dtype":"bfloat16"})";
+  else if (name == "cohere")  // LayerNorm, attention and MLP in parallel, logits x 0.25;
+    // tied and rope_theta absent (CohereConfig's true, transformers 4's 10000)
+    json = R"({"architectures":["CohereForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":125,
+      "layer_norm_eps":1e-05,"logit_scale":0.25,"use_qk_norm":false,"attention_bias":false,
+      "hidden_act":"silu","torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -212,10 +218,18 @@ bool glm4(const ModelConfig& c) {
   return c.architecture == "Glm4ForCausalLM";
 }
 
-// Rotary on interleaved pairs: GLM-4's and ERNIE 4.5's (vLLM's ernie45.py
-// turns its Llama's to GPT-J's pairs).
+// Cohere (vLLM's commandr.py; CohereConfig's defaults): LayerNorm without
+// bias, attention and MLP on one normed input, their outputs added to the
+// residual together, logits from the embeddings times logit_scale (0.0625
+// when absent).
+bool cohere(const ModelConfig& c) {
+  return c.architecture == "CohereForCausalLM";
+}
+
+// Rotary on interleaved pairs: GLM-4's, ERNIE 4.5's (vLLM's ernie45.py
+// turns its Llama's to GPT-J's pairs) and Cohere's.
 bool interleaved_pairs(const ModelConfig& c) {
-  return glm4(c) || c.architecture == "Ernie4_5ForCausalLM";
+  return glm4(c) || cohere(c) || c.architecture == "Ernie4_5ForCausalLM";
 }
 
 // RMSNorm of q and k before rotary: Qwen3's and Gemma 3's per head, OLMo's
@@ -470,6 +484,7 @@ at::Tensor f32(const std::map<std::string, at::Tensor>& ckpt, const std::string&
 
 // RMSNorm; Gemma's multiplies by 1 + w (GemmaRMSNorm).
 at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const ModelConfig& c) {
+  if (cohere(c)) return at::layer_norm(x, {x.size(-1)}, w, {}, c.rms_norm_eps);
   return x / at::sqrt(x.pow(2).mean({-1}, true) + c.rms_norm_eps) * (gemma(c) ? w + 1 : w);
 }
 
@@ -707,7 +722,8 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     if (sandwich || olmo(c)) attn = normed(attn, "post_attention_layernorm.weight");
     if (glm4(c)) attn = normed(attn, "post_self_attn_layernorm.weight");
     h = h + attn * gs.residual;
-    const at::Tensor y = olmo(c)    ? h
+    const at::Tensor y = cohere(c)  ? x  // (in parallel with the attention)
+                         : olmo(c)  ? h
                          : sandwich ? normed(h, "pre_feedforward_layernorm.weight")
                                     : normed(h, "post_attention_layernorm.weight");
     at::Tensor mlp = sparse(c, l) ? moe(c, ckpt, p, y)
@@ -718,10 +734,12 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     h = h + mlp * gs.residual;
   }
   h = norm(h, f32(ckpt, "model.norm.weight"), c);
+  const double logit_scale =
+      cohere(c) ? nlohmann::json::parse(c.json).value("logit_scale", 0.0625) : 1.0;
   return capped(at::matmul(h, f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight"
                                                               : "lm_head.weight")
                                   .t()) /
-                    gs.logits,
+                    gs.logits * logit_scale,
                 att.final_cap)
       .to(at::kFloat);
 }

@@ -53,13 +53,17 @@ namespace tpreload::testdata {
 // absent); 8 heads / 2 KV heads (absent), vocab 135),
 // "ernie45" (ERNIE 4.5: Llama's layout, rotary on interleaved pairs over whole
 // heads of 16; tied, 2 KV heads and rope_theta 500000 by default, vocab 120),
+// "cohere" (Cohere: LayerNorm, attention and MLP in parallel on the input
+// norm, logits times logit_scale 0.25, interleaved rotary; tied by default;
+// 8 heads / 2 KV heads, vocab 125),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
-    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
-    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",     "gemma2",
-    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4",      "ernie45"};
+    "llama_gqa",       "qwen2_tied", "mistral_mqa", "qwen3_dense",    "qwen3_moe",
+    "qwen3_moe_plain", "qwen2_moe",  "mixtral",     "llama_mlp_bias", "phi3",
+    "gemma",           "gemma2",     "gemma3",      "granite",        "olmo2",
+    "olmo3",           "glm4",       "ernie45",     "cohere"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

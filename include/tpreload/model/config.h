@@ -1,8 +1,6 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (Ernie4_5ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM,
-// GraniteForCausalLM,
-// LlamaForCausalLM,
-// Olmo2ForCausalLM, Olmo3ForCausalLM,
+// (CohereForCausalLM, Ernie4_5ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM,
+// Glm4ForCausalLM, GraniteForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM,
 // MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM,
 // Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it holds. No torch here:
 // the checkpoint tool and the checkpoint layer's tests use it too.
@@ -142,6 +140,15 @@ struct ModelConfig {
   double attention_multiplier = 0;
   double residual_multiplier = 1;
   double logits_scaling = 1;
+  // Cohere (CohereConfig; vLLM's commandr.py): the logits multiplied by
+  // logit_scale (1: the others'); every norm a LayerNorm without bias
+  // (layer_norm: x minus its mean, normed by its variance; the epsilon is
+  // layer_norm_eps, held in rms_norm_eps); attention and MLP both on the
+  // input_layernorm's output, their sum added to the residual
+  // (parallel_residual: a layer has no other norm).
+  double logit_scale = 1;
+  bool layer_norm = false;
+  bool parallel_residual = false;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
   // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`
   // or `bias`, which give o_proj's too, while `qkv_bias`, when present, decides
@@ -199,9 +206,9 @@ const std::vector<std::string>& supported_architectures();
 // "model.layers.<l>." (without ".weight"): of the attention's input and
 // output, and of the MLP's input and output; "" where the layer has none.
 // Most families: input_layernorm and post_attention_layernorm (the MLP's
-// input); Gemma 2 and 3 (sandwich_norms): input_layernorm,
-// post_attention_layernorm (the attention's output), pre_feedforward_layernorm,
-// post_feedforward_layernorm; GLM-4 (sandwich_norms): input_layernorm,
+// input); Cohere (parallel_residual): input_layernorm alone, which both take; Gemma 2 and 3
+// (sandwich_norms): input_layernorm, post_attention_layernorm (the attention's output),
+// pre_feedforward_layernorm, post_feedforward_layernorm; GLM-4 (sandwich_norms): input_layernorm,
 // post_self_attn_layernorm, post_attention_layernorm (the MLP's input),
 // post_mlp_layernorm; OLMo 2 and 3 (post_norms): post_attention_layernorm and
 // post_feedforward_layernorm, on the outputs alone.

@@ -109,8 +109,15 @@ struct Family {
   // ERNIE 4.5 (Ernie4_5Config's defaults; vLLM's ernie45.py, its Llama):
   // rotary on interleaved pairs over whole heads, tied by default, no biases.
   bool ernie = false;
+  // Cohere (CohereConfig's defaults; vLLM's commandr.py): LayerNorm without
+  // bias (layer_norm_eps), attention and MLP in parallel on one normed input,
+  // logits from the embeddings times logit_scale, interleaved rotary.
+  bool cohere = false;
 };
 constexpr Family kFamilies[] = {
+    // (vLLM's CohereAttention and CohereMLP: no biases whatever the config says)
+    {"CohereForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
+     Family::kNotGemma, false, Family::kNotOlmo, false, false, true},
     // (vLLM's Ernie4_5ForCausalLM: its Llama without o_proj's bias; no
     // Ernie4_5Config key gives it any other)
     {"Ernie4_5ForCausalLM", 2, 128, 5e5, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
@@ -461,6 +468,43 @@ void parse_sliding_rope(const json& j, const json& per_type, const std::string& 
               params + ".partial_rotary_factor");
 }
 
+// head_dim as hidden_size / num_attention_heads, for the families whose vLLM
+// model (`model_file`) reads no head_dim key: a config whose head_dim differs
+// is refused.
+void head_dim_from_heads(const ModelConfig& c, const std::string& origin, const char* model_file) {
+  if (c.head_dim * c.num_attention_heads != c.hidden_size)
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " takes head_dim as hidden_size / num_attention_heads (vLLM's ", model_file,
+                      " reads no head_dim), but head_dim ", c.head_dim, " x ",
+                      c.num_attention_heads, " heads is not hidden_size ", c.hidden_size);
+}
+
+// Cohere's layout (CohereConfig's defaults, transformers 4's rope_theta of
+// 10000; vLLM's commandr.py): LayerNorm without bias, attention and MLP in
+// parallel, logits from the embeddings whatever tie_word_embeddings says
+// (refused false), times logit_scale (0.0625 when absent), rotary on
+// interleaved pairs. vLLM builds no biases (attention_bias true refused) and
+// its per-head q/k LayerNorm of use_qk_norm (Command R+) is not supported
+// here.
+void parse_cohere(const json& j, const std::string& origin, ModelConfig& c) {
+  head_dim_from_heads(c, origin, "commandr.py");
+  silu_only(j, origin, c);
+  if (!c.tie_word_embeddings)
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " computes its logits with the embeddings (vLLM's model has no lm_head), "
+                      "but the config sets tie_word_embeddings false");
+  if (flag(j, "attention_bias", origin))
+    raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
+                      " (vLLM's model takes no biases; no released Command R sets it)");
+  if (flag(j, "use_qk_norm", origin))
+    raise<ModelError>(origin,
+                      ": use_qk_norm true (Command R+'s per-head q/k LayerNorm) is not "
+                      "supported for ",
+                      c.architecture);
+  c.layer_norm = c.parallel_residual = c.rope_interleaved = true;
+  c.logit_scale = positive_number_or(j, "logit_scale", 0.0625, origin);
+}
+
 // OLMo 2's and OLMo 3's layout (Olmo2Config's and Olmo3Config's defaults;
 // vLLM's olmo2.py serves both): no input_layernorm, the attention's and the
 // MLP's outputs normed before each joins the residual, q and k each normed
@@ -471,12 +515,7 @@ void parse_sliding_rope(const json& j, const json& per_type, const std::string& 
 // rope_theta unscaled; a null window is refused.
 void parse_olmo(const json& j, const json& per_type, const std::string& origin, bool olmo3,
                 ModelConfig& c) {
-  if (c.head_dim * c.num_attention_heads != c.hidden_size)
-    raise<ModelError>(origin, ": ", c.architecture,
-                      " takes head_dim as hidden_size / num_attention_heads (vLLM's olmo2.py "
-                      "reads no head_dim), but head_dim ",
-                      c.head_dim, " x ", c.num_attention_heads, " heads is not hidden_size ",
-                      c.hidden_size);
+  head_dim_from_heads(c, origin, "olmo2.py");
   c.post_norms = c.qk_norm_whole = true;
   const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
   if (!olmo3 && !typed) {  // (OLMo 2 without windows: no sliding layers to turn apart)
@@ -611,6 +650,7 @@ bool ModelConfig::sliding_layer(std::int64_t layer) const {
 }
 
 LayerNorms layer_norms(const ModelConfig& c) {
+  if (c.parallel_residual) return {"input_layernorm", "", "", ""};
   if (c.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};
   if (c.sandwich_norms && family(c).glm)
     return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
@@ -663,7 +703,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
                       " and no head_dim is given");
   else
     c.head_dim = c.hidden_size / c.num_attention_heads;
-  c.rms_norm_eps = positive_number(j, "rms_norm_eps", f.rms_norm_eps, origin);
+  // (Cohere's LayerNorm: layer_norm_eps)
+  c.rms_norm_eps =
+      positive_number(j, f.cohere ? "layer_norm_eps" : "rms_norm_eps", f.rms_norm_eps, origin);
   // Rope per attention type (Gemma 3 and OLMo 3 as transformers 5 writes
   // them): the full layers' read as a flat rope_parameters is, the sliding
   // ones' below.
@@ -691,7 +733,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
                       c.partial_rotary_factor);
   c.tie_word_embeddings = j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null()
                               ? flag(j, "tie_word_embeddings", origin)
-                              : f.gemma != Family::kNotGemma || f.ernie;
+                              : f.gemma != Family::kNotGemma || f.ernie || f.cohere;
   if (f.gemma != Family::kNotGemma) {
     if (!c.tie_word_embeddings)
       raise<ModelError>(origin, ": ", f.architecture,
@@ -736,6 +778,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.qk_norm = f.qk_norm;
   if (f.olmo != Family::kNotOlmo) parse_olmo(j, per_type, origin, f.olmo == Family::kOlmo3, c);
   if (f.multipliers) parse_granite(j, origin, c);
+  if (f.cohere) parse_cohere(j, origin, c);
   if (f.glm || f.ernie) {
     silu_only(j, origin, c);
     c.rope_interleaved = true;
@@ -778,6 +821,7 @@ ModelConfig load_model_config(const std::string& path) {
 }
 
 std::string model_config_to_json(const ModelConfig& c) {
+  const Family& f = family(c);
   json j = {{"architectures", {c.architecture}},
             {"hidden_size", c.hidden_size},
             {"intermediate_size", c.intermediate_size},
@@ -786,12 +830,11 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"num_key_value_heads", c.num_key_value_heads},
             {"head_dim", c.head_dim},
             {"vocab_size", c.vocab_size},
-            {"rms_norm_eps", c.rms_norm_eps},
+            {f.cohere ? "layer_norm_eps" : "rms_norm_eps", c.rms_norm_eps},
             {"rope_theta", c.rope_theta},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
-  const Family& f = family(c);
   if (c.partial_rotary_factor != 1 || f.glm)  // (GLM-4's 0.5 when absent)
     j["partial_rotary_factor"] = c.partial_rotary_factor;
   if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
@@ -841,6 +884,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = c.mlp_bias;
   }
+  if (f.cohere) j["logit_scale"] = c.logit_scale;
   if (f.multipliers) {
     j["embedding_multiplier"] = c.embedding_multiplier;
     j["attention_multiplier"] = c.attention_multiplier;
@@ -981,7 +1025,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // project builds on, the size of the struct changes with most additions: a
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__)
-static_assert(sizeof(ModelConfig) == 832,
+static_assert(sizeof(ModelConfig) == 840,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 
@@ -1017,6 +1061,9 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("attention_multiplier", c.attention_multiplier);
   field("residual_multiplier", c.residual_multiplier);
   field("logits_scaling", c.logits_scaling);
+  field("logit_scale", c.logit_scale);
+  field("mean-centred norms (LayerNorm)", c.layer_norm);
+  field("attention and MLP in parallel", c.parallel_residual);
   field("attention_bias", c.attention_bias);
   field("o_proj_bias", c.o_proj_bias);
   field("mlp_bias", c.mlp_bias);
