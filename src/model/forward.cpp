@@ -308,9 +308,9 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   for (const RopeScaling* s : {&c.rope_scaling, &c.sliding_rope_scaling})
     if (c.rope_interleaved && s->type == "longrope")
       raise<ModelError>("forward: longrope on interleaved pairs (", c.architecture,
-                        "'s) is not computed here, as vLLM computes it on halves only (its "
-                        "Phi3LongRoPEScaledRotaryEmbedding takes neox style alone); reloading "
-                        "its weights is not affected");
+                        "'s) is not computed here: vLLM's Phi3LongRoPEScaledRotaryEmbedding "
+                        "refuses GPT-J's pairs (GLM-4) or turns halves whatever the model says "
+                        "(ERNIE 4.5); reloading its weights is not affected");
   Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary);
   rope.interleaved = c.rope_interleaved;
   Rope sliding_rope = rope;

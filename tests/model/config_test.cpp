@@ -818,6 +818,14 @@ TEST(Config, Ernie45KeysAsHuggingFaceWritesThem) {
       replaced(ernie, R"("tie_word_embeddings":true)", R"("tie_word_embeddings":false)"), "c");
   const ModelConfig untied_back = parse_model_config(model_config_to_json(untied), "round trip");
   EXPECT_FALSE(untied_back.tie_word_embeddings) << "false written, not left to the default";
+  // A logit_scale, which vLLM's LlamaForCausalLM multiplies the logits by.
+  const ModelConfig scaled = parse_model_config(
+      replaced(ernie, R"("use_bias":false)", R"("use_bias":false,"logit_scale":0.5)"), "c");
+  EXPECT_EQ(scaled.logit_scale, 0.5);
+  EXPECT_EQ(c.logit_scale, 1);
+  const ModelConfig scaled_back = parse_model_config(model_config_to_json(scaled), "round trip");
+  EXPECT_TRUE(config_differences(scaled, scaled_back).empty())
+      << config_differences(scaled, scaled_back)[0];
   EXPECT_TRUE(refused(replaced(ernie, R"("use_bias":false)", R"("use_bias":true)"),
                       "use_bias true is refused for Ernie4_5ForCausalLM"));
   EXPECT_TRUE(refused(replaced(ernie, R"("hidden_act":"silu")", R"("hidden_act":"relu")"),

@@ -90,11 +90,11 @@ struct ModelConfig {
   // absent (GLM-4: 0.5, Glm4Config's).
   double partial_rotary_factor = 1;
   // Rotary on pairs of neighbouring dimensions (2i, 2i + 1) of the turned
-  // ones, as GPT-J, GLM-4 and ERNIE 4.5 turn them (vLLM's is_neox_style=False), instead
-  // of Llama's halves (i, i + dims / 2).
+  // ones, as GPT-J, GLM-4, ERNIE 4.5 and Cohere turn them (vLLM's
+  // is_neox_style=False), instead of Llama's halves (i, i + dims / 2).
   bool rope_interleaved = false;
-  bool tie_word_embeddings =
-      false;  // absent: true for the Gemmas and ERNIE 4.5, false for the others
+  // absent: true for the Gemmas, ERNIE 4.5 and Cohere, false for the others
+  bool tie_word_embeddings = false;
   Activation activation = Activation::kSilu;
   // Gemma (vLLM's GemmaRMSNorm and GemmaModel): RMSNorm scales by 1 + weight,
   // and the embeddings are multiplied by sqrt(hidden_size) rounded to the
@@ -141,8 +141,9 @@ struct ModelConfig {
   double residual_multiplier = 1;
   double logits_scaling = 1;
   // Cohere (CohereConfig; vLLM's commandr.py): the logits multiplied by
-  // logit_scale (1: the others'); every norm a LayerNorm without bias
-  // (layer_norm: x minus its mean, normed by its variance; the epsilon is
+  // logit_scale (0.0625 when absent; for the families vLLM serves with its
+  // LlamaForCausalLM, the config's where it has one, else 1; 1 for the others); every norm a
+  // LayerNorm without bias (layer_norm: x minus its mean, normed by its variance; the epsilon is
   // layer_norm_eps, held in rms_norm_eps); attention and MLP both on the
   // input_layernorm's output, their sum added to the residual
   // (parallel_residual: a layer has no other norm).

@@ -779,13 +779,17 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (f.olmo != Family::kNotOlmo) parse_olmo(j, per_type, origin, f.olmo == Family::kOlmo3, c);
   if (f.multipliers) parse_granite(j, origin, c);
   if (f.cohere) parse_cohere(j, origin, c);
+  // (vLLM's LlamaForCausalLM, which serves Llama, Mistral, Phi-3 and ERNIE 4.5,
+  // multiplies the logits by a logit_scale where the config has one)
+  if (f.biases == Biases::kLlama || f.ernie)
+    c.logit_scale = positive_number_or(j, "logit_scale", 1, origin);
   if (f.glm || f.ernie) {
     silu_only(j, origin, c);
     c.rope_interleaved = true;
     c.sandwich_norms = f.glm;
   }
   // (Hugging Face's Ernie4_5 gives every projection a bias with use_bias;
-  // vLLM's takes none, and could not load them)
+  // vLLM's takes none, and would skip them without a word: other logits)
   if (f.ernie && flag(j, "use_bias", origin))
     raise<ModelError>(origin,
                       ": use_bias true is refused for Ernie4_5ForCausalLM (vLLM's model takes no "
@@ -884,7 +888,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = c.mlp_bias;
   }
-  if (f.cohere) j["logit_scale"] = c.logit_scale;
+  if (f.cohere || c.logit_scale != 1) j["logit_scale"] = c.logit_scale;
   if (f.multipliers) {
     j["embedding_multiplier"] = c.embedding_multiplier;
     j["attention_multiplier"] = c.attention_multiplier;
@@ -1024,7 +1028,8 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // (A field added to ModelConfig joins the list below; on the platform the
 // project builds on, the size of the struct changes with most additions: a
 // check that fails until the list is looked at.)
-#if defined(__GLIBCXX__) && defined(__x86_64__)
+#if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
+    !defined(_GLIBCXX_DEBUG)
 static_assert(sizeof(ModelConfig) == 840,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
@@ -1041,7 +1046,7 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("num_key_value_heads", c.num_key_value_heads);
   field("head_dim", c.head_dim);
   field("vocab_size", c.vocab_size);
-  field("rms_norm_eps", c.rms_norm_eps);
+  field(c.layer_norm ? "layer_norm_eps" : "rms_norm_eps", c.rms_norm_eps);
   field("rope_theta", c.rope_theta);
   field("rope_scaling", scaling(c.rope_scaling));
   field("partial_rotary_factor", c.partial_rotary_factor);
