@@ -374,8 +374,11 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
       k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c);
     }
     const Rope& turn = c.sliding_type(l) ? sliding_rope : rope;
-    q = apply_rope(q, turn);
-    k = apply_rope(k, turn).index_select(1, kv_index);
+    if (!c.nope_full_layers || c.sliding_type(l)) {  // (Cohere 2's full layers: no rotary)
+      q = apply_rope(q, turn);
+      k = apply_rope(k, turn);
+    }
+    k = k.index_select(1, kv_index);
     v = v.index_select(1, kv_index);
     // Row-parallel: partial products are summed over the group, then the
     // (replicated) bias is added once.

@@ -137,6 +137,8 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"mean-centred norms (LayerNorm) false vs true", [](ModelConfig& c) { c.layer_norm = true; }},
       {"attention and MLP in parallel false vs true",
        [](ModelConfig& c) { c.parallel_residual = true; }},
+      {"full layers without rotary false vs true",
+       [](ModelConfig& c) { c.nope_full_layers = true; }},
       {"attention_bias false vs true", [](ModelConfig& c) { c.attention_bias = true; }},
       {"o_proj_bias false vs true", [](ModelConfig& c) { c.o_proj_bias = true; }},
       {"mlp_bias false vs true", [](ModelConfig& c) { c.mlp_bias = true; }},
@@ -888,6 +890,43 @@ TEST(Config, CohereKeysAsHuggingFaceWritesThem) {
               "(vLLM's commandr.py reads no head_dim)"));
 }
 
+// c4ai-command-r7b-12-2024's config.json, cut to 4 layers (Cohere2Config;
+// vLLM's commandr.py): Cohere's keys plus windows on all but every
+// sliding_window_pattern-th layer, whose full layers turn no rotary.
+TEST(Config, Cohere2KeysAsHuggingFaceWritesThem) {
+  const std::string cohere2 = R"({"architectures":["Cohere2ForCausalLM"],"attention_bias":false,
+    "attention_dropout":0.0,"bos_token_id":5,"eos_token_id":255001,"head_dim":128,
+    "hidden_act":"silu","hidden_size":4096,"initializer_range":0.02,"intermediate_size":14336,
+    "layer_norm_eps":1e-05,"logit_scale":0.25,"max_position_embeddings":8192,
+    "model_type":"cohere2","num_attention_heads":32,"num_hidden_layers":4,
+    "num_key_value_heads":8,"pad_token_id":0,"rope_theta":50000,"sliding_window":4096,
+    "sliding_window_pattern":4,"torch_dtype":"bfloat16","use_cache":true,"vocab_size":256000})";
+  const ModelConfig c = parse_model_config(cohere2, "config.json");
+  EXPECT_TRUE(c.layer_norm && c.parallel_residual && c.rope_interleaved && c.nope_full_layers &&
+              c.tie_word_embeddings);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.sliding_layers, (std::vector<std::int64_t>{0, 1, 2}));
+  EXPECT_EQ(c.logit_scale, 0.25);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  // Cohere2Config's defaults: windows of 4096, pattern 4; layer_types first.
+  const ModelConfig d = parse_model_config(
+      without(cohere2, {R"("sliding_window":4096,)", R"("sliding_window_pattern":4,)"}), "c");
+  EXPECT_EQ(d.sliding_window, 4096);
+  EXPECT_EQ(d.sliding_layers, (std::vector<std::int64_t>{0, 1, 2}));
+  const ModelConfig typed = parse_model_config(
+      replaced(cohere2, R"("sliding_window_pattern":4,)",
+               R"("layer_types":["full_attention","sliding_attention","full_attention",)"
+               R"("sliding_attention"],)"),
+      "c");
+  EXPECT_EQ(typed.sliding_layers, (std::vector<std::int64_t>{1, 3}));
+  EXPECT_TRUE(refused(replaced(cohere2, R"("sliding_window":4096)", R"("sliding_window":null)"),
+                      "Cohere2ForCausalLM takes a positive 'sliding_window', got null"));
+  std::map<std::string, std::vector<std::int64_t>> held;
+  for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
+  EXPECT_EQ(held.size(), 1 + 4 * 8 + 1u);  // (embed; per layer 1 norm, q/k/v/o, gate/up/down; norm)
+}
+
 TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kOlmo2, "config.json");
   EXPECT_TRUE(c.qk_norm && c.qk_norm_whole && c.post_norms);
@@ -1292,6 +1331,7 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: CohereForCausalLM, "
+                "Cohere2ForCausalLM, "
                 "Ernie4_5ForCausalLM, "
                 "GemmaForCausalLM, "
                 "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, "

@@ -122,6 +122,12 @@ ModelConfig tiny_config(const std::string& name) {
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":125,
       "layer_norm_eps":1e-05,"logit_scale":0.25,"use_qk_norm":false,"attention_bias":false,
       "hidden_act":"silu","torch_dtype":"bfloat16"})";
+  else if (name == "cohere2")  // Cohere's layout; layers 0-2 of 4 slide over windows of 3
+    // (sliding_window_pattern absent: 4) and turn rotary, layer 3 turns none
+    json = R"({"architectures":["Cohere2ForCausalLM"],"hidden_size":64,"intermediate_size":80,
+      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":130,
+      "layer_norm_eps":1e-05,"logit_scale":0.5,"sliding_window":3,"rope_theta":50000.0,
+      "hidden_act":"silu","torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -222,8 +228,8 @@ bool glm4(const ModelConfig& c) {
 // bias, attention and MLP on one normed input, their outputs added to the
 // residual together, logits from the embeddings times logit_scale (0.0625
 // when absent).
-bool cohere(const ModelConfig& c) {
-  return c.architecture == "CohereForCausalLM";
+bool cohere(const ModelConfig& c) {  // (Cohere and Cohere 2)
+  return c.architecture == "CohereForCausalLM" || c.architecture == "Cohere2ForCausalLM";
 }
 
 // Rotary on interleaved pairs: GLM-4's, ERNIE 4.5's (vLLM's ernie45.py
@@ -259,6 +265,7 @@ struct LayerAttention {
   std::vector<bool> sliding;
   bool own_rotary = false;  // (Gemma 3's: full and local below)
   double full_base = 0, full_factor = 1, local_base = 0, local_factor = 1;
+  bool full_unturned = false;  // (Cohere 2's: no rotary on the full layers)
 };
 
 // The base and linear factor of a rotary entry `e` (an object or null), with
@@ -280,11 +287,21 @@ LayerAttention layer_attention(const ModelConfig& c) {
   // (OLMo 2 slides as OLMo 3 where its config has layer_types)
   const bool olmo3 = c.architecture == "Olmo3ForCausalLM" ||
                      (c.architecture == "Olmo2ForCausalLM" && j.contains("layer_types"));
-  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c) && !olmo3) return g;
+  const bool cohere2 = c.architecture == "Cohere2ForCausalLM";
+  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c) && !olmo3 && !cohere2) return g;
   auto number = [&](const char* key, double fallback) {
     if (!j.contains(key)) return fallback;
     return j[key].is_null() ? 0.0 : j[key].get<double>();
   };
+  if (cohere2) {  // (Cohere2Config: windows of 4096 on all but every 4th layer)
+    g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
+    const auto pattern = static_cast<std::int64_t>(number("sliding_window_pattern", 4));
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+      g.sliding[l] = j.contains("layer_types") ? j["layer_types"][l] == "sliding_attention"
+                                               : (l + 1) % pattern != 0;
+    g.full_unturned = true;
+    return g;
+  }
   if (!olmo3) {
     g.scalar = number("query_pre_attn_scalar", 256);
     g.attn_cap = gemma3(c) ? 0 : number("attn_logit_softcapping", 50);
@@ -699,8 +716,12 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }
     const ModelConfig& turn = att.sliding[l] ? local : full;
-    q = rope(q.transpose(0, 1), turn, share, interleaved_pairs(c));
-    k = rope(k.transpose(0, 1), turn, share, interleaved_pairs(c));
+    q = q.transpose(0, 1);
+    k = k.transpose(0, 1);
+    if (!att.full_unturned || att.sliding[l]) {
+      q = rope(q, turn, share, interleaved_pairs(c));
+      k = rope(k, turn, share, interleaved_pairs(c));
+    }
     at::Tensor v =
         linear_ref(ckpt, x, p + "self_attn.v_proj").reshape({n, nkv, hd}).transpose(0, 1);
     k = k.repeat_interleave(nh / nkv, 0);

@@ -56,6 +56,9 @@ namespace tpreload::testdata {
 // "cohere" (Cohere: LayerNorm, attention and MLP in parallel on the input
 // norm, logits times logit_scale 0.25, interleaved rotary; tied by default;
 // 8 heads / 2 KV heads, vocab 125),
+// "cohere2" (Cohere 2: Cohere's layout, layers 0-2 of 4 sliding over
+// windows of 3 with rotary at base 50000, layer 3 attending to all without
+// rotary; logits x 0.5, vocab 130),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
@@ -63,7 +66,7 @@ inline const char* const kTinyConfigs[] = {
     "llama_gqa",       "qwen2_tied", "mistral_mqa", "qwen3_dense",    "qwen3_moe",
     "qwen3_moe_plain", "qwen2_moe",  "mixtral",     "llama_mlp_bias", "phi3",
     "gemma",           "gemma2",     "gemma3",      "granite",        "olmo2",
-    "olmo3",           "glm4",       "ernie45",     "cohere"};
+    "olmo3",           "glm4",       "ernie45",     "cohere",         "cohere2"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

@@ -1,9 +1,9 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (CohereForCausalLM, Ernie4_5ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM,
-// Glm4ForCausalLM, GraniteForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM,
-// MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM, Qwen2MoeForCausalLM,
-// Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it holds. No torch here:
-// the checkpoint tool and the checkpoint layer's tests use it too.
+// (CohereForCausalLM, Cohere2ForCausalLM, Ernie4_5ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
+// Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM,
+// Olmo3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
+// Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it
+// holds. No torch here: the checkpoint tool and the checkpoint layer's tests use it too.
 #pragma once
 
 #include <cstdint>
@@ -150,6 +150,8 @@ struct ModelConfig {
   double logit_scale = 1;
   bool layer_norm = false;
   bool parallel_residual = false;
+  // Cohere 2: the layers not of the sliding type turn no rotary (NoPE).
+  bool nope_full_layers = false;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
   // for Qwen2, `attention_bias` for Qwen3; for Llama and Mistral `attention_bias`
   // or `bias`, which give o_proj's too, while `qkv_bias`, when present, decides

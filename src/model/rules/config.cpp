@@ -111,13 +111,16 @@ struct Family {
   bool ernie = false;
   // Cohere (CohereConfig's defaults; vLLM's commandr.py): LayerNorm without
   // bias (layer_norm_eps), attention and MLP in parallel on one normed input,
-  // logits from the embeddings times logit_scale, interleaved rotary.
-  bool cohere = false;
+  // logits from the embeddings times logit_scale, interleaved rotary; Cohere 2
+  // (Cohere2Config): and sliding windows, its full layers turning no rotary.
+  enum Cohere { kNotCohere, kCohere, kCohere2 } cohere = kNotCohere;
 };
 constexpr Family kFamilies[] = {
     // (vLLM's CohereAttention and CohereMLP: no biases whatever the config says)
     {"CohereForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma, false, Family::kNotOlmo, false, false, true},
+     Family::kNotGemma, false, Family::kNotOlmo, false, false, Family::kCohere},
+    {"Cohere2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
+     Family::kNotGemma, false, Family::kNotOlmo, false, false, Family::kCohere2},
     // (vLLM's Ernie4_5ForCausalLM: its Llama without o_proj's bias; no
     // Ernie4_5Config key gives it any other)
     {"Ernie4_5ForCausalLM", 2, 128, 5e5, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
@@ -483,10 +486,13 @@ void head_dim_from_heads(const ModelConfig& c, const std::string& origin, const 
 // 10000; vLLM's commandr.py): LayerNorm without bias, attention and MLP in
 // parallel, logits from the embeddings whatever tie_word_embeddings says
 // (refused false), times logit_scale (0.0625 when absent), rotary on
-// interleaved pairs. vLLM builds no biases (attention_bias true refused) and
+// interleaved pairs. Cohere 2 (Cohere2Config; vLLM's commandr.py too) adds
+// sliding_window (4096 when absent) on the layers `layer_types` marks, else
+// on all but every sliding_window_pattern-th (4), and turns rotary on those
+// layers alone. vLLM builds no biases (attention_bias true refused) and
 // its per-head q/k LayerNorm of use_qk_norm (Command R+) is not supported
 // here.
-void parse_cohere(const json& j, const std::string& origin, ModelConfig& c) {
+void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelConfig& c) {
   head_dim_from_heads(c, origin, "commandr.py");
   silu_only(j, origin, c);
   if (!c.tie_word_embeddings)
@@ -503,6 +509,14 @@ void parse_cohere(const json& j, const std::string& origin, ModelConfig& c) {
                       c.architecture);
   c.layer_norm = c.parallel_residual = c.rope_interleaved = true;
   c.logit_scale = positive_number_or(j, "logit_scale", 0.0625, origin);
+  if (!cohere2) return;
+  // (vLLM turns no layer without a window: no Cohere 2 leaves it null)
+  if (j.contains("sliding_window") && j["sliding_window"].is_null())
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " takes a positive 'sliding_window', got null (vLLM would turn no layer's "
+                      "rotary then)");
+  parse_windows(j, origin, positive_int_or(j, "sliding_window_pattern", 4, origin), c);
+  c.nope_full_layers = true;
 }
 
 // OLMo 2's and OLMo 3's layout (Olmo2Config's and Olmo3Config's defaults;
@@ -778,7 +792,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.qk_norm = f.qk_norm;
   if (f.olmo != Family::kNotOlmo) parse_olmo(j, per_type, origin, f.olmo == Family::kOlmo3, c);
   if (f.multipliers) parse_granite(j, origin, c);
-  if (f.cohere) parse_cohere(j, origin, c);
+  if (f.cohere) parse_cohere(j, origin, f.cohere == Family::kCohere2, c);
   // (vLLM's LlamaForCausalLM, which serves Llama, Mistral, Phi-3 and ERNIE 4.5,
   // multiplies the logits by a logit_scale where the config has one)
   if (f.biases == Biases::kLlama || f.ernie)
@@ -868,7 +882,8 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attn_logit_softcapping"] = or_null(c.attn_logit_softcapping);
     j["final_logit_softcapping"] = or_null(c.final_logit_softcapping);
   }
-  if (gemma2_or_3 || c.sliding_rope_theta > 0) {  // (the Gemmas' and OLMo 3's windows)
+  // (the Gemmas', OLMo 3's and Cohere 2's windows)
+  if (gemma2_or_3 || c.sliding_rope_theta > 0 || c.nope_full_layers) {
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     json types = json::array();
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
@@ -1030,7 +1045,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
     !defined(_GLIBCXX_DEBUG)
-static_assert(sizeof(ModelConfig) == 840,
+static_assert(sizeof(ModelConfig) == 848,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 
@@ -1069,6 +1084,7 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("logit_scale", c.logit_scale);
   field("mean-centred norms (LayerNorm)", c.layer_norm);
   field("attention and MLP in parallel", c.parallel_residual);
+  field("full layers without rotary", c.nope_full_layers);
   field("attention_bias", c.attention_bias);
   field("o_proj_bias", c.o_proj_bias);
   field("mlp_bias", c.mlp_bias);
