@@ -900,7 +900,9 @@ TEST(Config, Cohere2KeysAsHuggingFaceWritesThem) {
     "layer_norm_eps":1e-05,"logit_scale":0.25,"max_position_embeddings":8192,
     "model_type":"cohere2","num_attention_heads":32,"num_hidden_layers":4,
     "num_key_value_heads":8,"pad_token_id":0,"rope_theta":50000,"sliding_window":4096,
-    "sliding_window_pattern":4,"torch_dtype":"bfloat16","use_cache":true,"vocab_size":256000})";
+    "sliding_window_pattern":4,"torch_dtype":"bfloat16","use_cache":true,"vocab_size":256000,
+    "order_of_interleaved_layers":"local_attn_first","position_embedding_type":"rope_gptj",
+    "rotary_pct":1.0,"use_embedding_sharing":true,"use_gated_activation":true})";
   const ModelConfig c = parse_model_config(cohere2, "config.json");
   EXPECT_TRUE(c.layer_norm && c.parallel_residual && c.rope_interleaved && c.nope_full_layers &&
               c.tie_word_embeddings);
@@ -920,6 +922,13 @@ TEST(Config, Cohere2KeysAsHuggingFaceWritesThem) {
                R"("sliding_attention"],)"),
       "c");
   EXPECT_EQ(typed.sliding_layers, (std::vector<std::int64_t>{1, 3}));
+  // (the pattern is not read beside layer_types, as Cohere2Config reads it)
+  const ModelConfig typed_null = parse_model_config(
+      replaced(cohere2, R"("sliding_window_pattern":4,)",
+               R"("sliding_window_pattern":null,"layer_types":["sliding_attention",)"
+               R"("sliding_attention","sliding_attention","full_attention"],)"),
+      "c");
+  EXPECT_EQ(typed_null.sliding_layers, (std::vector<std::int64_t>{0, 1, 2}));
   EXPECT_TRUE(refused(replaced(cohere2, R"("sliding_window":4096)", R"("sliding_window":null)"),
                       "Cohere2ForCausalLM takes a positive 'sliding_window', got null"));
   std::map<std::string, std::vector<std::int64_t>> held;

@@ -297,8 +297,9 @@ LayerAttention layer_attention(const ModelConfig& c) {
     g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
     const auto pattern = static_cast<std::int64_t>(number("sliding_window_pattern", 4));
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-      g.sliding[l] = j.contains("layer_types") ? j["layer_types"][l] == "sliding_attention"
-                                               : (l + 1) % pattern != 0;
+      g.sliding[l] = j.contains("layer_types") && !j["layer_types"].is_null()
+                         ? j["layer_types"][l] == "sliding_attention"
+                         : (l + 1) % pattern != 0;
     g.full_unturned = true;
     return g;
   }

@@ -515,7 +515,9 @@ void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelC
     raise<ModelError>(origin, ": ", c.architecture,
                       " takes a positive 'sliding_window', got null (vLLM would turn no layer's "
                       "rotary then)");
-  parse_windows(j, origin, positive_int_or(j, "sliding_window_pattern", 4, origin), c);
+  // (the pattern read only where layer_types is not given, as Cohere2Config reads it)
+  const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
+  parse_windows(j, origin, typed ? 4 : positive_int_or(j, "sliding_window_pattern", 4, origin), c);
   c.nope_full_layers = true;
 }
 
