@@ -83,7 +83,7 @@ struct Rope {
   bool interleaved = false;  // (GLM-4's pairs: ModelConfig::rope_interleaved)
 };
 
-Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim) {
+Rope scaled_rope(double theta, const RopeScaling& s, std::int64_t dim) {
   auto frequencies = [&](double base) {
     return 1.0 / at::pow(base, at::arange(0, dim, 2, at::kDouble) / static_cast<double>(dim));
   };
@@ -159,6 +159,20 @@ Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim) {
   return {at::where(wavelen < context / s.high_freq_factor, inv,
                     at::where(wavelen > context / s.low_freq_factor, inv / s.factor,
                               (1 - smooth) * inv / s.factor + smooth * inv))};
+}
+
+// The rope of a head of `dim` rotary dims, on interleaved pairs where asked
+// (ModelConfig::rope_interleaved). longrope on such pairs is refused: vLLM's
+// Phi3LongRoPEScaledRotaryEmbedding refuses GPT-J's pairs (GLM-4) or turns
+// halves whatever the model asks (ERNIE 4.5).
+Rope rope_of(double theta, const RopeScaling& s, std::int64_t dim, bool interleaved) {
+  if (interleaved && s.type == "longrope")
+    raise<ModelError>("forward: rope_type 'longrope' (", s.source, " ", s.json,
+                      ") on interleaved pairs is not computed here, as vLLM computes it on "
+                      "halves only; reloading the weights is not affected");
+  Rope r = scaled_rope(theta, s, dim);
+  r.interleaved = interleaved;
+  return r;
 }
 
 // The dimensions of a head that rotary turns: head_dim x partial_rotary_factor,
@@ -305,19 +319,11 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   const ModelConfig& c = config();
   // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart.
   const std::int64_t rotary = rotary_dims(c);
-  for (const RopeScaling* s : {&c.rope_scaling, &c.sliding_rope_scaling})
-    if (c.rope_interleaved && s->type == "longrope")
-      raise<ModelError>("forward: longrope on interleaved pairs (", c.architecture,
-                        "'s) is not computed here: vLLM's Phi3LongRoPEScaledRotaryEmbedding "
-                        "refuses GPT-J's pairs (GLM-4) or turns halves whatever the model says "
-                        "(ERNIE 4.5); reloading its weights is not affected");
-  Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary);
-  rope.interleaved = c.rope_interleaved;
-  Rope sliding_rope = rope;
-  if (c.sliding_rope_theta > 0) {
-    sliding_rope = rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary);
-    sliding_rope.interleaved = c.rope_interleaved;
-  }
+  const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary, c.rope_interleaved);
+  const Rope sliding_rope =
+      c.sliding_rope_theta > 0
+          ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary, c.rope_interleaved)
+          : rope;
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
   const at::Tensor ids = at::tensor(tokens, at::kLong);
@@ -390,7 +396,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     attn = norm(attn, norms.attention_out);
     h = h + attn * c.residual_multiplier;  // (Granite's; 1 for the others)
     // (Cohere: the MLP takes the attention's normed input, in parallel)
-    const at::Tensor y = c.parallel_residual ? x : norm(h, norms.mlp_in);
+    const at::Tensor y = c.norm_layout == NormLayout::kParallel ? x : norm(h, norms.mlp_in);
     at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
     allreduce_sum(mlp, comm);
     mlp = norm(mlp, norms.mlp_out);

@@ -68,6 +68,14 @@ struct RopeScaling {
 // `hidden_activation` is "gelu" (vLLM's _get_gemma_act_fn), Gemma 2's always
 // tanh-approximated.
 enum class Activation : std::uint8_t { kSilu, kGeluTanh, kGelu };
+
+// Where a decoder layer norms, each layout's norms named by layer_norms():
+// kPre (most families): the attention's input and the MLP's; kSandwich (Gemma
+// 2 and 3): and both outputs; kGlm (GLM-4): the same four under GLM's names;
+// kPost (OLMo 2 and 3): both outputs alone; kParallel (Cohere): the layer's
+// input alone, which attention and MLP both take, their sum joining the
+// residual.
+enum class NormLayout : std::uint8_t { kPre, kSandwich, kGlm, kPost, kParallel };
 // "silu", "gelu_pytorch_tanh", "gelu".
 const char* activation_name(Activation activation);
 
@@ -113,9 +121,7 @@ struct ModelConfig {
   // keys with its own defaults: no soft-capping (vLLM's Gemma3Attention takes
   // none whatever attn_logit_softcapping says), windows on the layers
   // `layer_types` marks, else on all but every sliding_window_pattern-th.
-  // sandwich_norms: the four norms a layer (Gemma 2's and 3's, and GLM-4's
-  // under its own names: layer_norms() names each family's).
-  bool sandwich_norms = false;
+  NormLayout norm_layout = NormLayout::kPre;
   double query_pre_attn_scalar = 0;
   double attn_logit_softcapping = 0;
   double final_logit_softcapping = 0;
@@ -144,12 +150,9 @@ struct ModelConfig {
   // logit_scale (0.0625 when absent; for the families vLLM serves with its
   // LlamaForCausalLM, the config's where it has one, else 1; 1 for the others); every norm a
   // LayerNorm without bias (layer_norm: x minus its mean, normed by its variance; the epsilon is
-  // layer_norm_eps, held in rms_norm_eps); attention and MLP both on the
-  // input_layernorm's output, their sum added to the residual
-  // (parallel_residual: a layer has no other norm).
+  // layer_norm_eps, held in rms_norm_eps); its layers NormLayout::kParallel.
   double logit_scale = 1;
   bool layer_norm = false;
-  bool parallel_residual = false;
   // Cohere 2: the layers not of the sliding type turn no rotary (NoPE).
   bool nope_full_layers = false;
   // Biases, as vLLM's model classes take them from the config: q/k/v always
@@ -166,11 +169,8 @@ struct ModelConfig {
   bool qk_norm = false;
   // OLMo 2 and 3 (vLLM's olmo2.py): q and k each normed over its whole
   // projection (all heads; q_norm [heads x head_dim], k_norm [kv heads x
-  // head_dim]) with qk_norm; and post-norms only: no input_layernorm, the
-  // attention's output normed by post_attention_layernorm and the MLP's by
-  // post_feedforward_layernorm before each joins the residual.
+  // head_dim]) with qk_norm; its layers NormLayout::kPost.
   bool qk_norm_whole = false;
-  bool post_norms = false;
   // Mixture of experts (Qwen2MoeForCausalLM, Qwen3MoeForCausalLM;
   // MixtralForCausalLM, whose intermediate_size is the experts', every layer
   // sparse, top-k weights renormalised); num_experts 0 for dense models. The
@@ -208,13 +208,12 @@ const std::vector<std::string>& supported_architectures();
 // The norms of a decoder layer, as the checkpoint names them after
 // "model.layers.<l>." (without ".weight"): of the attention's input and
 // output, and of the MLP's input and output; "" where the layer has none.
-// Most families: input_layernorm and post_attention_layernorm (the MLP's
-// input); Cohere (parallel_residual): input_layernorm alone, which both take; Gemma 2 and 3
-// (sandwich_norms): input_layernorm, post_attention_layernorm (the attention's output),
-// pre_feedforward_layernorm, post_feedforward_layernorm; GLM-4 (sandwich_norms): input_layernorm,
-// post_self_attn_layernorm, post_attention_layernorm (the MLP's input),
-// post_mlp_layernorm; OLMo 2 and 3 (post_norms): post_attention_layernorm and
-// post_feedforward_layernorm, on the outputs alone.
+// kPre: input_layernorm and post_attention_layernorm (the MLP's input);
+// kSandwich: input_layernorm, post_attention_layernorm (the attention's
+// output), pre_feedforward_layernorm, post_feedforward_layernorm; kGlm:
+// input_layernorm, post_self_attn_layernorm, post_attention_layernorm (the
+// MLP's input), post_mlp_layernorm; kPost: post_attention_layernorm and
+// post_feedforward_layernorm, on the outputs; kParallel: input_layernorm.
 struct LayerNorms {
   std::string attention_in, attention_out, mlp_in, mlp_out;
 };

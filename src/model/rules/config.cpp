@@ -15,6 +15,23 @@ namespace {
 
 using nlohmann::json;
 
+// A layout's name in config_fields.
+std::string norm_layout_name(NormLayout layout) {
+  switch (layout) {
+    case NormLayout::kSandwich:
+      return "sandwich";
+    case NormLayout::kGlm:
+      return "GLM's sandwich";
+    case NormLayout::kPost:
+      return "post-norms";
+    case NormLayout::kParallel:
+      return "parallel";
+    case NormLayout::kPre:
+      break;
+  }
+  return "pre-norms";
+}
+
 // Field values as config_differences names them.
 std::string show(const std::string& v) {
   return "'" + v + "'";
@@ -412,7 +429,7 @@ void parse_gemma_sandwich(const json& j, const std::string& origin, bool gemma3,
       raise<ModelError>(origin, ": ", c.architecture, " takes ", key,
                         " gelu_pytorch_tanh only, got ", j[key].dump());
   c.activation = Activation::kGeluTanh;
-  c.sandwich_norms = true;
+  c.norm_layout = NormLayout::kSandwich;
   c.query_pre_attn_scalar = positive_number_or(j, "query_pre_attn_scalar", 256, origin);
   c.attn_logit_softcapping = gemma3 ? 0 : softcap(j, "attn_logit_softcapping", 50, origin);
   c.final_logit_softcapping = softcap(j, "final_logit_softcapping", gemma3 ? 0 : 30, origin);
@@ -507,7 +524,8 @@ void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelC
                       ": use_qk_norm true (Command R+'s per-head q/k LayerNorm) is not "
                       "supported for ",
                       c.architecture);
-  c.layer_norm = c.parallel_residual = c.rope_interleaved = true;
+  c.layer_norm = c.rope_interleaved = true;
+  c.norm_layout = NormLayout::kParallel;
   c.logit_scale = positive_number_or(j, "logit_scale", 0.0625, origin);
   if (!cohere2) return;
   // (vLLM turns no layer without a window: no Cohere 2 leaves it null)
@@ -532,7 +550,8 @@ void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelC
 void parse_olmo(const json& j, const json& per_type, const std::string& origin, bool olmo3,
                 ModelConfig& c) {
   head_dim_from_heads(c, origin, "olmo2.py");
-  c.post_norms = c.qk_norm_whole = true;
+  c.qk_norm_whole = true;
+  c.norm_layout = NormLayout::kPost;
   const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
   if (!olmo3 && !typed) {  // (OLMo 2 without windows: no sliding layers to turn apart)
     if (!per_type.is_null() && per_type.contains("sliding_attention"))
@@ -666,14 +685,20 @@ bool ModelConfig::sliding_layer(std::int64_t layer) const {
 }
 
 LayerNorms layer_norms(const ModelConfig& c) {
-  if (c.parallel_residual) return {"input_layernorm", "", "", ""};
-  if (c.post_norms) return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};
-  if (c.sandwich_norms && family(c).glm)
-    return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
-            "post_mlp_layernorm"};
-  if (c.sandwich_norms)
-    return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-            "post_feedforward_layernorm"};
+  switch (c.norm_layout) {
+    case NormLayout::kSandwich:
+      return {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+              "post_feedforward_layernorm"};
+    case NormLayout::kGlm:
+      return {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+              "post_mlp_layernorm"};
+    case NormLayout::kPost:
+      return {"", "post_attention_layernorm", "", "post_feedforward_layernorm"};
+    case NormLayout::kParallel:
+      return {"input_layernorm", "", "", ""};
+    case NormLayout::kPre:
+      break;
+  }
   return {"input_layernorm", "", "post_attention_layernorm", ""};
 }
 
@@ -802,7 +827,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (f.glm || f.ernie) {
     silu_only(j, origin, c);
     c.rope_interleaved = true;
-    c.sandwich_norms = f.glm;
+    if (f.glm) c.norm_layout = NormLayout::kGlm;
   }
   // (Hugging Face's Ernie4_5 gives every projection a bias with use_bias;
   // vLLM's takes none, and would skip them without a word: other logits)
@@ -1047,7 +1072,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
     !defined(_GLIBCXX_DEBUG)
-static_assert(sizeof(ModelConfig) == 848,
+static_assert(sizeof(ModelConfig) == 840,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 
@@ -1071,7 +1096,7 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("tie_word_embeddings", c.tie_word_embeddings);
   field("hidden_activation", std::string(activation_name(c.activation)));
   field("Gemma-style normalization", c.gemma_normalization);
-  field("sandwich norms", c.sandwich_norms);
+  field("norm layout", norm_layout_name(c.norm_layout));
   field("query_pre_attn_scalar", c.query_pre_attn_scalar);
   field("attn_logit_softcapping", c.attn_logit_softcapping);
   field("final_logit_softcapping", c.final_logit_softcapping);
@@ -1085,14 +1110,12 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("logits_scaling", c.logits_scaling);
   field("logit_scale", c.logit_scale);
   field("mean-centred norms (LayerNorm)", c.layer_norm);
-  field("attention and MLP in parallel", c.parallel_residual);
   field("full layers without rotary", c.nope_full_layers);
   field("attention_bias", c.attention_bias);
   field("o_proj_bias", c.o_proj_bias);
   field("mlp_bias", c.mlp_bias);
   field("qk_norm", c.qk_norm);
   field("q/k norms over whole projections", c.qk_norm_whole);
-  field("post-norms", c.post_norms);
   field("num_experts", c.num_experts);
   field("num_experts_per_tok", c.num_experts_per_tok);
   field("moe_intermediate_size", c.moe_intermediate_size);
