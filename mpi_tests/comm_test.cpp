@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "mpi_test_main.h"
+#include "tpreload/comm/agreement.h"
 #include "tpreload/comm/mpi_communicator.h"
 #include "tpreload/core/error.h"
 
@@ -192,6 +193,65 @@ TEST(Split, TensorParallelGroupsByColor) {
   std::int64_t members = 1;
   group->allreduce_ints(&members, 1, IntOp::kSum);
   EXPECT_EQ(members, group_size);
+}
+
+// Values that differ between ranks are named with which ranks hold which: at
+// most three values per name (the rest counted, their ranks listed), texts cut
+// to 95 bytes, hashes shown only as "one value" and "another"; values every
+// rank shares are not named.
+TEST(Agreement, NamesWhichRanksHoldWhichValue) {
+  const int rank = world().rank(), size = world().size();
+  const std::string long_text(200, 'x');
+  const std::vector<AgreedValue> values = {{"the same", 7},
+                                           {"parity", static_cast<std::uint64_t>(rank % 2)},
+                                           {"the rank", static_cast<std::uint64_t>(rank)},
+                                           {"a flag", rank == size - 1},
+                                           {"a text", long_text + (rank == 0 ? "a" : "b")},
+                                           AgreedValue::hashed("a layout", rank == 0 ? 11 : 12)};
+  std::string error = "no error";
+  try {
+    agree_on_values<UsageError>(world(), values, " (told)");
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  if (size == 1) {
+    EXPECT_EQ(error, "no error");
+    return;
+  }
+  // The test's own lists: ranks joined one by one, runs of two or more as a-b.
+  auto listed = [](const std::vector<int>& ranks) {
+    std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      const bool run_before = i > 0 && ranks[i - 1] == ranks[i] - 1;
+      const bool run_after = i + 1 < ranks.size() && ranks[i + 1] == ranks[i] + 1;
+      if (run_before && run_after) continue;
+      if (run_before)
+        out += "-" + std::to_string(ranks[i]);
+      else
+        out += (i ? ", " : "") + std::to_string(ranks[i]);
+    }
+    return out;
+  };
+  std::vector<int> even, odd, others, all_but_first, all_but_last;
+  for (int r = 0; r < size; ++r) {
+    (r % 2 ? odd : even).push_back(r);
+    if (r >= 3) others.push_back(r);
+    if (r > 0) all_but_first.push_back(r);
+    if (r < size - 1) all_but_last.push_back(r);
+  }
+  std::string by_rank = "parity: 0 on " + listed(even) + ", 1 on " + listed(odd) + "; the rank: ";
+  for (int r = 0; r < std::min(size, 3); ++r)
+    by_rank += (r ? ", " : "") + std::to_string(r) + " on rank " + std::to_string(r);
+  if (size == 4) by_rank += ", 1 other value on rank 3";
+  if (size > 4) by_rank += ", " + std::to_string(size - 3) + " other values on " + listed(others);
+  const std::string cut = std::string(92, 'x') + "...";
+  by_rank += "; a flag: false on " + listed(all_but_last) + ", true on rank " +
+             std::to_string(size - 1) + "; a text: " + cut + " on rank 0, " + cut + " on " +
+             listed(all_but_first) + "; a layout: one value on rank 0, another on " +
+             listed(all_but_first);
+  EXPECT_EQ(
+      error,
+      "ranks disagree on parity, the rank, a flag, a text, a layout (told); by rank: " + by_rank);
 }
 
 TEST(Barrier, CompletesOnEveryRank) {

@@ -329,8 +329,8 @@ TEST(Integrity, ReplicasThatDifferAfterAReloadFailItOnEveryRank) {
 
 // Ranks whose options or configs differ are told which before any transfer.
 // Every field of the config is compared on its own, and the error names those
-// that differ: one the forward pass alone reads, and one that shapes the
-// parameters (whose layout then differs too).
+// that differ, with which ranks hold which value: one the forward pass alone
+// reads, and one that shapes the parameters (whose layout then differs too).
 TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer) {
   TPRELOAD_REQUIRE_RANKS(2);
   const Versions v;
@@ -341,6 +341,11 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
   };
   const auto same_options = [](ReloadOptions&) {};
   const auto same_config = [](ModelConfig&) {};
+  // Which ranks hold which value: the last rank's own, and every other rank's
+  // (llama_gqa's rms_norm_eps is 1e-5, its final_logit_softcapping 0, no qk_norm).
+  const int n = world().size();
+  const std::string first = n == 2 ? "rank 0" : "ranks 0-" + std::to_string(n - 2);
+  const std::string last = "rank " + std::to_string(n - 1);
   const std::vector<Case> cases = {
       {[](ReloadOptions& o) {
          o.bucket_bytes = 4096;
@@ -348,15 +353,19 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
        },
        same_config,
        "ranks disagree on the bucket size, checksums (every rank must pass the same); "
-       "nothing was reloaded"},
+       "nothing was reloaded; by rank: the bucket size: 8388608 on " +
+           first + ", 4096 on " + last + "; checksums: true on " + first + ", false on " + last},
       // Explicit depths may differ; a depth chosen on some ranks only may not (the
       // choice is collective).
       {[](ReloadOptions& o) { o.pipeline_depth = 2; }, same_config,
        "ranks disagree on whether the pipeline depth is chosen per rank (every rank must pass "
-       "the same); nothing was reloaded"},
+       "the same); nothing was reloaded; by rank: whether the pipeline depth is chosen per rank: "
+       "true on " +
+           first + ", false on " + last},
       {same_options, [](ModelConfig& c) { c.rms_norm_eps *= 2; },
        "ranks disagree on the model config's rms_norm_eps (every rank must pass the same); "
-       "nothing was reloaded"},
+       "nothing was reloaded; by rank: the model config's rms_norm_eps: 1e-05 on " +
+           first + ", 2e-05 on " + last},
       {same_options,
        [](ModelConfig& c) {
          c.qk_norm = true;
@@ -364,7 +373,13 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
        },
        "ranks disagree on the model config's final_logit_softcapping, the model config's "
        "qk_norm, the model's parameters (quantization, LoRA, expert parallelism, shapes) (every "
-       "rank must pass the same); nothing was reloaded"},
+       "rank must pass the same); nothing was reloaded; by rank: the model config's "
+       "final_logit_softcapping: 0.0 on " +
+           first + ", 30.0 on " + last + "; the model config's qk_norm: false on " + first +
+           ", true on " + last +
+           "; the model's parameters (quantization, LoRA, expert parallelism, shapes): one value "
+           "on " +
+           first + ", another on " + last},
   };
   for (const Case& c : cases) {
     ModelConfig config = v.config;

@@ -309,7 +309,7 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     MpiCommunicator& comm = world.comm();
     agree_on_problem<UsageError>(comm, problem, "reading the request");
     // (fingerprints are gathered collectively after the reload)
-    agree_on_values<UsageError>(comm, {{"fingerprint", q.fingerprint ? 1u : 0u}},
+    agree_on_values<UsageError>(comm, {{"fingerprint", q.fingerprint}},
                                 " (every rank must pass the same fingerprint=); nothing was "
                                 "reloaded");
     std::optional<ModelConfig> config;

@@ -17,6 +17,7 @@
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/data_transport.h"
 #include "tpreload/comm/device.h"
+#include "tpreload/comm/memory.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/fnv.h"
 #include "tpreload/core/log.h"
@@ -147,12 +148,11 @@ std::uint64_t fnv(std::uint64_t h, const std::string& s) {
 // parameter its shape, dtype, kind, layer and stacked shards), the data plane,
 // whose transfers every rank must post alike, and every option that changes
 // the plan or the sequence of collectives.
-std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadTarget& model,
-                                                                   const ReloadOptions& o,
-                                                                   const DataTransport& data) {
-  std::vector<std::pair<std::string, std::uint64_t>> parts;
+std::vector<AgreedValue> agreement_parts(const ReloadTarget& model, const ReloadOptions& o,
+                                         const DataTransport& data) {
+  std::vector<AgreedValue> parts;
   for (const ConfigField& f : config_fields(model.rules().config()))
-    parts.emplace_back("the model config's " + f.name, fnv(kFnvOffsetBasis, f.value));
+    parts.emplace_back("the model config's " + f.name, f.value);
   std::uint64_t layout = fnv(kFnvOffsetBasis, model.rules().quantization());
   layout =
       fnv(fnv(layout, std::uint64_t(model.lora())), std::uint64_t(model.rules().expert_parallel()));
@@ -164,28 +164,28 @@ std::vector<std::pair<std::string, std::uint64_t>> agreement_parts(const ReloadT
         static_cast<std::uint64_t>(p.layer));
     layout = fnv(layout, static_cast<std::uint64_t>(p.shards));
   }
-  const std::uint64_t plane =
-      fnv(fnv(kFnvOffsetBasis, data.backend()), static_cast<std::uint64_t>(data.memory()));
-  parts.insert(
-      parts.end(),
-      {{"the model's parameters (quantization, LoRA, expert parallelism, shapes)", layout},
-       {"the tp size", std::uint64_t(model.rules().tp_size())},
-       {"the data plane (transport, memory space)", plane},
-       {"the format", std::uint64_t(o.format)},
-       {"the distribution", std::uint64_t(o.distribution)},
-       {"the bucket size", o.bucket_bytes},
-       {"the scattered replicated bytes", o.scatter_replicated_bytes},
-       {"the reader rank", std::uint64_t(o.reader_rank)},
-       {"the readers", std::uint64_t(o.readers)},
-       {"the ranks per node", std::uint64_t(o.ranks_per_node)},
-       {"the broadcast roots (rotated or not)", std::uint64_t(o.rotate_broadcast_roots)},
-       {"zero-copy", std::uint64_t(o.zero_copy)},
-       {"atomic", std::uint64_t(o.atomic)},
-       {"require-complete", std::uint64_t(o.require_complete)},
-       {"checksums", std::uint64_t(o.checksums)},
-       // (explicit depths may differ: only the automatic choice is collective)
-       {"whether the pipeline depth is chosen per rank", std::uint64_t(o.pipeline_depth == 0)},
-       {"compare-replicas", std::uint64_t(o.compare_replicas)}});
+  auto text = [](std::string_view name) { return std::string(name); };
+  parts.push_back(AgreedValue::hashed(
+      "the model's parameters (quantization, LoRA, expert parallelism, shapes)", layout));
+  parts.insert(parts.end(),
+               {{"the tp size", std::uint64_t(model.rules().tp_size())},
+                {"the data plane (transport, memory space)",
+                 data.backend() + ", " + text(memory_kind_name(data.memory()))},
+                {"the format", text(format_name(o.format))},
+                {"the distribution", text(distribution_name(o.distribution))},
+                {"the bucket size", o.bucket_bytes},
+                {"the scattered replicated bytes", o.scatter_replicated_bytes},
+                {"the reader rank", std::uint64_t(o.reader_rank)},
+                {"the readers", text(readers_name(o.readers))},
+                {"the ranks per node", std::uint64_t(o.ranks_per_node)},
+                {"the broadcast roots (rotated or not)", o.rotate_broadcast_roots},
+                {"zero-copy", o.zero_copy},
+                {"atomic", o.atomic},
+                {"require-complete", o.require_complete},
+                {"checksums", o.checksums},
+                // (explicit depths may differ: only the automatic choice is collective)
+                {"whether the pipeline depth is chosen per rank", o.pipeline_depth == 0},
+                {"compare-replicas", o.compare_replicas}});
   return parts;
 }
 
@@ -199,7 +199,7 @@ std::int64_t check_ranks_agree(Communicator& world, const ReloadTarget& model,
   agree_on_values<UsageError>(world, parts,
                               " (every rank must pass the same); nothing was reloaded");
   std::uint64_t all = kFnvOffsetBasis;
-  for (const auto& part : parts) all = fnv(all, part.second);
+  for (const AgreedValue& part : parts) all = fnv(all, part.value);
   return static_cast<std::int64_t>(all >> 1);
 }
 

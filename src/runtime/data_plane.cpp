@@ -32,20 +32,12 @@ std::string DataPlane::describe() const {
 }
 
 DataPlane open_data_plane(MpiCommunicator& world, const DataPlaneOptions& options) {
-  // Ranks given different choices would make different collectives below.
-  // (The same text on every rank: which rank chose what is in each rank's
-  // own log line.)
-  try {
-    agree_on_values<UsageError>(
-        world,
-        {{"the data plane's device", text_value(options.device)},
-         {"the data plane's transport", text_value(options.transport)}},
-        " (--device, --transport: every rank must open the same data plane)");
-  } catch (const UsageError&) {
-    log().error("this rank was given --device {} --transport {}", options.device,
-                options.transport);
-    throw;
-  }
+  // Ranks given different choices would make different collectives below (the
+  // error says which ranks were given what).
+  agree_on_values<UsageError>(world,
+                              {{"the data plane's device", options.device},
+                               {"the data plane's transport", options.transport}},
+                              " (--device, --transport: every rank must open the same data plane)");
   std::optional<std::string> problem = check_choice(options);
   agree_on_problem<UsageError>(world, problem, "opening the data plane");
   DataPlane plane;

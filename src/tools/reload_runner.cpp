@@ -224,17 +224,17 @@ void agree_on_options(const RunnerOptions& o, Communicator& world) {
   agree_on_values<UsageError>(
       world,
       {{"--repeat", static_cast<std::uint64_t>(o.repeat)},
-       {"--report (given or not)", o.report.empty() ? 0u : 1u},
+       {"--report (given or not)", !o.report.empty()},
        {"--demo", o.demo},
        {"--kernel-format", o.kernel_format},
        {"--tp", static_cast<std::uint64_t>(o.tp)},
-       {"--quantization", text_value(o.quantization)},
+       {"--quantization", o.quantization},
        {"--lora", o.lora},
        {"--expert-parallel", o.expert_parallel},
-       {"--distribution", text_value(o.distribution)},
-       {"--bucket-mb", text_value(std::to_string(o.bucket_mb))},
+       {"--distribution", o.distribution},
+       {"--bucket-mb", fmt::format("{}", o.bucket_mb)},
        {"--reader-rank", static_cast<std::uint64_t>(o.reader_rank)},
-       {"--readers", text_value(o.readers)},
+       {"--readers", o.readers},
        {"--ranks-per-node", static_cast<std::uint64_t>(o.ranks_per_node)},
        {"--rotate-broadcast-roots", o.rotate_broadcast_roots},
        {"--zero-copy", o.zero_copy},
@@ -243,8 +243,8 @@ void agree_on_options(const RunnerOptions& o, Communicator& world) {
        {"--no-checksums", o.no_checksums},
        {"--no-compare-replicas", o.no_compare_replicas},
        {"--timeout", static_cast<std::uint64_t>(o.timeout_s)},
-       {"--device", text_value(o.device)},
-       {"--transport", text_value(o.transport)}},
+       {"--device", o.device},
+       {"--transport", o.transport}},
       " (every rank of the job must be started with the same options); nothing was loaded");
 }
 

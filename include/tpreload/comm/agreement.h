@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -56,29 +57,50 @@ void agree_on_problem(Communicator& comm, const std::optional<std::string>& prob
                    ranks_with_problem < comm.size() ? if_some_ranks : std::string());
 }
 
-// The value agree_on_values compares for a text (an option's spelling, a path):
-// its FNV-1a, the same whatever build each rank runs.
-inline std::uint64_t text_value(const std::string& text) {
-  return fnv1a(text);
-}
+// One value every rank must pass alike, and what an error shows of it.
+struct AgreedValue {
+  std::string name;
+  std::uint64_t value = 0;
+  std::string shown;  // empty: a hash, of which an error says only which ranks hold which
 
-// COLLECTIVE (two allreduces). Every rank passes the same list of named values
-// (options, hashes of what must match); if any value differs between ranks,
-// every rank throws the same Agreed<E>: "ranks disagree on <names>" followed by
-// `consequence`. Every bit of a value counts.
+  AgreedValue(std::string name_, std::uint64_t number)
+      : name(std::move(name_)), value(number), shown(std::to_string(number)) {}
+  // Compared by its FNV-1a, the same whatever build each rank runs.
+  AgreedValue(std::string name_, const std::string& text)
+      : name(std::move(name_)), value(fnv1a(text)), shown(text) {}
+  AgreedValue(std::string name_, const char* text)
+      : AgreedValue(std::move(name_), std::string(text)) {}
+  // (A template so that an int argument is not ambiguous between bool and
+  // the number.)
+  template <typename B, std::enable_if_t<std::is_same_v<B, bool>, int> = 0>
+  AgreedValue(std::string name_, B flag)
+      : name(std::move(name_)), value(flag ? 1 : 0), shown(flag ? "true" : "false") {}
+
+  static AgreedValue hashed(std::string name, std::uint64_t hash) {
+    AgreedValue v(std::move(name), hash);
+    v.shown.clear();
+    return v;
+  }
+};
+
+namespace detail {
+// COLLECTIVE (two allreduces; two more where values differ). Empty where every
+// rank passed the same values; otherwise the error agree_on_values raises.
+std::string disagreement(Communicator& comm, const std::vector<AgreedValue>& values,
+                         const std::string& consequence);
+}  // namespace detail
+
+// COLLECTIVE. Every rank passes the same list of named values (options, hashes
+// of what must match); if any value differs between ranks, every rank throws
+// the same Agreed<E>: "ranks disagree on <names>" followed by `consequence`,
+// then which ranks hold which value of each: "; by rank: <name>: 8 on ranks
+// 0-2, 4 on rank 3" (a hashed value: "one value on ranks 0-2, another on rank
+// 3"). Every bit of a value counts.
 template <typename E>
-void agree_on_values(Communicator& comm,
-                     const std::vector<std::pair<std::string, std::uint64_t>>& values,
+void agree_on_values(Communicator& comm, const std::vector<AgreedValue>& values,
                      const std::string& consequence) {
-  std::vector<std::int64_t> lo, hi;
-  for (const auto& v : values) lo.push_back(static_cast<std::int64_t>(v.second));
-  hi = lo;
-  allreduce_ints(comm, lo, IntOp::kMin);
-  allreduce_ints(comm, hi, IntOp::kMax);
-  std::string differ;
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (lo[i] != hi[i]) differ += (differ.empty() ? "" : ", ") + values[i].first;
-  if (!differ.empty()) raise<Agreed<E>>("ranks disagree on ", differ, consequence);
+  const std::string error = detail::disagreement(comm, values, consequence);
+  if (!error.empty()) raise<Agreed<E>>(error);
 }
 
 }  // namespace tpreload

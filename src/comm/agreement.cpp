@@ -1,0 +1,121 @@
+#include "tpreload/comm/agreement.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace tpreload {
+namespace {
+
+constexpr std::size_t kShownGroups = 3;  // values named per part; the rest counted
+constexpr std::size_t kTextWords = 12;   // 96 bytes of a value's text, with its end
+
+// "rank 3", "ranks 0-2, 5" (ascending ranks).
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (i > 0) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// A value's text as it travels: at most kTextWords * 8 - 1 bytes.
+std::string clipped(const std::string& text) {
+  constexpr std::size_t kMax = kTextWords * 8 - 1;
+  return text.size() <= kMax ? text : text.substr(0, kMax - 3) + "...";
+}
+
+// The ranks holding each value of one part, in the order of their lowest rank.
+struct Group {
+  std::uint64_t value;
+  std::vector<int> ranks;
+};
+
+std::vector<Group> groups_of(const std::uint64_t* held, int size) {
+  std::vector<Group> groups;
+  for (int r = 0; r < size; ++r) {
+    auto g = std::find_if(groups.begin(), groups.end(),
+                          [&](const Group& x) { return x.value == held[r]; });
+    if (g == groups.end())
+      groups.push_back({held[r], {r}});
+    else
+      g->ranks.push_back(r);
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::string detail::disagreement(Communicator& comm, const std::vector<AgreedValue>& values,
+                                 const std::string& consequence) {
+  std::vector<std::int64_t> lo, hi;
+  for (const auto& v : values) lo.push_back(static_cast<std::int64_t>(v.value));
+  hi = lo;
+  allreduce_ints(comm, lo, IntOp::kMin);
+  allreduce_ints(comm, hi, IntOp::kMax);
+  std::vector<std::size_t> differ;  // the same on every rank
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (lo[i] != hi[i]) differ.push_back(i);
+  if (differ.empty()) return {};
+
+  // Every rank's value of each part that differs (each rank sets only its own
+  // words), then the text of each value shown, from the lowest rank holding it.
+  const int size = comm.size();
+  const auto n = static_cast<std::size_t>(size);
+  const auto me = static_cast<std::size_t>(comm.rank());
+  std::vector<std::uint64_t> held(differ.size() * n, 0);
+  for (std::size_t k = 0; k < differ.size(); ++k) held[k * n + me] = values[differ[k]].value;
+  comm.allreduce_bits(held.data(), held.size(), BitOp::kOr);
+  std::vector<std::vector<Group>> groups;
+  std::size_t shown = 0;
+  for (std::size_t k = 0; k < differ.size(); ++k) {
+    groups.push_back(groups_of(&held[k * n], size));
+    if (!values[differ[k]].shown.empty()) shown += std::min(groups.back().size(), kShownGroups);
+  }
+  std::vector<std::uint64_t> texts(shown * kTextWords, 0);
+  for (std::size_t k = 0, slot = 0; k < differ.size(); ++k) {
+    if (values[differ[k]].shown.empty()) continue;
+    for (std::size_t g = 0; g < std::min(groups[k].size(), kShownGroups); ++g, ++slot)
+      if (groups[k][g].ranks.front() == comm.rank()) {
+        const std::string text = clipped(values[differ[k]].shown);
+        std::memcpy(&texts[slot * kTextWords], text.data(), text.size());
+      }
+  }
+  if (!texts.empty()) comm.allreduce_bits(texts.data(), texts.size(), BitOp::kOr);
+
+  std::string names, by_rank;
+  for (std::size_t k = 0, slot = 0; k < differ.size(); ++k) {
+    const AgreedValue& v = values[differ[k]];
+    names += (k ? ", " : "") + v.name;
+    by_rank += (k ? "; " : "") + v.name + ": ";
+    const std::vector<Group>& gs = groups[k];
+    for (std::size_t g = 0; g < std::min(gs.size(), kShownGroups); ++g) {
+      std::string what;
+      if (v.shown.empty()) {
+        what = g == 0 ? "one value" : "another";
+      } else {
+        const char* text = reinterpret_cast<const char*>(&texts[slot++ * kTextWords]);
+        what = std::string(text, strnlen(text, kTextWords * 8));
+      }
+      by_rank += (g ? ", " : "") + what + " on " + rank_list(gs[g].ranks);
+    }
+    if (gs.size() > kShownGroups) {
+      std::vector<int> rest;
+      for (std::size_t g = kShownGroups; g < gs.size(); ++g)
+        rest.insert(rest.end(), gs[g].ranks.begin(), gs[g].ranks.end());
+      std::sort(rest.begin(), rest.end());
+      const std::size_t others = gs.size() - kShownGroups;
+      by_rank += detail::concat(
+          ", ", others, others == 1 ? " other value on " : " other values on ", rank_list(rest));
+    }
+  }
+  return "ranks disagree on " + names + consequence + "; by rank: " + by_rank;
+}
+
+}  // namespace tpreload
