@@ -950,6 +950,114 @@ TEST(Config, Cohere2KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(held.size(), 1 + 4 * 8 + 1u);  // (embed; per layer 1 norm, q/k/v/o, gate/up/down; norm)
 }
 
+// EXAONE 4 as its 32B's config writes it (4 of its 64 layers), and the 1.2B's
+// form without windows.
+TEST(Config, Exaone4KeysAsHuggingFaceWritesThem) {
+  const std::string exaone4 = R"({"architectures":["Exaone4ForCausalLM"],"attention_dropout":0.0,
+    "bos_token_id":1,"eos_token_id":361,"head_dim":128,"hidden_act":"silu","hidden_size":5120,
+    "initializer_range":0.02,"intermediate_size":27392,"max_position_embeddings":131072,
+    "model_type":"exaone4","num_attention_heads":40,"num_hidden_layers":4,
+    "num_key_value_heads":8,"pad_token_id":0,"rms_norm_eps":1e-05,
+    "rope_scaling":{"factor":16.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
+    "original_max_position_embeddings":8192,"rope_type":"llama3"},"rope_theta":1000000,
+    "sliding_window":4096,"sliding_window_pattern":"LLLG","layer_types":["sliding_attention",
+    "sliding_attention","sliding_attention","full_attention"],"tie_word_embeddings":false,
+    "torch_dtype":"bfloat16","use_cache":true,"vocab_size":102400})";
+  const ModelConfig c = parse_model_config(exaone4, "config.json");
+  EXPECT_EQ(c.norm_layout, NormLayout::kPost);
+  EXPECT_TRUE(c.qk_norm && !c.qk_norm_whole && c.nope_full_layers);
+  EXPECT_FALSE(c.tie_word_embeddings || c.attention_bias || c.o_proj_bias || c.mlp_bias ||
+               c.layer_norm || c.rope_interleaved || c.gemma_normalization);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope_scaling.type, "llama3");
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.sliding_layers, (std::vector<std::int64_t>{0, 1, 2}));
+  EXPECT_EQ(c.logit_scale, 1);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  // (embed; per layer 2 norms, q/k/v/o, q/k norms, gate/up/down; norm; head)
+  EXPECT_EQ(shapes.size(), 1 + 4 * 11 + 2u);
+  EXPECT_EQ(shapes.count("model.layers.0.input_layernorm.weight"), 0u);
+  EXPECT_EQ(shapes["model.layers.3.self_attn.q_norm.weight"], std::vector<std::int64_t>{128});
+  EXPECT_EQ(shapes["model.layers.3.self_attn.k_norm.weight"], std::vector<std::int64_t>{128});
+  EXPECT_EQ(shapes["model.layers.0.self_attn.q_proj.weight"],
+            (std::vector<std::int64_t>{40 * 128, 5120}));
+  EXPECT_EQ(shapes["model.layers.2.post_feedforward_layernorm.weight"],
+            std::vector<std::int64_t>{5120});
+
+  // Exaone4Config's defaults: windows of 4096 on all but every fourth layer
+  // (the pattern an integer there), 32 KV heads, rms_norm_eps 1e-5, untied.
+  const std::string bare = R"({"architectures":["Exaone4ForCausalLM"],"hidden_size":256,
+    "intermediate_size":512,"num_hidden_layers":8,"num_attention_heads":32,"vocab_size":1000,
+    "rope_theta":1000000})";
+  const ModelConfig d = parse_model_config(bare, "c");
+  EXPECT_EQ(d.sliding_window, 4096);
+  EXPECT_EQ(d.sliding_layers, (std::vector<std::int64_t>{0, 1, 2, 4, 5, 6}));
+  EXPECT_TRUE(d.nope_full_layers);
+  EXPECT_EQ(d.num_key_value_heads, 32);
+  EXPECT_EQ(d.head_dim, 8);
+  EXPECT_EQ(d.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(d.tie_word_embeddings);
+  const ModelConfig pattern2 = parse_model_config(
+      replaced(bare, R"("rope_theta")", R"("sliding_window_pattern":2,"rope_theta")"), "c");
+  EXPECT_EQ(pattern2.sliding_layers, (std::vector<std::int64_t>{0, 2, 4, 6}));
+  // transformers 5's rope_parameters
+  const ModelConfig five = parse_model_config(
+      replaced(bare, R"("rope_theta":1000000)",
+               R"("rope_parameters":{"rope_type":"default","rope_theta":500000.0})"),
+      "c");
+  EXPECT_EQ(five.rope_theta, 5e5);
+
+  // The 1.2B's form: a null window, every layer full and turning rotary; tied.
+  const std::string small = R"({"architectures":["Exaone4ForCausalLM"],"hidden_size":2048,
+    "intermediate_size":4096,"num_hidden_layers":2,"num_attention_heads":32,
+    "num_key_value_heads":8,"head_dim":64,"vocab_size":102400,"rope_theta":1000000.0,
+    "sliding_window":null,"sliding_window_pattern":null,"layer_types":["full_attention",
+    "full_attention"],"tie_word_embeddings":true,"torch_dtype":"bfloat16"})";
+  const ModelConfig s = parse_model_config(small, "config.json");
+  EXPECT_TRUE(s.sliding_layers.empty());
+  EXPECT_EQ(s.sliding_window, 0);
+  EXPECT_FALSE(s.nope_full_layers);
+  EXPECT_TRUE(s.tie_word_embeddings);
+  const ModelConfig s_back = parse_model_config(model_config_to_json(s), "round trip");
+  EXPECT_TRUE(config_differences(s, s_back).empty()) << config_differences(s, s_back)[0];
+  const ModelConfig no_types =
+      parse_model_config(without(small, {R"("layer_types":["full_attention",
+    "full_attention"],)"}),
+                         "c");
+  EXPECT_TRUE(no_types.sliding_layers.empty() && !no_types.nope_full_layers);
+
+  // Where the references would serve other logits, or a key cannot be read.
+  EXPECT_TRUE(refused(without(bare, {R"(,
+    "rope_theta":1000000)"}),
+                      "Exaone4ForCausalLM needs 'rope_theta' (Hugging Face's Exaone4Config takes "
+                      "10000 where it is absent, vLLM 1000000)"));
+  for (const char* key : {"attention_bias", "bias", "mlp_bias"})
+    EXPECT_TRUE(refused(
+        replaced(bare, R"("rope_theta")", std::string("\"") + key + "\":true,\"rope_theta\""),
+        std::string(key) + " true is refused for Exaone4ForCausalLM"))
+        << key;
+  EXPECT_TRUE(refused(replaced(bare, R"("rope_theta")", R"("logit_scale":2.0,"rope_theta")"),
+                      "logit_scale 2.0 is refused for Exaone4ForCausalLM (vLLM's model reads "
+                      "it, Hugging Face's does not)"));
+  EXPECT_TRUE(refused(replaced(bare, R"("rope_theta")", R"("hidden_act":"gelu","rope_theta")"),
+                      "Exaone4ForCausalLM takes hidden_act silu only"));
+  EXPECT_TRUE(refused(
+      replaced(bare, R"("rope_theta")", R"("sliding_window_pattern":"LLLG","rope_theta")"),
+      "Exaone4ForCausalLM reads sliding_window_pattern \"LLLG\" only beside 'layer_types'"));
+  EXPECT_TRUE(refused(
+      replaced(bare, R"("rope_theta")", R"("sliding_window_pattern":1,"rope_theta")"),
+      "Exaone4ForCausalLM has a sliding_window of 4096 but no sliding layer (Hugging Face would "
+      "turn no layer's rotary, vLLM every layer's)"));
+  EXPECT_TRUE(
+      refused(replaced(small, R"("layer_types":["full_attention",)",
+                       R"("layer_types":["sliding_attention",)"),
+              "Exaone4ForCausalLM has sliding layers in 'layer_types' but a null sliding_window"));
+}
+
 TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kOlmo2, "config.json");
   EXPECT_TRUE(c.qk_norm && c.qk_norm_whole);
@@ -1358,6 +1466,7 @@ TEST(Config, WrongConfigsNameTheirField) {
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: CohereForCausalLM, "
                 "Cohere2ForCausalLM, "
                 "Ernie4_5ForCausalLM, "
+                "Exaone4ForCausalLM, "
                 "GemmaForCausalLM, "
                 "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, "
                 "LlamaForCausalLM, "

@@ -128,6 +128,24 @@ ModelConfig tiny_config(const std::string& name) {
       "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":130,
       "layer_norm_eps":1e-05,"logit_scale":0.5,"sliding_window":3,"rope_theta":50000.0,
       "hidden_act":"silu","torch_dtype":"bfloat16"})";
+  else if (name == "exaone4")  // (the 32B's form) post-norms, q/k normed per head, 8 heads
+    // of 16 over a hidden size of 64, llama3 scaling; layers 0, 2 and 3 slide over windows
+    // of 3 and turn rotary, layer 1 turns none (layer_types, not the pattern beside it)
+    json = R"({"architectures":["Exaone4ForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"head_dim":16,
+      "vocab_size":110,"rms_norm_eps":1e-05,"rope_theta":1000000.0,
+      "rope_scaling":{"rope_type":"llama3","factor":16.0,"low_freq_factor":1.0,
+      "high_freq_factor":4.0,"original_max_position_embeddings":8192},"sliding_window":3,
+      "sliding_window_pattern":"LLLG","layer_types":["sliding_attention","full_attention",
+      "sliding_attention","sliding_attention"],"tie_word_embeddings":false,"hidden_act":"silu",
+      "torch_dtype":"bfloat16"})";
+  else if (name == "exaone4_full")  // (the 1.2B's form) no window: every layer full and
+    // turning rotary; tied
+    json = R"({"architectures":["Exaone4ForCausalLM"],"hidden_size":64,"intermediate_size":80,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":120,
+      "rms_norm_eps":1e-05,"rope_theta":10000.0,"sliding_window":null,
+      "sliding_window_pattern":null,"layer_types":["full_attention","full_attention"],
+      "tie_word_embeddings":true,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -215,6 +233,21 @@ bool olmo(const ModelConfig& c) {  // (OLMo 2 and OLMo 3)
   return c.architecture.rfind("Olmo", 0) == 0;
 }
 
+// EXAONE 4 (vLLM's exaone4.py; Exaone4Config's defaults): OLMo's post-norms,
+// q and k normed per head; with a sliding_window (4096 when absent) the
+// layers `layer_types` marks sliding (else all but every fourth) slide and
+// turn rotary, the full ones none; with a null window every layer is full and
+// turns rotary.
+bool exaone4(const ModelConfig& c) {
+  return c.architecture == "Exaone4ForCausalLM";
+}
+
+// No input norm; the attention's and the MLP's outputs normed before each
+// joins the residual.
+bool post_norms(const ModelConfig& c) {
+  return olmo(c) || exaone4(c);
+}
+
 // GLM-4 (vLLM's glm4.py; Glm4Config's defaults): q/k/v biases unless
 // attention_bias is false, the attention's and the MLP's inputs normed by
 // input_layernorm and post_attention_layernorm and their outputs by
@@ -238,10 +271,10 @@ bool interleaved_pairs(const ModelConfig& c) {
   return glm4(c) || cohere(c) || c.architecture == "Ernie4_5ForCausalLM";
 }
 
-// RMSNorm of q and k before rotary: Qwen3's and Gemma 3's per head, OLMo's
+// RMSNorm of q and k before rotary: Qwen3's, Gemma 3's and EXAONE 4's per head, OLMo's
 // over the whole projection.
 bool qk_norms(const ModelConfig& c) {
-  return qwen3(c) || gemma3(c) || olmo(c);
+  return qwen3(c) || gemma3(c) || olmo(c) || exaone4(c);
 }
 
 // Gemma 2's and Gemma 3's attention, as the config's JSON says (read here,
@@ -288,11 +321,22 @@ LayerAttention layer_attention(const ModelConfig& c) {
   const bool olmo3 = c.architecture == "Olmo3ForCausalLM" ||
                      (c.architecture == "Olmo2ForCausalLM" && j.contains("layer_types"));
   const bool cohere2 = c.architecture == "Cohere2ForCausalLM";
-  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c) && !olmo3 && !cohere2) return g;
+  if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c) && !olmo3 && !cohere2 && !exaone4(c))
+    return g;
   auto number = [&](const char* key, double fallback) {
     if (!j.contains(key)) return fallback;
     return j[key].is_null() ? 0.0 : j[key].get<double>();
   };
+  if (exaone4(c)) {
+    g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
+    if (g.window == 0) return g;
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+      g.sliding[l] = j.contains("layer_types") && !j["layer_types"].is_null()
+                         ? j["layer_types"][l] == "sliding_attention"
+                         : (l + 1) % 4 != 0;
+    g.full_unturned = true;
+    return g;
+  }
   if (cohere2) {  // (Cohere2Config: windows of 4096 on all but every 4th layer)
     g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
     const auto pattern = static_cast<std::int64_t>(number("sliding_window_pattern", 4));
@@ -699,8 +743,8 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
                 .to(at::kDouble);
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    // OLMo norms no input, and q and k over their whole projections.
-    const at::Tensor x = olmo(c) ? h : norm(h, f32(ckpt, p + "input_layernorm.weight"), c);
+    // OLMo and EXAONE 4 norm no input; OLMo q and k over their whole projections.
+    const at::Tensor x = post_norms(c) ? h : norm(h, f32(ckpt, p + "input_layernorm.weight"), c);
     auto normed = [&](const at::Tensor& y, const char* name) {
       return norm(y, f32(ckpt, p + name), c);
     };
@@ -738,20 +782,20 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     const at::Tensor a = at::matmul(s.softmax(-1), v).transpose(0, 1).reshape({n, nh * hd});
     at::Tensor attn = linear_ref(ckpt, a, p + "self_attn.o_proj");
     // Gemma 2 and 3 norm the attention's output, and the MLP's input and
-    // output; OLMo the attention's and the MLP's outputs alone; GLM-4 all four
+    // output; OLMo and EXAONE 4 the attention's and the MLP's outputs alone; GLM-4 all four
     // under its own names.
     const bool sandwich = ckpt.count(p + "pre_feedforward_layernorm.weight") > 0;
-    if (sandwich || olmo(c)) attn = normed(attn, "post_attention_layernorm.weight");
+    if (sandwich || post_norms(c)) attn = normed(attn, "post_attention_layernorm.weight");
     if (glm4(c)) attn = normed(attn, "post_self_attn_layernorm.weight");
     h = h + attn * gs.residual;
-    const at::Tensor y = cohere(c)  ? x  // (in parallel with the attention)
-                         : olmo(c)  ? h
-                         : sandwich ? normed(h, "pre_feedforward_layernorm.weight")
-                                    : normed(h, "post_attention_layernorm.weight");
+    const at::Tensor y = cohere(c)       ? x  // (in parallel with the attention)
+                         : post_norms(c) ? h
+                         : sandwich      ? normed(h, "pre_feedforward_layernorm.weight")
+                                         : normed(h, "post_attention_layernorm.weight");
     at::Tensor mlp = sparse(c, l) ? moe(c, ckpt, p, y)
                                   : swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj",
                                            p + "mlp.down_proj");
-    if (sandwich || olmo(c)) mlp = normed(mlp, "post_feedforward_layernorm.weight");
+    if (sandwich || post_norms(c)) mlp = normed(mlp, "post_feedforward_layernorm.weight");
     if (glm4(c)) mlp = normed(mlp, "post_mlp_layernorm.weight");
     h = h + mlp * gs.residual;
   }

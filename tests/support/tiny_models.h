@@ -59,14 +59,21 @@ namespace tpreload::testdata {
 // "cohere2" (Cohere 2: Cohere's layout, layers 0-2 of 4 sliding over
 // windows of 3 with rotary at base 50000, layer 3 attending to all without
 // rotary; logits x 0.5, vocab 130),
+// "exaone4" (EXAONE 4 as the 32B: OLMo's post-norms, q and k normed per head, 8
+// heads of 16 over a hidden size of 64, layers 0, 2 and 3 of 4 sliding (layer_types, not the
+// "LLLG" pattern beside it) over windows of 3 with rotary at 1e6 with llama3
+// scaling, layer 1 attending to all without rotary; 2 KV heads, untied,
+// vocab 110),
+// "exaone4_full" (EXAONE 4 as the 1.2B: a null window, every layer full and
+// turning rotary; 8 heads / 2 KV heads, tied, vocab 120),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
-    "llama_gqa",       "qwen2_tied", "mistral_mqa", "qwen3_dense",    "qwen3_moe",
-    "qwen3_moe_plain", "qwen2_moe",  "mixtral",     "llama_mlp_bias", "phi3",
-    "gemma",           "gemma2",     "gemma3",      "granite",        "olmo2",
-    "olmo3",           "glm4",       "ernie45",     "cohere",         "cohere2"};
+    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
+    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",     "gemma2",
+    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4",      "ernie45",
+    "cohere",    "cohere2",    "exaone4",        "exaone4_full"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

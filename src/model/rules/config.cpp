@@ -102,85 +102,107 @@ enum class Experts {
   kQwenShared,  // the same and shared_expert_intermediate_size (Qwen2-MoE)
   kMixtral,     // num_local_experts of intermediate_size in every layer, renormalised
 };
+// The line of models a family belongs to, where it needs more than the
+// columns of Family: each adds its own keys and layout (parse_model_config).
+enum class Line {
+  kPlain,
+  // Gemma: tied head by default (and required), GeLU, Gemma's normalization;
+  // Gemma 2: and its sandwich norms, attention scaling, soft-capping, windows;
+  // Gemma 3: and its sliding layers' own rotary.
+  kGemma,
+  kGemma2,
+  kGemma3,
+  kGranite,  // Granite's embedding, attention, residual and logits scaling
+  // OLMo 2: post-norms only, q and k normed over the whole projection; OLMo 3:
+  // and its sliding windows (vLLM serves both with its olmo2.py).
+  kOlmo2,
+  kOlmo3,
+  // GLM-4 (Glm4Config's defaults; vLLM's glm4.py): sandwich norms under its
+  // own names, rotary on interleaved pairs over partial_rotary_factor of each
+  // head (0.5 when absent).
+  kGlm,
+  // ERNIE 4.5 (Ernie4_5Config's defaults; vLLM's ernie45.py, its Llama):
+  // rotary on interleaved pairs over whole heads, tied by default, no biases.
+  kErnie,
+  // Cohere (CohereConfig's defaults; vLLM's commandr.py): LayerNorm without
+  // bias (layer_norm_eps), attention and MLP in parallel on one normed input,
+  // logits from the embeddings times logit_scale, interleaved rotary; Cohere 2
+  // (Cohere2Config): and sliding windows, its full layers turning no rotary.
+  kCohere,
+  kCohere2,
+  // EXAONE 4 (Exaone4Config's defaults; vLLM's exaone4.py): post-norms only,
+  // q and k normed per head, and where it has windows its full layers turning
+  // no rotary.
+  kExaone4,
+};
 struct Family {
   const char* architecture;
   std::int64_t kv_heads;            // num_key_value_heads when absent; 0: num_attention_heads
   std::int64_t head_dim;            // head_dim when absent; 0: hidden_size / num_attention_heads
   double rope_theta, rms_norm_eps;  // when absent
   Biases biases;
-  bool qk_norm;  // RMSNorm of q and k before rotary (per head; OLMo's: Olmo below)
+  bool qk_norm;  // RMSNorm of q and k before rotary (per head; OLMo's over the projection)
   Experts experts;
   Stacked stacked;
-  // Gemma: tied head by default (and required), GeLU, Gemma's normalization;
-  // Gemma 2: and its sandwich norms, attention scaling, soft-capping, windows;
-  // Gemma 3: and its sliding layers' own rotary.
-  enum Gemma { kNotGemma, kGemma, kGemma2, kGemma3 } gemma;
-  bool multipliers = false;  // Granite's embedding, attention, residual and logits scaling
-  // OLMo 2: post-norms only, q and k normed over the whole projection; OLMo 3:
-  // and its sliding windows (vLLM serves both with its olmo2.py).
-  enum Olmo { kNotOlmo, kOlmo2, kOlmo3 } olmo = kNotOlmo;
-  // GLM-4 (Glm4Config's defaults; vLLM's glm4.py): sandwich norms under its
-  // own names, rotary on interleaved pairs over partial_rotary_factor of each
-  // head (0.5 when absent).
-  bool glm = false;
-  // ERNIE 4.5 (Ernie4_5Config's defaults; vLLM's ernie45.py, its Llama):
-  // rotary on interleaved pairs over whole heads, tied by default, no biases.
-  bool ernie = false;
-  // Cohere (CohereConfig's defaults; vLLM's commandr.py): LayerNorm without
-  // bias (layer_norm_eps), attention and MLP in parallel on one normed input,
-  // logits from the embeddings times logit_scale, interleaved rotary; Cohere 2
-  // (Cohere2Config): and sliding windows, its full layers turning no rotary.
-  enum Cohere { kNotCohere, kCohere, kCohere2 } cohere = kNotCohere;
+  Line line = Line::kPlain;
+
+  bool gemma() const {
+    return line == Line::kGemma || line == Line::kGemma2 || line == Line::kGemma3;
+  }
+  bool olmo() const { return line == Line::kOlmo2 || line == Line::kOlmo3; }
+  bool cohere() const { return line == Line::kCohere || line == Line::kCohere2; }
 };
 constexpr Family kFamilies[] = {
     // (vLLM's CohereAttention and CohereMLP: no biases whatever the config says)
     {"CohereForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma, false, Family::kNotOlmo, false, false, Family::kCohere},
+     Line::kCohere},
     {"Cohere2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma, false, Family::kNotOlmo, false, false, Family::kCohere2},
+     Line::kCohere2},
     // (vLLM's Ernie4_5ForCausalLM: its Llama without o_proj's bias; no
     // Ernie4_5Config key gives it any other)
     {"Ernie4_5ForCausalLM", 2, 128, 5e5, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma, false, Family::kNotOlmo, false, true},
+     Line::kErnie},
+    // (Hugging Face's Exaone4Attention and Exaone4MLP take no biases; vLLM's
+    // would take them from attention_bias, bias and mlp_bias: refused; its
+    // rope_theta when absent differs from Hugging Face's: required)
+    {"Exaone4ForCausalLM", 32, 0, 0, 1e-5, Biases::kNone, true, Experts::kNone, Stacked::kNone,
+     Line::kExaone4},
     // (vLLM's Gemma has no biases whatever the config says; its Gemma 2 reads
     // attention_bias)
     {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Family::kGemma},
+     Line::kGemma},
     {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kQkvAndO, false, Experts::kNone,
-     Stacked::kNone, Family::kGemma2},
+     Stacked::kNone, Line::kGemma2},
     // (vLLM's Gemma3Attention: attention_bias for q/k/v and o_proj; q/k norms)
     {"Gemma3ForCausalLM", 4, 256, 1e6, 1e-6, Biases::kQkvAndO, true, Experts::kNone, Stacked::kNone,
-     Family::kGemma3},
+     Line::kGemma3},
     // (vLLM's Glm4Attention: q/k/v biases as attention_bias says; its MLP is
     // Llama's, without biases)
     {"Glm4ForCausalLM", 2, 128, 1e4, 1.5625e-7, Biases::kQkvUnlessOff, false, Experts::kNone,
-     Stacked::kGateUp, Family::kNotGemma, false, Family::kNotOlmo, true},
+     Stacked::kGateUp, Line::kGlm},
     // (vLLM's GraniteAttention and GraniteMLP: attention_bias or bias, mlp_bias)
     {"GraniteForCausalLM", 0, 0, 1e4, 1e-6, Biases::kGranite, false, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma, true},
-    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma},
-    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma},
-    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral, Stacked::kNone,
-     Family::kNotGemma},
+     Line::kGranite},
+    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, Stacked::kNone},
+    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, Stacked::kNone},
+    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral,
+     Stacked::kNone},
     // (vLLM's Olmo2Attention and Olmo2MLP: no biases whatever the config says)
     {"Olmo2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma, false, Family::kOlmo2},
+     Line::kOlmo2},
     {"Olmo3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma, false, Family::kOlmo3},
+     Line::kOlmo3},
     // (vLLM's Phi3ForCausalLM is its Llama: biases as Llama's keys say, which
     // no Phi-3 config sets)
     {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone,
-     Stacked::kQkvAndGateUp, Family::kNotGemma},
-    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, Stacked::kNone,
-     Family::kNotGemma},
+     Stacked::kQkvAndGateUp},
+    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, Stacked::kNone},
     {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared,
-     Stacked::kNone, Family::kNotGemma},
+     Stacked::kNone},
     {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone,
-     Stacked::kNone, Family::kNotGemma},
+     Stacked::kNone},
     {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen,
-     Stacked::kNone, Family::kNotGemma},
+     Stacked::kNone},
 };
 
 const Family* family_of(const std::string& architecture) {
@@ -574,6 +596,56 @@ void parse_olmo(const json& j, const json& per_type, const std::string& origin, 
   parse_sliding_rope(j, per_type, origin, nullptr, c.rope_theta, c);
 }
 
+// EXAONE 4's layout (Exaone4Config's defaults; vLLM's exaone4.py): no
+// input_layernorm, the attention's and the MLP's outputs normed before each
+// joins the residual, q and k normed per head before rotary, SiLU. With a
+// sliding_window (4096 when absent) the layers of the sliding type
+// (layer_types, else all but every sliding_window_pattern-th, 4 when absent)
+// slide and turn rotary and the full ones turn none (Hugging Face's "global
+// NoPE"); with a null window every layer is full and turns rotary. Refused
+// where the two references would serve other logits: rope_theta absent (10000
+// in Hugging Face's config, 1000000 in vLLM's), a bias (vLLM's model reads
+// attention_bias, bias and mlp_bias, Hugging Face's builds none), logit_scale
+// (vLLM's alone reads it), a window with no sliding layer (Hugging Face turns
+// no layer then, vLLM every layer) and sliding layers without a window (the
+// reverse).
+void parse_exaone4(const json& j, const std::string& origin, ModelConfig& c) {
+  silu_only(j, origin, c);
+  if (c.rope_theta == 0)
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " needs 'rope_theta' (Hugging Face's Exaone4Config takes 10000 where it is "
+                      "absent, vLLM 1000000)");
+  for (const char* key : {"attention_bias", "bias", "mlp_bias"})
+    if (flag(j, key, origin))
+      raise<ModelError>(origin, ": ", key, " true is refused for ", c.architecture,
+                        " (Hugging Face's model builds no biases, vLLM's would read them; no "
+                        "released EXAONE 4 sets it)");
+  if (positive_number_or(j, "logit_scale", 1, origin) != 1)
+    raise<ModelError>(origin, ": logit_scale ", j["logit_scale"].dump(), " is refused for ",
+                      c.architecture, " (vLLM's model reads it, Hugging Face's does not)");
+  c.norm_layout = NormLayout::kPost;
+  const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
+  const bool windowed = !j.contains("sliding_window") || !j["sliding_window"].is_null();
+  if (!windowed && !typed) return;  // (every layer full, turning rotary)
+  // (the pattern read only where layer_types is not given, as Exaone4Config
+  // reads it: an integer there, where released configs write "LLLG" beside
+  // layer_types)
+  if (!typed && j.contains("sliding_window_pattern") && !j["sliding_window_pattern"].is_number())
+    raise<ModelError>(origin, ": ", c.architecture, " reads sliding_window_pattern ",
+                      j["sliding_window_pattern"].dump(),
+                      " only beside 'layer_types' (Exaone4Config takes an integer there)");
+  parse_windows(j, origin, typed ? 4 : positive_int_or(j, "sliding_window_pattern", 4, origin), c);
+  if (windowed && c.sliding_layers.empty())
+    raise<ModelError>(origin, ": ", c.architecture, " has a sliding_window of ", c.sliding_window,
+                      " but no sliding layer (Hugging Face would turn no layer's rotary, vLLM "
+                      "every layer's)");
+  if (!windowed && !c.sliding_layers.empty())
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " has sliding layers in 'layer_types' but a null sliding_window (Hugging "
+                      "Face would turn every layer's rotary, vLLM none)");
+  c.nope_full_layers = windowed;
+}
+
 // The number of experts: `num_experts` or `num_local_experts` (transformers 5
 // maps the one onto the other), the same where both are given; `fallback`
 // without either.
@@ -746,12 +818,12 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     c.head_dim = c.hidden_size / c.num_attention_heads;
   // (Cohere's LayerNorm: layer_norm_eps)
   c.rms_norm_eps =
-      positive_number(j, f.cohere ? "layer_norm_eps" : "rms_norm_eps", f.rms_norm_eps, origin);
+      positive_number(j, f.cohere() ? "layer_norm_eps" : "rms_norm_eps", f.rms_norm_eps, origin);
   // Rope per attention type (Gemma 3 and OLMo 3 as transformers 5 writes
   // them): the full layers' read as a flat rope_parameters is, the sliding
   // ones' below.
   const json per_type = rope_per_attention_type(j, origin);
-  if (!per_type.is_null() && f.gemma != Family::kGemma3 && f.olmo == Family::kNotOlmo)
+  if (!per_type.is_null() && f.line != Line::kGemma3 && !f.olmo())
     raise<ModelError>(origin,
                       ": rope_parameters per attention type (full_attention, "
                       "sliding_attention) is read for Gemma3ForCausalLM, Olmo2ForCausalLM and "
@@ -768,24 +840,24 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.rope_theta = rope_number(rope, "rope_theta", origin, f.rope_theta, params);
   c.rope_scaling = rope_scaling_of(rope, origin, params);
   c.partial_rotary_factor =
-      rope_number(rope, "partial_rotary_factor", origin, f.glm ? 0.5 : 1.0, params);
+      rope_number(rope, "partial_rotary_factor", origin, f.line == Line::kGlm ? 0.5 : 1.0, params);
   if (c.partial_rotary_factor > 1)
     raise<ModelError>(origin, ": partial_rotary_factor must be at most 1, got ",
                       c.partial_rotary_factor);
   c.tie_word_embeddings = j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null()
                               ? flag(j, "tie_word_embeddings", origin)
-                              : f.gemma != Family::kNotGemma || f.ernie || f.cohere;
-  if (f.gemma != Family::kNotGemma) {
+                              : f.gemma() || f.line == Line::kErnie || f.cohere();
+  if (f.gemma()) {
     if (!c.tie_word_embeddings)
       raise<ModelError>(origin, ": ", f.architecture,
                         " ties its LM head to the embeddings (vLLM asserts "
                         "tie_word_embeddings), but the config sets it false");
     c.gemma_normalization = true;
-    if (f.gemma == Family::kGemma)
+    if (f.line == Line::kGemma)
       c.activation = gemma_activation(j, origin);
     else
-      parse_gemma_sandwich(j, origin, f.gemma == Family::kGemma3, c);
-    if (f.gemma == Family::kGemma3)
+      parse_gemma_sandwich(j, origin, f.line == Line::kGemma3, c);
+    if (f.line == Line::kGemma3)
       parse_sliding_rope(j, per_type, origin, "rope_local_base_freq", 1e4, c);
   }
   switch (f.biases) {
@@ -817,21 +889,22 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
       break;
   }
   c.qk_norm = f.qk_norm;
-  if (f.olmo != Family::kNotOlmo) parse_olmo(j, per_type, origin, f.olmo == Family::kOlmo3, c);
-  if (f.multipliers) parse_granite(j, origin, c);
-  if (f.cohere) parse_cohere(j, origin, f.cohere == Family::kCohere2, c);
+  if (f.line == Line::kExaone4) parse_exaone4(j, origin, c);
+  if (f.olmo()) parse_olmo(j, per_type, origin, f.line == Line::kOlmo3, c);
+  if (f.line == Line::kGranite) parse_granite(j, origin, c);
+  if (f.cohere()) parse_cohere(j, origin, f.line == Line::kCohere2, c);
   // (vLLM's LlamaForCausalLM, which serves Llama, Mistral, Phi-3 and ERNIE 4.5,
   // multiplies the logits by a logit_scale where the config has one)
-  if (f.biases == Biases::kLlama || f.ernie)
+  if (f.biases == Biases::kLlama || f.line == Line::kErnie)
     c.logit_scale = positive_number_or(j, "logit_scale", 1, origin);
-  if (f.glm || f.ernie) {
+  if (f.line == Line::kGlm || f.line == Line::kErnie) {
     silu_only(j, origin, c);
     c.rope_interleaved = true;
-    if (f.glm) c.norm_layout = NormLayout::kGlm;
+    if (f.line == Line::kGlm) c.norm_layout = NormLayout::kGlm;
   }
   // (Hugging Face's Ernie4_5 gives every projection a bias with use_bias;
   // vLLM's takes none, and would skip them without a word: other logits)
-  if (f.ernie && flag(j, "use_bias", origin))
+  if (f.line == Line::kErnie && flag(j, "use_bias", origin))
     raise<ModelError>(origin,
                       ": use_bias true is refused for Ernie4_5ForCausalLM (vLLM's model takes no "
                       "biases; no released ERNIE 4.5 sets it)");
@@ -875,21 +948,21 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"num_key_value_heads", c.num_key_value_heads},
             {"head_dim", c.head_dim},
             {"vocab_size", c.vocab_size},
-            {f.cohere ? "layer_norm_eps" : "rms_norm_eps", c.rms_norm_eps},
+            {f.cohere() ? "layer_norm_eps" : "rms_norm_eps", c.rms_norm_eps},
             {"rope_theta", c.rope_theta},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
-  if (c.partial_rotary_factor != 1 || f.glm)  // (GLM-4's 0.5 when absent)
+  if (c.partial_rotary_factor != 1 || f.line == Line::kGlm)  // (GLM-4's 0.5 when absent)
     j["partial_rotary_factor"] = c.partial_rotary_factor;
   if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
-  const bool gemma2_or_3 = f.gemma == Family::kGemma2 || f.gemma == Family::kGemma3;
+  const bool gemma2_or_3 = f.line == Line::kGemma2 || f.line == Line::kGemma3;
   // The sliding layers' own rotary: Gemma 3's base in rope_local_base_freq,
   // OLMo 3's the full layers' (nothing to write); any other (a scaled one, or
   // OLMo 3's at another base) in transformers 5's form.
   const bool plain = c.sliding_rope_scaling.json.empty() &&
-                     (f.gemma == Family::kGemma3 || c.sliding_rope_theta == c.rope_theta);
-  if (c.sliding_rope_theta > 0 && plain && f.gemma == Family::kGemma3) {
+                     (f.line == Line::kGemma3 || c.sliding_rope_theta == c.rope_theta);
+  if (c.sliding_rope_theta > 0 && plain && f.line == Line::kGemma3) {
     j["rope_local_base_freq"] = c.sliding_rope_theta;
   } else if (c.sliding_rope_theta > 0 && !plain) {
     auto of = [](double theta, const RopeScaling& s) {
@@ -909,8 +982,9 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attn_logit_softcapping"] = or_null(c.attn_logit_softcapping);
     j["final_logit_softcapping"] = or_null(c.final_logit_softcapping);
   }
-  // (the Gemmas', OLMo 3's and Cohere 2's windows)
-  if (gemma2_or_3 || c.sliding_rope_theta > 0 || c.nope_full_layers) {
+  // (the Gemmas', OLMo 3's, Cohere 2's and EXAONE 4's windows; EXAONE 4's
+  // null where it has none, which its config class would default to 4096)
+  if (gemma2_or_3 || c.sliding_rope_theta > 0 || c.nope_full_layers || f.line == Line::kExaone4) {
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     json types = json::array();
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
@@ -930,8 +1004,8 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = c.mlp_bias;
   }
-  if (f.cohere || c.logit_scale != 1) j["logit_scale"] = c.logit_scale;
-  if (f.multipliers) {
+  if (f.cohere() || c.logit_scale != 1) j["logit_scale"] = c.logit_scale;
+  if (f.line == Line::kGranite) {
     j["embedding_multiplier"] = c.embedding_multiplier;
     j["attention_multiplier"] = c.attention_multiplier;
     j["residual_multiplier"] = c.residual_multiplier;
