@@ -1,6 +1,7 @@
 // Collectives of the MPI communicator at every world size, checking every byte.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 
@@ -197,17 +198,22 @@ TEST(Split, TensorParallelGroupsByColor) {
 
 // Values that differ between ranks are named with which ranks hold which: at
 // most three values per name (the rest counted, their ranks listed), texts cut
-// to 95 bytes, hashes shown only as "one value" and "another"; values every
-// rank shares are not named.
+// to 95 bytes (head, tail and a short hash), an empty text as '' (a text on
+// other ranks: the same collectives everywhere), signed numbers as such,
+// opaque hashes only as "one value" and "another"; values every rank shares
+// are not named.
 TEST(Agreement, NamesWhichRanksHoldWhichValue) {
   const int rank = world().rank(), size = world().size();
   const std::string long_text(200, 'x');
-  const std::vector<AgreedValue> values = {{"the same", 7},
-                                           {"parity", static_cast<std::uint64_t>(rank % 2)},
-                                           {"the rank", static_cast<std::uint64_t>(rank)},
-                                           {"a flag", rank == size - 1},
-                                           {"a text", long_text + (rank == 0 ? "a" : "b")},
-                                           AgreedValue::hashed("a layout", rank == 0 ? 11 : 12)};
+  const std::vector<AgreedValue> values = {
+      {"the same", 7},
+      {"parity", static_cast<std::uint64_t>(rank % 2)},
+      {"the rank", static_cast<std::uint64_t>(rank)},
+      {"a flag", rank == size - 1},
+      {"a text", long_text + (rank == 0 ? "a" : "b")},
+      {"an empty text", rank == 0 ? "" : "fp8"},
+      {"a signed number", rank == 0 ? -1 : 0},
+      AgreedValue::opaque_hash("a layout", rank == 0 ? 11 : 12)};
   std::string error = "no error";
   try {
     agree_on_values<UsageError>(world(), values, " (told)");
@@ -244,14 +250,26 @@ TEST(Agreement, NamesWhichRanksHoldWhichValue) {
     by_rank += (r ? ", " : "") + std::to_string(r) + " on rank " + std::to_string(r);
   if (size == 4) by_rank += ", 1 other value on rank 3";
   if (size > 4) by_rank += ", " + std::to_string(size - 3) + " other values on " + listed(others);
-  const std::string cut = std::string(92, 'x') + "...";
+  // A long text keeps its head, its last 24 bytes and the low 24 bits of its
+  // FNV-1a (computed here), 95 bytes in all.
+  auto cut = [&](char last) {
+    const std::string text = long_text + last;
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (unsigned char b : text) h = (h ^ b) * 0x100000001b3ull;
+    char hex[8];
+    std::snprintf(hex, sizeof hex, "%06llx", static_cast<unsigned long long>(h & 0xffffff));
+    return std::string(60, 'x') + "..." + std::string(23, 'x') + last + " #" + hex;
+  };
   by_rank += "; a flag: false on " + listed(all_but_last) + ", true on rank " +
-             std::to_string(size - 1) + "; a text: " + cut + " on rank 0, " + cut + " on " +
+             std::to_string(size - 1) + "; a text: " + cut('a') + " on rank 0, " + cut('b') +
+             " on " + listed(all_but_first) + "; an empty text: '' on rank 0, fp8 on " +
+             listed(all_but_first) + "; a signed number: -1 on rank 0, 0 on " +
              listed(all_but_first) + "; a layout: one value on rank 0, another on " +
              listed(all_but_first);
-  EXPECT_EQ(
-      error,
-      "ranks disagree on parity, the rank, a flag, a text, a layout (told); by rank: " + by_rank);
+  EXPECT_EQ(error,
+            "ranks disagree on parity, the rank, a flag, a text, an empty text, a signed number, a "
+            "layout (told); by rank: " +
+                by_rank);
 }
 
 TEST(Barrier, CompletesOnEveryRank) {

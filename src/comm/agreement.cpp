@@ -1,6 +1,7 @@
 #include "tpreload/comm/agreement.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,10 +26,17 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
-// A value's text as it travels: at most kTextWords * 8 - 1 bytes.
+// A value's text as it travels: at most kTextWords * 8 - 1 bytes. A longer
+// one keeps its head and tail (where configs' texts differ, often), and a
+// short hash of the whole, so that texts cut alike still show apart.
 std::string clipped(const std::string& text) {
-  constexpr std::size_t kMax = kTextWords * 8 - 1;
-  return text.size() <= kMax ? text : text.substr(0, kMax - 3) + "...";
+  constexpr std::size_t kMax = kTextWords * 8 - 1, kTail = 24;
+  if (text.size() <= kMax) return text;
+  char hash[16];
+  std::snprintf(hash, sizeof hash, " #%06llx",
+                static_cast<unsigned long long>(fnv1a(text) & 0xffffff));
+  const std::size_t head = kMax - 3 - kTail - std::strlen(hash);
+  return text.substr(0, head) + "..." + text.substr(text.size() - kTail) + hash;
 }
 
 // The ranks holding each value of one part, in the order of their lowest rank.
@@ -76,11 +84,11 @@ std::string detail::disagreement(Communicator& comm, const std::vector<AgreedVal
   std::size_t shown = 0;
   for (std::size_t k = 0; k < differ.size(); ++k) {
     groups.push_back(groups_of(&held[k * n], size));
-    if (!values[differ[k]].shown.empty()) shown += std::min(groups.back().size(), kShownGroups);
+    if (!values[differ[k]].opaque) shown += std::min(groups.back().size(), kShownGroups);
   }
   std::vector<std::uint64_t> texts(shown * kTextWords, 0);
   for (std::size_t k = 0, slot = 0; k < differ.size(); ++k) {
-    if (values[differ[k]].shown.empty()) continue;
+    if (values[differ[k]].opaque) continue;
     for (std::size_t g = 0; g < std::min(groups[k].size(), kShownGroups); ++g, ++slot)
       if (groups[k][g].ranks.front() == comm.rank()) {
         const std::string text = clipped(values[differ[k]].shown);
@@ -97,7 +105,7 @@ std::string detail::disagreement(Communicator& comm, const std::vector<AgreedVal
     const std::vector<Group>& gs = groups[k];
     for (std::size_t g = 0; g < std::min(gs.size(), kShownGroups); ++g) {
       std::string what;
-      if (v.shown.empty()) {
+      if (v.opaque) {
         what = g == 0 ? "one value" : "another";
       } else {
         const char* text = reinterpret_cast<const char*>(&texts[slot++ * kTextWords]);

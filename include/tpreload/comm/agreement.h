@@ -61,24 +61,29 @@ void agree_on_problem(Communicator& comm, const std::optional<std::string>& prob
 struct AgreedValue {
   std::string name;
   std::uint64_t value = 0;
-  std::string shown;  // empty: a hash, of which an error says only which ranks hold which
+  std::string shown;    // what an error shows of it (texts of over 95 bytes cut)
+  bool opaque = false;  // a hash: an error says only which ranks hold which
 
-  AgreedValue(std::string name_, std::uint64_t number)
-      : name(std::move(name_)), value(number), shown(std::to_string(number)) {}
-  // Compared by its FNV-1a, the same whatever build each rank runs.
-  AgreedValue(std::string name_, const std::string& text)
-      : name(std::move(name_)), value(fnv1a(text)), shown(text) {}
-  AgreedValue(std::string name_, const char* text)
-      : AgreedValue(std::move(name_), std::string(text)) {}
-  // (A template so that an int argument is not ambiguous between bool and
-  // the number.)
+  // (Templates so that an int is neither ambiguous nor read as a bool.)
+  template <typename I,
+            std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int> = 0>
+  AgreedValue(std::string name_, I number)
+      : name(std::move(name_)),
+        value(static_cast<std::uint64_t>(number)),
+        shown(std::to_string(number)) {}
   template <typename B, std::enable_if_t<std::is_same_v<B, bool>, int> = 0>
   AgreedValue(std::string name_, B flag)
       : name(std::move(name_)), value(flag ? 1 : 0), shown(flag ? "true" : "false") {}
+  // Compared by its FNV-1a, the same whatever build each rank runs; an empty
+  // text shown as ''.
+  AgreedValue(std::string name_, const std::string& text)
+      : name(std::move(name_)), value(fnv1a(text)), shown(text.empty() ? "''" : text) {}
+  AgreedValue(std::string name_, const char* text)
+      : AgreedValue(std::move(name_), std::string(text)) {}
 
-  static AgreedValue hashed(std::string name, std::uint64_t hash) {
+  static AgreedValue opaque_hash(std::string name, std::uint64_t hash) {
     AgreedValue v(std::move(name), hash);
-    v.shown.clear();
+    v.opaque = true;
     return v;
   }
 };
@@ -91,11 +96,12 @@ std::string disagreement(Communicator& comm, const std::vector<AgreedValue>& val
 }  // namespace detail
 
 // COLLECTIVE. Every rank passes the same list of named values (options, hashes
-// of what must match); if any value differs between ranks, every rank throws
-// the same Agreed<E>: "ranks disagree on <names>" followed by `consequence`,
-// then which ranks hold which value of each: "; by rank: <name>: 8 on ranks
-// 0-2, 4 on rank 3" (a hashed value: "one value on ranks 0-2, another on rank
-// 3"). Every bit of a value counts.
+// of what must match: the same names in the same order, each opaque or not
+// alike; only the values may differ); if any value differs between ranks,
+// every rank throws the same Agreed<E>: "ranks disagree on <names>" followed by
+// `consequence`, then which ranks hold which value of each: "; by rank:
+// <name>: 8 on ranks 0-2, 4 on rank 3" (an opaque one: "one value on ranks
+// 0-2, another on rank 3"). Every bit of a value counts.
 template <typename E>
 void agree_on_values(Communicator& comm, const std::vector<AgreedValue>& values,
                      const std::string& consequence) {
