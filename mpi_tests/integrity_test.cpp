@@ -342,7 +342,7 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
   const auto same_options = [](ReloadOptions&) {};
   const auto same_config = [](ModelConfig&) {};
   // Which ranks hold which value: the last rank's own, and every other rank's
-  // (llama_gqa's rms_norm_eps is 1e-5, its final_logit_softcapping 0, no qk_norm).
+  // (llama_gqa's rms_norm_eps is 1e-5, its final_logit_softcapping 0, no q/k norms).
   const int n = world().size();
   const std::string first = n == 2 ? "rank 0" : "ranks 0-" + std::to_string(n - 2);
   const std::string last = "rank " + std::to_string(n - 1);
@@ -368,15 +368,15 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
            first + ", 2e-05 on " + last},
       {same_options,
        [](ModelConfig& c) {
-         c.qk_norm = true;
+         c.qk_norm = QkNorm::kShared;
          c.final_logit_softcapping = 30;
        },
        "ranks disagree on the model config's final_logit_softcapping, the model config's "
-       "qk_norm, the model's parameters (quantization, LoRA, expert parallelism, shapes) (every "
+       "q/k norms, the model's parameters (quantization, LoRA, expert parallelism, shapes) (every "
        "rank must pass the same); nothing was reloaded; by rank: the model config's "
        "final_logit_softcapping: 0.0 on " +
-           first + ", 30.0 on " + last + "; the model config's qk_norm: false on " + first +
-           ", true on " + last +
+           first + ", 30.0 on " + last + "; the model config's q/k norms: 'none' on " + first +
+           ", 'one weight for every head' on " + last +
            "; the model's parameters (quantization, LoRA, expert parallelism, shapes): one value "
            "on " +
            first + ", another on " + last},

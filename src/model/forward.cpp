@@ -364,7 +364,7 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     const at::Tensor qkv = linear(x, p + "self_attn.qkv_proj");
     const std::int64_t n = static_cast<std::int64_t>(tokens.size());
     at::Tensor q = qkv.narrow(1, 0, q_heads * hd), k = qkv.narrow(1, q_heads * hd, kv_heads * hd);
-    if (c.qk_norm_whole) {  // OLMo: over all heads of q and of k, across the group
+    if (c.qk_norm == QkNorm::kWhole) {  // OLMo: over all heads of q and of k, across the group
       q = rms_norm_split(q, host_param(p + "self_attn.q_norm.weight"), rank * q_heads * hd,
                          c.num_attention_heads * hd, 1, c, comm);
       k = rms_norm_split(k, host_param(p + "self_attn.k_norm.weight"),
@@ -375,7 +375,9 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     k = k.reshape({n, kv_heads, hd});
     at::Tensor v =
         qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
-    if (c.qk_norm && !c.qk_norm_whole) {  // Qwen3, Gemma 3: over each head, before rotary
+    // Over each head, before rotary: by one weight (Qwen3, Gemma 3, EXAONE 4) or
+    // by each head's own, the rank's heads' rows (Command R+'s LayerNorm)
+    if (c.qk_norm == QkNorm::kShared || c.qk_norm == QkNorm::kPerHead) {
       q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c);
       k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c);
     }

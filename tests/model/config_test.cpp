@@ -30,6 +30,13 @@ std::string without(std::string text, std::initializer_list<const char*> keys) {
   return text;
 }
 
+// Each checkpoint tensor's shape, by name.
+std::map<std::string, std::vector<std::int64_t>> shapes_of(const ModelConfig& c) {
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  return shapes;
+}
+
 std::string error_of(const std::string& json) {
   try {
     parse_model_config(json, "config.json");
@@ -57,7 +64,7 @@ const char* const kMoe = R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_siz
 TEST(Config, Qwen3MoeKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kMoe, "config.json");
   EXPECT_EQ(c.head_dim, 128) << "head_dim from the config, not hidden / heads (64)";
-  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.qk_norm, QkNorm::kShared);
   EXPECT_EQ(c.num_experts, 128);
   EXPECT_EQ(c.num_experts_per_tok, 8);
   EXPECT_EQ(c.moe_intermediate_size, 768);
@@ -148,9 +155,8 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"attention_bias false vs true", [](ModelConfig& c) { c.attention_bias = true; }},
       {"o_proj_bias false vs true", [](ModelConfig& c) { c.o_proj_bias = true; }},
       {"mlp_bias false vs true", [](ModelConfig& c) { c.mlp_bias = true; }},
-      {"qk_norm false vs true", [](ModelConfig& c) { c.qk_norm = true; }},
-      {"q/k norms over whole projections false vs true",
-       [](ModelConfig& c) { c.qk_norm_whole = true; }},
+      {"q/k norms 'none' vs 'one weight for every head'",
+       [](ModelConfig& c) { c.qk_norm = QkNorm::kShared; }},
       {"num_experts 0 vs 8", [](ModelConfig& c) { c.num_experts = 8; }},
       {"num_experts_per_tok 0 vs 2", [](ModelConfig& c) { c.num_experts_per_tok = 2; }},
       {"moe_intermediate_size 0 vs 8", [](ModelConfig& c) { c.moe_intermediate_size = 8; }},
@@ -206,7 +212,7 @@ TEST(Config, MixtralKeysAsHuggingFaceWritesThem) {
             1e-5)
       << "MixtralConfig's default";
   EXPECT_FALSE(c.attention_bias);
-  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.qk_norm, QkNorm::kNone);
   for (std::int64_t l = 0; l < 3; ++l) EXPECT_TRUE(c.sparse_layer(l)) << l;
   std::set<std::string> names;
   for (const auto& s : checkpoint_tensor_specs(c)) names.insert(s.name);
@@ -237,7 +243,7 @@ TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
     "sliding_window":131072,"original_max_position_embeddings":4096,"torch_dtype":"bfloat16"})";
   const ModelConfig c = parse_model_config(phi3, "config.json");
   EXPECT_EQ(c.head_dim, 128);
-  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm != QkNorm::kNone);
   EXPECT_EQ(c.partial_rotary_factor, 1);
   const ModelConfig plain = parse_model_config(
       replaced(replaced(phi3, R"("num_key_value_heads":10,)", ""), R"("rms_norm_eps":1e-05,)", ""),
@@ -318,8 +324,7 @@ TEST(Config, Phi3KeysAsHuggingFaceWritesThem) {
       parse_model_config(replaced(phi3, R"("rope_scaling":null,)",
                                   R"("rope_scaling":null,"attention_bias":true,"mlp_bias":true,)"),
                          "c");
-  std::map<std::string, std::vector<std::int64_t>> biases;
-  for (const auto& s : checkpoint_tensor_specs(biased)) biases[s.name] = s.shape;
+  auto biases = shapes_of(biased);
   EXPECT_EQ(biases[p + "self_attn.qkv_proj.bias"], (std::vector<std::int64_t>{7680}));
   EXPECT_EQ(biases[p + "mlp.gate_up_proj.bias"], (std::vector<std::int64_t>{2 * 17920}));
   EXPECT_EQ(biases[p + "self_attn.o_proj.bias"], (std::vector<std::int64_t>{5120}));
@@ -429,8 +434,7 @@ TEST(Config, Gemma2KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(c.sliding_window, 4096);
   EXPECT_EQ(c.sliding_layers, std::vector<std::int64_t>{1});
   EXPECT_TRUE(c.sliding_layer(1) && !c.sliding_layer(0) && !c.sliding_layer(2));
-  std::map<std::string, std::vector<std::int64_t>> shapes;
-  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  auto shapes = shapes_of(c);
   EXPECT_EQ(shapes["model.layers.2.pre_feedforward_layernorm.weight"],
             std::vector<std::int64_t>{2304});
   EXPECT_EQ(shapes["model.layers.0.post_feedforward_layernorm.weight"],
@@ -493,7 +497,8 @@ const char* const kGemma3 = R"({"architectures":["Gemma3ForCausalLM"],"hidden_si
 
 TEST(Config, Gemma3KeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kGemma3, "config.json");
-  EXPECT_TRUE(c.tie_word_embeddings && c.gemma_normalization && c.qk_norm);
+  EXPECT_TRUE(c.tie_word_embeddings && c.gemma_normalization);
+  EXPECT_EQ(c.qk_norm, QkNorm::kShared);
   EXPECT_EQ(c.norm_layout, NormLayout::kSandwich);
   EXPECT_EQ(c.activation, Activation::kGeluTanh);
   EXPECT_EQ(c.query_pre_attn_scalar, 256);
@@ -505,8 +510,7 @@ TEST(Config, Gemma3KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(c.sliding_window, 512);
   // Every layer but each sixth slides: 0-4 and 6, written out.
   EXPECT_EQ(c.sliding_layers, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 6}));
-  std::map<std::string, std::vector<std::int64_t>> shapes;
-  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  auto shapes = shapes_of(c);
   EXPECT_EQ(shapes["model.layers.6.self_attn.q_norm.weight"], std::vector<std::int64_t>{256});
   EXPECT_EQ(shapes["model.layers.0.self_attn.k_norm.weight"], std::vector<std::int64_t>{256});
   EXPECT_EQ(shapes["model.layers.3.pre_feedforward_layernorm.weight"],
@@ -657,8 +661,7 @@ TEST(Config, GraniteKeysAsHuggingFaceWritesThem) {
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.gemma_normalization);
   EXPECT_EQ(c.activation, Activation::kSilu);
-  std::map<std::string, std::vector<std::int64_t>> shapes;
-  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  auto shapes = shapes_of(c);
   EXPECT_EQ(shapes["model.layers.1.self_attn.k_proj.weight"],
             (std::vector<std::int64_t>{8 * 128, 4096}));
   EXPECT_EQ(shapes.size(), 1 + 2 * 9 + 1u);  // (embed; 2 norms, q/k/v/o, gate/up/down; norm)
@@ -732,7 +735,7 @@ TEST(Config, Glm4KeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(glm4, "config.json");
   EXPECT_TRUE(c.attention_bias && c.rope_interleaved);
   EXPECT_EQ(c.norm_layout, NormLayout::kGlm);
-  EXPECT_FALSE(c.o_proj_bias || c.mlp_bias || c.qk_norm || c.gemma_normalization ||
+  EXPECT_FALSE(c.o_proj_bias || c.mlp_bias || c.qk_norm != QkNorm::kNone || c.gemma_normalization ||
                c.tie_word_embeddings);
   EXPECT_EQ(c.partial_rotary_factor, 0.5);
   EXPECT_EQ(c.rms_norm_eps, 1e-5);
@@ -803,12 +806,11 @@ TEST(Config, Ernie45KeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(ernie, "config.json");
   EXPECT_TRUE(c.rope_interleaved && c.tie_word_embeddings);
   EXPECT_EQ(c.norm_layout, NormLayout::kPre);
-  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm ||
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm != QkNorm::kNone ||
                c.gemma_normalization);
   EXPECT_EQ(c.partial_rotary_factor, 1);
   EXPECT_EQ(c.rope_theta, 500000);
-  std::map<std::string, std::vector<std::int64_t>> held;
-  for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
+  auto held = shapes_of(c);
   EXPECT_EQ(held["model.layers.1.self_attn.q_proj.weight"],
             (std::vector<std::int64_t>{16 * 128, 1024}));
   EXPECT_EQ(held["model.layers.1.mlp.up_proj.weight"], (std::vector<std::int64_t>{3072, 1024}));
@@ -861,13 +863,12 @@ TEST(Config, CohereKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(cohere, "config.json");
   EXPECT_TRUE(c.layer_norm && c.rope_interleaved && c.tie_word_embeddings);
   EXPECT_EQ(c.norm_layout, NormLayout::kParallel);
-  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias || c.qk_norm != QkNorm::kNone);
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_EQ(c.rms_norm_eps, 1e-5);
   EXPECT_EQ(c.logit_scale, 0.0625);
   EXPECT_EQ(c.rope_theta, 8e6);
-  std::map<std::string, std::vector<std::int64_t>> held;
-  for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
+  auto held = shapes_of(c);
   EXPECT_EQ(held["model.layers.1.input_layernorm.weight"], std::vector<std::int64_t>{8192});
   EXPECT_EQ(
       held.count("model.layers.1.post_attention_layernorm.weight") + held.count("lm_head.weight"),
@@ -896,8 +897,22 @@ TEST(Config, CohereKeysAsHuggingFaceWritesThem) {
               "CohereForCausalLM computes its logits with the embeddings"));
   EXPECT_TRUE(refused(replaced(cohere, R"("attention_bias":false)", R"("attention_bias":true)"),
                       "attention_bias true is refused for CohereForCausalLM"));
-  EXPECT_TRUE(refused(replaced(cohere, R"("use_qk_norm":false)", R"("use_qk_norm":true)"),
-                      "use_qk_norm true (Command R+'s per-head q/k LayerNorm) is not supported"));
+  // Command R+ (use_qk_norm): q and k normed per head, each head by its own
+  // weights, [heads, head_dim] and [KV heads, head_dim].
+  const ModelConfig plus = parse_model_config(
+      replaced(replaced(cohere, R"("use_qk_norm":false)", R"("use_qk_norm":true)"),
+               R"("num_key_value_heads":64)", R"("num_key_value_heads":8)"),
+      "config.json");
+  EXPECT_EQ(plus.qk_norm, QkNorm::kPerHead);
+  auto plus_held = shapes_of(plus);
+  EXPECT_EQ(plus_held["model.layers.1.self_attn.q_norm.weight"],
+            (std::vector<std::int64_t>{64, 128}));
+  EXPECT_EQ(plus_held["model.layers.1.self_attn.k_norm.weight"],
+            (std::vector<std::int64_t>{8, 128}));
+  EXPECT_EQ(plus_held.size(), 1 + 2 * 10 + 1u);  // (and q/k norms a layer)
+  const ModelConfig plus_back = parse_model_config(model_config_to_json(plus), "round trip");
+  EXPECT_TRUE(config_differences(plus, plus_back).empty())
+      << config_differences(plus, plus_back)[0];
   EXPECT_TRUE(
       refused(replaced(cohere, R"("hidden_size":8192)", R"("hidden_size":8192,"head_dim":64)"),
               "CohereForCausalLM takes head_dim as hidden_size / num_attention_heads "
@@ -945,8 +960,7 @@ TEST(Config, Cohere2KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(typed_null.sliding_layers, (std::vector<std::int64_t>{0, 1, 2}));
   EXPECT_TRUE(refused(replaced(cohere2, R"("sliding_window":4096)", R"("sliding_window":null)"),
                       "Cohere2ForCausalLM takes a positive 'sliding_window', got null"));
-  std::map<std::string, std::vector<std::int64_t>> held;
-  for (const auto& s : checkpoint_tensor_specs(c)) held[s.name] = s.shape;
+  auto held = shapes_of(c);
   EXPECT_EQ(held.size(), 1 + 4 * 8 + 1u);  // (embed; per layer 1 norm, q/k/v/o, gate/up/down; norm)
 }
 
@@ -965,7 +979,8 @@ TEST(Config, Exaone4KeysAsHuggingFaceWritesThem) {
     "torch_dtype":"bfloat16","use_cache":true,"vocab_size":102400})";
   const ModelConfig c = parse_model_config(exaone4, "config.json");
   EXPECT_EQ(c.norm_layout, NormLayout::kPost);
-  EXPECT_TRUE(c.qk_norm && !c.qk_norm_whole && c.nope_full_layers);
+  EXPECT_EQ(c.qk_norm, QkNorm::kShared);
+  EXPECT_TRUE(c.nope_full_layers);
   EXPECT_FALSE(c.tie_word_embeddings || c.attention_bias || c.o_proj_bias || c.mlp_bias ||
                c.layer_norm || c.rope_interleaved || c.gemma_normalization);
   EXPECT_EQ(c.head_dim, 128);
@@ -976,8 +991,7 @@ TEST(Config, Exaone4KeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(c.logit_scale, 1);
   const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
   EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
-  std::map<std::string, std::vector<std::int64_t>> shapes;
-  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  auto shapes = shapes_of(c);
   // (embed; per layer 2 norms, q/k/v/o, q/k norms, gate/up/down; norm; head)
   EXPECT_EQ(shapes.size(), 1 + 4 * 11 + 2u);
   EXPECT_EQ(shapes.count("model.layers.0.input_layernorm.weight"), 0u);
@@ -1024,11 +1038,9 @@ TEST(Config, Exaone4KeysAsHuggingFaceWritesThem) {
   EXPECT_TRUE(s.tie_word_embeddings);
   const ModelConfig s_back = parse_model_config(model_config_to_json(s), "round trip");
   EXPECT_TRUE(config_differences(s, s_back).empty()) << config_differences(s, s_back)[0];
-  const ModelConfig no_types =
-      parse_model_config(without(small, {R"("layer_types":["full_attention",
+  EXPECT_TRUE(refused(without(small, {R"("layer_types":["full_attention",
     "full_attention"],)"}),
-                         "c");
-  EXPECT_TRUE(no_types.sliding_layers.empty() && !no_types.nope_full_layers);
+                      "Exaone4ForCausalLM with a null sliding_window needs 'layer_types'"));
 
   // Where the references would serve other logits, or a key cannot be read.
   EXPECT_TRUE(refused(without(bare, {R"(,
@@ -1060,15 +1072,14 @@ TEST(Config, Exaone4KeysAsHuggingFaceWritesThem) {
 
 TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kOlmo2, "config.json");
-  EXPECT_TRUE(c.qk_norm && c.qk_norm_whole);
+  EXPECT_EQ(c.qk_norm, QkNorm::kWhole);
   EXPECT_EQ(c.norm_layout, NormLayout::kPost);
   EXPECT_FALSE(c.gemma_normalization || c.attention_bias || c.o_proj_bias);
   EXPECT_EQ(c.head_dim, 128);
   EXPECT_EQ(c.rms_norm_eps, 1e-6);
   EXPECT_TRUE(c.sliding_layers.empty());
   EXPECT_EQ(c.sliding_rope_theta, 0);
-  std::map<std::string, std::vector<std::int64_t>> shapes;
-  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  auto shapes = shapes_of(c);
   EXPECT_EQ(shapes.count("model.layers.0.input_layernorm.weight"), 0u);
   EXPECT_EQ(shapes.count("model.layers.0.pre_feedforward_layernorm.weight"), 0u);
   EXPECT_EQ(shapes["model.layers.1.self_attn.q_norm.weight"], std::vector<std::int64_t>{32 * 128});
@@ -1090,8 +1101,7 @@ TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   // GQA: k_norm spans the KV heads' projection.
   const ModelConfig gqa = parse_model_config(
       replaced(kOlmo2, R"("num_key_value_heads":32)", R"("num_key_value_heads":8)"), "c");
-  std::map<std::string, std::vector<std::int64_t>> gqa_shapes;
-  for (const auto& s : checkpoint_tensor_specs(gqa)) gqa_shapes[s.name] = s.shape;
+  auto gqa_shapes = shapes_of(gqa);
   EXPECT_EQ(gqa_shapes["model.layers.0.self_attn.k_norm.weight"],
             std::vector<std::int64_t>{8 * 128});
   const std::string head_dim =
@@ -1114,7 +1124,7 @@ TEST(Config, OlmoKeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(three.sliding_rope_theta, 500000);
   EXPECT_TRUE(three.sliding_rope_scaling.json.empty());
   EXPECT_EQ(three.rope_scaling.type, "yarn");
-  EXPECT_TRUE(three.qk_norm_whole);
+  EXPECT_EQ(three.qk_norm, QkNorm::kWhole);
   EXPECT_EQ(three.norm_layout, NormLayout::kPost);
   const ModelConfig three_back = parse_model_config(model_config_to_json(three), "round trip");
   EXPECT_TRUE(config_differences(three, three_back).empty())
@@ -1178,9 +1188,8 @@ TEST(Config, Qwen2MoeKeysAsHuggingFaceWritesThem) {
   EXPECT_EQ(c.shared_expert_intermediate_size, 5632);
   EXPECT_FALSE(c.norm_topk_prob);
   EXPECT_TRUE(c.attention_bias);
-  EXPECT_FALSE(c.qk_norm);
-  std::map<std::string, std::vector<std::int64_t>> shapes;
-  for (const auto& s : checkpoint_tensor_specs(c)) shapes[s.name] = s.shape;
+  EXPECT_EQ(c.qk_norm, QkNorm::kNone);
+  auto shapes = shapes_of(c);
   EXPECT_EQ(shapes["model.layers.1.mlp.shared_expert.gate_proj.weight"],
             (std::vector<std::int64_t>{5632, 2048}));
   EXPECT_EQ(shapes["model.layers.1.mlp.shared_expert.down_proj.weight"],

@@ -128,6 +128,12 @@ ModelConfig tiny_config(const std::string& name) {
       "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":130,
       "layer_norm_eps":1e-05,"logit_scale":0.5,"sliding_window":3,"rope_theta":50000.0,
       "hidden_act":"silu","torch_dtype":"bfloat16"})";
+  else if (name == "cohere_plus")  // Command R+'s use_qk_norm: q and k each head normed by
+    // its own LayerNorm weights; 8 heads / 2 KV heads (replicated from tp 4 on)
+    json = R"({"architectures":["CohereForCausalLM"],"hidden_size":64,"intermediate_size":80,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":115,
+      "layer_norm_eps":1e-05,"logit_scale":0.125,"use_qk_norm":true,"rope_theta":75000000.0,
+      "hidden_act":"silu","torch_dtype":"bfloat16"})";
   else if (name == "exaone4")  // (the 32B's form) post-norms, q/k normed per head, 8 heads
     // of 16 over a hidden size of 64, llama3 scaling; layers 0, 2 and 3 slide over windows
     // of 3 and turn rotary, layer 1 turns none (layer_types, not the pattern beside it)
@@ -235,7 +241,8 @@ bool olmo(const ModelConfig& c) {  // (OLMo 2 and OLMo 3)
 
 // EXAONE 4 (vLLM's exaone4.py; Exaone4Config's defaults): OLMo's post-norms,
 // q and k normed per head; with a sliding_window (4096 when absent) the
-// layers `layer_types` marks sliding (else all but every fourth) slide and
+// layers `layer_types` marks sliding (else all but every
+// sliding_window_pattern-th, 4 when absent) slide and
 // turn rotary, the full ones none; with a null window every layer is full and
 // turns rotary.
 bool exaone4(const ModelConfig& c) {
@@ -265,6 +272,12 @@ bool cohere(const ModelConfig& c) {  // (Cohere and Cohere 2)
   return c.architecture == "CohereForCausalLM" || c.architecture == "Cohere2ForCausalLM";
 }
 
+// Command R+ (use_qk_norm in a Cohere config): q and k normed per head by a
+// LayerNorm whose weights are each head's own, [heads, head_dim].
+bool cohere_qk_norms(const ModelConfig& c) {
+  return cohere(c) && nlohmann::json::parse(c.json).value("use_qk_norm", false);
+}
+
 // Rotary on interleaved pairs: GLM-4's, ERNIE 4.5's (vLLM's ernie45.py
 // turns its Llama's to GPT-J's pairs) and Cohere's.
 bool interleaved_pairs(const ModelConfig& c) {
@@ -274,7 +287,7 @@ bool interleaved_pairs(const ModelConfig& c) {
 // RMSNorm of q and k before rotary: Qwen3's, Gemma 3's and EXAONE 4's per head, OLMo's
 // over the whole projection.
 bool qk_norms(const ModelConfig& c) {
-  return qwen3(c) || gemma3(c) || olmo(c) || exaone4(c);
+  return qwen3(c) || gemma3(c) || olmo(c) || exaone4(c) || cohere_qk_norms(c);
 }
 
 // Gemma 2's and Gemma 3's attention, as the config's JSON says (read here,
@@ -330,10 +343,10 @@ LayerAttention layer_attention(const ModelConfig& c) {
   if (exaone4(c)) {
     g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
     if (g.window == 0) return g;
+    const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
+    const auto pattern = typed ? 0 : static_cast<std::int64_t>(number("sliding_window_pattern", 4));
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
-      g.sliding[l] = j.contains("layer_types") && !j["layer_types"].is_null()
-                         ? j["layer_types"][l] == "sliding_attention"
-                         : (l + 1) % 4 != 0;
+      g.sliding[l] = typed ? j["layer_types"][l] == "sliding_attention" : (l + 1) % pattern != 0;
     g.full_unturned = true;
     return g;
   }
@@ -525,9 +538,15 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
       out[p + "self_attn.o_proj.bias"] = ckpt.at(p + "self_attn.o_proj.bias");
     out[p + "self_attn.o_proj.weight"] =
         ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
-    if (qk_norms(c))
+    if (cohere_qk_norms(c)) {  // (each head's own rows: the heads q's and k's rows hold)
+      out[p + "self_attn.q_norm.weight"] =
+          rows(ckpt.at(p + "self_attn.q_norm.weight"), r * ql / hd, ql / hd);
+      out[p + "self_attn.k_norm.weight"] =
+          rows(ckpt.at(p + "self_attn.k_norm.weight"), kv_first, kv_count);
+    } else if (qk_norms(c)) {
       for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
         out[p + norm] = ckpt.at(p + norm);
+    }
     if (sparse(c, l)) {
       expected_experts(c, ckpt, p, tp, r, expert_parallel, out);
       continue;
@@ -756,7 +775,12 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     }
     q = q.reshape({n, nh, hd});
     k = k.reshape({n, nkv, hd});
-    if (qk_norms(c) && !olmo(c)) {  // per-head RMSNorm before rotary
+    if (cohere_qk_norms(c)) {  // each head's LayerNorm by its own weights
+      q = at::layer_norm(q, {hd}, {}, {}, c.rms_norm_eps) *
+          f32(ckpt, p + "self_attn.q_norm.weight");
+      k = at::layer_norm(k, {hd}, {}, {}, c.rms_norm_eps) *
+          f32(ckpt, p + "self_attn.k_norm.weight");
+    } else if (qk_norms(c) && !olmo(c)) {  // per-head RMSNorm before rotary
       q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
       k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
     }

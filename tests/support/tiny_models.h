@@ -59,6 +59,9 @@ namespace tpreload::testdata {
 // "cohere2" (Cohere 2: Cohere's layout, layers 0-2 of 4 sliding over
 // windows of 3 with rotary at base 50000, layer 3 attending to all without
 // rotary; logits x 0.5, vocab 130),
+// "cohere_plus" (Command R+: Cohere's layout with use_qk_norm, q and k each head
+// normed by its own LayerNorm weights before rotary, split by head; 8 heads / 2 KV
+// heads, logits x 0.125, vocab 115),
 // "exaone4" (EXAONE 4 as the 32B: OLMo's post-norms, q and k normed per head, 8
 // heads of 16 over a hidden size of 64, layers 0, 2 and 3 of 4 sliding (layer_types, not the
 // "LLLG" pattern beside it) over windows of 3 with rotary at 1e6 with llama3
@@ -70,10 +73,10 @@ namespace tpreload::testdata {
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
-    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe", "qwen3_moe_plain",
-    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",     "gemma2",
-    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4",      "ernie45",
-    "cohere",    "cohere2",    "exaone4",        "exaone4_full"};
+    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe",   "qwen3_moe_plain",
+    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",       "gemma2",
+    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4",        "ernie45",
+    "cohere",    "cohere2",    "cohere_plus",    "exaone4",     "exaone4_full"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

@@ -76,6 +76,17 @@ enum class Activation : std::uint8_t { kSilu, kGeluTanh, kGelu };
 // input alone, which attention and MLP both take, their sum joining the
 // residual.
 enum class NormLayout : std::uint8_t { kPre, kSandwich, kGlm, kPost, kParallel };
+// How q and k are normed before rotary, by self_attn.q_norm.weight and
+// k_norm.weight (the model's norm: RMSNorm, or Cohere's LayerNorm):
+//  - kShared: each head by one weight of [head_dim] (Qwen3, Gemma 3, EXAONE 4),
+//    replicated;
+//  - kWhole: q and k each over its whole projection, all heads together (OLMo
+//    2 and 3, vLLM's olmo2.py): q_norm [heads x head_dim], k_norm [KV heads x
+//    head_dim], replicated (the forward pass sums the squares over the group);
+//  - kPerHead: each head by its own weights (Command R+'s use_qk_norm, vLLM's
+//    commandr.py): q_norm [heads, head_dim], k_norm [KV heads, head_dim], split
+//    by head as q's and k's rows are (ShardKind::kHeads).
+enum class QkNorm : std::uint8_t { kNone, kShared, kWhole, kPerHead };
 // "silu", "gelu_pytorch_tanh", "gelu".
 const char* activation_name(Activation activation);
 
@@ -164,13 +175,8 @@ struct ModelConfig {
   bool attention_bias = false;  // q/k/v
   bool o_proj_bias = false;
   bool mlp_bias = false;
-  // RMSNorm of q and k before rotary: per head (Qwen3, Gemma 3), or over the
-  // whole projection with qk_norm_whole (OLMo).
-  bool qk_norm = false;
-  // OLMo 2 and 3 (vLLM's olmo2.py): q and k each normed over its whole
-  // projection (all heads; q_norm [heads x head_dim], k_norm [kv heads x
-  // head_dim]) with qk_norm; its layers NormLayout::kPost.
-  bool qk_norm_whole = false;
+  // How q and k are normed before rotary (QkNorm).
+  QkNorm qk_norm = QkNorm::kNone;
   // Mixture of experts (Qwen2MoeForCausalLM, Qwen3MoeForCausalLM;
   // MixtralForCausalLM, whose intermediate_size is the experts', every layer
   // sparse, top-k weights renormalised); num_experts 0 for dense models. The

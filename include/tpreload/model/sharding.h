@@ -14,7 +14,8 @@
 //  - vocab-parallel (embed_tokens, lm_head): vocab padded up to a multiple of 64,
 //    split evenly; rows past the real vocab are zero;
 //  - RMSNorm weights (and Qwen3's and Gemma 3's per-head q_norm/k_norm, OLMo's
-//    whole-projection ones) and the MoE router
+//    whole-projection ones, but Command R+'s per-head weights, split by head:
+//    ShardKind::kHeads) and the MoE router
 //    (mlp.gate; Mixtral's block_sparse_moe.gate; Qwen2-MoE's
 //    mlp.shared_expert_gate) replicated; Qwen2-MoE's mlp.shared_expert split as a
 //    dense MLP;
@@ -44,7 +45,10 @@ class WeightSource;
 
 inline constexpr std::int64_t kVocabPadding = 64;
 
-enum class ShardKind { kReplicated, kColumn, kRow, kVocab, kExpertGateUp, kExpertDown };
+// kHeads: a per-head norm's weights ([heads, head_dim], QkNorm::kPerHead) split
+// along dim 0 by head as q's and k's rows are: q_norm's heads evenly, k_norm's
+// the KV heads the rank's k holds (one replicated head when tp exceeds them).
+enum class ShardKind { kReplicated, kColumn, kRow, kVocab, kExpertGateUp, kExpertDown, kHeads };
 
 // The two forms weights arrive in: checkpoint format (Hugging Face tensors, through
 // the weight loaders and post-load processing) or kernel format (already processed

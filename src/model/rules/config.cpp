@@ -15,6 +15,21 @@ namespace {
 
 using nlohmann::json;
 
+// A q/k norm's name in config_fields.
+const char* qk_norm_name(QkNorm norm) {
+  switch (norm) {
+    case QkNorm::kShared:
+      return "one weight for every head";
+    case QkNorm::kWhole:
+      return "over the whole projection";
+    case QkNorm::kPerHead:
+      return "each head its own weights";
+    case QkNorm::kNone:
+      break;
+  }
+  return "none";
+}
+
 // A layout's name in config_fields.
 std::string norm_layout_name(NormLayout layout) {
   switch (layout) {
@@ -141,7 +156,7 @@ struct Family {
   std::int64_t head_dim;            // head_dim when absent; 0: hidden_size / num_attention_heads
   double rope_theta, rms_norm_eps;  // when absent
   Biases biases;
-  bool qk_norm;  // RMSNorm of q and k before rotary (per head; OLMo's over the projection)
+  QkNorm qk_norm;  // (Command R+'s kPerHead from its use_qk_norm)
   Experts experts;
   Stacked stacked;
   Line line = Line::kPlain;
@@ -154,54 +169,57 @@ struct Family {
 };
 constexpr Family kFamilies[] = {
     // (vLLM's CohereAttention and CohereMLP: no biases whatever the config says)
-    {"CohereForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Line::kCohere},
-    {"Cohere2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Line::kCohere2},
+    {"CohereForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, QkNorm::kNone, Experts::kNone,
+     Stacked::kNone, Line::kCohere},
+    {"Cohere2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, QkNorm::kNone, Experts::kNone,
+     Stacked::kNone, Line::kCohere2},
     // (vLLM's Ernie4_5ForCausalLM: its Llama without o_proj's bias; no
     // Ernie4_5Config key gives it any other)
-    {"Ernie4_5ForCausalLM", 2, 128, 5e5, 1e-5, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Line::kErnie},
+    {"Ernie4_5ForCausalLM", 2, 128, 5e5, 1e-5, Biases::kNone, QkNorm::kNone, Experts::kNone,
+     Stacked::kNone, Line::kErnie},
     // (Hugging Face's Exaone4Attention and Exaone4MLP take no biases; vLLM's
     // would take them from attention_bias, bias and mlp_bias: refused; its
     // rope_theta when absent differs from Hugging Face's: required)
-    {"Exaone4ForCausalLM", 32, 0, 0, 1e-5, Biases::kNone, true, Experts::kNone, Stacked::kNone,
-     Line::kExaone4},
+    {"Exaone4ForCausalLM", 32, 0, 0, 1e-5, Biases::kNone, QkNorm::kShared, Experts::kNone,
+     Stacked::kNone, Line::kExaone4},
     // (vLLM's Gemma has no biases whatever the config says; its Gemma 2 reads
     // attention_bias)
-    {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, false, Experts::kNone, Stacked::kNone,
-     Line::kGemma},
-    {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kQkvAndO, false, Experts::kNone,
+    {"GemmaForCausalLM", 16, 256, 1e4, 1e-6, Biases::kNone, QkNorm::kNone, Experts::kNone,
+     Stacked::kNone, Line::kGemma},
+    {"Gemma2ForCausalLM", 4, 256, 1e4, 1e-6, Biases::kQkvAndO, QkNorm::kNone, Experts::kNone,
      Stacked::kNone, Line::kGemma2},
     // (vLLM's Gemma3Attention: attention_bias for q/k/v and o_proj; q/k norms)
-    {"Gemma3ForCausalLM", 4, 256, 1e6, 1e-6, Biases::kQkvAndO, true, Experts::kNone, Stacked::kNone,
-     Line::kGemma3},
+    {"Gemma3ForCausalLM", 4, 256, 1e6, 1e-6, Biases::kQkvAndO, QkNorm::kShared, Experts::kNone,
+     Stacked::kNone, Line::kGemma3},
     // (vLLM's Glm4Attention: q/k/v biases as attention_bias says; its MLP is
     // Llama's, without biases)
-    {"Glm4ForCausalLM", 2, 128, 1e4, 1.5625e-7, Biases::kQkvUnlessOff, false, Experts::kNone,
-     Stacked::kGateUp, Line::kGlm},
+    {"Glm4ForCausalLM", 2, 128, 1e4, 1.5625e-7, Biases::kQkvUnlessOff, QkNorm::kNone,
+     Experts::kNone, Stacked::kGateUp, Line::kGlm},
     // (vLLM's GraniteAttention and GraniteMLP: attention_bias or bias, mlp_bias)
-    {"GraniteForCausalLM", 0, 0, 1e4, 1e-6, Biases::kGranite, false, Experts::kNone, Stacked::kNone,
-     Line::kGranite},
-    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, Stacked::kNone},
-    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, false, Experts::kNone, Stacked::kNone},
-    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, false, Experts::kMixtral,
+    {"GraniteForCausalLM", 0, 0, 1e4, 1e-6, Biases::kGranite, QkNorm::kNone, Experts::kNone,
+     Stacked::kNone, Line::kGranite},
+    {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, QkNorm::kNone, Experts::kNone,
+     Stacked::kNone},
+    {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, QkNorm::kNone, Experts::kNone,
+     Stacked::kNone},
+    {"MixtralForCausalLM", 8, 0, 1e6, 1e-5, Biases::kNone, QkNorm::kNone, Experts::kMixtral,
      Stacked::kNone},
     // (vLLM's Olmo2Attention and Olmo2MLP: no biases whatever the config says)
-    {"Olmo2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, Stacked::kNone,
-     Line::kOlmo2},
-    {"Olmo3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, true, Experts::kNone, Stacked::kNone,
-     Line::kOlmo3},
+    {"Olmo2ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, QkNorm::kWhole, Experts::kNone,
+     Stacked::kNone, Line::kOlmo2},
+    {"Olmo3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kNone, QkNorm::kWhole, Experts::kNone,
+     Stacked::kNone, Line::kOlmo3},
     // (vLLM's Phi3ForCausalLM is its Llama: biases as Llama's keys say, which
     // no Phi-3 config sets)
-    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, false, Experts::kNone,
+    {"Phi3ForCausalLM", 0, 0, 1e4, 1e-5, Biases::kLlama, QkNorm::kNone, Experts::kNone,
      Stacked::kQkvAndGateUp},
-    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kNone, Stacked::kNone},
-    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, false, Experts::kQwenShared,
+    {"Qwen2ForCausalLM", 32, 0, 1e4, 1e-6, Biases::kQkv, QkNorm::kNone, Experts::kNone,
      Stacked::kNone},
-    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kNone,
+    {"Qwen2MoeForCausalLM", 16, 0, 1e4, 1e-6, Biases::kQkv, QkNorm::kNone, Experts::kQwenShared,
      Stacked::kNone},
-    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, true, Experts::kQwen,
+    {"Qwen3ForCausalLM", 32, 128, 1e4, 1e-6, Biases::kQkvOptional, QkNorm::kShared, Experts::kNone,
+     Stacked::kNone},
+    {"Qwen3MoeForCausalLM", 4, 0, 1e4, 1e-6, Biases::kQkvOptional, QkNorm::kShared, Experts::kQwen,
      Stacked::kNone},
 };
 
@@ -528,9 +546,9 @@ void head_dim_from_heads(const ModelConfig& c, const std::string& origin, const 
 // interleaved pairs. Cohere 2 (Cohere2Config; vLLM's commandr.py too) adds
 // sliding_window (4096 when absent) on the layers `layer_types` marks, else
 // on all but every sliding_window_pattern-th (4), and turns rotary on those
-// layers alone. vLLM builds no biases (attention_bias true refused) and
-// its per-head q/k LayerNorm of use_qk_norm (Command R+) is not supported
-// here.
+// layers alone. vLLM builds no biases (attention_bias true refused). With
+// use_qk_norm (Command R+) q and k are normed per head, each head by its own
+// LayerNorm weights (QkNorm::kPerHead), before rotary.
 void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelConfig& c) {
   head_dim_from_heads(c, origin, "commandr.py");
   silu_only(j, origin, c);
@@ -541,11 +559,8 @@ void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelC
   if (flag(j, "attention_bias", origin))
     raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
                       " (vLLM's model takes no biases; no released Command R sets it)");
-  if (flag(j, "use_qk_norm", origin))
-    raise<ModelError>(origin,
-                      ": use_qk_norm true (Command R+'s per-head q/k LayerNorm) is not "
-                      "supported for ",
-                      c.architecture);
+  // (Command R+: q and k normed per head by its own LayerNorm weights)
+  if (flag(j, "use_qk_norm", origin)) c.qk_norm = QkNorm::kPerHead;
   c.layer_norm = c.rope_interleaved = true;
   c.norm_layout = NormLayout::kParallel;
   c.logit_scale = positive_number_or(j, "logit_scale", 0.0625, origin);
@@ -572,7 +587,6 @@ void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelC
 void parse_olmo(const json& j, const json& per_type, const std::string& origin, bool olmo3,
                 ModelConfig& c) {
   head_dim_from_heads(c, origin, "olmo2.py");
-  c.qk_norm_whole = true;
   c.norm_layout = NormLayout::kPost;
   const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
   if (!olmo3 && !typed) {  // (OLMo 2 without windows: no sliding layers to turn apart)
@@ -602,7 +616,8 @@ void parse_olmo(const json& j, const json& per_type, const std::string& origin, 
 // sliding_window (4096 when absent) the layers of the sliding type
 // (layer_types, else all but every sliding_window_pattern-th, 4 when absent)
 // slide and turn rotary and the full ones turn none (Hugging Face's "global
-// NoPE"); with a null window every layer is full and turns rotary. Refused
+// NoPE"); with a null window (and layer_types, which Exaone4Config cannot
+// fill without one) every layer is full and turns rotary. Refused
 // where the two references would serve other logits: rope_theta absent (10000
 // in Hugging Face's config, 1000000 in vLLM's), a bias (vLLM's model reads
 // attention_bias, bias and mlp_bias, Hugging Face's builds none), logit_scale
@@ -626,7 +641,12 @@ void parse_exaone4(const json& j, const std::string& origin, ModelConfig& c) {
   c.norm_layout = NormLayout::kPost;
   const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
   const bool windowed = !j.contains("sliding_window") || !j["sliding_window"].is_null();
-  if (!windowed && !typed) return;  // (every layer full, turning rotary)
+  // (Exaone4Config reads a null window as a pattern of 0, and without
+  // layer_types then divides by it: neither reference loads such a config)
+  if (!windowed && !typed)
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " with a null sliding_window needs 'layer_types' (Exaone4Config cannot "
+                      "fill them without a window)");
   // (the pattern read only where layer_types is not given, as Exaone4Config
   // reads it: an integer there, where released configs write "LLLG" beside
   // layer_types)
@@ -1005,6 +1025,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["mlp_bias"] = c.mlp_bias;
   }
   if (f.cohere() || c.logit_scale != 1) j["logit_scale"] = c.logit_scale;
+  if (c.qk_norm == QkNorm::kPerHead) j["use_qk_norm"] = true;
   if (f.line == Line::kGranite) {
     j["embedding_multiplier"] = c.embedding_multiplier;
     j["attention_multiplier"] = c.attention_multiplier;
@@ -1078,10 +1099,18 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
     // would take one, no released Qwen3 checkpoint has it, and vLLM could not
     // load it.)
     if (c.o_proj_bias) specs.push_back({p + "self_attn.o_proj.bias", {h}});
-    if (c.qk_norm) {  // (per head, or OLMo's over the whole projection)
-      const std::int64_t kv = c.num_key_value_heads * c.head_dim;
-      specs.push_back({p + "self_attn.q_norm.weight", {c.qk_norm_whole ? q : c.head_dim}});
-      specs.push_back({p + "self_attn.k_norm.weight", {c.qk_norm_whole ? kv : c.head_dim}});
+    // (QkNorm: one weight for every head, the whole projection's, or each head's)
+    const std::int64_t hd = c.head_dim, heads = c.num_attention_heads,
+                       kv_heads = c.num_key_value_heads;
+    if (c.qk_norm == QkNorm::kShared) {
+      specs.push_back({p + "self_attn.q_norm.weight", {hd}});
+      specs.push_back({p + "self_attn.k_norm.weight", {hd}});
+    } else if (c.qk_norm == QkNorm::kWhole) {
+      specs.push_back({p + "self_attn.q_norm.weight", {heads * hd}});
+      specs.push_back({p + "self_attn.k_norm.weight", {kv_heads * hd}});
+    } else if (c.qk_norm == QkNorm::kPerHead) {
+      specs.push_back({p + "self_attn.q_norm.weight", {heads, hd}});
+      specs.push_back({p + "self_attn.k_norm.weight", {kv_heads, hd}});
     }
     for (const std::string* name : {&norms.attention_out, &norms.mlp_in, &norms.mlp_out})
       push_norm(*name);
@@ -1188,8 +1217,7 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("attention_bias", c.attention_bias);
   field("o_proj_bias", c.o_proj_bias);
   field("mlp_bias", c.mlp_bias);
-  field("qk_norm", c.qk_norm);
-  field("q/k norms over whole projections", c.qk_norm_whole);
+  field("q/k norms", std::string(qk_norm_name(c.qk_norm)));
   field("num_experts", c.num_experts);
   field("num_experts_per_tok", c.num_experts_per_tok);
   field("moe_intermediate_size", c.moe_intermediate_size);

@@ -175,6 +175,10 @@ void ShardingRules::build_rules() {
               p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, spec.shape};
     } else if ((p.module == "o_proj" || p.module == "down_proj") && p.leaf == "weight") {
       rule.kind = ShardKind::kRow;
+    } else if ((p.module == "q_norm" || p.module == "k_norm") &&
+               config_.qk_norm == QkNorm::kPerHead) {
+      rule.kind = ShardKind::kHeads;
+      rule.role = p.module == "q_norm" ? Role::kQ : Role::kK;
     }
     rules_.emplace_back(spec.name, rule);
   }
@@ -210,6 +214,9 @@ void ShardingRules::build_params() {
       spec.shards = static_cast<std::uint32_t>(experts);
     }
     if (rule.kind == ShardKind::kRow) spec.shape[1] /= tp_size_;
+    if (rule.kind == ShardKind::kHeads)
+      spec.shape[0] =
+          rule.role == Role::kQ ? c.num_attention_heads / tp_size_ : kv_heads_per_rank();
     const bool quantized = quantization_ == "int8" && spec.layer >= 0 && spec.shape.size() == 2 &&
                            (rule.kind == ShardKind::kColumn || rule.kind == ShardKind::kRow);
     if (quantized) {
@@ -283,6 +290,11 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
     pl.source_dim = 1;
     pl.source_start = tp_rank * per;
     pl.source_length = per;
+  } else if (rule->kind == ShardKind::kHeads) {  // (the heads q's and k's rows hold)
+    const bool q = rule->role == Role::kQ;
+    pl.source_dim = 0;
+    pl.source_length = q ? config_.num_attention_heads / tp_size_ : kv_heads_per_rank();
+    pl.source_start = q ? tp_rank * pl.source_length : kv_head_start(tp_rank);
   } else if (rule->kind == ShardKind::kColumn) {
     place_column(*rule, tp_rank, pl);
   } else if (rule->kind == ShardKind::kExpertGateUp || rule->kind == ShardKind::kExpertDown) {
