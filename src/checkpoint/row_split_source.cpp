@@ -1,5 +1,6 @@
 // make_row_split_source(): stacked tensors listed as their row parts (see
 // row_split.h).
+#include <functional>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -105,12 +106,16 @@ class RowSplitSource final : public WeightSource {
         continue;
       }
       check(t, split->second, names);
-      const std::uint64_t row_bytes = t.nbytes / static_cast<std::uint64_t>(t.shape[0]);
+      const bool flat = split->second.flat;
+      const std::uint64_t row_bytes = t.nbytes / static_cast<std::uint64_t>(stacked_rows(t, flat));
       std::uint64_t offset = 0;
       for (const RowPart& p : split->second.parts) {
         TensorInfo part = t;
         part.name = p.name;
-        part.shape[0] = p.rows;
+        if (flat)
+          part.shape = {p.rows, t.shape.back()};
+        else
+          part.shape[0] = p.rows;
         part.nbytes = row_bytes * static_cast<std::uint64_t>(p.rows);
         if (t.file_offset != 0) part.file_offset = t.file_offset + offset;
         listed.push_back(std::move(part));
@@ -123,13 +128,23 @@ class RowSplitSource final : public WeightSource {
     origins_ = std::move(origins);
   }
 
+  // The rows a stacked tensor holds: of its first dimension, or (`flat`) of
+  // its last, every leading one flattened; 0 for a scalar.
+  static std::int64_t stacked_rows(const TensorInfo& t, bool flat) {
+    if (t.shape.empty()) return 0;
+    if (!flat) return t.shape[0];
+    return std::accumulate(t.shape.begin(), t.shape.end() - 1, std::int64_t{1},
+                           std::multiplies<std::int64_t>());
+  }
+
   void check(const TensorInfo& t, const RowSplit& split, const std::set<std::string>& names) const {
     const std::int64_t rows =
         std::accumulate(split.parts.begin(), split.parts.end(), std::int64_t{0},
                         [](std::int64_t sum, const RowPart& p) { return sum + p.rows; });
-    if (t.shape.empty() || t.shape[0] != rows)
+    if (t.shape.empty() || stacked_rows(t, split.flat) != rows)
       raise<CheckpointError>(t.file, ": tensor '", t.name, "' has shape ", shape_string(t.shape),
-                             "; ", whose_, " stacks ", parts_text(split), " in it");
+                             "; ", whose_, " stacks ", parts_text(split),
+                             split.flat ? " of its last dimension" : "", " in it");
     for (const RowPart& p : split.parts)
       if (names.count(p.name))
         raise<CheckpointError>(t.file, ": the checkpoint holds both '", t.name, "' and '", p.name,

@@ -1,7 +1,7 @@
 // make_row_split_source(): a stacked tensor listed as its row parts, read through
 // every kind of source by read, view, read_split and read_many; the refusals of
 // a stacked tensor whose rows do not add up and of a part the checkpoint also
-// holds.
+// holds; a 3-D tensor split by rows of its last dimension.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -179,6 +179,53 @@ TEST(RowSplit, RowsThatDoNotAddUpAndPartsHeldTwiceAreRefusedNamingThem) {
   // A stacked tensor the checkpoint does not hold changes nothing.
   const auto absent = make_row_split_source(*base, {{"nothing", {{"a", 1}}}}, "a config");
   EXPECT_EQ(absent->tensors(), base->tensors());
+}
+
+// A 3-D tensor split by rows of its last dimension (GraniteMoE's experts
+// [E, 2 x I, hidden]): each part [rows, last], its values the rows the test
+// indexes itself, from files and memory; rows that do not add up refused.
+TEST(RowSplit, FlatPartsAreRowsOfTheLastDimension) {
+  std::vector<std::int32_t> experts;  // [2 experts, 4 rows, 3]: e * 100 + row * 10 + col
+  for (int e = 0; e < 2; ++e)
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 3; ++c) experts.push_back(e * 100 + r * 10 + c);
+  const std::vector<InMemoryTensor> tensors = {{"experts",
+                                                DType::kInt32,
+                                                {2, 4, 3},
+                                                ConstBytes(experts.data(), experts.size() * 4),
+                                                nullptr}};
+  RowSplit split{"experts", {{"e0.gate", 2}, {"e0.up", 2}, {"e1.gate", 1}, {"e1.up", 3}}};
+  split.flat = true;
+  TempDir dir;
+  write_safetensors(dir / "w.safetensors", tensors, {});
+  auto file = open_weight_source(dir / "w.safetensors");
+  auto memory = make_in_memory_source(tensors);
+  for (WeightSource* base : {file.get(), memory.get()}) {
+    const auto source = make_row_split_source(*base, {split}, "the test's model");
+    const auto& listed = source->tensors();
+    ASSERT_EQ(listed.size(), 4u);
+    int flat_row = 0;  // rows of 3 counted over both experts
+    for (std::size_t i = 0; i < listed.size(); ++i) {
+      const std::int64_t rows = split.parts[i].rows;
+      EXPECT_EQ(listed[i].name, split.parts[i].name);
+      EXPECT_EQ(listed[i].shape, (std::vector<std::int64_t>{rows, 3}));
+      std::vector<std::int32_t> want;
+      for (int r = flat_row; r < flat_row + rows; ++r)
+        for (int c = 0; c < 3; ++c) want.push_back((r / 4) * 100 + (r % 4) * 10 + c);
+      flat_row += static_cast<int>(rows);
+      ASSERT_EQ(listed[i].nbytes, want.size() * 4);
+      std::vector<std::int32_t> got(want.size(), -1);
+      source->read(i, {0, listed[i].nbytes}, MutableBytes(got.data(), listed[i].nbytes));
+      EXPECT_EQ(got, want) << listed[i].name;
+    }
+  }
+  RowSplit short_split{"experts", {{"e0", 4}, {"e1", 3}}};
+  short_split.flat = true;
+  const std::string rows = listing_error(*file, {short_split});
+  EXPECT_NE(rows.find("tensor 'experts' has shape [2, 4, 3]; Phi3ForCausalLM's config stacks 7 "
+                      "rows (e0 4 + e1 3) of its last dimension in it"),
+            std::string::npos)
+      << rows;
 }
 
 }  // namespace

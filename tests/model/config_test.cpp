@@ -157,6 +157,10 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"mlp_bias false vs true", [](ModelConfig& c) { c.mlp_bias = true; }},
       {"q/k norms 'none' vs 'one weight for every head'",
        [](ModelConfig& c) { c.qk_norm = QkNorm::kShared; }},
+      {"q/k norms 'none' vs 'over the whole projection'",
+       [](ModelConfig& c) { c.qk_norm = QkNorm::kWhole; }},
+      {"q/k norms 'none' vs 'each head its own weights'",
+       [](ModelConfig& c) { c.qk_norm = QkNorm::kPerHead; }},
       {"num_experts 0 vs 8", [](ModelConfig& c) { c.num_experts = 8; }},
       {"num_experts_per_tok 0 vs 2", [](ModelConfig& c) { c.num_experts_per_tok = 2; }},
       {"moe_intermediate_size 0 vs 8", [](ModelConfig& c) { c.moe_intermediate_size = 8; }},
@@ -649,6 +653,71 @@ const char* const kGranite = R"({"architectures":["GraniteForCausalLM"],"attenti
   "residual_multiplier":0.22,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000000.0,
   "tie_word_embeddings":true,"torch_dtype":"bfloat16","vocab_size":49155})";
 
+// GraniteMoE as granite-3.0-1b-a400m's config writes it (2 of its 24 layers):
+// Granite's scaling and Mixtral's experts, which its checkpoint stacks in
+// three tensors a layer (the loaders take them as Mixtral's, apart).
+TEST(Config, GraniteMoeKeysAsHuggingFaceWritesThem) {
+  const std::string moe = R"({"architectures":["GraniteMoeForCausalLM"],"attention_bias":false,
+    "attention_dropout":0.1,"attention_multiplier":0.015625,"bos_token_id":0,
+    "embedding_multiplier":12.0,"eos_token_id":0,"hidden_act":"silu","hidden_size":1024,
+    "initializer_range":0.02,"intermediate_size":512,"logits_scaling":6.0,
+    "max_position_embeddings":4096,"model_type":"granitemoe","num_attention_heads":16,
+    "num_experts_per_tok":8,"num_hidden_layers":2,"num_key_value_heads":8,
+    "num_local_experts":32,"output_router_logits":false,"pad_token_id":0,
+    "residual_multiplier":0.22,"rms_norm_eps":1e-06,"rope_scaling":null,"rope_theta":10000,
+    "router_aux_loss_coef":0.01,"tie_word_embeddings":true,"torch_dtype":"bfloat16",
+    "use_cache":true,"vocab_size":49155})";
+  const ModelConfig c = parse_model_config(moe, "config.json");
+  EXPECT_EQ(c.num_experts, 32);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 512);
+  EXPECT_TRUE(c.norm_topk_prob && c.tie_word_embeddings);
+  EXPECT_TRUE(c.sparse_layer(0) && c.sparse_layer(1));
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.embedding_multiplier, 12.0);
+  EXPECT_EQ(c.attention_multiplier, 0.015625);
+  EXPECT_EQ(c.residual_multiplier, 0.22);
+  EXPECT_EQ(c.logits_scaling, 6.0);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias);
+  auto held = shapes_of(c);
+  EXPECT_EQ(held["model.layers.1.block_sparse_moe.input_linear.weight"],
+            (std::vector<std::int64_t>{32, 1024, 1024}));
+  EXPECT_EQ(held["model.layers.1.block_sparse_moe.output_linear.weight"],
+            (std::vector<std::int64_t>{32, 1024, 512}));
+  EXPECT_EQ(held["model.layers.0.block_sparse_moe.router.layer.weight"],
+            (std::vector<std::int64_t>{32, 1024}));
+  // (embed; per layer 2 norms, q/k/v/o, the three stacked tensors; norm)
+  EXPECT_EQ(held.size(), 1 + 2 * 9 + 1u);
+  std::map<std::string, std::vector<std::int64_t>> loaded;
+  for (const auto& s : loader_tensor_specs(c)) loaded[s.name] = s.shape;
+  EXPECT_EQ(loaded["model.layers.1.block_sparse_moe.experts.31.w1.weight"],
+            (std::vector<std::int64_t>{512, 1024}));
+  EXPECT_EQ(loaded["model.layers.1.block_sparse_moe.experts.31.w2.weight"],
+            (std::vector<std::int64_t>{1024, 512}));
+  EXPECT_EQ(loaded["model.layers.0.block_sparse_moe.gate.weight"],
+            (std::vector<std::int64_t>{32, 1024}));
+  EXPECT_EQ(loaded.count("model.layers.0.block_sparse_moe.input_linear.weight"), 0u);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  // GraniteMoeConfig's defaults: 8 experts, top 2, KV heads = heads, untied.
+  const ModelConfig d = parse_model_config(
+      without(moe, {R"("num_experts_per_tok":8,)", R"("num_key_value_heads":8,)",
+                    R"("num_local_experts":32,)", R"("tie_word_embeddings":true,)"}),
+      "c");
+  EXPECT_EQ(d.num_experts, 8);
+  EXPECT_EQ(d.num_experts_per_tok, 2);
+  EXPECT_EQ(d.num_key_value_heads, 16);
+  EXPECT_FALSE(d.tie_word_embeddings);
+  EXPECT_TRUE(refused(replaced(moe, R"("attention_bias":false)", R"("attention_bias":true)"),
+                      "attention_bias true is refused for GraniteMoeForCausalLM"));
+  EXPECT_TRUE(refused(replaced(moe, R"("hidden_act":"silu")", R"("hidden_act":"gelu")"),
+                      "GraniteMoeForCausalLM takes hidden_act silu only"));
+  EXPECT_TRUE(
+      refused(replaced(moe, R"("hidden_size":1024)", R"("hidden_size":1024,"head_dim":128)"),
+              "GraniteMoeForCausalLM takes head_dim as hidden_size / num_attention_heads "
+              "(vLLM's granitemoe.py reads no head_dim)"));
+}
+
 TEST(Config, GraniteKeysAsHuggingFaceWritesThem) {
   const ModelConfig c = parse_model_config(kGranite, "config.json");
   EXPECT_EQ(c.embedding_multiplier, 12);
@@ -958,6 +1027,10 @@ TEST(Config, Cohere2KeysAsHuggingFaceWritesThem) {
                R"("sliding_attention","sliding_attention","full_attention"],)"),
       "c");
   EXPECT_EQ(typed_null.sliding_layers, (std::vector<std::int64_t>{0, 1, 2}));
+  // (Cohere2Config has no use_qk_norm and Hugging Face's Cohere2Attention no
+  // q/k norms, where vLLM's commandr.py would apply them)
+  EXPECT_TRUE(refused(replaced(cohere2, R"("use_cache")", R"("use_qk_norm":true,"use_cache")"),
+                      "use_qk_norm true is refused for Cohere2ForCausalLM"));
   EXPECT_TRUE(refused(replaced(cohere2, R"("sliding_window":4096)", R"("sliding_window":null)"),
                       "Cohere2ForCausalLM takes a positive 'sliding_window', got null"));
   auto held = shapes_of(c);
@@ -1478,6 +1551,7 @@ TEST(Config, WrongConfigsNameTheirField) {
                 "Exaone4ForCausalLM, "
                 "GemmaForCausalLM, "
                 "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, "
+                "GraniteMoeForCausalLM, "
                 "LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, "
                 "Phi3ForCausalLM, Qwen2ForCausalLM, "

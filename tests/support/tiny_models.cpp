@@ -128,6 +128,14 @@ ModelConfig tiny_config(const std::string& name) {
       "num_hidden_layers":4,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":130,
       "layer_norm_eps":1e-05,"logit_scale":0.5,"sliding_window":3,"rope_theta":50000.0,
       "hidden_act":"silu","torch_dtype":"bfloat16"})";
+  else if (name == "granite_moe")  // GraniteMoE: Granite's scaling, 8 experts of 16 (top 2)
+    // stacked in input_linear / output_linear / router.layer; tied
+    json = R"({"architectures":["GraniteMoeForCausalLM"],"hidden_size":64,"intermediate_size":16,
+      "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":105,
+      "num_local_experts":8,"num_experts_per_tok":2,"embedding_multiplier":6.0,
+      "attention_multiplier":0.125,"residual_multiplier":0.5,"logits_scaling":2.0,
+      "attention_bias":false,"hidden_act":"silu","tie_word_embeddings":true,"rms_norm_eps":1e-06,
+      "torch_dtype":"bfloat16"})";
   else if (name == "cohere_plus")  // Command R+'s use_qk_norm: q and k each head normed by
     // its own LayerNorm weights; 8 heads / 2 KV heads (replicated from tp 4 on)
     json = R"({"architectures":["CohereForCausalLM"],"hidden_size":64,"intermediate_size":80,
@@ -223,8 +231,10 @@ bool qwen3(const ModelConfig& c) {
   return c.architecture.rfind("Qwen3", 0) == 0;
 }
 
+// Mixtral's experts and router: Mixtral's own, and GraniteMoE's once its
+// checkpoint's stacked experts are taken apart (unstacked()).
 bool mixtral(const ModelConfig& c) {
-  return c.architecture == "MixtralForCausalLM";
+  return c.architecture == "MixtralForCausalLM" || c.architecture == "GraniteMoeForCausalLM";
 }
 
 bool gemma(const ModelConfig& c) {  // (Gemma, Gemma 2 and Gemma 3)
@@ -396,7 +406,7 @@ struct GraniteScales {
 
 GraniteScales granite_scales(const ModelConfig& c) {
   GraniteScales g;
-  if (c.architecture != "GraniteForCausalLM") return g;
+  if (c.architecture != "GraniteForCausalLM" && c.architecture != "GraniteMoeForCausalLM") return g;
   const nlohmann::json j = nlohmann::json::parse(c.json);
   g.embedding = j.value("embedding_multiplier", 1.0);
   g.attention = j.value("attention_multiplier", 1.0);
@@ -477,6 +487,18 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
 
 }  // namespace
 
+// Where a GraniteMoE stacked tensor's layer prefix ends (at
+// "block_sparse_moe."), or npos for any other name.
+std::size_t granite_experts(const std::string& name) {
+  for (const char* leaf : {"input_linear.weight", "output_linear.weight", "router.layer.weight"}) {
+    const std::string tail = std::string("block_sparse_moe.") + leaf;
+    if (name.size() > tail.size() &&
+        name.compare(name.size() - tail.size(), tail.size(), tail) == 0)
+      return name.size() - tail.size();
+  }
+  return std::string::npos;
+}
+
 std::map<std::string, at::Tensor> unstacked(const ModelConfig& c,
                                             const std::map<std::string, at::Tensor>& ckpt) {
   std::map<std::string, at::Tensor> out;
@@ -491,6 +513,24 @@ std::map<std::string, at::Tensor> unstacked(const ModelConfig& c,
       out[p + "q_proj" + leaf] = rows(t, 0, q);
       out[p + "k_proj" + leaf] = rows(t, q, kv);
       out[p + "v_proj" + leaf] = rows(t, q + kv, kv);
+    } else if (const auto at_moe = granite_experts(name); at_moe != std::string::npos) {
+      // GraniteMoE: input_linear [E, 2I, H] holds expert e's w1 (gate) in rows
+      // [0, I) of t[e] and its w3 (up) in [I, 2I); output_linear [E, H, I]
+      // expert e's w2 in t[e]; router.layer the router.
+      const std::string m = name.substr(0, at_moe) + "block_sparse_moe.";
+      if (name == m + "router.layer.weight") {
+        out[m + "gate.weight"] = t;
+        continue;
+      }
+      for (std::int64_t e = 0; e < t.size(0); ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        if (name == m + "input_linear.weight") {
+          out[x + "w1.weight"] = t[e].narrow(0, 0, t.size(1) / 2);
+          out[x + "w3.weight"] = t[e].narrow(0, t.size(1) / 2, t.size(1) / 2);
+        } else {
+          out[x + "w2.weight"] = t[e];
+        }
+      }
     } else if (at_gate_up != std::string::npos) {
       const std::string p = name.substr(0, at_gate_up) + "mlp.",
                         leaf = name.substr(at_gate_up + std::strlen("mlp.gate_up_proj"));

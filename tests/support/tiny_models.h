@@ -69,14 +69,18 @@ namespace tpreload::testdata {
 // vocab 110),
 // "exaone4_full" (EXAONE 4 as the 1.2B: a null window, every layer full and
 // turning rotary; 8 heads / 2 KV heads, tied, vocab 120),
+// "granite_moe" (GraniteMoE: Granite's multipliers, 8 experts of 16 rows (top
+// 2, renormalised) in every layer, held as the checkpoint stacks them:
+// block_sparse_moe.input_linear [8, 32, 64], output_linear [8, 64, 16],
+// router.layer [8, 64]; tied, vocab 105),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
 inline const char* const kTinyConfigs[] = {
-    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe",   "qwen3_moe_plain",
-    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",       "gemma2",
-    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4",        "ernie45",
-    "cohere",    "cohere2",    "cohere_plus",    "exaone4",     "exaone4_full"};
+    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe",    "qwen3_moe_plain",
+    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",        "gemma2",
+    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4",         "ernie45",
+    "cohere",    "cohere2",    "cohere_plus",    "exaone4",     "exaone4_full", "granite_moe"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // stacked), with

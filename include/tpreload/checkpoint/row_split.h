@@ -25,15 +25,20 @@ struct RowPart {
   std::int64_t rows = 0;
 };
 
-// A stacked tensor's name and its parts, first rows first.
+// A stacked tensor's name and its parts, first rows first. Rows are those of
+// its first dimension; `flat`: those of its last, every leading dimension
+// flattened (GraniteMoE's experts [E, 2 x I, hidden], listed as each expert's
+// gate and up [I, hidden]): a part's shape is then [rows, last].
 struct RowSplit {
   std::string name;
   std::vector<RowPart> parts;
+  bool flat = false;
 };
 
 // `base` with every tensor named in `splits` listed as its parts, in its place
 // and in order: same dtype and file, the shape with its first dimension the
-// part's rows, file_offset and bytes advanced past the rows before it. Every
+// part's rows (`flat`: [rows, last]), file_offset and bytes advanced past the
+// rows before it. Every
 // other tensor, the metadata, the kernel-format description and the known
 // listing are `base`'s. `base` must outlive the result; reads go through it.
 // `whose` names what asks for the split in messages (e.g. "Phi3ForCausalLM's
@@ -42,7 +47,8 @@ struct RowSplit {
 // The listing is made when first asked for (tensors(), describe()); it throws
 // CheckpointError, naming the file, the tensor, its shape and the parts, for a
 // stacked tensor that is not at least 1-D with as many rows as its parts add
-// up to, and for a part whose name `base` also lists. Reads out of a part's
+// up to (`flat`: as many rows of its last dimension), and for a part whose
+// name `base` also lists. Reads out of a part's
 // bounds throw CheckpointError naming the part.
 std::unique_ptr<WeightSource> make_row_split_source(WeightSource& base,
                                                     std::vector<RowSplit> splits,

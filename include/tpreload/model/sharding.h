@@ -13,12 +13,14 @@
 //  - merged column: gate_up_proj = [gate shard; up shard];
 //  - vocab-parallel (embed_tokens, lm_head): vocab padded up to a multiple of 64,
 //    split evenly; rows past the real vocab are zero;
-//  - RMSNorm weights (and Qwen3's and Gemma 3's per-head q_norm/k_norm, OLMo's
-//    whole-projection ones, but Command R+'s per-head weights, split by head:
-//    ShardKind::kHeads) and the MoE router
-//    (mlp.gate; Mixtral's block_sparse_moe.gate; Qwen2-MoE's
+//  - RMSNorm weights (and the q_norm/k_norm of one weight for every head,
+//    Qwen3's, Gemma 3's and EXAONE 4's, and OLMo's whole-projection ones) and
+//    the MoE router (mlp.gate; Mixtral's block_sparse_moe.gate; Qwen2-MoE's
 //    mlp.shared_expert_gate) replicated; Qwen2-MoE's mlp.shared_expert split as a
 //    dense MLP;
+//  - per-head norm weights (Command R+'s q_norm [heads, head_dim] and k_norm [KV
+//    heads, head_dim]; ShardKind::kHeads): split by head along dim 0 as q's and
+//    k's rows are;
 //  - FusedMoE experts: experts.w13_weight [E_local, 2 x I_local, hidden] holds, per
 //    local expert, its gate_proj rows then its up_proj rows; experts.w2_weight
 //    [E_local, hidden, I_local] its down_proj (Mixtral's w1, w3 and w2, under

@@ -109,6 +109,11 @@ enum class Stacked {
   kNone,
   kQkvAndGateUp,  // self_attn.qkv_proj and mlp.gate_up_proj (Phi-3's)
   kGateUp,        // mlp.gate_up_proj alone (GLM-4's)
+  // GraniteMoE's experts: block_sparse_moe.input_linear [E, 2 x I, hidden]
+  // (each expert's gate rows, then its up rows), output_linear [E, hidden, I]
+  // and the router's router.layer [E, hidden], as vLLM's granitemoe.py splits
+  // them into Mixtral's w1, w3, w2 and gate
+  kExperts,
 };
 enum class Experts {
   kNone,
@@ -198,6 +203,10 @@ constexpr Family kFamilies[] = {
     // (vLLM's GraniteAttention and GraniteMLP: attention_bias or bias, mlp_bias)
     {"GraniteForCausalLM", 0, 0, 1e4, 1e-6, Biases::kGranite, QkNorm::kNone, Experts::kNone,
      Stacked::kNone, Line::kGranite},
+    // (vLLM's granitemoe.py: Granite's scaling, Mixtral's experts stacked in
+    // three tensors a layer; no biases, head_dim hidden_size / heads)
+    {"GraniteMoeForCausalLM", 0, 0, 1e4, 1e-6, Biases::kNone, QkNorm::kNone, Experts::kMixtral,
+     Stacked::kExperts, Line::kGranite},
     {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, QkNorm::kNone, Experts::kNone,
      Stacked::kNone},
     {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, QkNorm::kNone, Experts::kNone,
@@ -559,8 +568,16 @@ void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelC
   if (flag(j, "attention_bias", origin))
     raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
                       " (vLLM's model takes no biases; no released Command R sets it)");
-  // (Command R+: q and k normed per head by its own LayerNorm weights)
-  if (flag(j, "use_qk_norm", origin)) c.qk_norm = QkNorm::kPerHead;
+  // (Command R+: q and k normed per head by its own LayerNorm weights; Cohere
+  // 2's config class has no such key and Hugging Face's model no such norms,
+  // where vLLM's, which serves both, would apply them)
+  if (flag(j, "use_qk_norm", origin)) {
+    if (cohere2)
+      raise<ModelError>(origin, ": use_qk_norm true is refused for ", c.architecture,
+                        " (Hugging Face's Cohere2Attention has no q/k norms, vLLM's commandr.py "
+                        "would apply them)");
+    c.qk_norm = QkNorm::kPerHead;
+  }
   c.layer_norm = c.rope_interleaved = true;
   c.norm_layout = NormLayout::kParallel;
   c.logit_scale = positive_number_or(j, "logit_scale", 0.0625, origin);
@@ -912,6 +929,14 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (f.line == Line::kExaone4) parse_exaone4(j, origin, c);
   if (f.olmo()) parse_olmo(j, per_type, origin, f.line == Line::kOlmo3, c);
   if (f.line == Line::kGranite) parse_granite(j, origin, c);
+  // (GraniteMoE: Hugging Face's model takes attention_bias and computes head_dim
+  // as vLLM's does, from the heads; vLLM's builds no biases)
+  if (f.stacked == Stacked::kExperts) {
+    head_dim_from_heads(c, origin, "granitemoe.py");
+    if (flag(j, "attention_bias", origin))
+      raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
+                        " (vLLM's model builds no biases; no released GraniteMoE sets it)");
+  }
   if (f.cohere()) parse_cohere(j, origin, f.line == Line::kCohere2, c);
   // (vLLM's LlamaForCausalLM, which serves Llama, Mistral, Phi-3 and ERNIE 4.5,
   // multiplies the logits by a logit_scale where the config has one)
@@ -1065,6 +1090,32 @@ RowSplit stacked_gate_up(const ModelConfig& c, const std::string& p, const std::
            {p + "mlp.up_proj." + leaf, c.intermediate_size}}};
 }
 
+// A stacked tensor and its shape in the checkpoint.
+struct StackedTensor {
+  RowSplit split;
+  std::vector<std::int64_t> shape;
+};
+
+// GraniteMoE's experts of layer prefix `p` (Stacked::kExperts), as vLLM's
+// granitemoe.py splits them: input_linear's rows (of hidden) each expert's
+// gate (w1) then up (w3), output_linear's (of I) each expert's down (w2), and
+// router.layer whole as the router (gate).
+std::vector<StackedTensor> stacked_experts(const ModelConfig& c, const std::string& p) {
+  const MoeNames n = moe_names(c);
+  const std::string m = p + n.module + ".";
+  const std::int64_t e = c.num_experts, mi = c.moe_intermediate_size, h = c.hidden_size;
+  RowSplit in{m + "input_linear.weight", {}, true}, out{m + "output_linear.weight", {}, true};
+  for (std::int64_t x = 0; x < e; ++x) {
+    const std::string expert = m + "experts." + std::to_string(x) + ".";
+    in.parts.push_back({expert + n.gate + ".weight", mi});
+    in.parts.push_back({expert + n.up + ".weight", mi});
+    out.parts.push_back({expert + n.down + ".weight", h});
+  }
+  return {{std::move(in), {e, 2 * mi, h}},
+          {std::move(out), {e, h, mi}},
+          {{m + "router.layer.weight", {{m + "gate.weight", e}}}, {e, h}}};
+}
+
 // `split`'s parts (as the loaders take them), or the stacked tensor (as the
 // checkpoint holds it): rows of `columns` (a bias: 0, one value per row).
 void push_stacked(std::vector<CheckpointTensorSpec>& specs, const RowSplit& split,
@@ -1091,7 +1142,8 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
       if (!name.empty()) specs.push_back({p + name + ".weight", {h}});
     };
     push_norm(norms.attention_in);
-    const bool qkv = stacked == Stacked::kQkvAndGateUp, gate_up = stacked != Stacked::kNone;
+    const bool qkv = stacked == Stacked::kQkvAndGateUp,
+               gate_up = qkv || stacked == Stacked::kGateUp;
     push_stacked(specs, stacked_qkv(c, p, "weight"), h, qkv);
     if (c.attention_bias) push_stacked(specs, stacked_qkv(c, p, "bias"), 0, qkv);
     specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
@@ -1114,6 +1166,10 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
     }
     for (const std::string* name : {&norms.attention_out, &norms.mlp_in, &norms.mlp_out})
       push_norm(*name);
+    if (c.sparse_layer(l) && stacked == Stacked::kExperts) {  // (GraniteMoE's)
+      for (const StackedTensor& t : stacked_experts(c, p)) specs.push_back({t.split.name, t.shape});
+      continue;
+    }
     if (c.sparse_layer(l)) {
       const std::int64_t mi = c.moe_intermediate_size;
       const MoeNames names = moe_names(c);
@@ -1160,6 +1216,11 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
   if (stacked == Stacked::kNone) return out;
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (stacked == Stacked::kExperts) {
+      if (c.sparse_layer(l))
+        for (StackedTensor& t : stacked_experts(c, p)) out.push_back(std::move(t.split));
+      continue;
+    }
     if (stacked == Stacked::kQkvAndGateUp) {
       out.push_back(stacked_qkv(c, p, "weight"));
       if (c.attention_bias) out.push_back(stacked_qkv(c, p, "bias"));
