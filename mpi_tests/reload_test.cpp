@@ -257,6 +257,15 @@ TEST(Reload, MoeExpertParallelInTwoReplicas) {
   run_checkpoint_matrix("qwen3_moe", {world().size() / 2, "", false, true});
   run_checkpoint_matrix("qwen2_moe", {world().size() / 2, "", false, true});
   run_checkpoint_matrix("mixtral", {world().size() / 2, "", false, true});
+  run_checkpoint_matrix("granite_moe", {world().size() / 2, "", false, true});
+}
+
+// GraniteMoE: Mixtral's experts, which its checkpoint stacks in three 3-D
+// tensors a layer (input_linear, output_linear, router.layer), taken apart by
+// rows of their last dimension from every source, by every reader mode.
+TEST(Reload, GraniteMoeFromItsStackedExperts) {
+  run_checkpoint_matrix("granite_moe", {world().size(), "", false});
+  run_checkpoint_matrix("granite_moe", {world().size(), "int8", false, true});
 }
 
 // Phi-3: q/k/v stacked in self_attn.qkv_proj and gate/up in mlp.gate_up_proj in
@@ -330,6 +339,7 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
            {"qwen3_moe", {world().size(), "", false, true}},
            {"mixtral", {world().size(), "", false, true}},
            {"qwen2_moe", {world().size(), "", false, true}},
+           {"granite_moe", {world().size(), "", false}},
            {"phi3", {world().size(), "int8", false}}}) {
     const ModelConfig config = testdata::tiny_config(name);
     const auto ckpt = testdata::random_checkpoint(config, 300);

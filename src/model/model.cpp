@@ -239,7 +239,8 @@ void TensorParallelModel::finish() {}
 std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
                                                         std::set<std::string>* skipped) {
   begin_load();
-  // (Phi-3: stacked q/k/v and gate/up read as the tensors the loaders take)
+  // (stacked tensors, Phi-3's q/k/v and gate/up or GraniteMoE's experts, read
+  // as the tensors the loaders take)
   const auto split = loader_view(source, config());
   WeightSource& from = split ? *split : source;
   const bool kernel = from.kernel_format().has_value();

@@ -753,7 +753,8 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   ReloadWorkspace local;  // freed on return when the caller keeps none
   ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
-  // (Phi-3: stacked q/k/v and gate/up read as the tensors the loaders take)
+  // (stacked tensors, Phi-3's q/k/v and gate/up or GraniteMoE's experts, read
+  // as the tensors the loaders take)
   std::unique_ptr<WeightSource> view;
   if (source && options.format == WeightFormat::kCheckpoint)
     view = loader_view(*source, model.rules().config());

@@ -196,11 +196,15 @@ TEST(RowSplit, FlatPartsAreRowsOfTheLastDimension) {
                                                 nullptr}};
   RowSplit split{"experts", {{"e0.gate", 2}, {"e0.up", 2}, {"e1.gate", 1}, {"e1.up", 3}}};
   split.flat = true;
+  split.shape = {2, 4, 3};
   TempDir dir;
   write_safetensors(dir / "w.safetensors", tensors, {});
+  write_hdf5(dir / "w.h5", tensors);
   auto file = open_weight_source(dir / "w.safetensors");
+  auto h5 = open_weight_source(dir / "w.h5");
   auto memory = make_in_memory_source(tensors);
-  for (WeightSource* base : {file.get(), memory.get()}) {
+  for (WeightSource* base : {file.get(), h5.get(), memory.get()}) {
+    SCOPED_TRACE(base->describe());
     const auto source = make_row_split_source(*base, {split}, "the test's model");
     const auto& listed = source->tensors();
     ASSERT_EQ(listed.size(), 4u);
@@ -214,9 +218,26 @@ TEST(RowSplit, FlatPartsAreRowsOfTheLastDimension) {
         for (int c = 0; c < 3; ++c) want.push_back((r / 4) * 100 + (r % 4) * 10 + c);
       flat_row += static_cast<int>(rows);
       ASSERT_EQ(listed[i].nbytes, want.size() * 4);
+      const std::uint64_t n = listed[i].nbytes;
       std::vector<std::int32_t> got(want.size(), -1);
-      source->read(i, {0, listed[i].nbytes}, MutableBytes(got.data(), listed[i].nbytes));
+      source->read(i, {0, n}, MutableBytes(got.data(), n));
       EXPECT_EQ(got, want) << listed[i].name;
+      if (const auto view = source->view(i, {4, n - 4})) {  // (from the second value)
+        ASSERT_EQ(view->size, n - 4);
+        EXPECT_EQ(std::memcmp(view->data, want.data() + 1, view->size), 0) << listed[i].name;
+      }
+      std::vector<std::int32_t> split_read(want.size(), -1);
+      source->read_split(
+          i, {0, n},
+          {MutableBytes(split_read.data(), 4), MutableBytes(split_read.data() + 1, n - 4)});
+      EXPECT_EQ(split_read, want) << listed[i].name;
+      try {
+        source->read(i, {4, n}, MutableBytes(got.data(), n));
+        ADD_FAILURE() << "a read past " << listed[i].name << "'s end went through";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find("'" + listed[i].name + "'"), std::string::npos)
+            << e.what();
+      }
     }
   }
   RowSplit short_split{"experts", {{"e0", 4}, {"e1", 3}}};
@@ -226,6 +247,18 @@ TEST(RowSplit, FlatPartsAreRowsOfTheLastDimension) {
                       "rows (e0 4 + e1 3) of its last dimension in it"),
             std::string::npos)
       << rows;
+  // The same rows in another shape (many flatten alike), and a 1-D tensor.
+  RowSplit other_shape{"experts", {{"e0", 4}, {"e1", 4}}, true, {4, 2, 3}};
+  const std::string shape = listing_error(*file, {other_shape});
+  EXPECT_NE(shape.find("tensor 'experts' has shape [2, 4, 3]; Phi3ForCausalLM's config stacks 8 "
+                       "rows (e0 4 + e1 4) of its last dimension in it, a tensor of shape "
+                       "[4, 2, 3]"),
+            std::string::npos)
+      << shape;
+  const Checkpoint ckpt;
+  auto flat_1d = make_in_memory_source(ckpt.tensors());
+  const std::string one_d = listing_error(*flat_1d, {{"gate_up", {{"gate", 1}}, true}});
+  EXPECT_NE(one_d.find("tensor 'gate_up' has shape [6]"), std::string::npos) << one_d;
 }
 
 }  // namespace

@@ -83,7 +83,7 @@ inline const char* const kTinyConfigs[] = {
     "cohere",    "cohere2",    "cohere_plus",    "exaone4",     "exaone4_full", "granite_moe"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
-// stacked), with
+// and GraniteMoE's stacked), with
 // values drawn from a generator seeded by `seed`, in the config's dtype.
 std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config, std::uint64_t seed);
 
@@ -105,7 +105,9 @@ std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tens
 // ones by the tests' own row arithmetic (self_attn.qkv_proj: num_attention_heads
 // x head_dim rows of q_proj, then num_key_value_heads x head_dim of k_proj and
 // of v_proj; mlp.gate_up_proj: gate's rows the first half, up's the second;
-// weights and biases), every other tensor as it is.
+// weights and biases; GraniteMoE's block_sparse_moe.input_linear [E, 2I, H]:
+// expert e's w1 the first I rows of [e], its w3 the next; output_linear [E, H,
+// I]: its w2 [e]; router.layer: the router, gate), every other tensor as it is.
 std::map<std::string, at::Tensor> unstacked(const ModelConfig& config,
                                             const std::map<std::string, at::Tensor>& ckpt);
 

@@ -285,8 +285,9 @@ struct CheckpointTensorSpec {
 // mlp.{gate,up,down}_proj (dense layers; with biases when mlp_bias; Phi-3 and
 // GLM-4: mlp.gate_up_proj and down_proj) or the
 // router and every expert's three projections as moe_names() spells them
-// (sparse layers; then Qwen2-MoE's mlp.shared_expert.{gate,up,down}_proj and
-// mlp.shared_expert_gate); then
+// (sparse layers; GraniteMoE: block_sparse_moe.input_linear, output_linear and
+// router.layer, every expert in each; then Qwen2-MoE's
+// mlp.shared_expert.{gate,up,down}_proj and mlp.shared_expert_gate); then
 // model.norm.weight and lm_head.weight (untied only).
 std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);
 
@@ -295,11 +296,16 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& con
 // q_proj, then num_key_value_heads x head_dim of k_proj and of v_proj) and
 // mlp.gate_up_proj.weight (intermediate_size rows of gate_proj, then of
 // up_proj) in every layer, and their biases where the config has them;
-// GLM-4's mlp.gate_up_proj.weight alone; none for the other families.
+// GLM-4's mlp.gate_up_proj.weight alone; GraniteMoE's experts, by rows of their
+// last dimension (RowSplit::flat): block_sparse_moe.input_linear.weight [E, 2 x
+// I, hidden] as each expert's w1 (gate) then w3 (up), output_linear.weight [E,
+// hidden, I] as each expert's w2, and router.layer.weight [E, hidden] as the
+// router, block_sparse_moe.gate.weight; none for the other families.
 std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& config);
 
 // What the weight loaders take: checkpoint_tensor_specs() with every stacked
-// tensor replaced by its parts (Hugging Face's q/k/v_proj and gate/up_proj).
+// tensor replaced by its parts (Hugging Face's q/k/v_proj and gate/up_proj;
+// Mixtral's experts and router for GraniteMoE).
 std::vector<CheckpointTensorSpec> loader_tensor_specs(const ModelConfig& config);
 
 }  // namespace tpreload

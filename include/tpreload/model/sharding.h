@@ -168,11 +168,13 @@ class ShardingRules {
 
 // What a checkpoint-format load reads of `source`: the source with the
 // config's stacked tensors (stacked_checkpoint_tensors(): Phi-3's qkv_proj and
-// gate_up_proj) listed as the parts the rules take (make_row_split_source(),
+// gate_up_proj, GLM-4's gate_up_proj, GraniteMoE's experts) listed as the parts
+// the rules take (make_row_split_source(),
 // which `source` must outlive), as vLLM's weight loaders split them; null when
 // the config stacks none or `source` is kernel format (already the model's
-// parameters). A checkpoint whose stacked tensor has other rows than the
-// config's is refused when the view is listed (CheckpointError).
+// parameters). A checkpoint whose stacked tensor has other rows (or, split by
+// rows of its last dimension, another shape) than the config's is refused when
+// the view is listed (CheckpointError).
 std::unique_ptr<WeightSource> loader_view(WeightSource& source, const ModelConfig& config);
 
 // The decoder layer index in a name ("model.layers.12.mlp..." -> 12), -1 if none.

@@ -1104,15 +1104,17 @@ std::vector<StackedTensor> stacked_experts(const ModelConfig& c, const std::stri
   const MoeNames n = moe_names(c);
   const std::string m = p + n.module + ".";
   const std::int64_t e = c.num_experts, mi = c.moe_intermediate_size, h = c.hidden_size;
-  RowSplit in{m + "input_linear.weight", {}, true}, out{m + "output_linear.weight", {}, true};
+  RowSplit in{m + "input_linear.weight", {}, true, {e, 2 * mi, h}},
+      out{m + "output_linear.weight", {}, true, {e, h, mi}};
   for (std::int64_t x = 0; x < e; ++x) {
     const std::string expert = m + "experts." + std::to_string(x) + ".";
     in.parts.push_back({expert + n.gate + ".weight", mi});
     in.parts.push_back({expert + n.up + ".weight", mi});
     out.parts.push_back({expert + n.down + ".weight", h});
   }
-  return {{std::move(in), {e, 2 * mi, h}},
-          {std::move(out), {e, h, mi}},
+  std::vector<std::int64_t> in_shape = in.shape, out_shape = out.shape;
+  return {{std::move(in), std::move(in_shape)},
+          {std::move(out), std::move(out_shape)},
           {{m + "router.layer.weight", {{m + "gate.weight", e}}}, {e, h}}};
 }
 
