@@ -196,6 +196,23 @@ TEST(Split, TensorParallelGroupsByColor) {
   EXPECT_EQ(members, group_size);
 }
 
+// Texts gathered into slots: each slot from the one rank that owns it (here
+// slot 2r and 2r + 1 from rank r, the second cut to its 15 bytes), empty slots
+// staying empty.
+TEST(GatherTexts, EachSlotFromItsOwnerCutToItsWords) {
+  const int rank = world().rank(), size = world().size();
+  std::vector<std::string> slots(2 * size + 1);  // (the last owned by nobody)
+  slots[2 * rank] = "rank " + std::to_string(rank);
+  slots[2 * rank + 1] = std::string(20, static_cast<char>('a' + rank));
+  const std::vector<std::string> texts = gather_texts(world(), slots, 2);
+  ASSERT_EQ(texts.size(), slots.size());
+  for (int r = 0; r < size; ++r) {
+    EXPECT_EQ(texts[2 * r], "rank " + std::to_string(r));
+    EXPECT_EQ(texts[2 * r + 1], std::string(15, static_cast<char>('a' + r)));
+  }
+  EXPECT_EQ(texts.back(), "");
+}
+
 // Values that differ between ranks are named with which ranks hold which: at
 // most three values per name (the rest counted, their ranks listed), texts cut
 // to 95 bytes (head, tail and a short hash), an empty text as '' (a text on

@@ -86,16 +86,13 @@ std::string detail::disagreement(Communicator& comm, const std::vector<AgreedVal
     groups.push_back(groups_of(&held[k * n], size));
     if (!values[differ[k]].opaque) shown += std::min(groups.back().size(), kShownGroups);
   }
-  std::vector<std::uint64_t> texts(shown * kTextWords, 0);
+  std::vector<std::string> slots(shown);
   for (std::size_t k = 0, slot = 0; k < differ.size(); ++k) {
     if (values[differ[k]].opaque) continue;
     for (std::size_t g = 0; g < std::min(groups[k].size(), kShownGroups); ++g, ++slot)
-      if (groups[k][g].ranks.front() == comm.rank()) {
-        const std::string text = clipped(values[differ[k]].shown);
-        std::memcpy(&texts[slot * kTextWords], text.data(), text.size());
-      }
+      if (groups[k][g].ranks.front() == comm.rank()) slots[slot] = clipped(values[differ[k]].shown);
   }
-  if (!texts.empty()) comm.allreduce_bits(texts.data(), texts.size(), BitOp::kOr);
+  const std::vector<std::string> texts = gather_texts(comm, slots, kTextWords);
 
   std::string names, by_rank;
   for (std::size_t k = 0, slot = 0; k < differ.size(); ++k) {
@@ -108,8 +105,7 @@ std::string detail::disagreement(Communicator& comm, const std::vector<AgreedVal
       if (v.opaque) {
         what = g == 0 ? "one value" : "another";
       } else {
-        const char* text = reinterpret_cast<const char*>(&texts[slot++ * kTextWords]);
-        what = std::string(text, strnlen(text, kTextWords * 8));
+        what = texts[slot++];
       }
       by_rank += (g ? ", " : "") + what + " on " + rank_list(gs[g].ranks);
     }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <string>
@@ -34,21 +35,29 @@ void detail::check_scatter_arguments(const std::string& who, int rank, int size,
                         ranges[r].length, ") exceeds the ", send.size, "-byte send buffer");
 }
 
+std::vector<std::string> gather_texts(Communicator& comm, const std::vector<std::string>& slots,
+                                      std::size_t slot_words) {
+  const std::size_t slot_bytes = slot_words * 8;
+  std::vector<std::uint64_t> words(slots.size() * slot_words, 0);  // (each slot has one owner)
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    std::memcpy(&words[i * slot_words], slots[i].data(), std::min(slots[i].size(), slot_bytes - 1));
+  if (!words.empty()) comm.allreduce_bits(words.data(), words.size(), BitOp::kOr);
+  std::vector<std::string> texts;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const char* text = reinterpret_cast<const char*>(&words[i * slot_words]);
+    texts.emplace_back(text, strnlen(text, slot_bytes));
+  }
+  return texts;
+}
+
 std::vector<std::string> host_names(Communicator& comm) {
   constexpr std::size_t kWords = 9;  // 72 bytes: HOST_NAME_MAX (64) and its end
   static_assert(HOST_NAME_MAX < kWords * 8, "a host name fits its words");
-  const auto n = static_cast<std::size_t>(comm.size());
-  std::vector<std::uint64_t> words(n * kWords, 0);  // each rank sets only its own
+  std::vector<std::string> slots(static_cast<std::size_t>(comm.size()));  // each rank sets its own
   char host[HOST_NAME_MAX + 1] = {};
   if (gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
-  std::memcpy(&words[static_cast<std::size_t>(comm.rank()) * kWords], host, sizeof host);
-  comm.allreduce_bits(words.data(), words.size(), BitOp::kOr);
-  std::vector<std::string> names;
-  for (std::size_t r = 0; r < n; ++r) {
-    const char* name = reinterpret_cast<const char*>(&words[r * kWords]);
-    names.emplace_back(name, strnlen(name, kWords * 8));
-  }
-  return names;
+  slots[static_cast<std::size_t>(comm.rank())] = host;
+  return gather_texts(comm, slots, kWords);
 }
 
 // The first rank whose host name is this rank's (names compared whole, not

@@ -164,19 +164,18 @@ std::vector<AgreedValue> agreement_parts(const ReloadTarget& model, const Reload
         static_cast<std::uint64_t>(p.layer));
     layout = fnv(layout, static_cast<std::uint64_t>(p.shards));
   }
-  auto text = [](std::string_view name) { return std::string(name); };
   parts.push_back(AgreedValue::opaque_hash(
       "the model's parameters (quantization, LoRA, expert parallelism, shapes)", layout));
   parts.insert(parts.end(),
                {{"the tp size", model.rules().tp_size()},
                 {"the data plane (transport, memory space)",
-                 data.backend() + ", " + text(memory_kind_name(data.memory()))},
-                {"the format", text(format_name(o.format))},
-                {"the distribution", text(distribution_name(o.distribution))},
+                 data.backend() + ", " + std::string(memory_kind_name(data.memory()))},
+                {"the format", format_name(o.format)},
+                {"the distribution", distribution_name(o.distribution)},
                 {"the bucket size", o.bucket_bytes},
                 {"the scattered replicated bytes", o.scatter_replicated_bytes},
                 {"the reader rank", o.reader_rank},
-                {"the readers", text(readers_name(o.readers))},
+                {"the readers", readers_name(o.readers)},
                 {"the ranks per node", o.ranks_per_node},
                 {"the broadcast roots (rotated or not)", o.rotate_broadcast_roots},
                 {"zero-copy", o.zero_copy},

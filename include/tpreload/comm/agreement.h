@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -76,10 +77,10 @@ struct AgreedValue {
       : name(std::move(name_)), value(flag ? 1 : 0), shown(flag ? "true" : "false") {}
   // Compared by its FNV-1a, the same whatever build each rank runs; an empty
   // text shown as ''.
-  AgreedValue(std::string name_, const std::string& text)
-      : name(std::move(name_)), value(fnv1a(text)), shown(text.empty() ? "''" : text) {}
-  AgreedValue(std::string name_, const char* text)
-      : AgreedValue(std::move(name_), std::string(text)) {}
+  AgreedValue(std::string name_, std::string_view text)
+      : name(std::move(name_)),
+        value(fnv1a(text)),
+        shown(text.empty() ? "''" : std::string(text)) {}
 
   static AgreedValue opaque_hash(std::string name, std::uint64_t hash) {
     AgreedValue v(std::move(name), hash);

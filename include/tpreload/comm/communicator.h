@@ -99,6 +99,14 @@ class Communicator {
   [[noreturn]] virtual void abort(int code) noexcept = 0;
 };
 
+// COLLECTIVE (one allreduce). Short texts gathered into numbered slots: every
+// rank passes the same number of slots and fills those it owns, each slot
+// owned by one rank and empty on every other; returns every slot's text, each
+// cut at slot_words x 8 - 1 bytes (and at a NUL). What host_names() and the
+// ranks' agreement (agree_on_values) gather.
+std::vector<std::string> gather_texts(Communicator& comm, const std::vector<std::string>& slots,
+                                      std::size_t slot_words);
+
 // COLLECTIVE. Every rank's host name (gethostname, at most 64 characters), in
 // rank order: for messages that say where a rank runs.
 std::vector<std::string> host_names(Communicator& comm);
