@@ -142,13 +142,12 @@ class RowSplitSource final : public WeightSource {
         std::accumulate(split.parts.begin(), split.parts.end(), std::int64_t{0},
                         [](std::int64_t sum, const RowPart& p) { return sum + p.rows; });
     const bool shaped =
-        !split.flat || (t.shape.size() >= 2 && (split.shape.empty() || t.shape == split.shape));
+        (!split.flat || t.shape.size() >= 2) && (split.shape.empty() || t.shape == split.shape);
     if (t.shape.empty() || !shaped || rows == 0 || stacked_rows(t, split.flat) != rows)
       raise<CheckpointError>(
           t.file, ": tensor '", t.name, "' has shape ", shape_string(t.shape), "; ", whose_,
           " stacks ", parts_text(split), split.flat ? " of its last dimension" : "", " in it",
-          split.flat && !split.shape.empty() ? ", a tensor of shape " + shape_string(split.shape)
-                                             : std::string());
+          split.shape.empty() ? std::string() : ", a tensor of shape " + shape_string(split.shape));
     for (const RowPart& p : split.parts)
       if (names.count(p.name))
         raise<CheckpointError>(t.file, ": the checkpoint holds both '", t.name, "' and '", p.name,

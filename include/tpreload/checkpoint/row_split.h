@@ -29,13 +29,14 @@ struct RowPart {
 // its first dimension; `flat`: those of its last, every leading dimension
 // flattened (GraniteMoE's experts [E, 2 x I, hidden], listed as each expert's
 // gate and up [I, hidden]): a part's shape is then [rows, last], and the
-// stacked tensor must be at least 2-D and have `shape` exactly (where given),
-// since many shapes flatten to the same rows.
+// stacked tensor must be at least 2-D. Where `shape` is given the stacked
+// tensor must have it exactly (a flat split should give it: many shapes
+// flatten to the same rows).
 struct RowSplit {
   std::string name;
   std::vector<RowPart> parts;
   bool flat = false;
-  std::vector<std::int64_t> shape;  // (flat) the stacked tensor's; empty: not checked
+  std::vector<std::int64_t> shape;  // the stacked tensor's; empty: only its rows checked
 };
 
 // `base` with every tensor named in `splits` listed as its parts, in its place

@@ -132,7 +132,11 @@ enum class Line {
   kGemma,
   kGemma2,
   kGemma3,
-  kGranite,  // Granite's embedding, attention, residual and logits scaling
+  // Granite: its embedding, attention, residual and logits scaling; GraniteMoE
+  // (vLLM's granitemoe.py): and Mixtral's experts, no biases, head_dim from the
+  // heads.
+  kGranite,
+  kGraniteMoe,
   // OLMo 2: post-norms only, q and k normed over the whole projection; OLMo 3:
   // and its sliding windows (vLLM serves both with its olmo2.py).
   kOlmo2,
@@ -171,6 +175,7 @@ struct Family {
   }
   bool olmo() const { return line == Line::kOlmo2 || line == Line::kOlmo3; }
   bool cohere() const { return line == Line::kCohere || line == Line::kCohere2; }
+  bool granite() const { return line == Line::kGranite || line == Line::kGraniteMoe; }
 };
 constexpr Family kFamilies[] = {
     // (vLLM's CohereAttention and CohereMLP: no biases whatever the config says)
@@ -206,7 +211,7 @@ constexpr Family kFamilies[] = {
     // (vLLM's granitemoe.py: Granite's scaling, Mixtral's experts stacked in
     // three tensors a layer; no biases, head_dim hidden_size / heads)
     {"GraniteMoeForCausalLM", 0, 0, 1e4, 1e-6, Biases::kNone, QkNorm::kNone, Experts::kMixtral,
-     Stacked::kExperts, Line::kGranite},
+     Stacked::kExperts, Line::kGraniteMoe},
     {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, QkNorm::kNone, Experts::kNone,
      Stacked::kNone},
     {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, QkNorm::kNone, Experts::kNone,
@@ -418,11 +423,30 @@ void silu_only(const json& j, const std::string& origin, const ModelConfig& c) {
                       j["hidden_act"].dump());
 }
 
+// head_dim as hidden_size / num_attention_heads, for the families whose vLLM
+// model (`model_file`) reads no head_dim key: a config whose head_dim differs
+// is refused.
+void head_dim_from_heads(const ModelConfig& c, const std::string& origin, const char* model_file) {
+  if (c.head_dim * c.num_attention_heads != c.hidden_size)
+    raise<ModelError>(origin, ": ", c.architecture,
+                      " takes head_dim as hidden_size / num_attention_heads (vLLM's ", model_file,
+                      " reads no head_dim), but head_dim ", c.head_dim, " x ",
+                      c.num_attention_heads, " heads is not hidden_size ", c.hidden_size);
+}
+
 // Granite's multipliers (GraniteConfig: 1 when absent; vLLM's granite.py takes
 // attention_multiplier as the attention's scale itself), and its MLP's
-// activation, which vLLM's GraniteMLP takes as silu only.
-void parse_granite(const json& j, const std::string& origin, ModelConfig& c) {
+// activation, which vLLM's GraniteMLP takes as silu only. GraniteMoE (`moe`):
+// head_dim from the heads and no biases, as vLLM's granitemoe.py builds them
+// (Hugging Face's model would take attention_bias: refused).
+void parse_granite(const json& j, const std::string& origin, bool moe, ModelConfig& c) {
   silu_only(j, origin, c);
+  if (moe) {
+    head_dim_from_heads(c, origin, "granitemoe.py");
+    if (flag(j, "attention_bias", origin))
+      raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
+                        " (vLLM's model builds no biases; no released GraniteMoE sets it)");
+  }
   // (null refused: vLLM would multiply by None, transformers 5 refuses it)
   c.embedding_multiplier = positive_number_or(j, "embedding_multiplier", 1, origin);
   c.attention_multiplier = positive_number_or(j, "attention_multiplier", 1, origin);
@@ -535,17 +559,6 @@ void parse_sliding_rope(const json& j, const json& per_type, const std::string& 
   c.sliding_rope_scaling = rope_scaling_of(view, origin, params);
   whole_heads(rope_number(view, "partial_rotary_factor", origin, 1, params),
               params + ".partial_rotary_factor");
-}
-
-// head_dim as hidden_size / num_attention_heads, for the families whose vLLM
-// model (`model_file`) reads no head_dim key: a config whose head_dim differs
-// is refused.
-void head_dim_from_heads(const ModelConfig& c, const std::string& origin, const char* model_file) {
-  if (c.head_dim * c.num_attention_heads != c.hidden_size)
-    raise<ModelError>(origin, ": ", c.architecture,
-                      " takes head_dim as hidden_size / num_attention_heads (vLLM's ", model_file,
-                      " reads no head_dim), but head_dim ", c.head_dim, " x ",
-                      c.num_attention_heads, " heads is not hidden_size ", c.hidden_size);
 }
 
 // Cohere's layout (CohereConfig's defaults, transformers 4's rope_theta of
@@ -928,15 +941,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.qk_norm = f.qk_norm;
   if (f.line == Line::kExaone4) parse_exaone4(j, origin, c);
   if (f.olmo()) parse_olmo(j, per_type, origin, f.line == Line::kOlmo3, c);
-  if (f.line == Line::kGranite) parse_granite(j, origin, c);
-  // (GraniteMoE: Hugging Face's model takes attention_bias and computes head_dim
-  // as vLLM's does, from the heads; vLLM's builds no biases)
-  if (f.stacked == Stacked::kExperts) {
-    head_dim_from_heads(c, origin, "granitemoe.py");
-    if (flag(j, "attention_bias", origin))
-      raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
-                        " (vLLM's model builds no biases; no released GraniteMoE sets it)");
-  }
+  if (f.granite()) parse_granite(j, origin, f.line == Line::kGraniteMoe, c);
   if (f.cohere()) parse_cohere(j, origin, f.line == Line::kCohere2, c);
   // (vLLM's LlamaForCausalLM, which serves Llama, Mistral, Phi-3 and ERNIE 4.5,
   // multiplies the logits by a logit_scale where the config has one)
@@ -1051,7 +1056,7 @@ std::string model_config_to_json(const ModelConfig& c) {
   }
   if (f.cohere() || c.logit_scale != 1) j["logit_scale"] = c.logit_scale;
   if (c.qk_norm == QkNorm::kPerHead) j["use_qk_norm"] = true;
-  if (f.line == Line::kGranite) {
+  if (f.granite()) {
     j["embedding_multiplier"] = c.embedding_multiplier;
     j["attention_multiplier"] = c.attention_multiplier;
     j["residual_multiplier"] = c.residual_multiplier;
@@ -1090,17 +1095,11 @@ RowSplit stacked_gate_up(const ModelConfig& c, const std::string& p, const std::
            {p + "mlp.up_proj." + leaf, c.intermediate_size}}};
 }
 
-// A stacked tensor and its shape in the checkpoint.
-struct StackedTensor {
-  RowSplit split;
-  std::vector<std::int64_t> shape;
-};
-
 // GraniteMoE's experts of layer prefix `p` (Stacked::kExperts), as vLLM's
 // granitemoe.py splits them: input_linear's rows (of hidden) each expert's
 // gate (w1) then up (w3), output_linear's (of I) each expert's down (w2), and
 // router.layer whole as the router (gate).
-std::vector<StackedTensor> stacked_experts(const ModelConfig& c, const std::string& p) {
+std::vector<RowSplit> stacked_experts(const ModelConfig& c, const std::string& p) {
   const MoeNames n = moe_names(c);
   const std::string m = p + n.module + ".";
   const std::int64_t e = c.num_experts, mi = c.moe_intermediate_size, h = c.hidden_size;
@@ -1112,10 +1111,9 @@ std::vector<StackedTensor> stacked_experts(const ModelConfig& c, const std::stri
     in.parts.push_back({expert + n.up + ".weight", mi});
     out.parts.push_back({expert + n.down + ".weight", h});
   }
-  std::vector<std::int64_t> in_shape = in.shape, out_shape = out.shape;
-  return {{std::move(in), std::move(in_shape)},
-          {std::move(out), std::move(out_shape)},
-          {{m + "router.layer.weight", {{m + "gate.weight", e}}}, {e, h}}};
+  return {std::move(in),
+          std::move(out),
+          {m + "router.layer.weight", {{m + "gate.weight", e}}, false, {e, h}}};
 }
 
 // `split`'s parts (as the loaders take them), or the stacked tensor (as the
@@ -1169,7 +1167,8 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
     for (const std::string* name : {&norms.attention_out, &norms.mlp_in, &norms.mlp_out})
       push_norm(*name);
     if (c.sparse_layer(l) && stacked == Stacked::kExperts) {  // (GraniteMoE's)
-      for (const StackedTensor& t : stacked_experts(c, p)) specs.push_back({t.split.name, t.shape});
+      for (const RowSplit& split : stacked_experts(c, p))
+        specs.push_back({split.name, split.shape});
       continue;
     }
     if (c.sparse_layer(l)) {
@@ -1220,7 +1219,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     if (stacked == Stacked::kExperts) {
       if (c.sparse_layer(l))
-        for (StackedTensor& t : stacked_experts(c, p)) out.push_back(std::move(t.split));
+        for (RowSplit& split : stacked_experts(c, p)) out.push_back(std::move(split));
       continue;
     }
     if (stacked == Stacked::kQkvAndGateUp) {
