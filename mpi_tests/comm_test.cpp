@@ -213,6 +213,32 @@ TEST(GatherTexts, EachSlotFromItsOwnerCutToItsWords) {
   EXPECT_EQ(texts.back(), "");
 }
 
+// The test's own lists of ranks: joined one by one, runs of two or more as a-b.
+std::string listed(const std::vector<int>& ranks) {
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const bool run_before = i > 0 && ranks[i - 1] == ranks[i] - 1;
+    const bool run_after = i + 1 < ranks.size() && ranks[i + 1] == ranks[i] + 1;
+    if (run_before && run_after) continue;
+    if (run_before)
+      out += "-" + std::to_string(ranks[i]);
+    else
+      out += (i ? ", " : "") + std::to_string(ranks[i]);
+  }
+  return out;
+}
+
+// What agree_on_values raises for `values` with " (told)" as the consequence,
+// or "no error".
+std::string disagreement_of(const std::vector<AgreedValue>& values) {
+  try {
+    agree_on_values<UsageError>(world(), values, " (told)");
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 // Values that differ between ranks are named with which ranks hold which: at
 // most three values per name (the rest counted, their ranks listed), texts cut
 // to 95 bytes (head, tail and a short hash), an empty text as '' (a text on
@@ -231,30 +257,11 @@ TEST(Agreement, NamesWhichRanksHoldWhichValue) {
       {"an empty text", rank == 0 ? "" : "fp8"},
       {"a signed number", rank == 0 ? -1 : 0},
       AgreedValue::opaque_hash("a layout", rank == 0 ? 11 : 12)};
-  std::string error = "no error";
-  try {
-    agree_on_values<UsageError>(world(), values, " (told)");
-  } catch (const UsageError& e) {
-    error = e.what();
-  }
+  const std::string error = disagreement_of(values);
   if (size == 1) {
     EXPECT_EQ(error, "no error");
     return;
   }
-  // The test's own lists: ranks joined one by one, runs of two or more as a-b.
-  auto listed = [](const std::vector<int>& ranks) {
-    std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-    for (std::size_t i = 0; i < ranks.size(); ++i) {
-      const bool run_before = i > 0 && ranks[i - 1] == ranks[i] - 1;
-      const bool run_after = i + 1 < ranks.size() && ranks[i + 1] == ranks[i] + 1;
-      if (run_before && run_after) continue;
-      if (run_before)
-        out += "-" + std::to_string(ranks[i]);
-      else
-        out += (i ? ", " : "") + std::to_string(ranks[i]);
-    }
-    return out;
-  };
   std::vector<int> even, odd, others, all_but_first, all_but_last;
   for (int r = 0; r < size; ++r) {
     (r % 2 ? odd : even).push_back(r);
@@ -287,6 +294,55 @@ TEST(Agreement, NamesWhichRanksHoldWhichValue) {
             "ranks disagree on parity, the rank, a flag, a text, an empty text, a signed number, a "
             "layout (told); by rank: " +
                 by_rank);
+}
+
+// An opaque value that lists its items adds the first item that differs, by
+// rank: here the last rank changes entry 2, and rank 1 (from 3 ranks) lists
+// only two entries, so it shows none there. Opaque values whose items are all
+// alike, or that list none, show only their groups.
+TEST(Agreement, AnOpaqueValueWithItemsShowsTheFirstItemThatDiffers) {
+  const int rank = world().rank(), size = world().size();
+  const bool last = rank == size - 1, short_list = rank == 1 && size > 2;
+  auto entries = [&] {
+    std::vector<std::string> e = {"p0", "p1", last ? "p2 changed" : "p2", "p3"};
+    if (short_list) e.resize(2);
+    return e;
+  };
+  const std::vector<AgreedValue> values = {
+      AgreedValue::opaque_hash("a layout",
+                               last         ? 3
+                               : short_list ? 2
+                                            : 1,
+                               entries, "entry"),
+      AgreedValue::opaque_hash(
+          "alike items", static_cast<std::uint64_t>(rank % 2),
+          [] { return std::vector<std::string>{"same"}; }, "entry"),
+      AgreedValue::opaque_hash("no items", last ? 5 : 4)};
+  const std::string error = disagreement_of(values);
+  if (size == 1) {
+    EXPECT_EQ(error, "no error");
+    return;
+  }
+  // plain: neither the last rank nor the short list
+  std::vector<int> plain, even, odd, all_but_last;
+  for (int r = 0; r < size; ++r) {
+    if (r != size - 1 && !(r == 1 && size > 2)) plain.push_back(r);
+    if (r != size - 1) all_but_last.push_back(r);
+    (r % 2 ? odd : even).push_back(r);
+  }
+  const std::string last_rank = "rank " + std::to_string(size - 1);
+  std::string layout = "a layout: one value on " + listed(plain) + ", another on ";
+  std::string entry2 = "'p2' on " + listed(plain) + ", ";
+  if (size > 2) {
+    layout += "rank 1, another on ";
+    entry2 += "none (2 in all) on rank 1, ";
+  }
+  layout += last_rank + " (the first that differs: entry 2: " + entry2 + "'p2 changed' on " +
+            last_rank + ")";
+  EXPECT_EQ(error, "ranks disagree on a layout, alike items, no items (told); by rank: " + layout +
+                       "; alike items: one value on " + listed(even) + ", another on " +
+                       listed(odd) + "; no items: one value on " + listed(all_but_last) +
+                       ", another on " + last_rank);
 }
 
 TEST(Barrier, CompletesOnEveryRank) {

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "../tests/support/faults.h"
@@ -330,7 +331,8 @@ TEST(Integrity, ReplicasThatDifferAfterAReloadFailItOnEveryRank) {
 // Ranks whose options or configs differ are told which before any transfer.
 // Every field of the config is compared on its own, and the error names those
 // that differ, with which ranks hold which value: one the forward pass alone
-// reads, and one that shapes the parameters (whose layout then differs too).
+// reads, and one that shapes the parameters (whose layout then differs too,
+// and is shown by its first parameter that differs).
 TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer) {
   TPRELOAD_REQUIRE_RANKS(2);
   const Versions v;
@@ -342,10 +344,26 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
   const auto same_options = [](ReloadOptions&) {};
   const auto same_config = [](ModelConfig&) {};
   // Which ranks hold which value: the last rank's own, and every other rank's
-  // (llama_gqa's rms_norm_eps is 1e-5, its final_logit_softcapping 0, no q/k norms).
+  // (llama_gqa's rms_norm_eps is 1e-5, its final_logit_softcapping 0, its
+  // intermediate_size 96).
   const int n = world().size();
   const std::string first = n == 2 ? "rank 0" : "ranks 0-" + std::to_string(n - 2);
   const std::string last = "rank " + std::to_string(n - 1);
+  // The first parameter a larger intermediate_size changes: layer 0's
+  // down_proj, first by name of the MLP's weights ([hidden, intermediate / tp],
+  // split by its columns as vLLM's RowParallelLinear), counted among the
+  // model's parameters sorted by name.
+  std::vector<std::string> names;
+  const TensorParallelModel unchanged(v.config, on_this_rank());
+  for (const auto& [name, t] : unchanged.named_parameters()) names.push_back(name);
+  std::sort(names.begin(), names.end());
+  const auto first_down_proj =
+      std::find(names.begin(), names.end(), "model.layers.0.mlp.down_proj.weight") - names.begin();
+  ASSERT_LT(first_down_proj, static_cast<std::ptrdiff_t>(names.size()));
+  const auto down_proj = [&](std::int64_t intermediate) {
+    return "'model.layers.0.mlp.down_proj.weight [64, " + std::to_string(intermediate / n) +
+           "] bfloat16, row-parallel, layer 0, 1 shard'";
+  };
   const std::vector<Case> cases = {
       {[](ReloadOptions& o) {
          o.bucket_bytes = 4096;
@@ -368,18 +386,20 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
            first + ", 2e-05 on " + last},
       {same_options,
        [](ModelConfig& c) {
-         c.qk_norm = QkNorm::kShared;
+         c.intermediate_size *= 2;
          c.final_logit_softcapping = 30;
        },
-       "ranks disagree on the model config's final_logit_softcapping, the model config's "
-       "q/k norms, the model's parameters (quantization, LoRA, expert parallelism, shapes) (every "
-       "rank must pass the same); nothing was reloaded; by rank: the model config's "
-       "final_logit_softcapping: 0.0 on " +
-           first + ", 30.0 on " + last + "; the model config's q/k norms: 'none' on " + first +
-           ", 'one weight for every head' on " + last +
-           "; the model's parameters (quantization, LoRA, expert parallelism, shapes): one value "
+       "ranks disagree on the model config's intermediate_size, the model config's "
+       "final_logit_softcapping, the model's parameters (names, shapes, dtypes, splits, layers, "
+       "shards) (every rank must pass the same); nothing was reloaded; by rank: the model "
+       "config's intermediate_size: 96 on " +
+           first + ", 192 on " + last + "; the model config's final_logit_softcapping: 0.0 on " +
+           first + ", 30.0 on " + last +
+           "; the model's parameters (names, shapes, dtypes, splits, layers, shards): one value "
            "on " +
-           first + ", another on " + last},
+           first + ", another on " + last + " (the first that differs: parameter " +
+           std::to_string(first_down_proj) + ": " + down_proj(96) + " on " + first + ", " +
+           down_proj(192) + " on " + last + ")"},
   };
   for (const Case& c : cases) {
     ModelConfig config = v.config;

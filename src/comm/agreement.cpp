@@ -58,20 +58,40 @@ std::vector<Group> groups_of(const std::uint64_t* held, int size) {
   return groups;
 }
 
-}  // namespace
+std::string by_rank(Communicator& comm, const std::vector<AgreedValue>& values,
+                    const std::vector<std::size_t>& differ);
 
-std::string detail::disagreement(Communicator& comm, const std::vector<AgreedValue>& values,
-                                 const std::string& consequence) {
-  std::vector<std::int64_t> lo, hi;
-  for (const auto& v : values) lo.push_back(static_cast<std::int64_t>(v.value));
+// COLLECTIVE (two allreduces, then by_rank's). Where an opaque value with items
+// differs: " (the first that differs: <item> 12: 'a' on ranks 0-2, 'b' on rank
+// 3)", or nothing where some rank lists no items or every item is alike.
+std::string first_item_apart(Communicator& comm, const AgreedValue& v) {
+  std::vector<std::string> mine;
+  if (v.items) mine = v.items();
+  // The longest list, and whether every rank has one (0 where some rank has none).
+  std::vector<std::int64_t> lists = {static_cast<std::int64_t>(mine.size()), v.items ? -1 : 0};
+  allreduce_ints(comm, lists, IntOp::kMax);
+  if (lists[1] == 0) return {};
+  const auto longest = static_cast<std::size_t>(lists[0]);
+  std::vector<std::int64_t> lo(longest, 0), hi;
+  for (std::size_t i = 0; i < mine.size(); ++i)  // (past a list's end: 0 then)
+    lo[i] = static_cast<std::int64_t>(fnv1a(mine[i]) | 1);
   hi = lo;
   allreduce_ints(comm, lo, IntOp::kMin);
   allreduce_ints(comm, hi, IntOp::kMax);
-  std::vector<std::size_t> differ;  // the same on every rank
-  for (std::size_t i = 0; i < values.size(); ++i)
-    if (lo[i] != hi[i]) differ.push_back(i);
-  if (differ.empty()) return {};
+  std::size_t first = 0;
+  while (first < longest && lo[first] == hi[first]) ++first;
+  if (first == longest) return {};
+  const std::string text = first < mine.size() ? "'" + mine[first] + "'"
+                                               : detail::concat("none (", mine.size(), " in all)");
+  return " (the first that differs: " +
+         by_rank(comm, {AgreedValue(detail::concat(v.item, " ", first), text)}, {0}) + ")";
+}
 
+// COLLECTIVE (an allreduce and a gather, then first_item_apart's for each
+// opaque value with items). "<name>: 8 on ranks 0-2, 4 on rank 3; ..." for each
+// of `values` listed in `differ` (the same on every rank).
+std::string by_rank(Communicator& comm, const std::vector<AgreedValue>& values,
+                    const std::vector<std::size_t>& differ) {
   // Every rank's value of each part that differs (each rank sets only its own
   // words), then the text of each value shown, from the lowest rank holding it.
   const int size = comm.size();
@@ -94,11 +114,11 @@ std::string detail::disagreement(Communicator& comm, const std::vector<AgreedVal
   }
   const std::vector<std::string> texts = gather_texts(comm, slots, kTextWords);
 
-  std::string names, by_rank;
+  std::vector<std::string> parts(differ.size());
   for (std::size_t k = 0, slot = 0; k < differ.size(); ++k) {
     const AgreedValue& v = values[differ[k]];
-    names += (k ? ", " : "") + v.name;
-    by_rank += (k ? "; " : "") + v.name + ": ";
+    std::string& part = parts[k];
+    part = v.name + ": ";
     const std::vector<Group>& gs = groups[k];
     for (std::size_t g = 0; g < std::min(gs.size(), kShownGroups); ++g) {
       std::string what;
@@ -107,7 +127,7 @@ std::string detail::disagreement(Communicator& comm, const std::vector<AgreedVal
       } else {
         what = texts[slot++];
       }
-      by_rank += (g ? ", " : "") + what + " on " + rank_list(gs[g].ranks);
+      part += (g ? ", " : "") + what + " on " + rank_list(gs[g].ranks);
     }
     if (gs.size() > kShownGroups) {
       std::vector<int> rest;
@@ -115,11 +135,33 @@ std::string detail::disagreement(Communicator& comm, const std::vector<AgreedVal
         rest.insert(rest.end(), gs[g].ranks.begin(), gs[g].ranks.end());
       std::sort(rest.begin(), rest.end());
       const std::size_t others = gs.size() - kShownGroups;
-      by_rank += detail::concat(
-          ", ", others, others == 1 ? " other value on " : " other values on ", rank_list(rest));
+      part += detail::concat(", ", others, others == 1 ? " other value on " : " other values on ",
+                             rank_list(rest));
     }
   }
-  return "ranks disagree on " + names + consequence + "; by rank: " + by_rank;
+  for (std::size_t k = 0; k < differ.size(); ++k)  // (in the same order on every rank)
+    if (values[differ[k]].opaque) parts[k] += first_item_apart(comm, values[differ[k]]);
+  std::string out;
+  for (std::size_t k = 0; k < parts.size(); ++k) out += (k ? "; " : "") + parts[k];
+  return out;
+}
+
+}  // namespace
+
+std::string detail::disagreement(Communicator& comm, const std::vector<AgreedValue>& values,
+                                 const std::string& consequence) {
+  std::vector<std::int64_t> lo, hi;
+  for (const auto& v : values) lo.push_back(static_cast<std::int64_t>(v.value));
+  hi = lo;
+  allreduce_ints(comm, lo, IntOp::kMin);
+  allreduce_ints(comm, hi, IntOp::kMax);
+  std::vector<std::size_t> differ;  // the same on every rank
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (lo[i] != hi[i]) differ.push_back(i);
+  if (differ.empty()) return {};
+  std::string names;
+  for (std::size_t k = 0; k < differ.size(); ++k) names += (k ? ", " : "") + values[differ[k]].name;
+  return "ranks disagree on " + names + consequence + "; by rank: " + by_rank(comm, values, differ);
 }
 
 }  // namespace tpreload

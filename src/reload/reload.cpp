@@ -140,6 +140,27 @@ std::uint64_t fnv(std::uint64_t h, const std::string& s) {
   return fnv(fnv1a(s, h), s.size());
 }
 
+// How a parameter is split, as an error shows it.
+const char* shard_kind_text(ShardKind kind) {
+  switch (kind) {
+    case ShardKind::kReplicated:
+      return "replicated";
+    case ShardKind::kColumn:
+      return "column-parallel";
+    case ShardKind::kRow:
+      return "row-parallel";
+    case ShardKind::kVocab:
+      return "vocab-parallel";
+    case ShardKind::kExpertGateUp:
+      return "experts' gate/up";
+    case ShardKind::kExpertDown:
+      return "experts' down";
+    case ShardKind::kHeads:
+      return "split by heads";
+  }
+  return "?";
+}
+
 // What must be identical on every rank, each part hashed on its own so that a
 // disagreement can be named: every field of the model's config (config_fields:
 // those that shape the parameters and those only the forward pass reads, where
@@ -153,10 +174,14 @@ std::vector<AgreedValue> agreement_parts(const ReloadTarget& model, const Reload
   std::vector<AgreedValue> parts;
   for (const ConfigField& f : config_fields(model.rules().config()))
     parts.emplace_back("the model config's " + f.name, f.value);
-  std::uint64_t layout = fnv(kFnvOffsetBasis, model.rules().quantization());
-  layout =
-      fnv(fnv(layout, std::uint64_t(model.lora())), std::uint64_t(model.rules().expert_parallel()));
-  for (const ParamSpec& p : model.rules().params()) {
+  const ShardingRules& rules = model.rules();
+  parts.insert(parts.end(), {{"the quantization", rules.quantization().empty()
+                                                      ? std::string_view("none")
+                                                      : std::string_view(rules.quantization())},
+                             {"LoRA", model.lora()},
+                             {"expert parallelism", rules.expert_parallel()}});
+  std::uint64_t layout = kFnvOffsetBasis;
+  for (const ParamSpec& p : rules.params()) {
     layout = fnv(layout, p.name);
     for (auto d : p.shape) layout = fnv(layout, static_cast<std::uint64_t>(d));
     layout = fnv(
@@ -164,8 +189,20 @@ std::vector<AgreedValue> agreement_parts(const ReloadTarget& model, const Reload
         static_cast<std::uint64_t>(p.layer));
     layout = fnv(layout, static_cast<std::uint64_t>(p.shards));
   }
+  // (each parameter's text, built only where the hashes differ, holds all of it)
   parts.push_back(AgreedValue::opaque_hash(
-      "the model's parameters (quantization, LoRA, expert parallelism, shapes)", layout));
+      "the model's parameters (names, shapes, dtypes, splits, layers, shards)", layout,
+      [&rules] {
+        std::vector<std::string> items;
+        for (const ParamSpec& p : rules.params())
+          items.push_back(detail::concat(
+              p.name, " ", shape_string(p.shape), " ", dtype_name(p.dtype), ", ",
+              shard_kind_text(p.kind), ", ",
+              p.layer < 0 ? std::string("outside the layers") : detail::concat("layer ", p.layer),
+              ", ", p.shards, p.shards == 1 ? " shard" : " shards"));
+        return items;
+      },
+      "parameter"));
   parts.insert(parts.end(),
                {{"the tp size", model.rules().tp_size()},
                 {"the data plane (transport, memory space)",

@@ -6,6 +6,7 @@
 
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -64,6 +65,12 @@ struct AgreedValue {
   std::uint64_t value = 0;
   std::string shown;    // what an error shows of it (texts of over 95 bytes cut)
   bool opaque = false;  // a hash: an error says only which ranks hold which
+  // An opaque hash may list what it hashes, one text per item (each parameter
+  // of a layout), so that an error can also show the first item that differs:
+  // called only where ranks hold different hashes. Each text must carry every
+  // bit of its item that the hash does. `item` names one ("parameter").
+  std::function<std::vector<std::string>()> items;
+  std::string item;
 
   // (Templates so that an int is neither ambiguous nor read as a bool.)
   template <typename I,
@@ -82,15 +89,20 @@ struct AgreedValue {
         value(fnv1a(text)),
         shown(text.empty() ? "''" : std::string(text)) {}
 
-  static AgreedValue opaque_hash(std::string name, std::uint64_t hash) {
+  static AgreedValue opaque_hash(std::string name, std::uint64_t hash,
+                                 std::function<std::vector<std::string>()> items = {},
+                                 std::string item = "item") {
     AgreedValue v(std::move(name), hash);
     v.opaque = true;
+    v.items = std::move(items);
+    v.item = std::move(item);
     return v;
   }
 };
 
 namespace detail {
-// COLLECTIVE (two allreduces; two more where values differ). Empty where every
+// COLLECTIVE (two allreduces; two more where values differ, and four more for
+// each opaque value with items that differs). Empty where every
 // rank passed the same values; otherwise the error agree_on_values raises.
 std::string disagreement(Communicator& comm, const std::vector<AgreedValue>& values,
                          const std::string& consequence);
@@ -102,7 +114,10 @@ std::string disagreement(Communicator& comm, const std::vector<AgreedValue>& val
 // every rank throws the same Agreed<E>: "ranks disagree on <names>" followed by
 // `consequence`, then which ranks hold which value of each: "; by rank:
 // <name>: 8 on ranks 0-2, 4 on rank 3" (an opaque one: "one value on ranks
-// 0-2, another on rank 3"). Every bit of a value counts.
+// 0-2, another on rank 3"; one with items adds the first that differs: " (the
+// first that differs: parameter 12: 'a' on ranks 0-2, 'b' on rank 3)", a rank
+// whose list ends before it showing "none (12 in all)"). Every bit of a value
+// counts; ranks must list items for the same opaque values.
 template <typename E>
 void agree_on_values(Communicator& comm, const std::vector<AgreedValue>& values,
                      const std::string& consequence) {
