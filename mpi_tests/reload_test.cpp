@@ -268,6 +268,20 @@ TEST(Reload, GraniteMoeFromItsStackedExperts) {
   run_checkpoint_matrix("granite_moe", {world().size(), "int8", false, true});
 }
 
+// Granite's shared MLP (shared_mlp.input_linear: gate rows, then up rows, cut
+// apart as the source is listed, each split by rows; output_linear by
+// columns): beside GraniteMoE's experts (GraniteMoeShared; GraniteMoeHybrid
+// without rotary) and alone (GraniteMoeHybrid as granite-4.0-micro, with
+// attention biases); plain, int8 (the shared MLP's two weights quantized, the
+// experts not) and with expert parallelism.
+TEST(Reload, GraniteSharedMlpBesideExpertsAndAlone) {
+  run_checkpoint_matrix("granite_moe_shared", {world().size(), "", false});
+  run_checkpoint_matrix("granite_moe_shared", {world().size(), "int8", false, true});
+  run_checkpoint_matrix("granite_hybrid", {world().size(), "", false});
+  run_checkpoint_matrix("granite_hybrid", {world().size(), "int8", false});
+  run_checkpoint_matrix("granite_hybrid_moe", {world().size(), "", false, true});
+}
+
 // Phi-3: q/k/v stacked in self_attn.qkv_proj and gate/up in mlp.gate_up_proj in
 // every source kind, cut into the parts the loaders take as the source is
 // listed; plain, and int8 with LoRA.
@@ -340,6 +354,8 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
            {"mixtral", {world().size(), "", false, true}},
            {"qwen2_moe", {world().size(), "", false, true}},
            {"granite_moe", {world().size(), "", false}},
+           {"granite_moe_shared", {world().size(), "", false, true}},
+           {"granite_hybrid", {world().size(), "int8", false}},
            {"phi3", {world().size(), "int8", false}}}) {
     const ModelConfig config = testdata::tiny_config(name);
     const auto ckpt = testdata::random_checkpoint(config, 300);

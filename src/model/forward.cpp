@@ -261,16 +261,18 @@ at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& m
   return y;
 }
 
-// The rank's share of a SwiGLU MLP under `p` ("model.layers.<l>.mlp.", or
-// Qwen2-MoE's "....mlp.shared_expert."): column-parallel gate_up_proj,
-// row-parallel down_proj; the sum over ranks is the MLP's output.
-at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string& p) const {
-  const at::Tensor gate_up = linear(y, p + "gate_up_proj");
+// The rank's share of a SwiGLU MLP under `p` ("model.layers.<l>.mlp.",
+// Qwen2-MoE's "....mlp.shared_expert.", or Granite's "....shared_mlp." with
+// input_linear and output_linear): column-parallel `gate_up` (gate rows, then
+// up rows), row-parallel `down`; the sum over ranks is the MLP's output.
+at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string& p,
+                                          const char* gate_up_name, const char* down) const {
+  const at::Tensor gate_up = linear(y, p + gate_up_name);
   const std::int64_t inter = gate_up.size(1) / 2;
-  // Row-parallel: down_proj's (replicated) bias is added once, by tp rank 0.
+  // Row-parallel: down's (replicated) bias is added once, by tp rank 0.
   return linear(
       activate(gate_up.narrow(1, 0, inter), config().activation) * gate_up.narrow(1, inter, inter),
-      p + "down_proj", /*add_bias=*/tp_rank() == 0);
+      p + down, /*add_bias=*/tp_rank() == 0);
 }
 
 // The rank's share of a sparse MoE block (Qwen2-MoE, Qwen3-MoE, Mixtral): the
@@ -399,7 +401,12 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
     h = h + attn * c.residual_multiplier;  // (Granite's; 1 for the others)
     // (Cohere: the MLP takes the attention's normed input, in parallel)
     const at::Tensor y = c.norm_layout == NormLayout::kParallel ? x : norm(h, norms.mlp_in);
-    at::Tensor mlp = c.sparse_layer(l) ? experts(y, p) : dense_mlp(y, p + "mlp.");
+    // (Granite's shared MLP: beside the experts, or the layer's whole MLP)
+    const bool shared = c.shared_mlp_intermediate_size > 0;
+    at::Tensor mlp = c.sparse_layer(l) ? experts(y, p)
+                     : shared          ? at::zeros({n, c.hidden_size}, at::kFloat)
+                                       : dense_mlp(y, p + "mlp.");
+    if (shared) mlp = mlp + dense_mlp(y, p + "shared_mlp.", "input_linear", "output_linear");
     allreduce_sum(mlp, comm);
     mlp = norm(mlp, norms.mlp_out);
     h = h + mlp * c.residual_multiplier;

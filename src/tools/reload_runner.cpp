@@ -104,10 +104,12 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                  "loads quantize rows as they land; kernel-format loads copy int8 shards)")
       ->check(CLI::IsMember({"", "int8"}));
   app.add_flag("--lora", o.lora, "Wrap the linear layers with LoRA adapters (base_layer names)");
-  app.add_flag("--expert-parallel", o.expert_parallel,
-               "Mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral): each tensor-parallel "
-               "rank holds whole "
-               "experts (vLLM's --enable-expert-parallel) instead of a slice of every expert");
+  app.add_flag(
+      "--expert-parallel", o.expert_parallel,
+      "Mixture-of-experts models (Qwen2-MoE, Qwen3-MoE, Mixtral, the Granite MoE lines): each "
+      "tensor-parallel "
+      "rank holds whole "
+      "experts (vLLM's --enable-expert-parallel) instead of a slice of every expert");
   app.add_option("--distribution", o.distribution,
                  "broadcast: every rank gets whole tensors and takes its slice; scatter: the "
                  "reader cuts each rank's slice and sends only that")

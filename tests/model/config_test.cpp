@@ -169,6 +169,8 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"norm_topk_prob false vs true", [](ModelConfig& c) { c.norm_topk_prob = true; }},
       {"shared_expert_intermediate_size 0 vs 8",
        [](ModelConfig& c) { c.shared_expert_intermediate_size = 8; }},
+      {"shared_intermediate_size 0 vs 8",
+       [](ModelConfig& c) { c.shared_mlp_intermediate_size = 8; }},
       {"torch_dtype float32 vs bfloat16", [](ModelConfig& c) { c.dtype = DType::kBFloat16; }},
   };
   for (const Change& change : changes) {
@@ -652,6 +654,189 @@ const char* const kGranite = R"({"architectures":["GraniteForCausalLM"],"attenti
   "num_attention_heads":32,"num_hidden_layers":2,"num_key_value_heads":8,
   "residual_multiplier":0.22,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000000.0,
   "tie_word_embeddings":true,"torch_dtype":"bfloat16","vocab_size":49155})";
+
+// granite-4.0-micro's config (GraniteMoeHybridForCausalLM, two of its 40
+// layers): every layer attention, no experts, the shared MLP the layers' MLP;
+// vLLM's granitemoehybrid.py names its parameters shared_mlp.input_linear
+// (gate rows, then up rows: a MergedColumnParallelLinear of two parts) and
+// output_linear (row-parallel).
+TEST(Config, GraniteHybridKeysAsHuggingFaceWritesThem) {
+  const std::string micro = R"({"architectures":["GraniteMoeHybridForCausalLM"],
+    "attention_bias":false,"attention_dropout":0.0,"attention_multiplier":0.0078125,
+    "bos_token_id":100257,"embedding_multiplier":12,"eos_token_id":100257,"hidden_act":"silu",
+    "hidden_size":2560,"init_method":"mup","initializer_range":0.1,"intermediate_size":8192,
+    "layer_types":["attention","attention"],"logits_scaling":10,"mamba_chunk_size":256,
+    "mamba_conv_bias":true,"mamba_d_conv":4,"mamba_d_head":64,"mamba_d_state":256,
+    "mamba_expand":2,"mamba_n_groups":1,"mamba_n_heads":128,"mamba_proj_bias":false,
+    "max_position_embeddings":131072,"model_type":"granitemoehybrid",
+    "normalization_function":"rmsnorm","num_attention_heads":40,"num_experts_per_tok":0,
+    "num_hidden_layers":2,"num_key_value_heads":8,"num_local_experts":0,
+    "output_router_logits":false,"pad_token_id":100256,"position_embedding_type":"rope",
+    "residual_multiplier":0.22,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":10000000,
+    "router_aux_loss_coef":0.01,"shared_intermediate_size":8192,"tie_word_embeddings":true,
+    "torch_dtype":"bfloat16","use_cache":true,"vocab_size":100352})";
+  const ModelConfig c = parse_model_config(micro, "config.json");
+  EXPECT_EQ(c.num_experts, 0);
+  EXPECT_FALSE(c.sparse_layer(0) || c.sparse_layer(1));
+  EXPECT_EQ(c.shared_mlp_intermediate_size, 8192);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.rope_theta, 1e7);
+  EXPECT_FALSE(c.nope_full_layers);
+  EXPECT_EQ(c.embedding_multiplier, 12.0);
+  EXPECT_EQ(c.attention_multiplier, 0.0078125);
+  EXPECT_EQ(c.residual_multiplier, 0.22);
+  EXPECT_EQ(c.logits_scaling, 10.0);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias || c.o_proj_bias || c.mlp_bias);
+  auto held = shapes_of(c);
+  EXPECT_EQ(held["model.layers.1.shared_mlp.input_linear.weight"],
+            (std::vector<std::int64_t>{2 * 8192, 2560}));
+  EXPECT_EQ(held["model.layers.1.shared_mlp.output_linear.weight"],
+            (std::vector<std::int64_t>{2560, 8192}));
+  // (embed; per layer 2 norms, q/k/v/o, the shared MLP's two; norm; tied)
+  EXPECT_EQ(held.size(), 1 + 2 * 8 + 1u);
+  EXPECT_EQ(held.count("model.layers.0.mlp.down_proj.weight"), 0u);
+  std::map<std::string, std::vector<std::int64_t>> loaded;
+  for (const auto& s : loader_tensor_specs(c)) loaded[s.name] = s.shape;
+  EXPECT_EQ(loaded["model.layers.0.shared_mlp.gate_proj.weight"],
+            (std::vector<std::int64_t>{8192, 2560}));
+  EXPECT_EQ(loaded["model.layers.0.shared_mlp.up_proj.weight"],
+            (std::vector<std::int64_t>{8192, 2560}));
+  EXPECT_EQ(loaded.count("model.layers.0.shared_mlp.input_linear.weight"), 0u);
+  // At tp 4: input_linear a quarter of gate's rows then of up's, in two shards;
+  // output_linear a quarter of its columns.
+  const ShardingRules rules(c, 4);
+  std::map<std::string, ParamSpec> params;
+  for (const ParamSpec& p : rules.params()) params[p.name] = p;
+  const ParamSpec& in = params.at("model.layers.1.shared_mlp.input_linear.weight");
+  EXPECT_EQ(in.shape, (std::vector<std::int64_t>{2 * 8192 / 4, 2560}));
+  EXPECT_EQ(in.shards, 2u);
+  EXPECT_EQ(in.kind, ShardKind::kColumn);
+  const ParamSpec& out = params.at("model.layers.1.shared_mlp.output_linear.weight");
+  EXPECT_EQ(out.shape, (std::vector<std::int64_t>{2560, 8192 / 4}));
+  EXPECT_EQ(out.kind, ShardKind::kRow);
+  EXPECT_EQ(params.size(), 1 + 2 * 6 + 1u);  // (qkv_proj, o_proj, two norms, two shared)
+  ModelConfig unread = c;  // (intermediate_size, which no layer reads, need not split)
+  unread.intermediate_size = 8191;
+  EXPECT_NO_THROW(ShardingRules(unread, 4));
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  // attention_bias gives q/k/v's and o_proj's biases; "nope" and null turn no rotary.
+  const ModelConfig biased = parse_model_config(
+      replaced(micro, R"("attention_bias":false)", R"("attention_bias":true)"), "c");
+  EXPECT_TRUE(biased.attention_bias && biased.o_proj_bias && !biased.mlp_bias);
+  EXPECT_EQ(shapes_of(biased)["model.layers.0.self_attn.o_proj.bias"],
+            (std::vector<std::int64_t>{2560}));
+  for (const char* none :
+       {R"("position_embedding_type":"nope")", R"("position_embedding_type":null)", ""}) {
+    const ModelConfig n = parse_model_config(replaced(micro, R"("position_embedding_type":"rope",)",
+                                                      std::string(none) + (*none ? "," : "")),
+                                             "c");
+    EXPECT_TRUE(n.nope_full_layers) << none;
+    const ModelConfig round = parse_model_config(model_config_to_json(n), "round trip");
+    EXPECT_TRUE(config_differences(n, round).empty()) << none;
+  }
+  // With experts: GraniteMoE's stacked tensors beside the shared MLP.
+  const ModelConfig moe = parse_model_config(
+      replaced(replaced(micro, R"("num_local_experts":0)", R"("num_local_experts":4)"),
+               R"("num_experts_per_tok":0)", R"("num_experts_per_tok":2)"),
+      "c");
+  EXPECT_EQ(moe.num_experts, 4);
+  EXPECT_EQ(moe.moe_intermediate_size, 8192);
+  EXPECT_TRUE(moe.sparse_layer(1));
+  held = shapes_of(moe);
+  EXPECT_EQ(held["model.layers.1.block_sparse_moe.input_linear.weight"],
+            (std::vector<std::int64_t>{4, 2 * 8192, 2560}));
+  EXPECT_EQ(held["model.layers.1.shared_mlp.input_linear.weight"],
+            (std::vector<std::int64_t>{2 * 8192, 2560}));
+  const ModelConfig moe_back = parse_model_config(model_config_to_json(moe), "round trip");
+  EXPECT_TRUE(config_differences(moe, moe_back).empty()) << config_differences(moe, moe_back)[0];
+  // Refused: Mamba layers, layer_types missing or short, the counts missing or
+  // both 0, another position embedding, another head_dim.
+  EXPECT_TRUE(refused(replaced(micro, R"(["attention","attention"])", R"(["attention","mamba"])"),
+                      "layer_types[1] is \"mamba\": GraniteMoeHybrid's Mamba layers are not "
+                      "supported"));
+  EXPECT_TRUE(refused(without(micro, {R"("layer_types":["attention","attention"],)"}),
+                      "field 'layer_types' must list the 2 layers of GraniteMoeHybridForCausalLM, "
+                      "got nothing"));
+  // (layers_block_type: the older key, an alias in GraniteMoeHybridConfig)
+  const ModelConfig older =
+      parse_model_config(replaced(micro, R"("layer_types":)", R"("layers_block_type":)"), "c");
+  EXPECT_TRUE(config_differences(c, older).empty()) << config_differences(c, older)[0];
+  EXPECT_TRUE(refused(replaced(micro, R"("layer_types":)",
+                               R"("layers_block_type":["attention",)"
+                               R"("mamba"],"layer_types":)"),
+                      "layer_types [\"attention\",\"attention\"] and layers_block_type "
+                      "[\"attention\",\"mamba\"] differ"));
+  EXPECT_TRUE(refused(replaced(micro, R"("layer_types":["attention","attention"])",
+                               R"("layers_block_type":["mamba","attention"])"),
+                      "layers_block_type[0] is \"mamba\""));
+  EXPECT_TRUE(refused(replaced(micro, R"(["attention","attention"])", R"(["attention"])"),
+                      "field 'layer_types' must list the 2 layers"));
+  EXPECT_TRUE(refused(without(micro, {R"("num_local_experts":0,)"}),
+                      "field 'num_local_experts' must be a non-negative integer (0 for a model "
+                      "without experts), got nothing"));
+  EXPECT_TRUE(refused(without(micro, {R"("shared_intermediate_size":8192,)"}),
+                      "field 'shared_intermediate_size' must be a non-negative integer"));
+  EXPECT_TRUE(refused(
+      replaced(micro, R"("shared_intermediate_size":8192)", R"("shared_intermediate_size":0)"),
+      "num_local_experts and shared_intermediate_size are both 0"));
+  EXPECT_TRUE(refused(replaced(micro, R"("position_embedding_type":"rope")",
+                               R"("position_embedding_type":"alibi")"),
+                      "position_embedding_type \"alibi\" is not \"rope\", \"nope\" or null"));
+  EXPECT_TRUE(
+      refused(replaced(micro, R"("hidden_size":2560)", R"("hidden_size":2560,"head_dim":128)"),
+              "GraniteMoeHybridForCausalLM takes head_dim as hidden_size / num_attention_heads "
+              "(vLLM's granitemoehybrid.py reads no head_dim)"));
+}
+
+// GraniteMoeShared (vLLM's granitemoeshared.py): GraniteMoE's experts and a
+// shared MLP of shared_intermediate_size in every layer (0 when absent:
+// GraniteMoE's layout); no biases.
+TEST(Config, GraniteMoeSharedKeysAsHuggingFaceWritesThem) {
+  const std::string shared = R"({"architectures":["GraniteMoeSharedForCausalLM"],
+    "attention_bias":false,"attention_multiplier":0.0078125,"embedding_multiplier":12.0,
+    "hidden_act":"silu","hidden_size":1024,"intermediate_size":512,"logits_scaling":6.0,
+    "model_type":"granitemoeshared","num_attention_heads":16,"num_experts_per_tok":8,
+    "num_hidden_layers":2,"num_key_value_heads":8,"num_local_experts":32,
+    "residual_multiplier":0.22,"rms_norm_eps":1e-06,"rope_theta":10000,
+    "shared_intermediate_size":1536,"tie_word_embeddings":true,"torch_dtype":"bfloat16",
+    "vocab_size":49155})";
+  const ModelConfig c = parse_model_config(shared, "config.json");
+  EXPECT_EQ(c.num_experts, 32);
+  EXPECT_EQ(c.moe_intermediate_size, 512);
+  EXPECT_EQ(c.shared_mlp_intermediate_size, 1536);
+  auto held = shapes_of(c);
+  EXPECT_EQ(held["model.layers.0.shared_mlp.input_linear.weight"],
+            (std::vector<std::int64_t>{2 * 1536, 1024}));
+  EXPECT_EQ(held["model.layers.0.shared_mlp.output_linear.weight"],
+            (std::vector<std::int64_t>{1024, 1536}));
+  EXPECT_EQ(held["model.layers.0.block_sparse_moe.input_linear.weight"],
+            (std::vector<std::int64_t>{32, 2 * 512, 1024}));
+  // (embed; per layer 2 norms, q/k/v/o, three stacked experts' tensors, two shared; norm)
+  EXPECT_EQ(held.size(), 1 + 2 * 11 + 1u);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+  const ModelConfig plain =
+      parse_model_config(without(shared, {R"("shared_intermediate_size":1536,)"}), "c");
+  EXPECT_EQ(plain.shared_mlp_intermediate_size, 0);
+  EXPECT_EQ(shapes_of(plain).count("model.layers.0.shared_mlp.input_linear.weight"), 0u);
+  EXPECT_TRUE(refused(replaced(shared, R"("attention_bias":false)", R"("attention_bias":true)"),
+                      "attention_bias true is refused for GraniteMoeSharedForCausalLM"));
+  EXPECT_TRUE(refused(
+      replaced(shared, R"("shared_intermediate_size":1536)", R"("shared_intermediate_size":null)"),
+      "field 'shared_intermediate_size' must be a non-negative integer"));
+  ModelConfig odd = c;  // (a shared MLP that 16 ranks cannot split)
+  odd.shared_mlp_intermediate_size = 1000;
+  EXPECT_NO_THROW(ShardingRules(c, 16));
+  try {
+    ShardingRules(odd, 16);
+    ADD_FAILURE() << "a shared_intermediate_size of 1000 split 16 ways was not refused";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("shared_intermediate_size"), std::string::npos)
+        << e.what();
+  }
+}
 
 // GraniteMoE as granite-3.0-1b-a400m's config writes it (2 of its 24 layers):
 // Granite's scaling and Mixtral's experts, which its checkpoint stacks in
@@ -1551,7 +1736,7 @@ TEST(Config, WrongConfigsNameTheirField) {
                 "Exaone4ForCausalLM, "
                 "GemmaForCausalLM, "
                 "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, "
-                "GraniteMoeForCausalLM, "
+                "GraniteMoeForCausalLM, GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM, "
                 "LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, "
                 "Phi3ForCausalLM, Qwen2ForCausalLM, "

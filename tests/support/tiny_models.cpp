@@ -160,6 +160,35 @@ ModelConfig tiny_config(const std::string& name) {
       "rms_norm_eps":1e-05,"rope_theta":10000.0,"sliding_window":null,
       "sliding_window_pattern":null,"layer_types":["full_attention","full_attention"],
       "tie_word_embeddings":true,"torch_dtype":"bfloat16"})";
+  else if (name == "granite_moe_shared")  // GraniteMoeShared: GraniteMoE's 8 experts of 16
+    // (top 2) and a shared MLP of 48 in every layer; untied
+    json = R"({"architectures":["GraniteMoeSharedForCausalLM"],"hidden_size":64,
+      "intermediate_size":16,"shared_intermediate_size":48,"num_hidden_layers":2,
+      "num_attention_heads":8,"num_key_value_heads":2,"vocab_size":110,"num_local_experts":8,
+      "num_experts_per_tok":2,"embedding_multiplier":4.0,"attention_multiplier":0.25,
+      "residual_multiplier":0.75,"logits_scaling":3.0,"attention_bias":false,"hidden_act":"silu",
+      "tie_word_embeddings":false,"rms_norm_eps":1e-06,"torch_dtype":"bfloat16"})";
+  else if (name == "granite_hybrid")  // (granite-4.0-micro's form) GraniteMoeHybrid with
+    // attention layers only and no experts: the shared MLP of 80 is each layer's MLP; rotary
+    // at 1e7; q/k/v and o_proj biases (attention_bias); tied
+    json = R"({"architectures":["GraniteMoeHybridForCausalLM"],"hidden_size":64,
+      "intermediate_size":80,"shared_intermediate_size":80,"num_local_experts":0,
+      "num_experts_per_tok":0,"layer_types":["attention","attention"],"num_hidden_layers":2,
+      "num_attention_heads":8,"num_key_value_heads":2,"vocab_size":130,
+      "position_embedding_type":"rope","rope_theta":10000000,"embedding_multiplier":12.0,
+      "attention_multiplier":0.0078125,"residual_multiplier":0.22,"logits_scaling":10.0,
+      "attention_bias":true,"mamba_n_heads":128,"hidden_act":"silu","tie_word_embeddings":true,
+      "rms_norm_eps":1e-05,"torch_dtype":"bfloat16"})";
+  else if (name == "granite_hybrid_moe")  // GraniteMoeHybrid with attention layers only,
+    // 8 experts of 16 (top 2) and a shared MLP of 32; no rotary (position_embedding_type
+    // "nope"); untied
+    json = R"({"architectures":["GraniteMoeHybridForCausalLM"],"hidden_size":64,
+      "intermediate_size":16,"shared_intermediate_size":32,"num_local_experts":8,
+      "num_experts_per_tok":2,"layer_types":["attention","attention"],"num_hidden_layers":2,
+      "num_attention_heads":8,"num_key_value_heads":2,"vocab_size":120,
+      "position_embedding_type":"nope","embedding_multiplier":2.0,"attention_multiplier":0.5,
+      "residual_multiplier":0.5,"logits_scaling":4.0,"attention_bias":false,"hidden_act":"silu",
+      "tie_word_embeddings":false,"rms_norm_eps":1e-05,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -231,10 +260,13 @@ bool qwen3(const ModelConfig& c) {
   return c.architecture.rfind("Qwen3", 0) == 0;
 }
 
-// Mixtral's experts and router: Mixtral's own, and GraniteMoE's once its
-// checkpoint's stacked experts are taken apart (unstacked()).
+// Mixtral's experts and router (block_sparse_moe: w1, w3, w2): Mixtral's own,
+// and the Granite lines' with experts once their checkpoint's stacked experts
+// are taken apart (unstacked()).
 bool mixtral(const ModelConfig& c) {
-  return c.architecture == "MixtralForCausalLM" || c.architecture == "GraniteMoeForCausalLM";
+  return c.architecture == "MixtralForCausalLM" || c.architecture == "GraniteMoeForCausalLM" ||
+         c.architecture == "GraniteMoeSharedForCausalLM" ||
+         c.architecture == "GraniteMoeHybridForCausalLM";
 }
 
 bool gemma(const ModelConfig& c) {  // (Gemma, Gemma 2 and Gemma 3)
@@ -344,6 +376,11 @@ LayerAttention layer_attention(const ModelConfig& c) {
   const bool olmo3 = c.architecture == "Olmo3ForCausalLM" ||
                      (c.architecture == "Olmo2ForCausalLM" && j.contains("layer_types"));
   const bool cohere2 = c.architecture == "Cohere2ForCausalLM";
+  // GraniteMoeHybrid turns rotary only where position_embedding_type is "rope"
+  if (c.architecture == "GraniteMoeHybridForCausalLM") {
+    g.full_unturned = j.value("position_embedding_type", nlohmann::json()) != "rope";
+    return g;
+  }
   if (c.architecture != "Gemma2ForCausalLM" && !gemma3(c) && !olmo3 && !cohere2 && !exaone4(c))
     return g;
   auto number = [&](const char* key, double fallback) {
@@ -406,7 +443,7 @@ struct GraniteScales {
 
 GraniteScales granite_scales(const ModelConfig& c) {
   GraniteScales g;
-  if (c.architecture != "GraniteForCausalLM" && c.architecture != "GraniteMoeForCausalLM") return g;
+  if (c.architecture.rfind("Granite", 0) != 0) return g;  // (every Granite line)
   const nlohmann::json j = nlohmann::json::parse(c.json);
   g.embedding = j.value("embedding_multiplier", 1.0);
   g.attention = j.value("attention_multiplier", 1.0);
@@ -419,8 +456,18 @@ at::Tensor capped(const at::Tensor& x, double cap) {
   return cap > 0 ? cap * at::tanh(x / cap) : x;
 }
 
+// Granite's shared MLP's intermediate size, as the config's JSON says (read
+// here: shared_intermediate_size, 0 when absent or null).
+std::int64_t shared_mlp_size(const ModelConfig& c) {
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  return j.contains("shared_intermediate_size") && j["shared_intermediate_size"].is_number()
+             ? j["shared_intermediate_size"].get<std::int64_t>()
+             : 0;
+}
+
 bool sparse(const ModelConfig& c, std::int64_t layer) {
-  if (mixtral(c)) return true;
+  // (GraniteMoeHybrid without experts: num_local_experts 0, read here)
+  if (mixtral(c)) return nlohmann::json::parse(c.json).value("num_local_experts", 8) > 0;
   if (c.architecture != "Qwen3MoeForCausalLM" && c.architecture != "Qwen2MoeForCausalLM")
     return false;
   if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
@@ -531,6 +578,12 @@ std::map<std::string, at::Tensor> unstacked(const ModelConfig& c,
           out[x + "w2.weight"] = t[e];
         }
       }
+    } else if (const auto at_shared = name.find("shared_mlp.input_linear.");
+               at_shared != std::string::npos) {
+      // Granite's shared MLP: gate's rows the first half, up's the second.
+      const std::string p = name.substr(0, at_shared) + "shared_mlp.";
+      out[p + "gate_proj.weight"] = rows(t, 0, t.size(0) / 2);
+      out[p + "up_proj.weight"] = rows(t, t.size(0) / 2, t.size(0) / 2);
     } else if (at_gate_up != std::string::npos) {
       const std::string p = name.substr(0, at_gate_up) + "mlp.",
                         leaf = name.substr(at_gate_up + std::strlen("mlp.gate_up_proj"));
@@ -587,11 +640,27 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
       for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
         out[p + norm] = ckpt.at(p + norm);
     }
+    // Granite's shared MLP: split as a dense MLP whatever the experts do
+    // (gate's and up's rows r of tp stacked into input_linear, output_linear's
+    // columns r of tp).
+    const std::string shared = p + "shared_mlp.";
+    const std::int64_t si = shared_mlp_size(c);
+    if (si > 0) {
+      if (ckpt.at(shared + "gate_proj.weight").size(0) != si)
+        throw std::runtime_error(shared + "gate_proj's rows are not the config's " +
+                                 std::to_string(si));
+      const std::int64_t il = si / tp;
+      out[shared + "input_linear.weight"] =
+          at::cat({rows(ckpt.at(shared + "gate_proj.weight"), r * il, il),
+                   rows(ckpt.at(shared + "up_proj.weight"), r * il, il)});
+      out[shared + "output_linear.weight"] =
+          ckpt.at(shared + "output_linear.weight").slice(1, r * il, r * il + il);
+    }
     if (sparse(c, l)) {
       expected_experts(c, ckpt, p, tp, r, expert_parallel, out);
       continue;
     }
-    expected_mlp(ckpt, p + "mlp.", tp, r, out);
+    if (si == 0) expected_mlp(ckpt, p + "mlp.", tp, r, out);
   }
   return out;
 }
@@ -856,9 +925,16 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
                          : post_norms(c) ? h
                          : sandwich      ? normed(h, "pre_feedforward_layernorm.weight")
                                          : normed(h, "post_attention_layernorm.weight");
+    // Granite's shared MLP: added to the experts' output, or the whole MLP.
+    const std::string shared = p + "shared_mlp.";
+    const bool has_shared = shared_mlp_size(c) > 0;
     at::Tensor mlp = sparse(c, l) ? moe(c, ckpt, p, y)
+                     : has_shared ? at::zeros_like(y)
                                   : swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj",
                                            p + "mlp.down_proj");
+    if (has_shared)
+      mlp = mlp +
+            swiglu(c, ckpt, y, shared + "gate_proj", shared + "up_proj", shared + "output_linear");
     if (sandwich || post_norms(c)) mlp = normed(mlp, "post_feedforward_layernorm.weight");
     if (glm4(c)) mlp = normed(mlp, "post_mlp_layernorm.weight");
     h = h + mlp * gs.residual;
@@ -901,9 +977,11 @@ void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scal
 
 bool int8_linear(const std::string& param) {
   if (param.rfind("model.layers.", 0) != 0) return false;
-  // (the dense MLP's and, as vLLM quantizes it, Qwen2-MoE's shared expert's)
-  for (const char* leaf : {".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight",
-                           ".gate_up_proj.weight", ".down_proj.weight"})
+  // (the dense MLP's and, as vLLM quantizes them, Qwen2-MoE's shared expert's
+  // and Granite's shared MLP's)
+  for (const char* leaf :
+       {".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight", ".gate_up_proj.weight",
+        ".down_proj.weight", ".shared_mlp.input_linear.weight", ".shared_mlp.output_linear.weight"})
     if (param.size() > std::strlen(leaf) &&
         param.compare(param.size() - std::strlen(leaf), std::strlen(leaf), leaf) == 0)
       return true;

@@ -76,11 +76,33 @@ namespace tpreload::testdata {
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
-inline const char* const kTinyConfigs[] = {
-    "llama_gqa", "qwen2_tied", "mistral_mqa",    "qwen3_dense", "qwen3_moe",    "qwen3_moe_plain",
-    "qwen2_moe", "mixtral",    "llama_mlp_bias", "phi3",        "gemma",        "gemma2",
-    "gemma3",    "granite",    "olmo2",          "olmo3",       "glm4",         "ernie45",
-    "cohere",    "cohere2",    "cohere_plus",    "exaone4",     "exaone4_full", "granite_moe"};
+inline const char* const kTinyConfigs[] = {"llama_gqa",
+                                           "qwen2_tied",
+                                           "mistral_mqa",
+                                           "qwen3_dense",
+                                           "qwen3_moe",
+                                           "qwen3_moe_plain",
+                                           "qwen2_moe",
+                                           "mixtral",
+                                           "llama_mlp_bias",
+                                           "phi3",
+                                           "gemma",
+                                           "gemma2",
+                                           "gemma3",
+                                           "granite",
+                                           "olmo2",
+                                           "olmo3",
+                                           "glm4",
+                                           "ernie45",
+                                           "cohere",
+                                           "cohere2",
+                                           "cohere_plus",
+                                           "exaone4",
+                                           "exaone4_full",
+                                           "granite_moe",
+                                           "granite_moe_shared",
+                                           "granite_hybrid",
+                                           "granite_hybrid_moe"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // and GraniteMoE's stacked), with
@@ -107,7 +129,9 @@ std::unique_ptr<WeightSource> memory_source(const std::map<std::string, at::Tens
 // of v_proj; mlp.gate_up_proj: gate's rows the first half, up's the second;
 // weights and biases; GraniteMoE's block_sparse_moe.input_linear [E, 2I, H]:
 // expert e's w1 the first I rows of [e], its w3 the next; output_linear [E, H,
-// I]: its w2 [e]; router.layer: the router, gate), every other tensor as it is.
+// I]: its w2 [e]; router.layer: the router, gate; Granite's
+// shared_mlp.input_linear: gate_proj's rows the first half, up_proj's the
+// second), every other tensor as it is.
 std::map<std::string, at::Tensor> unstacked(const ModelConfig& config,
                                             const std::map<std::string, at::Tensor>& ckpt);
 

@@ -1,6 +1,7 @@
 // A Hugging Face config.json for the model families tpreload knows
 // (CohereForCausalLM, Cohere2ForCausalLM, Ernie4_5ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
-// Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM,
+// Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
+// GraniteMoeSharedForCausalLM, GraniteMoeHybridForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM,
 // Olmo3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
 // Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it
 // holds. No torch here: the checkpoint tool and the checkpoint layer's tests use it too.
@@ -192,6 +193,13 @@ struct ModelConfig {
   // intermediate size whose output is scaled by sigmoid(shared_expert_gate);
   // 0 for none.
   std::int64_t shared_expert_intermediate_size = 0;
+  // Granite's shared MLP (GraniteMoeShared and GraniteMoeHybrid:
+  // `shared_intermediate_size`; vLLM's GraniteMoeSharedMLP): every layer's
+  // shared_mlp, a SwiGLU MLP whose input_linear [2 x this, hidden] stacks its
+  // gate rows then its up rows and whose output_linear is [hidden, this],
+  // added to the experts' output where the layer has experts, the layer's
+  // whole MLP where it has none; 0 for none.
+  std::int64_t shared_mlp_intermediate_size = 0;
   DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
   std::string json;               // the original text, for kernel_format.json
 
@@ -287,8 +295,10 @@ struct CheckpointTensorSpec {
 // router and every expert's three projections as moe_names() spells them
 // (sparse layers; GraniteMoE: block_sparse_moe.input_linear, output_linear and
 // router.layer, every expert in each; then Qwen2-MoE's
-// mlp.shared_expert.{gate,up,down}_proj and mlp.shared_expert_gate); then
-// model.norm.weight and lm_head.weight (untied only).
+// mlp.shared_expert.{gate,up,down}_proj and mlp.shared_expert_gate), Granite's
+// shared_mlp.input_linear and output_linear beside them or alone
+// (shared_mlp_intermediate_size); then model.norm.weight and lm_head.weight
+// (untied only).
 std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& config);
 
 // The tensors a checkpoint for `config` stacks by rows (RowSplit): Phi-3's
@@ -300,7 +310,9 @@ std::vector<CheckpointTensorSpec> checkpoint_tensor_specs(const ModelConfig& con
 // last dimension (RowSplit::flat): block_sparse_moe.input_linear.weight [E, 2 x
 // I, hidden] as each expert's w1 (gate) then w3 (up), output_linear.weight [E,
 // hidden, I] as each expert's w2, and router.layer.weight [E, hidden] as the
-// router, block_sparse_moe.gate.weight; none for the other families.
+// router, block_sparse_moe.gate.weight; Granite's shared MLP's
+// shared_mlp.input_linear.weight [2 x S, hidden] as shared_mlp.gate_proj then
+// shared_mlp.up_proj (names of the view alone); none for the other families.
 std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& config);
 
 // What the weight loaders take: checkpoint_tensor_specs() with every stacked

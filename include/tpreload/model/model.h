@@ -154,7 +154,8 @@ class TensorParallelModel : public ReloadTarget {
   at::Tensor host_param(const std::string& name) const;
   at::Tensor weight_f32(const std::string& module) const;
   at::Tensor linear(const at::Tensor& x, const std::string& module, bool add_bias = true) const;
-  at::Tensor dense_mlp(const at::Tensor& y, const std::string& prefix) const;
+  at::Tensor dense_mlp(const at::Tensor& y, const std::string& prefix,
+                       const char* gate_up = "gate_up_proj", const char* down = "down_proj") const;
   at::Tensor experts(const at::Tensor& y, const std::string& prefix) const;
   // Run `writes` whose source is the host block `bytes` (staged on the device first).
   void apply_block(const std::vector<RowWrite>& writes, ConstBytes bytes);

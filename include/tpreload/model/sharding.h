@@ -10,7 +10,8 @@
 //  - row-parallel (o_proj, down_proj): split input dim 1; a bias is not split;
 //  - QKV: qkv_proj = [q shard; k shard; v shard]; when tp > num_key_value_heads a
 //    KV head is replicated: rank r holds KV head r / (tp / num_kv_heads);
-//  - merged column: gate_up_proj = [gate shard; up shard];
+//  - merged column: gate_up_proj = [gate shard; up shard] (Granite's shared MLP:
+//    shared_mlp.input_linear, its output_linear row-parallel);
 //  - vocab-parallel (embed_tokens, lm_head): vocab padded up to a multiple of 64,
 //    split evenly; rows past the real vocab are zero;
 //  - RMSNorm weights (and the q_norm/k_norm of one weight for every head,
@@ -168,7 +169,8 @@ class ShardingRules {
 
 // What a checkpoint-format load reads of `source`: the source with the
 // config's stacked tensors (stacked_checkpoint_tensors(): Phi-3's qkv_proj and
-// gate_up_proj, GLM-4's gate_up_proj, GraniteMoE's experts) listed as the parts
+// gate_up_proj, GLM-4's gate_up_proj, GraniteMoE's experts, Granite's shared
+// MLP's input_linear) listed as the parts
 // the rules take (make_row_split_source(),
 // which `source` must outlive), as vLLM's weight loaders split them; null when
 // the config stacks none or `source` is kernel format (already the model's

@@ -112,7 +112,9 @@ enum class Stacked {
   // GraniteMoE's experts: block_sparse_moe.input_linear [E, 2 x I, hidden]
   // (each expert's gate rows, then its up rows), output_linear [E, hidden, I]
   // and the router's router.layer [E, hidden], as vLLM's granitemoe.py splits
-  // them into Mixtral's w1, w3, w2 and gate
+  // them into Mixtral's w1, w3, w2 and gate; and the shared MLP's
+  // shared_mlp.input_linear [2 x S, hidden] (gate rows, then up rows), as
+  // vLLM's MergedColumnParallelLinear splits it
   kExperts,
 };
 enum class Experts {
@@ -134,9 +136,14 @@ enum class Line {
   kGemma3,
   // Granite: its embedding, attention, residual and logits scaling; GraniteMoE
   // (vLLM's granitemoe.py): and Mixtral's experts, no biases, head_dim from the
-  // heads.
+  // heads; GraniteMoeShared (granitemoeshared.py): and a shared MLP beside the
+  // experts; GraniteMoeHybrid (granitemoehybrid.py) with attention layers
+  // only: experts or none, a shared MLP or none, attention biases as
+  // attention_bias says, rotary or none by position_embedding_type.
   kGranite,
   kGraniteMoe,
+  kGraniteMoeShared,
+  kGraniteMoeHybrid,
   // OLMo 2: post-norms only, q and k normed over the whole projection; OLMo 3:
   // and its sliding windows (vLLM serves both with its olmo2.py).
   kOlmo2,
@@ -175,7 +182,11 @@ struct Family {
   }
   bool olmo() const { return line == Line::kOlmo2 || line == Line::kOlmo3; }
   bool cohere() const { return line == Line::kCohere || line == Line::kCohere2; }
-  bool granite() const { return line == Line::kGranite || line == Line::kGraniteMoe; }
+  bool granite() const { return line == Line::kGranite || granite_moe(); }
+  bool granite_moe() const {
+    return line == Line::kGraniteMoe || line == Line::kGraniteMoeShared ||
+           line == Line::kGraniteMoeHybrid;
+  }
 };
 constexpr Family kFamilies[] = {
     // (vLLM's CohereAttention and CohereMLP: no biases whatever the config says)
@@ -212,6 +223,14 @@ constexpr Family kFamilies[] = {
     // three tensors a layer; no biases, head_dim hidden_size / heads)
     {"GraniteMoeForCausalLM", 0, 0, 1e4, 1e-6, Biases::kNone, QkNorm::kNone, Experts::kMixtral,
      Stacked::kExperts, Line::kGraniteMoe},
+    // (vLLM's GraniteMoeHybridAttention: q/k/v and o_proj biases as
+    // attention_bias says; its experts, where num_local_experts is not 0,
+    // GraniteMoE's)
+    {"GraniteMoeHybridForCausalLM", 0, 0, 1e4, 1e-6, Biases::kQkvAndO, QkNorm::kNone,
+     Experts::kMixtral, Stacked::kExperts, Line::kGraniteMoeHybrid},
+    // (vLLM's granitemoeshared.py: GraniteMoE's layers and a shared MLP)
+    {"GraniteMoeSharedForCausalLM", 0, 0, 1e4, 1e-6, Biases::kNone, QkNorm::kNone,
+     Experts::kMixtral, Stacked::kExperts, Line::kGraniteMoeShared},
     {"LlamaForCausalLM", 0, 0, 1e4, 1e-6, Biases::kLlama, QkNorm::kNone, Experts::kNone,
      Stacked::kNone},
     {"MistralForCausalLM", 8, 0, 1e4, 1e-6, Biases::kLlama, QkNorm::kNone, Experts::kNone,
@@ -434,19 +453,80 @@ void head_dim_from_heads(const ModelConfig& c, const std::string& origin, const 
                       c.num_attention_heads, " heads is not hidden_size ", c.hidden_size);
 }
 
+// A non-negative integer at `key`, which must be present: for settings
+// whose defaults are not certain enough to assume.
+std::int64_t required_count(const json& j, const char* key, const std::string& origin,
+                            const char* why) {
+  if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<std::int64_t>() < 0)
+    raise<ModelError>(origin, ": field '", key, "' must be a non-negative integer (", why,
+                      "), got ", j.contains(key) ? j[key].dump() : std::string("nothing"));
+  return j[key].get<std::int64_t>();
+}
+
+// GraniteMoeHybrid's keys (vLLM's granitemoehybrid.py) for a model whose every
+// layer is attention: Mamba layers refused; num_local_experts and
+// shared_intermediate_size required (0 for none; not both); rotary where
+// position_embedding_type is "rope", none where it is "nope", null or absent
+// (as Hugging Face's and vLLM's models turn it only for "rope").
+void parse_granite_hybrid(const json& j, const std::string& origin, ModelConfig& c) {
+  // (layers_block_type: the older key, GraniteMoeHybridConfig's alias of it)
+  const bool older = !j.contains("layer_types") && j.contains("layers_block_type");
+  const char* key = older ? "layers_block_type" : "layer_types";
+  if (j.contains("layer_types") && j.contains("layers_block_type") &&
+      j["layer_types"] != j["layers_block_type"])
+    raise<ModelError>(origin, ": layer_types ", j["layer_types"].dump(), " and layers_block_type ",
+                      j["layers_block_type"].dump(), " differ");
+  const json types = j.contains(key) ? j[key] : json();
+  if (!types.is_array() || static_cast<std::int64_t>(types.size()) != c.num_hidden_layers)
+    raise<ModelError>(origin, ": field '", key, "' must list the ", c.num_hidden_layers,
+                      " layers of GraniteMoeHybridForCausalLM, got ",
+                      j.contains(key) ? types.dump() : std::string("nothing"));
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (types[l] == "mamba")
+      raise<ModelError>(origin, ": ", key, "[", l,
+                        "] is \"mamba\": GraniteMoeHybrid's Mamba layers are not supported, "
+                        "only models whose every layer is \"attention\" (as granite-4.0-micro)");
+    if (types[l] != "attention")
+      raise<ModelError>(origin, ": ", key, "[", l, "] is ", types[l].dump(),
+                        ", not \"attention\" or \"mamba\"");
+  }
+  c.num_experts = required_count(j, "num_local_experts", origin, "0 for a model without experts");
+  c.shared_mlp_intermediate_size =
+      required_count(j, "shared_intermediate_size", origin, "0 for a model without a shared MLP");
+  if (c.num_experts == 0 && c.shared_mlp_intermediate_size == 0)
+    raise<ModelError>(origin,
+                      ": num_local_experts and shared_intermediate_size are both 0: the layers "
+                      "would have no MLP");
+  const json rope = j.contains("position_embedding_type") ? j["position_embedding_type"] : json();
+  if (!rope.is_null() && rope != "rope" && rope != "nope")
+    raise<ModelError>(origin, ": position_embedding_type ", rope.dump(),
+                      " is not \"rope\", \"nope\" or null");
+  c.nope_full_layers = rope != "rope";  // (no sliding layers: every layer then)
+}
+
 // Granite's multipliers (GraniteConfig: 1 when absent; vLLM's granite.py takes
 // attention_multiplier as the attention's scale itself), and its MLP's
-// activation, which vLLM's GraniteMLP takes as silu only. GraniteMoE (`moe`):
-// head_dim from the heads and no biases, as vLLM's granitemoe.py builds them
-// (Hugging Face's model would take attention_bias: refused).
-void parse_granite(const json& j, const std::string& origin, bool moe, ModelConfig& c) {
+// activation, which vLLM's GraniteMLP takes as silu only. The lines with
+// experts: head_dim from the heads; GraniteMoE and GraniteMoeShared without
+// biases, as vLLM's granitemoe.py builds them (Hugging Face's model would
+// take attention_bias: refused); GraniteMoeShared's shared MLP
+// (shared_intermediate_size, 0 when absent, GraniteMoeSharedConfig's);
+// GraniteMoeHybrid's keys.
+void parse_granite(const json& j, const std::string& origin, Line line, ModelConfig& c) {
   silu_only(j, origin, c);
-  if (moe) {
-    head_dim_from_heads(c, origin, "granitemoe.py");
+  if (line == Line::kGraniteMoeHybrid) {
+    head_dim_from_heads(c, origin, "granitemoehybrid.py");
+    parse_granite_hybrid(j, origin, c);
+  } else if (line != Line::kGranite) {
+    head_dim_from_heads(c, origin,
+                        line == Line::kGraniteMoe ? "granitemoe.py" : "granitemoeshared.py");
     if (flag(j, "attention_bias", origin))
       raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
-                        " (vLLM's model builds no biases; no released GraniteMoE sets it)");
+                        " (vLLM's model builds no biases; no released model of it sets it)");
   }
+  if (line == Line::kGraniteMoeShared && j.contains("shared_intermediate_size"))
+    c.shared_mlp_intermediate_size =
+        required_count(j, "shared_intermediate_size", origin, "0 for a model without a shared MLP");
   // (null refused: vLLM would multiply by None, transformers 5 refuses it)
   c.embedding_multiplier = positive_number_or(j, "embedding_multiplier", 1, origin);
   c.attention_multiplier = positive_number_or(j, "attention_multiplier", 1, origin);
@@ -941,7 +1021,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.qk_norm = f.qk_norm;
   if (f.line == Line::kExaone4) parse_exaone4(j, origin, c);
   if (f.olmo()) parse_olmo(j, per_type, origin, f.line == Line::kOlmo3, c);
-  if (f.granite()) parse_granite(j, origin, f.line == Line::kGraniteMoe, c);
+  if (f.granite()) parse_granite(j, origin, f.line, c);
   if (f.cohere()) parse_cohere(j, origin, f.line == Line::kCohere2, c);
   // (vLLM's LlamaForCausalLM, which serves Llama, Mistral, Phi-3 and ERNIE 4.5,
   // multiplies the logits by a logit_scale where the config has one)
@@ -958,7 +1038,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     raise<ModelError>(origin,
                       ": use_bias true is refused for Ernie4_5ForCausalLM (vLLM's model takes no "
                       "biases; no released ERNIE 4.5 sets it)");
-  if (f.experts != Experts::kNone) parse_experts(j, origin, f.experts, c);
+  // (GraniteMoeHybrid's experts as GraniteMoE's, where it has any)
+  if (f.experts != Experts::kNone && !(f.line == Line::kGraniteMoeHybrid && c.num_experts == 0))
+    parse_experts(j, origin, f.experts, c);
   c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
   c.json = text;
@@ -1034,7 +1116,9 @@ std::string model_config_to_json(const ModelConfig& c) {
   }
   // (the Gemmas', OLMo 3's, Cohere 2's and EXAONE 4's windows; EXAONE 4's
   // null where it has none, which its config class would default to 4096)
-  if (gemma2_or_3 || c.sliding_rope_theta > 0 || c.nope_full_layers || f.line == Line::kExaone4) {
+  const bool hybrid = f.line == Line::kGraniteMoeHybrid;
+  if (gemma2_or_3 || c.sliding_rope_theta > 0 || (c.nope_full_layers && !hybrid) ||
+      f.line == Line::kExaone4) {
     j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
     json types = json::array();
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
@@ -1062,9 +1146,15 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["residual_multiplier"] = c.residual_multiplier;
     j["logits_scaling"] = c.logits_scaling;
   }
+  if (hybrid) {  // (every layer attention)
+    j["layer_types"] = std::vector<std::string>(c.num_hidden_layers, "attention");
+    j["position_embedding_type"] = c.nope_full_layers ? "nope" : "rope";
+  }
+  if (f.granite_moe() && f.line != Line::kGraniteMoe)
+    j["shared_intermediate_size"] = c.shared_mlp_intermediate_size;
   if (f.experts == Experts::kMixtral) {
     j["num_local_experts"] = c.num_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    if (c.num_experts > 0) j["num_experts_per_tok"] = c.num_experts_per_tok;
   } else if (c.num_experts > 0) {
     j["num_experts"] = c.num_experts;
     j["num_experts_per_tok"] = c.num_experts_per_tok;
@@ -1114,6 +1204,15 @@ std::vector<RowSplit> stacked_experts(const ModelConfig& c, const std::string& p
   return {std::move(in),
           std::move(out),
           {m + "router.layer.weight", {{m + "gate.weight", e}}, false, {e, h}}};
+}
+
+// Granite's shared MLP's input_linear of layer prefix `p`: its gate rows, then
+// its up rows, as vLLM's MergedColumnParallelLinear splits a tensor loaded
+// whole. The parts' names are the view's own (no checkpoint holds them).
+RowSplit stacked_shared_mlp(const ModelConfig& c, const std::string& p) {
+  const std::int64_t si = c.shared_mlp_intermediate_size;
+  return {p + "shared_mlp.input_linear.weight",
+          {{p + "shared_mlp.gate_proj.weight", si}, {p + "shared_mlp.up_proj.weight", si}}};
 }
 
 // `split`'s parts (as the loaders take them), or the stacked tensor (as the
@@ -1166,6 +1265,10 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
     }
     for (const std::string* name : {&norms.attention_out, &norms.mlp_in, &norms.mlp_out})
       push_norm(*name);
+    if (const std::int64_t si = c.shared_mlp_intermediate_size; si > 0) {  // (Granite's)
+      push_stacked(specs, stacked_shared_mlp(c, p), h, stacked == Stacked::kExperts);
+      specs.push_back({p + "shared_mlp.output_linear.weight", {h, si}});
+    }
     if (c.sparse_layer(l) && stacked == Stacked::kExperts) {  // (GraniteMoE's)
       for (const RowSplit& split : stacked_experts(c, p))
         specs.push_back({split.name, split.shape});
@@ -1189,6 +1292,7 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
       }
       continue;
     }
+    if (c.shared_mlp_intermediate_size > 0) continue;  // (the layer's whole MLP)
     push_stacked(specs, stacked_gate_up(c, p, "weight"), h, gate_up);
     specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
     if (c.mlp_bias) {
@@ -1220,6 +1324,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
     if (stacked == Stacked::kExperts) {
       if (c.sparse_layer(l))
         for (RowSplit& split : stacked_experts(c, p)) out.push_back(std::move(split));
+      if (c.shared_mlp_intermediate_size > 0) out.push_back(stacked_shared_mlp(c, p));
       continue;
     }
     if (stacked == Stacked::kQkvAndGateUp) {
@@ -1237,7 +1342,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
     !defined(_GLIBCXX_DEBUG)
-static_assert(sizeof(ModelConfig) == 840,
+static_assert(sizeof(ModelConfig) == 848,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 
@@ -1287,6 +1392,7 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("mlp_only_layers", c.mlp_only_layers);
   field("norm_topk_prob", c.norm_topk_prob);
   field("shared_expert_intermediate_size", c.shared_expert_intermediate_size);
+  field("shared_intermediate_size", c.shared_mlp_intermediate_size);
   field("torch_dtype", c.dtype);
   return out;
 }

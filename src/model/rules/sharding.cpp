@@ -86,7 +86,9 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
                       tp_size_);
   else
     require_divisible(c.num_key_value_heads, tp_size_, "num_key_value_heads", tp_size_);
-  require_divisible(c.intermediate_size, tp_size_, "intermediate_size", tp_size_);
+  // (unread by a model whose only MLP is Granite's shared one)
+  if (c.num_experts > 0 || c.shared_mlp_intermediate_size == 0)
+    require_divisible(c.intermediate_size, tp_size_, "intermediate_size", tp_size_);
   if (expert_parallel_ && c.num_experts == 0)
     raise<ModelError>("expert parallelism needs a mixture-of-experts model; ", c.architecture,
                       " has no experts");
@@ -97,6 +99,7 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
     require_divisible(c.moe_intermediate_size, tp_size_, "moe_intermediate_size", tp_size_);
   require_divisible(c.shared_expert_intermediate_size, tp_size_, "shared_expert_intermediate_size",
                     tp_size_);
+  require_divisible(c.shared_mlp_intermediate_size, tp_size_, "shared_intermediate_size", tp_size_);
   padded_vocab_ = (c.vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   require_divisible(padded_vocab_, tp_size_, "padded vocab size", tp_size_);
   build_rules();
@@ -155,6 +158,10 @@ void ShardingRules::build_rules() {
   const MoeNames names = moe_names(config_);
   for (const auto& spec : loader_tensor_specs(config_)) {
     const NameParts p = split_name(spec.name);
+    const std::string kShared = ".shared_mlp.";
+    const bool shared_mlp =
+        p.prefix.size() > kShared.size() &&
+        p.prefix.compare(p.prefix.size() - kShared.size(), kShared.size(), kShared) == 0;
     Rule rule{spec.name, Role::kWhole, ShardKind::kReplicated, spec.shape};
     if (const auto e = parse_expert(spec.name, names)) {
       rule = {e->prefix + (e->down ? "w2_weight" : "w13_weight"),
@@ -170,6 +177,12 @@ void ShardingRules::build_rules() {
                         : p.module == "k_proj" ? Role::kK
                                                : Role::kV;
       rule = {p.prefix + "qkv_proj." + p.leaf, role, ShardKind::kColumn, spec.shape};
+    } else if (shared_mlp && (p.module == "gate_proj" || p.module == "up_proj")) {
+      // (Granite's shared MLP: vLLM's MergedColumnParallelLinear input_linear)
+      rule = {p.prefix + "input_linear." + p.leaf,
+              p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, spec.shape};
+    } else if (shared_mlp && p.module == "output_linear") {
+      rule.kind = ShardKind::kRow;
     } else if (p.module == "gate_proj" || p.module == "up_proj") {
       rule = {p.prefix + "gate_up_proj." + p.leaf,
               p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, spec.shape};
@@ -201,7 +214,9 @@ void ShardingRules::build_params() {
       spec.shape[0] = qkv_rows;
       spec.shards = 3;
     }
-    if (p.module == "gate_up_proj") {  // (the dense MLP's, or Qwen2-MoE's shared expert's)
+    // (the dense MLP's, Qwen2-MoE's shared expert's, or Granite's shared MLP's)
+    if (p.module == "gate_up_proj" ||
+        (p.module == "input_linear" && rule.kind == ShardKind::kColumn)) {
       spec.shape[0] = 2 * rule.source_shape[0] / tp_size_;
       spec.shards = 2;
     }
