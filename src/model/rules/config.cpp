@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <algorithm>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <type_traits>
@@ -442,6 +443,16 @@ void silu_only(const json& j, const std::string& origin, const ModelConfig& c) {
                       j["hidden_act"].dump());
 }
 
+// Refuses each of `keys` set true, where Hugging Face's model and vLLM's would
+// not compute the same from it: "<key> true is refused for <architecture>
+// (<why>)".
+void refuse_true(const json& j, const std::string& origin, const ModelConfig& c,
+                 std::initializer_list<const char*> keys, const char* why) {
+  for (const char* key : keys)
+    if (flag(j, key, origin))
+      raise<ModelError>(origin, ": ", key, " true is refused for ", c.architecture, " (", why, ")");
+}
+
 // head_dim as hidden_size / num_attention_heads, for the families whose vLLM
 // model (`model_file`) reads no head_dim key: a config whose head_dim differs
 // is refused.
@@ -520,9 +531,8 @@ void parse_granite(const json& j, const std::string& origin, Line line, ModelCon
   } else if (line != Line::kGranite) {
     head_dim_from_heads(c, origin,
                         line == Line::kGraniteMoe ? "granitemoe.py" : "granitemoeshared.py");
-    if (flag(j, "attention_bias", origin))
-      raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
-                        " (vLLM's model builds no biases; no released model of it sets it)");
+    refuse_true(j, origin, c, {"attention_bias"},
+                "vLLM's model builds no biases; no released model of it sets it");
   }
   if (line == Line::kGraniteMoeShared && j.contains("shared_intermediate_size"))
     c.shared_mlp_intermediate_size =
@@ -658,19 +668,16 @@ void parse_cohere(const json& j, const std::string& origin, bool cohere2, ModelC
     raise<ModelError>(origin, ": ", c.architecture,
                       " computes its logits with the embeddings (vLLM's model has no lm_head), "
                       "but the config sets tie_word_embeddings false");
-  if (flag(j, "attention_bias", origin))
-    raise<ModelError>(origin, ": attention_bias true is refused for ", c.architecture,
-                      " (vLLM's model takes no biases; no released Command R sets it)");
+  refuse_true(j, origin, c, {"attention_bias"},
+              "vLLM's model takes no biases; no released Command R sets it");
   // (Command R+: q and k normed per head by its own LayerNorm weights; Cohere
   // 2's config class has no such key and Hugging Face's model no such norms,
   // where vLLM's, which serves both, would apply them)
-  if (flag(j, "use_qk_norm", origin)) {
-    if (cohere2)
-      raise<ModelError>(origin, ": use_qk_norm true is refused for ", c.architecture,
-                        " (Hugging Face's Cohere2Attention has no q/k norms, vLLM's commandr.py "
-                        "would apply them)");
-    c.qk_norm = QkNorm::kPerHead;
-  }
+  if (cohere2)
+    refuse_true(j, origin, c, {"use_qk_norm"},
+                "Hugging Face's Cohere2Attention has no q/k norms, vLLM's commandr.py would "
+                "apply them");
+  if (flag(j, "use_qk_norm", origin)) c.qk_norm = QkNorm::kPerHead;
   c.layer_norm = c.rope_interleaved = true;
   c.norm_layout = NormLayout::kParallel;
   c.logit_scale = positive_number_or(j, "logit_scale", 0.0625, origin);
@@ -740,11 +747,9 @@ void parse_exaone4(const json& j, const std::string& origin, ModelConfig& c) {
     raise<ModelError>(origin, ": ", c.architecture,
                       " needs 'rope_theta' (Hugging Face's Exaone4Config takes 10000 where it is "
                       "absent, vLLM 1000000)");
-  for (const char* key : {"attention_bias", "bias", "mlp_bias"})
-    if (flag(j, key, origin))
-      raise<ModelError>(origin, ": ", key, " true is refused for ", c.architecture,
-                        " (Hugging Face's model builds no biases, vLLM's would read them; no "
-                        "released EXAONE 4 sets it)");
+  refuse_true(j, origin, c, {"attention_bias", "bias", "mlp_bias"},
+              "Hugging Face's model builds no biases, vLLM's would read them; no released "
+              "EXAONE 4 sets it");
   if (positive_number_or(j, "logit_scale", 1, origin) != 1)
     raise<ModelError>(origin, ": logit_scale ", j["logit_scale"].dump(), " is refused for ",
                       c.architecture, " (vLLM's model reads it, Hugging Face's does not)");
@@ -1034,10 +1039,9 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   }
   // (Hugging Face's Ernie4_5 gives every projection a bias with use_bias;
   // vLLM's takes none, and would skip them without a word: other logits)
-  if (f.line == Line::kErnie && flag(j, "use_bias", origin))
-    raise<ModelError>(origin,
-                      ": use_bias true is refused for Ernie4_5ForCausalLM (vLLM's model takes no "
-                      "biases; no released ERNIE 4.5 sets it)");
+  if (f.line == Line::kErnie)
+    refuse_true(j, origin, c, {"use_bias"},
+                "vLLM's model takes no biases; no released ERNIE 4.5 sets it");
   // (GraniteMoeHybrid's experts as GraniteMoE's, where it has any)
   if (f.experts != Experts::kNone && !(f.line == Line::kGraniteMoeHybrid && c.num_experts == 0))
     parse_experts(j, origin, f.experts, c);
