@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <stdexcept>
 
 #include "mpi_test_main.h"
 #include "tpreload/comm/agreement.h"
@@ -298,11 +299,13 @@ TEST(Agreement, NamesWhichRanksHoldWhichValue) {
 
 // An opaque value that lists its items adds the first item that differs, by
 // rank: here the last rank changes entry 2, and rank 1 (from 3 ranks) lists
-// only two entries, so it shows none there. Opaque values whose items are all
-// alike, or that list none, show only their groups.
+// only two entries, so it shows none there; an item of 200 bytes is shown
+// whole. Opaque values whose items are all alike, that list none, or whose
+// items() throws on some rank show only their groups (and no rank hangs).
 TEST(Agreement, AnOpaqueValueWithItemsShowsTheFirstItemThatDiffers) {
   const int rank = world().rank(), size = world().size();
   const bool last = rank == size - 1, short_list = rank == 1 && size > 2;
+  const auto long_item = [](bool changed) { return std::string(200, 'x') + (changed ? "b" : "a"); };
   auto entries = [&] {
     std::vector<std::string> e = {"p0", "p1", last ? "p2 changed" : "p2", "p3"};
     if (short_list) e.resize(2);
@@ -317,7 +320,13 @@ TEST(Agreement, AnOpaqueValueWithItemsShowsTheFirstItemThatDiffers) {
       AgreedValue::opaque_hash(
           "alike items", static_cast<std::uint64_t>(rank % 2),
           [] { return std::vector<std::string>{"same"}; }, "entry"),
-      AgreedValue::opaque_hash("no items", last ? 5 : 4)};
+      AgreedValue::opaque_hash("no items", last ? 5 : 4),
+      AgreedValue::opaque_hash("long items", last ? 7 : 6,
+                               [&] { return std::vector<std::string>{long_item(last)}; }),
+      AgreedValue::opaque_hash("failing items", last ? 9 : 8, [&] {
+        if (last) throw std::runtime_error("cannot list them");
+        return std::vector<std::string>{"fine"};
+      })};
   const std::string error = disagreement_of(values);
   if (size == 1) {
     EXPECT_EQ(error, "no error");
@@ -337,12 +346,18 @@ TEST(Agreement, AnOpaqueValueWithItemsShowsTheFirstItemThatDiffers) {
     layout += "rank 1, another on ";
     entry2 += "none (2 in all) on rank 1, ";
   }
-  layout += last_rank + " (the first that differs: entry 2: " + entry2 + "'p2 changed' on " +
-            last_rank + ")";
-  EXPECT_EQ(error, "ranks disagree on a layout, alike items, no items (told); by rank: " + layout +
-                       "; alike items: one value on " + listed(even) + ", another on " +
-                       listed(odd) + "; no items: one value on " + listed(all_but_last) +
-                       ", another on " + last_rank);
+  layout += last_rank + " (the first that differs, counting from 0: entry 2: " + entry2 +
+            "'p2 changed' on " + last_rank + ")";
+  const std::string others = listed(all_but_last);
+  EXPECT_EQ(error,
+            "ranks disagree on a layout, alike items, no items, long items, failing items (told); "
+            "by rank: " +
+                layout + "; alike items: one value on " + listed(even) + ", another on " +
+                listed(odd) + "; no items: one value on " + others + ", another on " + last_rank +
+                "; long items: one value on " + others + ", another on " + last_rank +
+                " (the first that differs, counting from 0: item 0: '" + long_item(false) +
+                "' on " + others + ", '" + long_item(true) + "' on " + last_rank +
+                "); failing items: one value on " + others + ", another on " + last_rank);
 }
 
 TEST(Barrier, CompletesOnEveryRank) {

@@ -397,7 +397,8 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
            first + ", 30.0 on " + last +
            "; the model's parameters (names, shapes, dtypes, splits, layers, shards): one value "
            "on " +
-           first + ", another on " + last + " (the first that differs: parameter " +
+           first + ", another on " + last +
+           " (the first that differs, counting from 0: parameter " +
            std::to_string(first_down_proj) + ": " + down_proj(96) + " on " + first + ", " +
            down_proj(192) + " on " + last + ")"},
   };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,7 @@ namespace {
 
 constexpr std::size_t kShownGroups = 3;  // values named per part; the rest counted
 constexpr std::size_t kTextWords = 12;   // 96 bytes of a value's text, with its end
+constexpr std::size_t kItemWords = 32;   // 256 of an item's (a parameter's whole line)
 
 // "rank 3", "ranks 0-2, 5" (ascending ranks).
 std::string rank_list(const std::vector<int>& ranks) {
@@ -26,11 +28,11 @@ std::string rank_list(const std::vector<int>& ranks) {
   return out;
 }
 
-// A value's text as it travels: at most kTextWords * 8 - 1 bytes. A longer
-// one keeps its head and tail (where configs' texts differ, often), and a
-// short hash of the whole, so that texts cut alike still show apart.
-std::string clipped(const std::string& text) {
-  constexpr std::size_t kMax = kTextWords * 8 - 1, kTail = 24;
+// A value's text as it travels: at most `words` * 8 - 1 bytes. A longer one
+// keeps its head and tail (where configs' texts differ, often), and a short
+// hash of the whole, so that texts cut alike still show apart.
+std::string clipped(const std::string& text, std::size_t words) {
+  const std::size_t kMax = words * 8 - 1, kTail = 24;
   if (text.size() <= kMax) return text;
   char hash[16];
   std::snprintf(hash, sizeof hash, " #%06llx",
@@ -59,16 +61,24 @@ std::vector<Group> groups_of(const std::uint64_t* held, int size) {
 }
 
 std::string by_rank(Communicator& comm, const std::vector<AgreedValue>& values,
-                    const std::vector<std::size_t>& differ);
+                    const std::vector<std::size_t>& differ, std::size_t words = kTextWords);
 
-// COLLECTIVE (two allreduces, then by_rank's). Where an opaque value with items
-// differs: " (the first that differs: <item> 12: 'a' on ranks 0-2, 'b' on rank
-// 3)", or nothing where some rank lists no items or every item is alike.
+// COLLECTIVE (an allreduce; two more where every rank lists items; then
+// by_rank's where one differs). Where an opaque value with items differs: "
+// (the first that differs, counting from 0: <item> 12: 'a' on ranks 0-2, 'b'
+// on rank 3)", or nothing where some rank lists no items (or failed to) or
+// every item is alike.
 std::string first_item_apart(Communicator& comm, const AgreedValue& v) {
   std::vector<std::string> mine;
-  if (v.items) mine = v.items();
+  bool listed = static_cast<bool>(v.items);
+  try {  // (a rank that cannot list them must still post what the others post)
+    if (listed) mine = v.items();
+  } catch (const std::exception&) {
+    mine.clear();
+    listed = false;
+  }
   // The longest list, and whether every rank has one (0 where some rank has none).
-  std::vector<std::int64_t> lists = {static_cast<std::int64_t>(mine.size()), v.items ? -1 : 0};
+  std::vector<std::int64_t> lists = {static_cast<std::int64_t>(mine.size()), listed ? -1 : 0};
   allreduce_ints(comm, lists, IntOp::kMax);
   if (lists[1] == 0) return {};
   const auto longest = static_cast<std::size_t>(lists[0]);
@@ -83,15 +93,16 @@ std::string first_item_apart(Communicator& comm, const AgreedValue& v) {
   if (first == longest) return {};
   const std::string text = first < mine.size() ? "'" + mine[first] + "'"
                                                : detail::concat("none (", mine.size(), " in all)");
-  return " (the first that differs: " +
-         by_rank(comm, {AgreedValue(detail::concat(v.item, " ", first), text)}, {0}) + ")";
+  return " (the first that differs, counting from 0: " +
+         by_rank(comm, {AgreedValue(detail::concat(v.item, " ", first), text)}, {0}, kItemWords) +
+         ")";
 }
 
 // COLLECTIVE (an allreduce and a gather, then first_item_apart's for each
-// opaque value with items). "<name>: 8 on ranks 0-2, 4 on rank 3; ..." for each
-// of `values` listed in `differ` (the same on every rank).
+// opaque value). "<name>: 8 on ranks 0-2, 4 on rank 3; ..." for each of
+// `values` listed in `differ` (the same on every rank), texts cut to `words`.
 std::string by_rank(Communicator& comm, const std::vector<AgreedValue>& values,
-                    const std::vector<std::size_t>& differ) {
+                    const std::vector<std::size_t>& differ, std::size_t words) {
   // Every rank's value of each part that differs (each rank sets only its own
   // words), then the text of each value shown, from the lowest rank holding it.
   const int size = comm.size();
@@ -110,9 +121,10 @@ std::string by_rank(Communicator& comm, const std::vector<AgreedValue>& values,
   for (std::size_t k = 0, slot = 0; k < differ.size(); ++k) {
     if (values[differ[k]].opaque) continue;
     for (std::size_t g = 0; g < std::min(groups[k].size(), kShownGroups); ++g, ++slot)
-      if (groups[k][g].ranks.front() == comm.rank()) slots[slot] = clipped(values[differ[k]].shown);
+      if (groups[k][g].ranks.front() == comm.rank())
+        slots[slot] = clipped(values[differ[k]].shown, words);
   }
-  const std::vector<std::string> texts = gather_texts(comm, slots, kTextWords);
+  const std::vector<std::string> texts = gather_texts(comm, slots, words);
 
   std::vector<std::string> parts(differ.size());
   for (std::size_t k = 0, slot = 0; k < differ.size(); ++k) {

@@ -101,8 +101,9 @@ struct AgreedValue {
 };
 
 namespace detail {
-// COLLECTIVE (two allreduces; two more where values differ, and four more for
-// each opaque value with items that differs). Empty where every
+// COLLECTIVE (two allreduces; two more where values differ, and for each
+// opaque value that differs one more, two more where every rank lists its
+// items, and two more where an item differs). Empty where every
 // rank passed the same values; otherwise the error agree_on_values raises.
 std::string disagreement(Communicator& comm, const std::vector<AgreedValue>& values,
                          const std::string& consequence);
@@ -115,9 +116,10 @@ std::string disagreement(Communicator& comm, const std::vector<AgreedValue>& val
 // `consequence`, then which ranks hold which value of each: "; by rank:
 // <name>: 8 on ranks 0-2, 4 on rank 3" (an opaque one: "one value on ranks
 // 0-2, another on rank 3"; one with items adds the first that differs: " (the
-// first that differs: parameter 12: 'a' on ranks 0-2, 'b' on rank 3)", a rank
-// whose list ends before it showing "none (12 in all)"). Every bit of a value
-// counts; ranks must list items for the same opaque values.
+// first that differs, counting from 0: parameter 12: 'a' on ranks 0-2, 'b' on
+// rank 3)", each text up to 255 bytes, a rank whose list ends before it
+// showing "none (12 in all)"; where any rank's items() throws, none is shown).
+// Every bit of a value counts.
 template <typename E>
 void agree_on_values(Communicator& comm, const std::vector<AgreedValue>& values,
                      const std::string& consequence) {
