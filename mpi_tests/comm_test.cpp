@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include "mpi_test_main.h"
@@ -358,6 +359,29 @@ TEST(Agreement, AnOpaqueValueWithItemsShowsTheFirstItemThatDiffers) {
                 " (the first that differs, counting from 0: item 0: '" + long_item(false) +
                 "' on " + others + ", '" + long_item(true) + "' on " + last_rank +
                 "); failing items: one value on " + others + ", another on " + last_rank);
+}
+
+// One rank's problem as the same error on every rank: the lowest rank that has
+// one, its text, how many other ranks had one ("1 other rank", "2 other
+// ranks"), and the note for when some ranks had none (rank 0 has none here).
+TEST(AgreeOnProblem, NamesTheLowestRankAndCountsTheOthers) {
+  const int rank = world().rank(), size = world().size();
+  std::optional<std::string> problem;
+  if (rank > 0) problem = "p" + std::to_string(rank);
+  std::string error = "no error";
+  try {
+    agree_on_problem<UsageError>(world(), problem, "testing", "; rank 0 had none");
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  if (size == 1) {
+    EXPECT_EQ(error, "no error");
+    return;
+  }
+  std::string expected = "testing failed on rank 1/" + std::to_string(size) + ": p1";
+  if (size == 3) expected += " (and on 1 other rank)";
+  if (size > 3) expected += " (and on " + std::to_string(size - 2) + " other ranks)";
+  EXPECT_EQ(error, expected + "; rank 0 had none");
 }
 
 TEST(Barrier, CompletesOnEveryRank) {

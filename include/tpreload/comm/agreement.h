@@ -37,8 +37,8 @@ class Agreed final : public E, public AgreedError {
 
 // COLLECTIVE. If any rank has a problem, every rank throws the same `E` (an
 // Agreed<E>) whose message names the lowest such rank, its problem, and how many
-// ranks had one: "<what> failed on rank R/N: <problem> (and on K other ranks)",
-// followed by `if_some_ranks` when some ranks had none.
+// ranks had one: "<what> failed on rank R/N: <problem> (and on K other ranks)"
+// ("1 other rank"), followed by `if_some_ranks` when some ranks had none.
 template <typename E>
 void agree_on_problem(Communicator& comm, const std::optional<std::string>& problem,
                       const std::string& what, const std::string& if_some_ranks = {}) {
@@ -54,7 +54,8 @@ void agree_on_problem(Communicator& comm, const std::optional<std::string>& prob
   comm.broadcast(MutableBytes(message.data(), message.size()), static_cast<int>(first));
   std::string others;
   if (ranks_with_problem > 1)
-    others = detail::concat(" (and on ", ranks_with_problem - 1, " other ranks)");
+    others = detail::concat(" (and on ", ranks_with_problem - 1,
+                            ranks_with_problem == 2 ? " other rank)" : " other ranks)");
   raise<Agreed<E>>(what, " failed on rank ", first, "/", comm.size(), ": ", message, others,
                    ranks_with_problem < comm.size() ? if_some_ranks : std::string());
 }
