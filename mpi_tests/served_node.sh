@@ -86,7 +86,7 @@ out=$(nodes "$missing" "$work/v2")
 status=$?
 [ "$status" -eq 1 ] || { echo "$out"; fail "reader rank's node: exit status $status, not 1"; }
 for r in 0 1 2 3; do
-  grep -q "\[rank $r/4\] \[error\] opening the weight source failed on rank 0/4: checkpoint '$missing': no such file or directory; with a reader per node the reader rank's node must read the weights, and the node of rank 2 can: make it the reader rank (--reader-rank 2) (and on 1 other ranks)" <<<"$out" ||
+  grep -q "\[rank $r/4\] \[error\] opening the weight source failed on rank 0/4: checkpoint '$missing': no such file or directory; with a reader per node the reader rank's node must read the weights, and the node of rank 2 can: make it the reader rank (--reader-rank 2) (and on 1 other rank)" <<<"$out" ||
     { echo "$out"; fail "reader rank's node: rank $r did not give the error"; }
 done
 echo "served: PASS"

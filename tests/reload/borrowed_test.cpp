@@ -104,6 +104,35 @@ TEST(Borrowed, LoraNamesResolveToTheBaseLayerAndAdaptersAreLeftAlone) {
   EXPECT_TRUE(at::equal(adapter, at::zeros_like(adapter)));
 }
 
+// Newer vLLM nests FusedMoE's parameters under experts.routed_experts (its
+// RoutedExperts layout): the experts given under those names are found and
+// reloaded in place, in every family with experts.
+TEST(Borrowed, ExpertsUnderRoutedExpertsResolveToTheFusedMoeParameters) {
+  auto control = make_local_communicator();
+  for (const char* family : {"qwen3_moe", "qwen2_moe", "mixtral", "granite_moe_shared"}) {
+    const ModelConfig config = testdata::tiny_config(family);
+    const auto ckpt = testdata::random_checkpoint(config, 53);
+    auto params = zero_shards(config, 1, 0);
+    std::map<std::string, at::Tensor> named;
+    int routed = 0;
+    for (const auto& [name, t] : params) {
+      const auto at = name.rfind(".experts.w");  // (w13_weight, w2_weight)
+      const bool expert = at != std::string::npos;
+      routed += expert;
+      named[expert ? name.substr(0, at) + ".experts.routed_experts." + name.substr(at + 9) : name] =
+          t;
+    }
+    ASSERT_GT(routed, 0) << family;  // (w13 and w2 of each layer with experts)
+    BorrowedTarget target(config, on_rank(1, 0), borrow_all(named));
+    target.attach(nullptr);
+    auto source = testdata::memory_source(ckpt);
+    EXPECT_TRUE(reload_weights(target, *control, source.get(), ReloadOptions{}).complete())
+        << family;
+    for (const auto& [name, want] : testdata::expected_shards(config, ckpt, 1, 0))
+      EXPECT_TRUE(testdata::same_bytes(params.at(name), want)) << family << " " << name;
+  }
+}
+
 TEST(Borrowed, EveryProblemIsListedAndNothingIsBuilt) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   auto params = zero_shards(config, 2, 1);

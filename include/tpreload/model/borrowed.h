@@ -38,11 +38,12 @@ struct BorrowedOptions {
 };
 
 // What is wrong with `tensors` as this rank's parameters, one line per problem:
-// a parameter the rules expect that is missing (under its name, or with
-// ".base_layer." when `lora`) or given twice, a shape or dtype other than the
-// rules', a non-contiguous tensor, a device other than "cpu" or "cuda:N",
-// parameters on different devices. Empty when they fit. Tensors the rules do not
-// know (LoRA adapters, buffers) are ignored, whatever their dtype or device.
+// a parameter the rules expect that is missing (under its name, with
+// ".base_layer." when `lora`, or for FusedMoE's experts.w13_* and w2_* under
+// experts.routed_experts., as newer vLLM nests them) or given twice, a shape or dtype other than
+// the rules', a non-contiguous tensor, a device other than "cpu" or "cuda:N", parameters on
+// different devices. Empty when they fit. Tensors the rules do not know (LoRA adapters, buffers)
+// are ignored, whatever their dtype or device.
 std::vector<std::string> borrowed_problems(const ShardingRules& rules,
                                            const BorrowedOptions& options,
                                            const std::vector<BorrowedTensor>& tensors);
