@@ -1219,10 +1219,21 @@ TEST(Reload, DISABLED_RankOneNeverJoins) {
 namespace tpreload {
 namespace {
 
+// The experts' spelling in newer vLLM's RoutedExperts layout, written out here:
+// "<p>.experts.w13_weight" -> "<p>.experts.routed_experts.w13_weight".
+std::string routed_spelling(const std::string& name) {
+  const std::string experts = ".experts.";
+  const auto at = name.find(experts + "w");
+  return at == std::string::npos
+             ? name
+             : name.substr(0, at) + experts + "routed_experts." + name.substr(at + experts.size());
+}
+
 // vLLM's RL call: reload_weights(weights_iterator=..., is_checkpoint_format=False).
 // The reader rank holds every rank's tensors in the serving layout (some spelled
-// with ".base_layer.", as a LoRA-wrapped trainer names them), in float32 where
-// the model is bfloat16; every rank gets its own, converted, by name.
+// with ".base_layer.", as a LoRA-wrapped trainer names them, and the experts of
+// layer 2 as newer vLLM's RoutedExperts nests them), in float32 where the
+// model is bfloat16; every rank gets its own, converted, by name.
 TEST(Reload, KernelFormatTensorsFromMemory) {
   for (bool expert_parallel : {false, true}) {
     const ModelConfig config = testdata::tiny_config("qwen3_moe");
@@ -1230,18 +1241,27 @@ TEST(Reload, KernelFormatTensorsFromMemory) {
     const auto ckpt = testdata::random_checkpoint(config, 1400);
     std::vector<InMemoryTensor> tensors;
     std::vector<at::Tensor> keep;
+    int routed_tensors = 0;
     if (world().rank() == 0) {
       for (int r = 0; r < tp; ++r) {
         for (const auto& [name, t] :
              testdata::expected_shards(config, ckpt, tp, r, expert_parallel)) {
           keep.push_back(t.to(at::kFloat).contiguous());
           const bool wrapped = name.find("qkv_proj") != std::string::npos;
-          InMemoryTensor m{wrapped ? with_base_layer(name) : name, DType::kFloat32, t.sizes().vec(),
-                           tensor_bytes(keep.back()), nullptr};
+          const bool routed = name.find("layers.2.mlp.experts.") != std::string::npos;
+          EXPECT_TRUE(!routed || routed_spelling(name) != name) << name;
+          routed_tensors += routed;
+          InMemoryTensor m{wrapped  ? with_base_layer(name)
+                           : routed ? routed_spelling(name)
+                                    : name,
+                           DType::kFloat32, t.sizes().vec(), tensor_bytes(keep.back()), nullptr};
           m.tp_rank = r;
           tensors.push_back(m);
         }
       }
+    }
+    if (world().rank() == 0) {
+      EXPECT_EQ(routed_tensors, 2 * tp) << "w13 and w2 of every tp rank";
     }
     KernelFormatInfo info{tp, config.dtype, "", config.json, expert_parallel};
     auto source = world().rank() == 0 ? make_in_memory_source(std::move(tensors), info) : nullptr;
@@ -1260,6 +1280,60 @@ TEST(Reload, KernelFormatTensorsFromMemory) {
                   expert_parallel ? "kernel tensors from memory, expert parallel"
                                   : "kernel tensors from memory");
   }
+}
+
+// A kernel-format parameter given twice for one tp rank, under its own name and
+// under another spelling that resolves to it (RoutedExperts here), is refused in
+// preflight on every rank, naming both; the model keeps the last reload's bytes.
+TEST(Reload, AKernelParameterGivenTwiceIsRefusedBeforeAnyWrite) {
+  const ModelConfig config = testdata::tiny_config("qwen3_moe");
+  const int tp = world().size(), last = tp - 1;
+  const std::string w2 = "model.layers.2.mlp.experts.w2_weight";
+  const std::string w2_routed = "model.layers.2.mlp.experts.routed_experts.w2_weight";
+  // Every tp rank's shards from `ckpt`, bfloat16, held by the reader; with
+  // `twice`, the last tp rank's w2 a second time under its RoutedExperts name.
+  std::vector<at::Tensor> keep;
+  auto source_of = [&](const std::map<std::string, at::Tensor>& ckpt, bool twice) {
+    std::vector<InMemoryTensor> tensors;
+    if (world().rank() == 0)
+      for (int r = 0; r < tp; ++r)
+        for (const auto& [name, t] : testdata::expected_shards(config, ckpt, tp, r)) {
+          keep.push_back(t.contiguous());
+          InMemoryTensor m{name, DType::kBFloat16, t.sizes().vec(), tensor_bytes(keep.back()),
+                           nullptr};
+          m.tp_rank = r;
+          tensors.push_back(m);
+          if (twice && r == last && name == w2) {
+            m.name = w2_routed;
+            tensors.push_back(m);
+          }
+        }
+    KernelFormatInfo info{tp, config.dtype, "", config.json, false};
+    return world().rank() == 0 ? make_in_memory_source(std::move(tensors), info) : nullptr;
+  };
+  const auto v1 = testdata::random_checkpoint(config, 1410),
+             v2 = testdata::random_checkpoint(config, 1411);
+  TensorParallelModel model(config, options_for({tp, "", false}));
+  ReloadOptions o;
+  o.format = WeightFormat::kKernel;
+  auto first = source_of(v1, false);
+  ASSERT_TRUE(reload_weights(model, world(), first.get(), o).complete());
+  auto second = source_of(v2, true);
+  try {
+    reload_weights(model, world(), second.get(), o);
+    ADD_FAILURE() << "a parameter given twice passed preflight";
+  } catch (const ValidationError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(detail::concat("preflight (nothing was reloaded) failed on rank ", last, "/",
+                                      tp, ": parameter '", w2, "' of tp rank ", last,
+                                      " is given twice: as '")),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("as '" + w2 + "' (in "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("as '" + w2_routed + "'"), std::string::npos) << msg;
+  }
+  expect_params(model, testdata::expected_shards(config, v1, tp, world().rank()),
+                "after a refused reload");
 }
 
 // A float32 checkpoint into a bfloat16 model lands with the bytes of

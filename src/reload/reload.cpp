@@ -267,13 +267,24 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
   if (model.tp_rank() != world_rank % tp)
     return detail::concat("world rank ", world_rank, " must hold tp rank ", world_rank % tp, " of ",
                           tp, " but its model is tp rank ", model.tp_rank());
+  // A kernel-format parameter of this rank's given twice (under two spellings:
+  // ".base_layer.", ".experts.routed_experts."): which would land is arbitrary.
+  std::vector<const TensorInfo*> kernel_given(model.rules().params().size(), nullptr);
   for (const PlannedTensor& t : plan.tensors) {
     const TensorInfo& info = md.tensors[t.index];
     std::string problem;
     if (t.kernel()) {
-      if (t.held_by(model.tp_rank()))
+      if (t.held_by(model.tp_rank())) {
         problem = kernel_tensor_problem(model.rules(), model.tp_rank(), info.name, info.shape,
                                         info.dtype);
+        const TensorInfo*& first = kernel_given[t.slot];
+        if (problem.empty() && first)
+          problem =
+              detail::concat("parameter '", model.rules().params()[t.slot].name, "' of tp rank ",
+                             model.tp_rank(), " is given twice: as '", first->name, "' (in ",
+                             first->file, ") and as '", info.name, "'");
+        first = &info;
+      }
     } else if (t.held_by(model.tp_rank())) {
       problem =
           checkpoint_tensor_problem(model.rules(), model.tp_rank(), t.placements[model.tp_rank()],

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include "tpreload/core/error.h"
+#include "tpreload/model/config.h"
 #include "tpreload/model/row_writes.h"
+#include "tpreload/model/sharding.h"
 
 namespace tpreload {
 namespace {
@@ -83,6 +85,36 @@ TEST(RowWrites, SlotsResolveBaseLayerSpellings) {
   EXPECT_EQ(rules.find_slot("model.layers.1.self_attn.qkv_proj.base_layer.weight"), s);
   EXPECT_EQ(rules.find_slot("model.layers.1.self_attn.nope.weight"), kNoSlot);
   EXPECT_EQ(rules.params()[s].shards, 3u) << "q, k and v";
+}
+
+// Newer vLLM nests FusedMoE's parameters one module deeper (RoutedExperts):
+// kernel-format tensors so named resolve to the same slots; nothing else does.
+TEST(RowWrites, SlotsResolveRoutedExpertSpellings) {
+  const ModelConfig moe =
+      parse_model_config(R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,
+    "intermediate_size":96,"moe_intermediate_size":32,"num_experts":4,"num_experts_per_tok":2,
+    "num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,"vocab_size":10})",
+                         "moe");
+  const ShardingRules rules(moe, 2);
+  for (const std::string leaf : {"w13_weight", "w2_weight"}) {
+    const std::string plain = "model.layers.1.mlp.experts." + leaf;
+    const std::string routed = "model.layers.1.mlp.experts.routed_experts." + leaf;
+    const ParamSlot s = rules.find_slot(plain);
+    ASSERT_NE(s, kNoSlot) << plain;
+    EXPECT_EQ(rules.params()[s].name, plain);
+    EXPECT_EQ(rules.find_slot(routed), s) << routed;
+    EXPECT_EQ(with_routed_experts(plain), routed);
+    EXPECT_EQ(strip_routed_experts(routed), plain);
+  }
+  // Only FusedMoE's leaves under ".experts.", and only that spelling.
+  EXPECT_EQ(with_routed_experts("model.layers.1.mlp.gate.weight"), "");
+  EXPECT_EQ(with_routed_experts("model.layers.1.mlp.experts.gate.weight"), "");
+  EXPECT_EQ(strip_routed_experts("model.layers.1.mlp.gate.weight"),
+            "model.layers.1.mlp.gate.weight");
+  EXPECT_EQ(rules.find_slot("model.layers.1.mlp.routed_experts.w13_weight"), kNoSlot);
+  EXPECT_EQ(rules.find_slot("model.layers.1.mlp.experts.routed_experts.gate.weight"), kNoSlot);
+  EXPECT_EQ(rules.find_slot("model.layers.1.mlp.experts.routed_experts.routed_experts.w2_weight"),
+            kNoSlot);
 }
 
 }  // namespace

@@ -130,7 +130,8 @@ class ShardingRules {
   // name. With int8, linear weights are int8 and each has a float32 weight_scale.
   const std::vector<ParamSpec>& params() const { return params_; }
   const ParamSpec* find_param(const std::string& name) const;
-  // The slot of `name`, also spelled with ".base_layer." (LoRA); kNoSlot if none.
+  // The slot of `name`, also spelled with ".base_layer." (LoRA) or, for FusedMoE's
+  // experts, ".experts.routed_experts." (newer vLLM); kNoSlot if none.
   ParamSlot find_slot(const std::string& name) const;
 
   // Placement of a checkpoint tensor on `tp_rank`, or nullopt with the reason.
@@ -186,5 +187,11 @@ std::int64_t layer_of(const std::string& name);
 std::string strip_base_layer(std::string name);
 // "a.b.weight" -> "a.b.base_layer.weight".
 std::string with_base_layer(const std::string& name);
+// FusedMoE's expert parameters as newer vLLM's RoutedExperts layout nests them, one
+// module deeper: "<p>.experts.w13_weight" <-> "<p>.experts.routed_experts.w13_weight"
+// (w13_* and w2_* only). with_routed_experts gives "" for any other name;
+// strip_routed_experts returns any other name unchanged.
+std::string with_routed_experts(const std::string& name);
+std::string strip_routed_experts(const std::string& name);
 
 }  // namespace tpreload

@@ -21,18 +21,6 @@ std::optional<int> cuda_ordinal(const std::string& device) {
   return std::stoi(device.substr(5));
 }
 
-// An expert parameter's name in vLLM's RoutedExperts layout, which holds
-// FusedMoE's parameters one module deeper ("<p>.experts.w13_weight" as
-// "<p>.experts.routed_experts.w13_weight"); "" for any other parameter.
-std::string with_routed_experts(const std::string& name) {
-  const std::string experts = ".experts.";
-  const auto at = name.rfind(experts);
-  if (at == std::string::npos) return {};
-  const std::string leaf = name.substr(at + experts.size());
-  if (leaf.rfind("w13_", 0) != 0 && leaf.rfind("w2_", 0) != 0) return {};
-  return name.substr(0, at + experts.size()) + "routed_experts." + leaf;
-}
-
 // The caller's tensor for a parameter, by the rules' name, its LoRA spelling,
 // or its RoutedExperts spelling.
 const BorrowedTensor* lookup(const std::map<std::string, const BorrowedTensor*>& by_name,

@@ -64,6 +64,28 @@ std::string with_base_layer(const std::string& name) {
   return name.substr(0, dot) + kBaseLayer + name.substr(dot + 1);
 }
 
+namespace {
+const std::string kExperts = ".experts.";
+const std::string kRoutedExperts = ".experts.routed_experts.";
+bool is_fused_expert_leaf(const std::string& leaf) {
+  return leaf.rfind("w13_", 0) == 0 || leaf.rfind("w2_", 0) == 0;
+}
+}  // namespace
+
+std::string with_routed_experts(const std::string& name) {
+  const auto at = name.rfind(kExperts);
+  if (at == std::string::npos || !is_fused_expert_leaf(name.substr(at + kExperts.size())))
+    return {};
+  return name.substr(0, at) + kRoutedExperts + name.substr(at + kExperts.size());
+}
+
+std::string strip_routed_experts(const std::string& name) {
+  const auto at = name.rfind(kRoutedExperts);
+  if (at == std::string::npos || !is_fused_expert_leaf(name.substr(at + kRoutedExperts.size())))
+    return name;
+  return name.substr(0, at) + kExperts + name.substr(at + kRoutedExperts.size());
+}
+
 std::vector<std::int64_t> Placement::slice_shape() const {
   std::vector<std::int64_t> shape = source_shape;
   if (source_dim >= 0) shape[source_dim] = source_length;
@@ -260,6 +282,8 @@ ParamSlot ShardingRules::find_slot(const std::string& name) const {
   const ParamSpec* spec = find_param(name);
   if (!spec && name.find(".base_layer.") != std::string::npos)
     spec = find_param(strip_base_layer(name));
+  if (!spec && name.find(kRoutedExperts) != std::string::npos)
+    spec = find_param(strip_routed_experts(name));
   return spec ? static_cast<ParamSlot>(spec - params_.data()) : kNoSlot;
 }
 
