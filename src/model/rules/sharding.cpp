@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <map>
 #include <set>
 
 #include "tpreload/checkpoint/row_split.h"
@@ -178,12 +179,14 @@ std::optional<ExpertName> parse_expert(const std::string& name, const MoeNames& 
 
 void ShardingRules::build_rules() {
   const MoeNames names = moe_names(config_);
+  // A part the loader view lists -> the stacked tensor the checkpoint holds, which
+  // is vLLM's fused parameter's name (Phi-3's gate_up_proj, Granite's
+  // shared_mlp.input_linear).
+  std::map<std::string, std::string> stacked_in;
+  for (const RowSplit& split : stacked_checkpoint_tensors(config_))
+    for (const RowPart& part : split.parts) stacked_in.emplace(part.name, split.name);
   for (const auto& spec : loader_tensor_specs(config_)) {
     const NameParts p = split_name(spec.name);
-    const std::string kShared = ".shared_mlp.";
-    const bool shared_mlp =
-        p.prefix.size() > kShared.size() &&
-        p.prefix.compare(p.prefix.size() - kShared.size(), kShared.size(), kShared) == 0;
     Rule rule{spec.name, Role::kWhole, ShardKind::kReplicated, spec.shape};
     if (const auto e = parse_expert(spec.name, names)) {
       rule = {e->prefix + (e->down ? "w2_weight" : "w13_weight"),
@@ -199,16 +202,14 @@ void ShardingRules::build_rules() {
                         : p.module == "k_proj" ? Role::kK
                                                : Role::kV;
       rule = {p.prefix + "qkv_proj." + p.leaf, role, ShardKind::kColumn, spec.shape};
-    } else if (shared_mlp && (p.module == "gate_proj" || p.module == "up_proj")) {
-      // (Granite's shared MLP: vLLM's MergedColumnParallelLinear input_linear)
-      rule = {p.prefix + "input_linear." + p.leaf,
-              p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, spec.shape};
-    } else if (shared_mlp && p.module == "output_linear") {
-      rule.kind = ShardKind::kRow;
     } else if (p.module == "gate_proj" || p.module == "up_proj") {
-      rule = {p.prefix + "gate_up_proj." + p.leaf,
+      // vLLM's MergedColumnParallelLinear: gate_up_proj, or where the checkpoint
+      // stacks the two, the stacked tensor's name.
+      const auto stacked = stacked_in.find(spec.name);
+      rule = {stacked != stacked_in.end() ? stacked->second : p.prefix + "gate_up_proj." + p.leaf,
               p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, spec.shape};
-    } else if ((p.module == "o_proj" || p.module == "down_proj") && p.leaf == "weight") {
+    } else if ((p.module == "o_proj" || p.module == "down_proj" || p.module == "output_linear") &&
+               p.leaf == "weight") {  // (output_linear: Granite's shared MLP)
       rule.kind = ShardKind::kRow;
     } else if ((p.module == "q_norm" || p.module == "k_norm") &&
                config_.qk_norm == QkNorm::kPerHead) {
@@ -236,9 +237,9 @@ void ShardingRules::build_params() {
       spec.shape[0] = qkv_rows;
       spec.shards = 3;
     }
-    // (the dense MLP's, Qwen2-MoE's shared expert's, or Granite's shared MLP's)
-    if (p.module == "gate_up_proj" ||
-        (p.module == "input_linear" && rule.kind == ShardKind::kColumn)) {
+    // Gate and up merged (the dense MLP's, Qwen2-MoE's shared expert's, or
+    // Granite's shared MLP's input_linear).
+    if (rule.kind == ShardKind::kColumn && (rule.role == Role::kGate || rule.role == Role::kUp)) {
       spec.shape[0] = 2 * rule.source_shape[0] / tp_size_;
       spec.shards = 2;
     }
