@@ -282,6 +282,29 @@ TEST(Reload, GraniteSharedMlpBesideExpertsAndAlone) {
   run_checkpoint_matrix("granite_hybrid_moe", {world().size(), "", false, true});
 }
 
+// GLM-4.5: a dense layer, then sparse ones whose router and score correction
+// are float32 parameters filled from the bfloat16 checkpoint, with shared
+// experts; plain, and int8 with expert parallelism.
+TEST(Reload, Glm4MoeFloat32RouterAndSharedExperts) {
+  run_checkpoint_matrix("glm4_moe", {world().size(), "", false});
+  run_checkpoint_matrix("glm4_moe", {world().size(), "int8", false, true});
+  // The next-token-prediction layer GLM-4.5 checkpoints carry (layer
+  // num_hidden_layers) is reported unused, as vLLM's glm4_moe.py skips it.
+  const ModelConfig config = testdata::tiny_config("glm4_moe");
+  auto with_mtp = testdata::random_checkpoint(config, 300);
+  const std::string mtp = "model.layers." + std::to_string(config.num_hidden_layers) + ".";
+  with_mtp[mtp + "eh_proj.weight"] = at::ones({config.hidden_size, 2 * config.hidden_size});
+  with_mtp[mtp + "mlp.gate.weight"] = at::ones({config.num_experts, config.hidden_size});
+  const Variant setup{world().size(), "", false};
+  TensorParallelModel model(config, options_for(setup));
+  const ReloadResult r = reload_from(model, "", &with_mtp, ReloadOptions{});
+  EXPECT_TRUE(r.complete());
+  EXPECT_EQ(r.skipped, (std::vector<std::string>{mtp + "eh_proj.weight", mtp + "mlp.gate.weight"}));
+  with_mtp.erase(mtp + "eh_proj.weight");
+  with_mtp.erase(mtp + "mlp.gate.weight");
+  expect_params(model, expected_params(config, setup, with_mtp), "with the MTP layer");
+}
+
 // Phi-3: q/k/v stacked in self_attn.qkv_proj and gate/up in mlp.gate_up_proj in
 // every source kind, cut into the parts the loaders take as the source is
 // listed; plain, and int8 with LoRA.

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
@@ -286,9 +287,14 @@ at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string
 at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& p) const {
   const ModelConfig& c = config();
   const std::string block = p + moe_names(c).module + ".";
-  const at::Tensor probs = at::softmax(at::matmul(y, weight_f32(block + "gate").t()), -1);
-  auto [weights, chosen] = at::topk(probs, c.num_experts_per_tok, -1);
-  if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  const at::Tensor logits = at::matmul(y, weight_f32(block + "gate").t());
+  at::Tensor weights, chosen;
+  if (c.sigmoid_routing) {
+    std::tie(weights, chosen) = sigmoid_group_routing(logits, block);
+  } else {
+    std::tie(weights, chosen) = at::topk(at::softmax(logits, -1), c.num_experts_per_tok, -1);
+    if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  }
   const at::Tensor w13 = host_param(block + "experts.w13_weight").to(at::kFloat);
   const at::Tensor w2 = host_param(block + "experts.w2_weight").to(at::kFloat);
   const std::int64_t local = w13.size(0), inter = w13.size(1) / 2;
@@ -310,7 +316,37 @@ at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& 
   if (c.shared_expert_intermediate_size > 0)
     out += at::sigmoid(at::matmul(y, weight_f32(p + "mlp.shared_expert_gate").t())) *
            dense_mlp(y, p + "mlp.shared_expert.");
+  if (c.shared_experts_intermediate_size > 0) out += dense_mlp(y, p + "mlp.shared_experts.");
   return out;
+}
+
+// GLM-4.5's routing (vLLM's grouped_topk with e_score_correction_bias and
+// sigmoid scoring): scores sigmoid(logits); the experts split into n_group
+// groups, each group rated by the sum of its two best scores plus the
+// correction; the topk_group best groups kept; of their experts the
+// num_experts_per_tok best by score plus correction chosen; each weighted by its
+// score alone, renormalised with norm_topk_prob, times routed_scaling_factor.
+std::pair<at::Tensor, at::Tensor> TensorParallelModel::sigmoid_group_routing(
+    const at::Tensor& logits, const std::string& block) const {
+  const ModelConfig& c = config();
+  const std::int64_t tokens = logits.size(0), per_group = c.num_experts / c.n_group;
+  const at::Tensor scores = at::sigmoid(logits);
+  const at::Tensor biased =
+      scores + host_param(block + "gate.e_score_correction_bias").to(at::kFloat).unsqueeze(0);
+  const at::Tensor group_rating = std::get<0>(at::topk(biased.view({tokens, c.n_group, per_group}),
+                                                       std::min<std::int64_t>(2, per_group), -1))
+                                      .sum(-1);
+  const at::Tensor kept_groups = std::get<1>(at::topk(group_rating, c.topk_group, -1));
+  const at::Tensor kept = at::zeros({tokens, c.n_group}, at::kBool)
+                              .scatter_(1, kept_groups, true)
+                              .unsqueeze(-1)
+                              .expand({tokens, c.n_group, per_group})
+                              .reshape({tokens, c.num_experts});
+  const at::Tensor chosen = std::get<1>(
+      at::topk(biased.masked_fill(kept.logical_not(), -INFINITY), c.num_experts_per_tok, -1));
+  at::Tensor weights = scores.gather(1, chosen);
+  if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+  return {weights * c.routed_scaling_factor, chosen};
 }
 
 at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,

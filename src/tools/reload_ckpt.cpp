@@ -219,6 +219,7 @@ CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
       "generate",
       "Write a Hugging Face-style checkpoint (the tensor names and shapes of any supported "
       "architecture: Cohere, Cohere 2, ERNIE 4.5, EXAONE 4, Gemma, Gemma 2, Gemma 3, GLM-4, "
+      "GLM-4.5, "
       "Granite, GraniteMoE, GraniteMoeShared, GraniteMoeHybrid, Llama, Mistral, Mixtral, OLMo 2, "
       "OLMo 3, Phi-3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) for a config.json, with seeded random "
       "values: "

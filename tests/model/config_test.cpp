@@ -171,6 +171,14 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
        [](ModelConfig& c) { c.shared_expert_intermediate_size = 8; }},
       {"shared_intermediate_size 0 vs 8",
        [](ModelConfig& c) { c.shared_mlp_intermediate_size = 8; }},
+      {"first_k_dense_replace 0 vs 3", [](ModelConfig& c) { c.first_k_dense_replace = 3; }},
+      {"sigmoid routing with e_score_correction_bias false vs true",
+       [](ModelConfig& c) { c.sigmoid_routing = true; }},
+      {"n_group 1 vs 8", [](ModelConfig& c) { c.n_group = 8; }},
+      {"topk_group 1 vs 4", [](ModelConfig& c) { c.topk_group = 4; }},
+      {"routed_scaling_factor 1.0 vs 2.5", [](ModelConfig& c) { c.routed_scaling_factor = 2.5; }},
+      {"n_shared_experts x moe_intermediate_size 0 vs 1536",
+       [](ModelConfig& c) { c.shared_experts_intermediate_size = 1536; }},
       {"torch_dtype float32 vs bfloat16", [](ModelConfig& c) { c.dtype = DType::kBFloat16; }},
   };
   for (const Change& change : changes) {
@@ -793,6 +801,145 @@ TEST(Config, GraniteHybridKeysAsHuggingFaceWritesThem) {
 // GraniteMoeShared (vLLM's granitemoeshared.py): GraniteMoE's experts and a
 // shared MLP of shared_intermediate_size in every layer (0 when absent:
 // GraniteMoE's layout); no biases.
+// GLM-4.5-Air's config.json as Hugging Face writes it (keys of the released
+// Glm4MoeConfig), and GLM-4.5's differences: dense layers first, then sparse
+// ones with a float32 router and its score correction, shared experts.
+TEST(Config, Glm4MoeKeysAsHuggingFaceWritesThem) {
+  const std::string air = R"({"architectures":["Glm4MoeForCausalLM"],"attention_bias":true,
+    "attention_dropout":0.0,"pad_token_id":151329,"eos_token_id":[151329,151336,151338],
+    "head_dim":128,"hidden_act":"silu","hidden_size":4096,"partial_rotary_factor":0.5,
+    "initializer_range":0.02,"intermediate_size":10944,"max_position_embeddings":131072,
+    "model_type":"glm4_moe","moe_intermediate_size":1408,"norm_topk_prob":true,
+    "num_attention_heads":96,"n_group":1,"topk_group":1,"n_routed_experts":128,
+    "n_shared_experts":1,"routed_scaling_factor":1.0,"num_experts_per_tok":8,
+    "first_k_dense_replace":1,"num_hidden_layers":46,"num_key_value_heads":8,
+    "num_nextn_predict_layers":1,"rms_norm_eps":1e-05,"rope_scaling":null,"rope_theta":1000000,
+    "tie_word_embeddings":false,"torch_dtype":"bfloat16","transformers_version":"4.54.0",
+    "use_cache":true,"use_qk_norm":false,"vocab_size":151552})";
+  const ModelConfig c = parse_model_config(air, "config.json");
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_EQ(c.moe_intermediate_size, 1408);
+  EXPECT_EQ(c.shared_experts_intermediate_size, 1 * 1408);
+  EXPECT_EQ(c.first_k_dense_replace, 1);
+  EXPECT_TRUE(c.sigmoid_routing);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.routed_scaling_factor, 1.0);
+  EXPECT_EQ(c.qk_norm, QkNorm::kNone);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_FALSE(c.o_proj_bias);
+  EXPECT_EQ(c.partial_rotary_factor, 0.5);
+  EXPECT_FALSE(c.rope_interleaved) << "vLLM's get_rope turns halves (neox style) for GLM-4.5";
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.sparse_layer(0));
+  EXPECT_TRUE(c.sparse_layer(1));
+  EXPECT_TRUE(c.sparse_layer(45));
+  auto held = shapes_of(c);
+  EXPECT_EQ(held["model.layers.0.mlp.gate_proj.weight"], (std::vector<std::int64_t>{10944, 4096}));
+  EXPECT_EQ(held.count("model.layers.1.mlp.gate_proj.weight"), 0u);
+  EXPECT_EQ(held["model.layers.1.mlp.gate.weight"], (std::vector<std::int64_t>{128, 4096}));
+  EXPECT_EQ(held["model.layers.1.mlp.gate.e_score_correction_bias"],
+            (std::vector<std::int64_t>{128}));
+  EXPECT_EQ(held["model.layers.1.mlp.experts.127.down_proj.weight"],
+            (std::vector<std::int64_t>{4096, 1408}));
+  EXPECT_EQ(held["model.layers.1.mlp.shared_experts.up_proj.weight"],
+            (std::vector<std::int64_t>{1408, 4096}));
+  EXPECT_EQ(held["model.layers.1.self_attn.q_proj.bias"], (std::vector<std::int64_t>{96 * 128}));
+  EXPECT_EQ(held.count("model.layers.1.self_attn.o_proj.bias"), 0u);
+  EXPECT_EQ(held.count("model.layers.1.self_attn.q_norm.weight"), 0u);
+  EXPECT_EQ(held.count("model.layers.46.mlp.gate.weight"), 0u) << "the MTP layer is not read";
+  // (embed, norm, head; layer 0: 2 norms, q/k/v/o + 3 biases, 3 MLP; each sparse
+  // layer: 2 norms, 7 attention, router and correction, 128 x 3 experts, 3 shared)
+  EXPECT_EQ(held.size(), 3 + 12 + 45 * (2 + 7 + 2 + 128 * 3 + 3u));
+
+  // Tensor parallelism at 8: vLLM's parameters, the router and its correction
+  // float32 and replicated, the shared experts split as an MLP.
+  const ShardingRules rules(c, 8);
+  auto param = [&](const std::string& name) {
+    const ParamSpec* p = rules.find_param(name);
+    if (!p) throw std::runtime_error("no parameter " + name);
+    return *p;
+  };
+  const ParamSpec router = param("model.layers.1.mlp.gate.weight");
+  EXPECT_EQ(router.dtype, DType::kFloat32);
+  EXPECT_EQ(router.shape, (std::vector<std::int64_t>{128, 4096}));
+  const ParamSpec correction = param("model.layers.1.mlp.gate.e_score_correction_bias");
+  EXPECT_EQ(correction.dtype, DType::kFloat32);
+  EXPECT_EQ(correction.shape, (std::vector<std::int64_t>{128}));
+  const ParamSpec shared = param("model.layers.1.mlp.shared_experts.gate_up_proj.weight");
+  EXPECT_EQ(shared.dtype, DType::kBFloat16);
+  EXPECT_EQ(shared.shape, (std::vector<std::int64_t>{2 * 1408 / 8, 4096}));
+  EXPECT_EQ(shared.shards, 2u);
+  EXPECT_EQ(param("model.layers.1.mlp.shared_experts.down_proj.weight").shape,
+            (std::vector<std::int64_t>{4096, 1408 / 8}));
+  EXPECT_EQ(param("model.layers.1.mlp.experts.w13_weight").shape,
+            (std::vector<std::int64_t>{128, 2 * 1408 / 8, 4096}));
+  EXPECT_EQ(param("model.layers.0.mlp.gate_up_proj.weight").shape,
+            (std::vector<std::int64_t>{2 * 10944 / 8, 4096}));
+  // (96 / 8 query heads and one of the 8 KV heads, each of 128)
+  EXPECT_EQ(param("model.layers.1.self_attn.qkv_proj.bias").shape,
+            (std::vector<std::int64_t>{(12 + 2) * 128}));
+  const ShardingRules int8(c, 8, "int8");
+  EXPECT_EQ(int8.find_param("model.layers.1.mlp.gate.weight")->dtype, DType::kFloat32);
+  EXPECT_EQ(int8.find_param("model.layers.1.mlp.shared_experts.down_proj.weight")->dtype,
+            DType::kInt8);
+  const ModelConfig back = parse_model_config(model_config_to_json(c), "round trip");
+  EXPECT_TRUE(config_differences(c, back).empty()) << config_differences(c, back)[0];
+
+  // GLM-4.5: q and k normed per head, three dense layers, weights x 2.5.
+  const std::string full =
+      replaced(replaced(replaced(air, R"("use_qk_norm":false)", R"("use_qk_norm":true)"),
+                        R"("first_k_dense_replace":1)", R"("first_k_dense_replace":3)"),
+               R"("routed_scaling_factor":1.0)", R"("routed_scaling_factor":2.5)");
+  const ModelConfig g = parse_model_config(full, "config.json");
+  EXPECT_EQ(g.qk_norm, QkNorm::kShared);
+  EXPECT_EQ(g.routed_scaling_factor, 2.5);
+  EXPECT_FALSE(g.sparse_layer(2));
+  EXPECT_TRUE(g.sparse_layer(3));
+  EXPECT_EQ(shapes_of(g)["model.layers.5.self_attn.k_norm.weight"],
+            (std::vector<std::int64_t>{128}));
+  const ModelConfig g_back = parse_model_config(model_config_to_json(g), "round trip");
+  EXPECT_TRUE(config_differences(g, g_back).empty()) << config_differences(g, g_back)[0];
+  // No shared experts: 0 or null.
+  for (const char* none : {R"("n_shared_experts":0)", R"("n_shared_experts":null)"}) {
+    const ModelConfig n =
+        parse_model_config(replaced(air, R"("n_shared_experts":1)", none), "config.json");
+    EXPECT_EQ(n.shared_experts_intermediate_size, 0) << none;
+    EXPECT_EQ(shapes_of(n).count("model.layers.1.mlp.shared_experts.up_proj.weight"), 0u);
+  }
+  // Absent: true for norm_topk_prob, 0.5 for partial_rotary_factor.
+  const ModelConfig defaults = parse_model_config(
+      without(air, {R"("norm_topk_prob":true,)", R"("partial_rotary_factor":0.5,)"}), "c");
+  EXPECT_TRUE(defaults.norm_topk_prob);
+  EXPECT_EQ(defaults.partial_rotary_factor, 0.5);
+
+  // Refused, by name.
+  for (const char* key :
+       {R"("n_routed_experts":128,)", R"("first_k_dense_replace":1,)", R"("n_group":1,)",
+        R"("topk_group":1,)", R"("n_shared_experts":1,)", R"("routed_scaling_factor":1.0,)"}) {
+    const std::string k(key);
+    const std::string name = k.substr(1, k.find('"', 1) - 1);
+    EXPECT_TRUE(refused(without(air, {key}), "'" + name + "'")) << name;
+  }
+  // (head_dim even where hidden_size / num_attention_heads would give it)
+  EXPECT_TRUE(
+      refused(without(replaced(air, R"("num_attention_heads":96)", R"("num_attention_heads":32)"),
+                      {R"("head_dim":128,)"}),
+              "field 'head_dim' is missing"));
+  EXPECT_TRUE(refused(replaced(air, R"("hidden_act":"silu")", R"("hidden_act":"gelu")"),
+                      "takes hidden_act silu only"));
+  EXPECT_TRUE(refused(replaced(air, R"("n_group":1,)", R"("n_group":3,)"),
+                      "n_routed_experts 128 is not a multiple of n_group 3"));
+  EXPECT_TRUE(refused(replaced(air, R"("topk_group":1,)", R"("topk_group":2,)"),
+                      "topk_group 2 exceeds n_group 1"));
+  EXPECT_TRUE(refused(replaced(replaced(air, R"("n_group":1,)", R"("n_group":64,)"),
+                               R"("topk_group":1,)", R"("topk_group":3,)"),
+                      "num_experts_per_tok 8 exceeds the 6 experts of topk_group 3 groups of 2"));
+  EXPECT_TRUE(refused(replaced(air, R"("n_shared_experts":1,)", R"("n_shared_experts":-1,)"),
+                      "'n_shared_experts' must be a non-negative integer"));
+}
+
 TEST(Config, GraniteMoeSharedKeysAsHuggingFaceWritesThem) {
   const std::string shared = R"({"architectures":["GraniteMoeSharedForCausalLM"],
     "attention_bias":false,"attention_multiplier":0.0078125,"embedding_multiplier":12.0,
@@ -1735,7 +1882,8 @@ TEST(Config, WrongConfigsNameTheirField) {
                 "Ernie4_5ForCausalLM, "
                 "Exaone4ForCausalLM, "
                 "GemmaForCausalLM, "
-                "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, "
+                "Gemma2ForCausalLM, Gemma3ForCausalLM, Glm4ForCausalLM, Glm4MoeForCausalLM, "
+                "GraniteForCausalLM, "
                 "GraniteMoeForCausalLM, GraniteMoeHybridForCausalLM, GraniteMoeSharedForCausalLM, "
                 "LlamaForCausalLM, "
                 "MistralForCausalLM, MixtralForCausalLM, Olmo2ForCausalLM, Olmo3ForCausalLM, "

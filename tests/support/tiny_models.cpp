@@ -50,6 +50,18 @@ ModelConfig tiny_config(const std::string& name) {
       "num_experts_per_tok":3,"moe_intermediate_size":16,"shared_expert_intermediate_size":40,
       "decoder_sparse_step":1,"mlp_only_layers":[0],"norm_topk_prob":false,
       "torch_dtype":"bfloat16"})";
+  else if (name == "glm4_moe")  // GLM-4.5's form: layer 0 dense, layers 1-2 sparse: 16 experts
+    // of 16 in 4 groups, the best 2 groups kept, top 3 there, weights x 2.5, 2 shared experts;
+    // q/k/v biases, q/k normed per head, heads of 16 over a hidden size of 64, half of each
+    // turned (partial_rotary_factor absent); an MTP layer the model does not read
+    json = R"({"architectures":["Glm4MoeForCausalLM"],"hidden_size":64,"intermediate_size":96,
+      "num_hidden_layers":3,"num_attention_heads":8,"num_key_value_heads":4,"head_dim":16,
+      "vocab_size":130,"rms_norm_eps":1e-05,"rope_theta":1000000,"attention_bias":true,
+      "use_qk_norm":true,"tie_word_embeddings":false,"n_routed_experts":16,
+      "num_experts_per_tok":3,"moe_intermediate_size":16,"n_shared_experts":2,
+      "first_k_dense_replace":1,"n_group":4,"topk_group":2,"routed_scaling_factor":2.5,
+      "norm_topk_prob":true,"num_nextn_predict_layers":1,"hidden_act":"silu",
+      "torch_dtype":"bfloat16"})";
   else if (name == "mixtral")  // every layer sparse, top 2 of 8 renormalised; rope_theta absent
     json = R"({"architectures":["MixtralForCausalLM"],"hidden_size":64,"intermediate_size":48,
       "num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":2,"vocab_size":120,
@@ -306,6 +318,15 @@ bool glm4(const ModelConfig& c) {
   return c.architecture == "Glm4ForCausalLM";
 }
 
+// GLM-4.5 (vLLM's glm4_moe.py): Llama's norms, q/k/v biases as attention_bias
+// says, q and k normed per head with use_qk_norm, rotary on halves over
+// partial_rotary_factor of each head (0.5 when absent); the layers from
+// first_k_dense_replace on sparse, routed by sigmoid over groups (moe()), with
+// shared experts; the router and its score correction float32 parameters.
+bool glm4_moe(const ModelConfig& c) {
+  return c.architecture == "Glm4MoeForCausalLM";
+}
+
 // Cohere (vLLM's commandr.py; CohereConfig's defaults): LayerNorm without
 // bias, attention and MLP on one normed input, their outputs added to the
 // residual together, logits from the embeddings times logit_scale (0.0625
@@ -329,7 +350,8 @@ bool interleaved_pairs(const ModelConfig& c) {
 // RMSNorm of q and k before rotary: Qwen3's, Gemma 3's and EXAONE 4's per head, OLMo's
 // over the whole projection.
 bool qk_norms(const ModelConfig& c) {
-  return qwen3(c) || gemma3(c) || olmo(c) || exaone4(c) || cohere_qk_norms(c);
+  return qwen3(c) || gemma3(c) || olmo(c) || exaone4(c) || cohere_qk_norms(c) ||
+         (glm4_moe(c) && nlohmann::json::parse(c.json).value("use_qk_norm", false));
 }
 
 // Gemma 2's and Gemma 3's attention, as the config's JSON says (read here,
@@ -468,6 +490,8 @@ std::int64_t shared_mlp_size(const ModelConfig& c) {
 bool sparse(const ModelConfig& c, std::int64_t layer) {
   // (GraniteMoeHybrid without experts: num_local_experts 0, read here)
   if (mixtral(c)) return nlohmann::json::parse(c.json).value("num_local_experts", 8) > 0;
+  if (glm4_moe(c))
+    return layer >= nlohmann::json::parse(c.json).at("first_k_dense_replace").get<std::int64_t>();
   if (c.architecture != "Qwen3MoeForCausalLM" && c.architecture != "Qwen2MoeForCausalLM")
     return false;
   if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
@@ -525,6 +549,12 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
   out[p + n.block + "experts.w13_weight"] = at::stack(w13);
   out[p + n.block + "experts.w2_weight"] = at::stack(w2);
   out[p + n.block + "gate.weight"] = ckpt.at(p + n.block + "gate.weight");
+  if (glm4_moe(c)) {  // the router and its correction in float32; shared experts as an MLP
+    out[p + "mlp.gate.weight"] = ckpt.at(p + "mlp.gate.weight").to(at::kFloat);
+    out[p + "mlp.gate.e_score_correction_bias"] =
+        ckpt.at(p + "mlp.gate.e_score_correction_bias").to(at::kFloat);
+    expected_mlp(ckpt, p + "mlp.shared_experts.", tp, r, out);
+  }
   // Qwen2-MoE's shared expert: split as a dense MLP whatever the experts do;
   // its gate replicated.
   if (!ckpt.count(p + "mlp.shared_expert_gate.weight")) return;
@@ -812,8 +842,12 @@ at::Tensor swiglu(const ModelConfig& c, const std::map<std::string, at::Tensor>&
 // (always for Mixtral, with norm_topk_prob for the Qwens), SiLU-gated experts
 // weighted by their routing weight, plus (Qwen2-MoE) the shared expert scaled by
 // sigmoid of its gate.
+at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                          const std::string& p, const at::Tensor& y);
+
 at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
                const std::string& p, const at::Tensor& y) {
+  if (glm4_moe(c)) return glm4_moe_block(c, ckpt, p, y);
   const ExpertNames n = expert_names(c);
   const at::Tensor probs = at::matmul(y, f32(ckpt, p + n.block + "gate.weight").t()).softmax(-1);
   at::Tensor out = at::zeros_like(y);
@@ -832,6 +866,59 @@ at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ck
           (at::sigmoid(linear_ref(ckpt, row, p + "mlp.shared_expert_gate")) *
            swiglu(c, ckpt, row, shared + "gate_proj", shared + "up_proj", shared + "down_proj"))
               .squeeze(0);
+  }
+  return out;
+}
+
+// Hugging Face's Glm4MoeMoE, token by token, with the config's keys read here:
+// scores sigmoid(router logits); groups of n_routed_experts / n_group experts
+// rated by the sum of their two best scores plus e_score_correction_bias; the
+// topk_group best groups kept; there the num_experts_per_tok best by score plus
+// correction; weighted by their scores, renormalised (norm_topk_prob, true when
+// absent), times routed_scaling_factor; plus the shared experts' MLP.
+at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                          const std::string& p, const at::Tensor& y) {
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  const std::int64_t experts = j.at("n_routed_experts"), groups = j.at("n_group"),
+                     kept_groups = j.at("topk_group"), top = j.at("num_experts_per_tok");
+  const double scale = j.at("routed_scaling_factor");
+  const bool renormalise = j.value("norm_topk_prob", true);
+  const std::int64_t per_group = experts / groups;
+  const at::Tensor logits = at::matmul(y, f32(ckpt, p + "mlp.gate.weight").t());
+  const at::Tensor bias = f32(ckpt, p + "mlp.gate.e_score_correction_bias");
+  const std::string shared = p + "mlp.shared_experts.";
+  at::Tensor out = at::zeros_like(y);
+  for (std::int64_t t = 0; t < y.size(0); ++t) {
+    std::vector<double> score(experts), biased(experts);
+    for (std::int64_t e = 0; e < experts; ++e) {
+      score[e] = 1 / (1 + std::exp(-logits[t][e].item<double>()));
+      biased[e] = score[e] + bias[e].item<double>();
+    }
+    std::vector<std::pair<double, std::int64_t>> rating;  // (-rating, group): best first
+    for (std::int64_t g = 0; g < groups; ++g) {
+      std::vector<double> in(biased.begin() + g * per_group, biased.begin() + (g + 1) * per_group);
+      std::sort(in.rbegin(), in.rend());
+      rating.push_back({-(in[0] + (per_group > 1 ? in[1] : 0)), g});
+    }
+    std::sort(rating.begin(), rating.end());
+    std::vector<std::pair<double, std::int64_t>> candidates;  // (-biased, expert)
+    for (std::int64_t k = 0; k < kept_groups; ++k)
+      for (std::int64_t e = rating[k].second * per_group; e < (rating[k].second + 1) * per_group;
+           ++e)
+        candidates.push_back({-biased[e], e});
+    std::sort(candidates.begin(), candidates.end());
+    double sum = 0;
+    for (std::int64_t k = 0; k < top; ++k) sum += score[candidates[k].second];
+    const at::Tensor row = y[t].unsqueeze(0);
+    for (std::int64_t k = 0; k < top; ++k) {
+      const std::int64_t e = candidates[k].second;
+      const double w = score[e] / (renormalise ? sum : 1) * scale;
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      out[t] +=
+          (swiglu(c, ckpt, row, x + "gate_proj", x + "up_proj", x + "down_proj") * w).squeeze(0);
+    }
+    out[t] += swiglu(c, ckpt, row, shared + "gate_proj", shared + "up_proj", shared + "down_proj")
+                  .squeeze(0);
   }
   return out;
 }
@@ -861,8 +948,9 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
                     local = att.own_rotary ? rotary(att.local_base, att.local_factor) : c;
   // The share of each head that rotary turns, read here for GLM-4 (0.5 when
   // absent); the others' as parsed.
-  const double share = glm4(c) ? nlohmann::json::parse(c.json).value("partial_rotary_factor", 0.5)
-                               : c.partial_rotary_factor;
+  const double share = glm4(c) || glm4_moe(c)
+                           ? nlohmann::json::parse(c.json).value("partial_rotary_factor", 0.5)
+                           : c.partial_rotary_factor;
   at::Tensor h =
       f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens)) * gs.embedding;
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is

@@ -76,33 +76,20 @@ namespace tpreload::testdata {
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
-inline const char* const kTinyConfigs[] = {"llama_gqa",
-                                           "qwen2_tied",
-                                           "mistral_mqa",
-                                           "qwen3_dense",
-                                           "qwen3_moe",
-                                           "qwen3_moe_plain",
-                                           "qwen2_moe",
-                                           "mixtral",
-                                           "llama_mlp_bias",
-                                           "phi3",
-                                           "gemma",
-                                           "gemma2",
-                                           "gemma3",
-                                           "granite",
-                                           "olmo2",
-                                           "olmo3",
-                                           "glm4",
-                                           "ernie45",
-                                           "cohere",
-                                           "cohere2",
-                                           "cohere_plus",
-                                           "exaone4",
-                                           "exaone4_full",
-                                           "granite_moe",
-                                           "granite_moe_shared",
-                                           "granite_hybrid",
-                                           "granite_hybrid_moe"};
+inline const char* const kTinyConfigs[] = {"llama_gqa",      "qwen2_tied",
+                                           "mistral_mqa",    "qwen3_dense",
+                                           "qwen3_moe",      "qwen3_moe_plain",
+                                           "qwen2_moe",      "mixtral",
+                                           "glm4_moe",       "llama_mlp_bias",
+                                           "phi3",           "gemma",
+                                           "gemma2",         "gemma3",
+                                           "granite",        "olmo2",
+                                           "olmo3",          "glm4",
+                                           "ernie45",        "cohere",
+                                           "cohere2",        "cohere_plus",
+                                           "exaone4",        "exaone4_full",
+                                           "granite_moe",    "granite_moe_shared",
+                                           "granite_hybrid", "granite_hybrid_moe"};
 
 // Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
 // and GraniteMoE's stacked), with

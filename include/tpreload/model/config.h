@@ -200,6 +200,23 @@ struct ModelConfig {
   // added to the experts' output where the layer has experts, the layer's
   // whole MLP where it has none; 0 for none.
   std::int64_t shared_mlp_intermediate_size = 0;
+  // GLM-4.5 (Glm4MoeForCausalLM; vLLM's glm4_moe.py): the layers before
+  // first_k_dense_replace are dense. Its router (sigmoid_routing) scores every
+  // expert by the sigmoid of its logit, keeps the topk_group of n_group groups
+  // whose two best scores plus e_score_correction_bias sum highest, picks the
+  // num_experts_per_tok best there by score plus bias, and weights them by
+  // their scores alone (renormalised with norm_topk_prob) times
+  // routed_scaling_factor. The router weight and e_score_correction_bias are
+  // float32 parameters whatever the model's dtype (vLLM's nn.Linear of
+  // float32). Every sparse layer also has shared experts (mlp.shared_experts,
+  // a SwiGLU MLP of n_shared_experts x moe_intermediate_size, no gate): this
+  // size, 0 for none.
+  std::int64_t first_k_dense_replace = 0;
+  bool sigmoid_routing = false;
+  std::int64_t n_group = 1;
+  std::int64_t topk_group = 1;
+  double routed_scaling_factor = 1;
+  std::int64_t shared_experts_intermediate_size = 0;
   DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
   std::string json;               // the original text, for kernel_format.json
 
@@ -212,7 +229,8 @@ struct ModelConfig {
   bool sliding_layer(std::int64_t layer) const;
 
   // Whether decoder layer `layer` has experts: num_experts > 0, the layer is not
-  // in mlp_only_layers, and (layer + 1) % decoder_sparse_step == 0.
+  // in mlp_only_layers nor before first_k_dense_replace, and
+  // (layer + 1) % decoder_sparse_step == 0.
   bool sparse_layer(std::int64_t layer) const;
 };
 

@@ -32,6 +32,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <memory>
@@ -157,6 +158,10 @@ class TensorParallelModel : public ReloadTarget {
   at::Tensor dense_mlp(const at::Tensor& y, const std::string& prefix,
                        const char* gate_up = "gate_up_proj", const char* down = "down_proj") const;
   at::Tensor experts(const at::Tensor& y, const std::string& prefix) const;
+  // GLM-4.5's routing weights and chosen experts [tokens, num_experts_per_tok]
+  // from router logits, for the sparse block under `block` ("....mlp.").
+  std::pair<at::Tensor, at::Tensor> sigmoid_group_routing(const at::Tensor& logits,
+                                                          const std::string& block) const;
   // Run `writes` whose source is the host block `bytes` (staged on the device first).
   void apply_block(const std::vector<RowWrite>& writes, ConstBytes bytes);
   std::string storage_name(const std::string& name) const;

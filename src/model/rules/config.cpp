@@ -124,6 +124,8 @@ enum class Experts {
                 // norm_topk_prob
   kQwenShared,  // the same and shared_expert_intermediate_size (Qwen2-MoE)
   kMixtral,     // num_local_experts of intermediate_size in every layer, renormalised
+  kGlm,         // GLM-4.5's: n_routed_experts, sigmoid routing over groups, shared experts
+                // (parse_glm4_moe)
 };
 // The line of models a family belongs to, where it needs more than the
 // columns of Family: each adds its own keys and layout (parse_model_config).
@@ -153,6 +155,11 @@ enum class Line {
   // own names, rotary on interleaved pairs over partial_rotary_factor of each
   // head (0.5 when absent).
   kGlm,
+  // GLM-4.5 (vLLM's glm4_moe.py): Llama's norms, q/k/v biases as attention_bias
+  // says, q and k normed per head with use_qk_norm, rotary on halves over
+  // partial_rotary_factor of each head (0.5 when absent), dense layers then
+  // sparse ones with sigmoid routing and shared experts (parse_glm4_moe).
+  kGlm4Moe,
   // ERNIE 4.5 (Ernie4_5Config's defaults; vLLM's ernie45.py, its Llama):
   // rotary on interleaved pairs over whole heads, tied by default, no biases.
   kErnie,
@@ -217,6 +224,10 @@ constexpr Family kFamilies[] = {
     // Llama's, without biases)
     {"Glm4ForCausalLM", 2, 128, 1e4, 1.5625e-7, Biases::kQkvUnlessOff, QkNorm::kNone,
      Experts::kNone, Stacked::kGateUp, Line::kGlm},
+    // (vLLM's Glm4MoeAttention: q/k/v biases as attention_bias says, none on
+    // o_proj; q/k norms with use_qk_norm: parse_glm4_moe)
+    {"Glm4MoeForCausalLM", 8, 0, 1e4, 1e-5, Biases::kQkvOptional, QkNorm::kNone, Experts::kGlm,
+     Stacked::kNone, Line::kGlm4Moe},
     // (vLLM's GraniteAttention and GraniteMLP: attention_bias or bias, mlp_bias)
     {"GraniteForCausalLM", 0, 0, 1e4, 1e-6, Biases::kGranite, QkNorm::kNone, Experts::kNone,
      Stacked::kNone, Line::kGranite},
@@ -472,6 +483,49 @@ std::int64_t required_count(const json& j, const char* key, const std::string& o
     raise<ModelError>(origin, ": field '", key, "' must be a non-negative integer (", why,
                       "), got ", j.contains(key) ? j[key].dump() : std::string("nothing"));
   return j[key].get<std::int64_t>();
+}
+
+// GLM-4.5's keys, as vLLM's glm4_moe.py reads them from the released
+// Glm4MoeConfig (whose earlier versions named and defaulted them otherwise, so
+// that what shapes the experts and their routing is required):
+// n_routed_experts, num_experts_per_tok, moe_intermediate_size,
+// n_shared_experts (0 or null: none), first_k_dense_replace, n_group and
+// topk_group (n_routed_experts a multiple of n_group, topk_group at most
+// n_group, num_experts_per_tok within topk_group groups' experts),
+// routed_scaling_factor and head_dim; norm_topk_prob (true when absent) and
+// use_qk_norm (false). SiLU only.
+void parse_glm4_moe(const json& j, const std::string& origin, ModelConfig& c) {
+  const char* why = "vLLM's glm4_moe.py reads it; Glm4MoeConfig's versions default it differently";
+  for (const char* key : {"head_dim", "routed_scaling_factor"})
+    if (!j.contains(key) || j[key].is_null())
+      raise<ModelError>(origin, ": field '", key, "' is missing (", why, ")");
+  silu_only(j, origin, c);
+  c.num_experts = positive_int(j, "n_routed_experts", origin);
+  c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", origin);
+  c.moe_intermediate_size = positive_int(j, "moe_intermediate_size", origin);
+  const std::int64_t shared =
+      j.contains("n_shared_experts") && j["n_shared_experts"].is_null()
+          ? 0
+          : required_count(j, "n_shared_experts", origin, "null or 0 for none");
+  c.shared_experts_intermediate_size = shared * c.moe_intermediate_size;
+  c.first_k_dense_replace = required_count(j, "first_k_dense_replace", origin, why);
+  c.n_group = positive_int(j, "n_group", origin);
+  c.topk_group = positive_int(j, "topk_group", origin);
+  c.routed_scaling_factor = positive_number(j, "routed_scaling_factor", 1, origin);
+  c.norm_topk_prob = !j.contains("norm_topk_prob") || j["norm_topk_prob"].is_null() ||
+                     flag(j, "norm_topk_prob", origin);
+  c.sigmoid_routing = true;
+  if (flag(j, "use_qk_norm", origin)) c.qk_norm = QkNorm::kShared;
+  if (c.num_experts % c.n_group != 0)
+    raise<ModelError>(origin, ": n_routed_experts ", c.num_experts,
+                      " is not a multiple of n_group ", c.n_group);
+  if (c.topk_group > c.n_group)
+    raise<ModelError>(origin, ": topk_group ", c.topk_group, " exceeds n_group ", c.n_group);
+  const std::int64_t reachable = c.topk_group * (c.num_experts / c.n_group);
+  if (c.num_experts_per_tok > reachable)
+    raise<ModelError>(origin, ": num_experts_per_tok ", c.num_experts_per_tok, " exceeds the ",
+                      reachable, " experts of topk_group ", c.topk_group, " groups of ",
+                      c.num_experts / c.n_group);
 }
 
 // GraniteMoeHybrid's keys (vLLM's granitemoehybrid.py) for a model whose every
@@ -910,7 +964,7 @@ LayerNorms layer_norms(const ModelConfig& c) {
 }
 
 bool ModelConfig::sparse_layer(std::int64_t layer) const {
-  if (num_experts <= 0) return false;
+  if (num_experts <= 0 || layer < first_k_dense_replace) return false;
   for (std::int64_t l : mlp_only_layers)
     if (l == layer) return false;
   return (layer + 1) % decoder_sparse_step == 0;
@@ -975,7 +1029,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   c.rope_theta = rope_number(rope, "rope_theta", origin, f.rope_theta, params);
   c.rope_scaling = rope_scaling_of(rope, origin, params);
   c.partial_rotary_factor =
-      rope_number(rope, "partial_rotary_factor", origin, f.line == Line::kGlm ? 0.5 : 1.0, params);
+      rope_number(rope, "partial_rotary_factor", origin,
+                  f.line == Line::kGlm || f.line == Line::kGlm4Moe ? 0.5 : 1.0, params);
   if (c.partial_rotary_factor > 1)
     raise<ModelError>(origin, ": partial_rotary_factor must be at most 1, got ",
                       c.partial_rotary_factor);
@@ -1027,6 +1082,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
   if (f.line == Line::kExaone4) parse_exaone4(j, origin, c);
   if (f.olmo()) parse_olmo(j, per_type, origin, f.line == Line::kOlmo3, c);
   if (f.granite()) parse_granite(j, origin, f.line, c);
+  if (f.line == Line::kGlm4Moe) parse_glm4_moe(j, origin, c);
   if (f.cohere()) parse_cohere(j, origin, f.line == Line::kCohere2, c);
   // (vLLM's LlamaForCausalLM, which serves Llama, Mistral, Phi-3 and ERNIE 4.5,
   // multiplies the logits by a logit_scale where the config has one)
@@ -1043,7 +1099,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
     refuse_true(j, origin, c, {"use_bias"},
                 "vLLM's model takes no biases; no released ERNIE 4.5 sets it");
   // (GraniteMoeHybrid's experts as GraniteMoE's, where it has any)
-  if (f.experts != Experts::kNone && !(f.line == Line::kGraniteMoeHybrid && c.num_experts == 0))
+  if (f.experts != Experts::kNone && f.experts != Experts::kGlm &&
+      !(f.line == Line::kGraniteMoeHybrid && c.num_experts == 0))
     parse_experts(j, origin, f.experts, c);
   c.dtype = parse_dtype(j, origin);
   check_heads(c, origin);
@@ -1089,7 +1146,8 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
-  if (c.partial_rotary_factor != 1 || f.line == Line::kGlm)  // (GLM-4's 0.5 when absent)
+  // (GLM-4's and GLM-4.5's 0.5 when absent)
+  if (c.partial_rotary_factor != 1 || f.line == Line::kGlm || f.line == Line::kGlm4Moe)
     j["partial_rotary_factor"] = c.partial_rotary_factor;
   if (c.activation != Activation::kSilu) j["hidden_activation"] = activation_name(c.activation);
   const bool gemma2_or_3 = f.line == Line::kGemma2 || f.line == Line::kGemma3;
@@ -1156,7 +1214,19 @@ std::string model_config_to_json(const ModelConfig& c) {
   }
   if (f.granite_moe() && f.line != Line::kGraniteMoe)
     j["shared_intermediate_size"] = c.shared_mlp_intermediate_size;
-  if (f.experts == Experts::kMixtral) {
+  if (f.experts == Experts::kGlm) {
+    j["head_dim"] = c.head_dim;
+    j["n_routed_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["n_shared_experts"] = c.shared_experts_intermediate_size / c.moe_intermediate_size;
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["routed_scaling_factor"] = c.routed_scaling_factor;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["use_qk_norm"] = c.qk_norm == QkNorm::kShared;
+  } else if (f.experts == Experts::kMixtral) {
     j["num_local_experts"] = c.num_experts;
     if (c.num_experts > 0) j["num_experts_per_tok"] = c.num_experts_per_tok;
   } else if (c.num_experts > 0) {
@@ -1282,6 +1352,8 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
       const std::int64_t mi = c.moe_intermediate_size;
       const MoeNames names = moe_names(c);
       specs.push_back({p + names.module + ".gate.weight", {c.num_experts, h}});
+      if (c.sigmoid_routing)  // (GLM-4.5's)
+        specs.push_back({p + names.module + ".gate.e_score_correction_bias", {c.num_experts}});
       for (std::int64_t e = 0; e < c.num_experts; ++e) {
         const std::string x = p + names.module + ".experts." + std::to_string(e) + ".";
         specs.push_back({x + names.gate + ".weight", {mi, h}});
@@ -1293,6 +1365,11 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
         specs.push_back({p + "mlp.shared_expert.up_proj.weight", {si, h}});
         specs.push_back({p + "mlp.shared_expert.down_proj.weight", {h, si}});
         specs.push_back({p + "mlp.shared_expert_gate.weight", {1, h}});
+      }
+      if (const std::int64_t si = c.shared_experts_intermediate_size; si > 0) {  // (GLM-4.5's)
+        specs.push_back({p + "mlp.shared_experts.gate_proj.weight", {si, h}});
+        specs.push_back({p + "mlp.shared_experts.up_proj.weight", {si, h}});
+        specs.push_back({p + "mlp.shared_experts.down_proj.weight", {h, si}});
       }
       continue;
     }
@@ -1346,7 +1423,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
     !defined(_GLIBCXX_DEBUG)
-static_assert(sizeof(ModelConfig) == 848,
+static_assert(sizeof(ModelConfig) == 896,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 
@@ -1397,6 +1474,12 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("norm_topk_prob", c.norm_topk_prob);
   field("shared_expert_intermediate_size", c.shared_expert_intermediate_size);
   field("shared_intermediate_size", c.shared_mlp_intermediate_size);
+  field("first_k_dense_replace", c.first_k_dense_replace);
+  field("sigmoid routing with e_score_correction_bias", c.sigmoid_routing);
+  field("n_group", c.n_group);
+  field("topk_group", c.topk_group);
+  field("routed_scaling_factor", c.routed_scaling_factor);
+  field("n_shared_experts x moe_intermediate_size", c.shared_experts_intermediate_size);
   field("torch_dtype", c.dtype);
   return out;
 }

@@ -26,6 +26,10 @@ NameParts split_name(const std::string& name) {
           name.substr(last + 1)};
 }
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 void require_divisible(std::int64_t value, std::int64_t by, const char* what, int tp) {
   if (by <= 0 || value % by != 0)
     raise<ModelError>("cannot split the model ", tp, " ways: ", what, " ", value,
@@ -123,6 +127,8 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
   require_divisible(c.shared_expert_intermediate_size, tp_size_, "shared_expert_intermediate_size",
                     tp_size_);
   require_divisible(c.shared_mlp_intermediate_size, tp_size_, "shared_intermediate_size", tp_size_);
+  require_divisible(c.shared_experts_intermediate_size, tp_size_,
+                    "n_shared_experts x moe_intermediate_size", tp_size_);
   padded_vocab_ = (c.vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   require_divisible(padded_vocab_, tp_size_, "padded vocab size", tp_size_);
   build_rules();
@@ -229,8 +235,13 @@ void ShardingRules::build_params() {
   std::set<std::string> seen;  // params_ is sorted only at the end
   for (const auto& [name, rule] : rules_) {
     if (!seen.insert(rule.param).second) continue;
-    ParamSpec spec{rule.param, rule.source_shape, c.dtype, rule.kind, layer_of(rule.param)};
     const NameParts p = split_name(rule.param);
+    // (GLM-4.5's router and its score correction: float32 parameters, vLLM's
+    // nn.Linear of float32, whatever the model's dtype)
+    const bool float32_router =
+        c.sigmoid_routing && p.module == "gate" && ends_with(p.prefix, ".mlp.");
+    ParamSpec spec{rule.param, rule.source_shape, float32_router ? DType::kFloat32 : c.dtype,
+                   rule.kind, layer_of(rule.param)};
     const std::int64_t experts = local_experts(), expert_inter = local_moe_intermediate();
     if (rule.kind == ShardKind::kVocab) spec.shape[0] = padded_vocab_ / tp_size_;
     if (p.module == "qkv_proj") {
