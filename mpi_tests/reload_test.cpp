@@ -289,9 +289,17 @@ TEST(Reload, Glm4MoeFloat32RouterAndSharedExperts) {
   run_checkpoint_matrix("glm4_moe", {world().size(), "", false});
   run_checkpoint_matrix("glm4_moe", {world().size(), "int8", false, true});
   // The next-token-prediction layer GLM-4.5 checkpoints carry (layer
-  // num_hidden_layers) is reported unused, as vLLM's glm4_moe.py skips it.
+  // num_hidden_layers) is reported unused, as vLLM's glm4_moe.py skips it; the
+  // score corrections in float32, as released checkpoints store them.
   const ModelConfig config = testdata::tiny_config("glm4_moe");
   auto with_mtp = testdata::random_checkpoint(config, 300);
+  int float32_corrections = 0;
+  for (auto& [name, t] : with_mtp)
+    if (name.find("e_score_correction_bias") != std::string::npos) {
+      t = (t.to(at::kFloat) + 1e-3f).contiguous();  // (bits a bfloat16 lacks)
+      ++float32_corrections;
+    }
+  EXPECT_EQ(float32_corrections, config.num_hidden_layers - 1) << "one per sparse layer";
   const std::string mtp = "model.layers." + std::to_string(config.num_hidden_layers) + ".";
   with_mtp[mtp + "eh_proj.weight"] = at::ones({config.hidden_size, 2 * config.hidden_size});
   with_mtp[mtp + "mlp.gate.weight"] = at::ones({config.num_experts, config.hidden_size});

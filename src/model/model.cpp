@@ -165,7 +165,7 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
                       options_.tp_size, ": block of ", shape_string(got), " ",
                       c10::toString(block.scalar_type()), " at row ", row0, " does not fit ",
                       presliced ? "slice " : "", shape_string(whole), " ",
-                      dtype_name(config().dtype));
+                      dtype_name(checkpoint_dtype(rules_, pl.slot)));
   const at::Tensor rows = block.contiguous();
   std::vector<RowWrite> writes;
   if (auto w = checkpoint_row_write(rules_, pl, dtype_from_torch(block.scalar_type()), row0, n,

@@ -13,6 +13,7 @@
 #include "tpreload/core/error.h"
 #include "tpreload/model/config.h"
 #include "tpreload/model/sharding.h"
+#include "tpreload/model/target.h"
 
 namespace tpreload {
 namespace {
@@ -798,9 +799,6 @@ TEST(Config, GraniteHybridKeysAsHuggingFaceWritesThem) {
               "(vLLM's granitemoehybrid.py reads no head_dim)"));
 }
 
-// GraniteMoeShared (vLLM's granitemoeshared.py): GraniteMoE's experts and a
-// shared MLP of shared_intermediate_size in every layer (0 when absent:
-// GraniteMoE's layout); no biases.
 // GLM-4.5-Air's config.json as Hugging Face writes it (keys of the released
 // Glm4MoeConfig), and GLM-4.5's differences: dense layers first, then sparse
 // ones with a float32 router and its score correction, shared experts.
@@ -913,6 +911,19 @@ TEST(Config, Glm4MoeKeysAsHuggingFaceWritesThem) {
       without(air, {R"("norm_topk_prob":true,)", R"("partial_rotary_factor":0.5,)"}), "c");
   EXPECT_TRUE(defaults.norm_topk_prob);
   EXPECT_EQ(defaults.partial_rotary_factor, 0.5);
+  // null norm_topk_prob: false, as Hugging Face's router and vLLM's renormalize read it.
+  EXPECT_FALSE(
+      parse_model_config(replaced(air, R"("norm_topk_prob":true)", R"("norm_topk_prob":null)"), "c")
+          .norm_topk_prob);
+  // A checkpoint router of another shape names the parameter's float32.
+  const ShardingRules one(c, 1);
+  const auto router_place = one.place("model.layers.1.mlp.gate.weight", 0);
+  ASSERT_TRUE(router_place);
+  const std::string problem =
+      checkpoint_tensor_problem(one, 0, *router_place, {127, 4096}, DType::kBFloat16, false);
+  EXPECT_NE(problem.find("expected [128, 4096] float32, got [127, 4096] bfloat16"),
+            std::string::npos)
+      << problem;
 
   // Refused, by name.
   for (const char* key :
@@ -936,10 +947,18 @@ TEST(Config, Glm4MoeKeysAsHuggingFaceWritesThem) {
   EXPECT_TRUE(refused(replaced(replaced(air, R"("n_group":1,)", R"("n_group":64,)"),
                                R"("topk_group":1,)", R"("topk_group":3,)"),
                       "num_experts_per_tok 8 exceeds the 6 experts of topk_group 3 groups of 2"));
+  EXPECT_TRUE(refused(replaced(air, R"("n_group":1,)", R"("n_group":128,)"),
+                      "n_group 128 leaves groups of one expert (128 routed experts)"));
+  EXPECT_TRUE(
+      refused(replaced(air, R"("tie_word_embeddings":false)", R"("tie_word_embeddings":true)"),
+              "tie_word_embeddings true is refused for Glm4MoeForCausalLM"));
   EXPECT_TRUE(refused(replaced(air, R"("n_shared_experts":1,)", R"("n_shared_experts":-1,)"),
                       "'n_shared_experts' must be a non-negative integer"));
 }
 
+// GraniteMoeShared (vLLM's granitemoeshared.py): GraniteMoE's experts and a
+// shared MLP of shared_intermediate_size in every layer (0 when absent:
+// GraniteMoE's layout); no biases.
 TEST(Config, GraniteMoeSharedKeysAsHuggingFaceWritesThem) {
   const std::string shared = R"({"architectures":["GraniteMoeSharedForCausalLM"],
     "attention_bias":false,"attention_multiplier":0.0078125,"embedding_multiplier":12.0,

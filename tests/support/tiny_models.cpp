@@ -837,14 +837,14 @@ at::Tensor swiglu(const ModelConfig& c, const std::map<std::string, at::Tensor>&
   return linear_ref(ckpt, activation(c, linear_ref(ckpt, x, gate)) * linear_ref(ckpt, x, up), down);
 }
 
+at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                          const std::string& p, const at::Tensor& y);
+
 // Hugging Face's Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock and
 // Qwen2MoeSparseMoeBlock, token by token: softmax router, top-k, renormalised
 // (always for Mixtral, with norm_topk_prob for the Qwens), SiLU-gated experts
 // weighted by their routing weight, plus (Qwen2-MoE) the shared expert scaled by
-// sigmoid of its gate.
-at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
-                          const std::string& p, const at::Tensor& y);
-
+// sigmoid of its gate; GLM-4.5's block apart (glm4_moe_block).
 at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
                const std::string& p, const at::Tensor& y) {
   if (glm4_moe(c)) return glm4_moe_block(c, ckpt, p, y);
@@ -870,7 +870,9 @@ at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ck
   return out;
 }
 
-// Hugging Face's Glm4MoeMoE, token by token, with the config's keys read here:
+// GLM-4.5's sparse block as vLLM's grouped_topk routes it, token by token, with
+// the config's keys read here (Hugging Face's Glm4MoeMoE masks the groups it
+// drops to 0 rather than -inf, which differs only where n_group > 1):
 // scores sigmoid(router logits); groups of n_routed_experts / n_group experts
 // rated by the sum of their two best scores plus e_score_correction_bias; the
 // topk_group best groups kept; there the num_experts_per_tok best by score plus
@@ -882,7 +884,7 @@ at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::
   const std::int64_t experts = j.at("n_routed_experts"), groups = j.at("n_group"),
                      kept_groups = j.at("topk_group"), top = j.at("num_experts_per_tok");
   const double scale = j.at("routed_scaling_factor");
-  const bool renormalise = j.value("norm_topk_prob", true);
+  const bool renormalise = !j.contains("norm_topk_prob") || j["norm_topk_prob"] == true;
   const std::int64_t per_group = experts / groups;
   const at::Tensor logits = at::matmul(y, f32(ckpt, p + "mlp.gate.weight").t());
   const at::Tensor bias = f32(ckpt, p + "mlp.gate.e_score_correction_bias");

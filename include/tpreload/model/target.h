@@ -55,6 +55,10 @@ std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank,
                                       const Placement& placement,
                                       const std::vector<std::int64_t>& shape, DType dtype,
                                       bool presliced);
+// The dtype a checkpoint tensor for parameter `slot` is said to be expected in:
+// the parameter's (GLM-4.5's router float32 in a bfloat16 model), or for an int8
+// (quantized) parameter the model's.
+DType checkpoint_dtype(const ShardingRules& rules, ParamSlot slot);
 // The same for a kernel-format tensor named as the model names its parameter
 // (".base_layer." accepted): its exact shape; int8 stays int8.
 std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const std::string& name,

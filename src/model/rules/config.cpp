@@ -492,14 +492,20 @@ std::int64_t required_count(const json& j, const char* key, const std::string& o
 // n_shared_experts (0 or null: none), first_k_dense_replace, n_group and
 // topk_group (n_routed_experts a multiple of n_group, topk_group at most
 // n_group, num_experts_per_tok within topk_group groups' experts),
-// routed_scaling_factor and head_dim; norm_topk_prob (true when absent) and
-// use_qk_norm (false). SiLU only.
+// routed_scaling_factor and head_dim (which vLLM reads as it is, with no
+// fallback); norm_topk_prob (true when absent, false when null, as both
+// models read a null) and use_qk_norm (false). SiLU only; never tied (vLLM's
+// Glm4MoeForCausalLM always has its own lm_head).
 void parse_glm4_moe(const json& j, const std::string& origin, ModelConfig& c) {
   const char* why = "vLLM's glm4_moe.py reads it; Glm4MoeConfig's versions default it differently";
-  for (const char* key : {"head_dim", "routed_scaling_factor"})
-    if (!j.contains(key) || j[key].is_null())
-      raise<ModelError>(origin, ": field '", key, "' is missing (", why, ")");
+  if (!j.contains("head_dim") || j["head_dim"].is_null())
+    raise<ModelError>(origin, ": field 'head_dim' is missing or null (vLLM's glm4_moe.py reads ",
+                      "config.head_dim, with no fallback to hidden_size / num_attention_heads)");
+  if (!j.contains("routed_scaling_factor") || j["routed_scaling_factor"].is_null())
+    raise<ModelError>(origin, ": field 'routed_scaling_factor' is missing or null (", why, ")");
   silu_only(j, origin, c);
+  refuse_true(j, origin, c, {"tie_word_embeddings"},
+              "vLLM's Glm4MoeForCausalLM always loads its own lm_head");
   c.num_experts = positive_int(j, "n_routed_experts", origin);
   c.num_experts_per_tok = positive_int(j, "num_experts_per_tok", origin);
   c.moe_intermediate_size = positive_int(j, "moe_intermediate_size", origin);
@@ -512,13 +518,18 @@ void parse_glm4_moe(const json& j, const std::string& origin, ModelConfig& c) {
   c.n_group = positive_int(j, "n_group", origin);
   c.topk_group = positive_int(j, "topk_group", origin);
   c.routed_scaling_factor = positive_number(j, "routed_scaling_factor", 1, origin);
-  c.norm_topk_prob = !j.contains("norm_topk_prob") || j["norm_topk_prob"].is_null() ||
-                     flag(j, "norm_topk_prob", origin);
+  c.norm_topk_prob = !j.contains("norm_topk_prob") || flag(j, "norm_topk_prob", origin);
   c.sigmoid_routing = true;
   if (flag(j, "use_qk_norm", origin)) c.qk_norm = QkNorm::kShared;
   if (c.num_experts % c.n_group != 0)
     raise<ModelError>(origin, ": n_routed_experts ", c.num_experts,
                       " is not a multiple of n_group ", c.n_group);
+  // (vLLM's grouped top-k refuses groups of one expert, or in other versions
+  // skips the grouping: no released GLM-4.5 has them)
+  if (c.n_group > 1 && c.num_experts <= c.n_group)
+    raise<ModelError>(origin, ": n_group ", c.n_group, " leaves groups of one expert (",
+                      c.num_experts, " routed experts), which vLLM's grouped top-k does not ",
+                      "route by groups");
   if (c.topk_group > c.n_group)
     raise<ModelError>(origin, ": topk_group ", c.topk_group, " exceeds n_group ", c.n_group);
   const std::int64_t reachable = c.topk_group * (c.num_experts / c.n_group);
@@ -1251,12 +1262,16 @@ RowSplit stacked_qkv(const ModelConfig& c, const std::string& p, const std::stri
                      kv = c.num_key_value_heads * c.head_dim;
   const std::string a = p + "self_attn.";
   return {a + "qkv_proj." + leaf,
-          {{a + "q_proj." + leaf, q}, {a + "k_proj." + leaf, kv}, {a + "v_proj." + leaf, kv}}};
+          {{a + "q_proj." + leaf, q}, {a + "k_proj." + leaf, kv}, {a + "v_proj." + leaf, kv}},
+          false,
+          {}};
 }
 RowSplit stacked_gate_up(const ModelConfig& c, const std::string& p, const std::string& leaf) {
   return {p + "mlp.gate_up_proj." + leaf,
           {{p + "mlp.gate_proj." + leaf, c.intermediate_size},
-           {p + "mlp.up_proj." + leaf, c.intermediate_size}}};
+           {p + "mlp.up_proj." + leaf, c.intermediate_size}},
+          false,
+          {}};
 }
 
 // GraniteMoE's experts of layer prefix `p` (Stacked::kExperts), as vLLM's
@@ -1286,7 +1301,9 @@ std::vector<RowSplit> stacked_experts(const ModelConfig& c, const std::string& p
 RowSplit stacked_shared_mlp(const ModelConfig& c, const std::string& p) {
   const std::int64_t si = c.shared_mlp_intermediate_size;
   return {p + "shared_mlp.input_linear.weight",
-          {{p + "shared_mlp.gate_proj.weight", si}, {p + "shared_mlp.up_proj.weight", si}}};
+          {{p + "shared_mlp.gate_proj.weight", si}, {p + "shared_mlp.up_proj.weight", si}},
+          false,
+          {}};
 }
 
 // `split`'s parts (as the loaders take them), or the stacked tensor (as the

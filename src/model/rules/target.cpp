@@ -23,6 +23,11 @@ std::string dtype_problem(const std::string& who, DType from, DType to) {
 
 }  // namespace
 
+DType checkpoint_dtype(const ShardingRules& rules, ParamSlot slot) {
+  const DType param = rules.params().at(slot).dtype;
+  return param == DType::kInt8 ? rules.config().dtype : param;
+}
+
 std::vector<ReloadTarget::Stored> ReloadTarget::stored_parameters() const {
   std::vector<Stored> out;
   const auto& params = rules().params();
@@ -40,8 +45,8 @@ std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank, c
   if (!pl.held) return who + ": not held by this rank (another rank holds this expert)";
   if (shape != want)
     return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_string(want), " ",
-                          dtype_name(rules.config().dtype), ", got ", shape_string(shape), " ",
-                          dtype_name(dtype));
+                          dtype_name(checkpoint_dtype(rules, pl.slot)), ", got ",
+                          shape_string(shape), " ", dtype_name(dtype));
   return dtype_problem(who, dtype, rules.params().at(pl.slot).dtype);
 }
 
