@@ -956,6 +956,54 @@ TEST(Config, Glm4MoeKeysAsHuggingFaceWritesThem) {
                       "'n_shared_experts' must be a non-negative integer"));
 }
 
+// What must divide the tensor-parallel size: intermediate_size only where a
+// dense MLP reads it, the experts' size only where experts are split (not
+// under expert parallelism), each named as the config names it.
+TEST(Config, IntermediateSizesMustDivideTpWhereALayerSplitsThem) {
+  auto split_error = [](const std::string& json, int tp, bool ep) -> std::string {
+    try {
+      ShardingRules(parse_model_config(json, "config.json"), tp, "", ep);
+    } catch (const ModelError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string qwen = R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,
+    "intermediate_size":100,"num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":8,
+    "head_dim":8,"vocab_size":128,"num_experts":8,"num_experts_per_tok":2,
+    "moe_intermediate_size":16,"mlp_only_layers":[1]})";
+  EXPECT_NE(split_error(qwen, 8, false)
+                .find("cannot split the model 8 ways: intermediate_size 100 is not divisible by 8"),
+            std::string::npos)
+      << "layer 1 is dense";
+  EXPECT_EQ(split_error(without(qwen, {R"(,"mlp_only_layers":[1])"}), 8, false), "")
+      << "every layer sparse: intermediate_size is read by none";
+  EXPECT_NE(split_error(replaced(without(qwen, {R"(,"mlp_only_layers":[1])"}),
+                                 R"("moe_intermediate_size":16)", R"("moe_intermediate_size":12)"),
+                        8, false)
+                .find("moe_intermediate_size 12 is not divisible by 8"),
+            std::string::npos);
+  const std::string mixtral = R"({"architectures":["MixtralForCausalLM"],"hidden_size":64,
+    "intermediate_size":36,"num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":8,
+    "vocab_size":128,"num_local_experts":8,"num_experts_per_tok":2})";
+  EXPECT_NE(split_error(mixtral, 8, false)
+                .find("cannot split the model 8 ways: intermediate_size (the experts') 36 is not "
+                      "divisible by 8"),
+            std::string::npos);
+  EXPECT_EQ(split_error(mixtral, 8, true), "") << "whole experts per rank: their size unsplit";
+  const std::string glm = R"({"architectures":["Glm4MoeForCausalLM"],"hidden_size":64,
+    "intermediate_size":10,"num_hidden_layers":2,"num_attention_heads":8,"num_key_value_heads":8,
+    "head_dim":8,"vocab_size":128,"n_routed_experts":8,"num_experts_per_tok":2,
+    "moe_intermediate_size":16,"n_shared_experts":1,"first_k_dense_replace":0,"n_group":1,
+    "topk_group":1,"routed_scaling_factor":1.0})";
+  EXPECT_EQ(split_error(glm, 8, false), "") << "no dense layer";
+  EXPECT_NE(
+      split_error(replaced(glm, R"("first_k_dense_replace":0)", R"("first_k_dense_replace":1)"), 8,
+                  false)
+          .find("intermediate_size 10 is not divisible by 8"),
+      std::string::npos);
+}
+
 // GraniteMoeShared (vLLM's granitemoeshared.py): GraniteMoE's experts and a
 // shared MLP of shared_intermediate_size in every layer (0 when absent:
 // GraniteMoE's layout); no biases.

@@ -113,9 +113,14 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
                       tp_size_);
   else
     require_divisible(c.num_key_value_heads, tp_size_, "num_key_value_heads", tp_size_);
-  // (unread by a model whose only MLP is Granite's shared one)
-  if (c.num_experts > 0 || c.shared_mlp_intermediate_size == 0)
-    require_divisible(c.intermediate_size, tp_size_, "intermediate_size", tp_size_);
+  // intermediate_size where a layer's dense MLP reads it: not in a model whose
+  // every layer is sparse (Mixtral's lines, where it is the experts' size and
+  // split, or not, as theirs; GLM-4.5 without dense layers), nor where Granite's
+  // shared MLP is the only one.
+  bool dense_layer = false;
+  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    dense_layer = dense_layer || (!c.sparse_layer(l) && c.shared_mlp_intermediate_size == 0);
+  if (dense_layer) require_divisible(c.intermediate_size, tp_size_, "intermediate_size", tp_size_);
   if (expert_parallel_ && c.num_experts == 0)
     raise<ModelError>("expert parallelism needs a mixture-of-experts model; ", c.architecture,
                       " has no experts");
@@ -123,7 +128,10 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
     require_divisible(c.num_experts, tp_size_,
                       "num_experts (expert parallelism places whole experts)", tp_size_);
   else if (c.num_experts > 0)
-    require_divisible(c.moe_intermediate_size, tp_size_, "moe_intermediate_size", tp_size_);
+    require_divisible(c.moe_intermediate_size, tp_size_,
+                      moe_names(c).module == "block_sparse_moe" ? "intermediate_size (the experts')"
+                                                                : "moe_intermediate_size",
+                      tp_size_);
   require_divisible(c.shared_expert_intermediate_size, tp_size_, "shared_expert_intermediate_size",
                     tp_size_);
   require_divisible(c.shared_mlp_intermediate_size, tp_size_, "shared_intermediate_size", tp_size_);
