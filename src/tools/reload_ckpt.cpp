@@ -164,11 +164,9 @@ int run_inspect(const std::string& path) {
 
 std::string output_format(const ConvertArgs& a) {
   if (!a.format.empty()) return a.format;
-  const auto ends = [&](const std::string& s) {
-    return a.out.size() >= s.size() && a.out.compare(a.out.size() - s.size(), s.size(), s) == 0;
-  };
-  if (ends(".h5") || ends(".hdf5")) return "hdf5";
-  if (ends(".safetensors") || a.shards > 1) return "safetensors";
+  const std::string extension = std::filesystem::path(a.out).extension().string();
+  if (extension == ".h5" || extension == ".hdf5") return "hdf5";
+  if (extension == ".safetensors" || a.shards > 1) return "safetensors";
   raise<UsageError>("convert: cannot tell the output format of '", a.out,
                     "' (use .safetensors, .h5/.hdf5, --shards K for a directory, or --format)");
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -300,6 +301,10 @@ std::vector<std::string> config_differences(const ModelConfig& a, const ModelCon
 struct CheckpointTensorSpec {
   std::string name;
   std::vector<std::int64_t> shape;
+  // The dtype of the parameter it loads into, where that is not the model's
+  // (GLM-4.5's router and score correction: float32, vLLM's nn.Linear of
+  // float32, whatever the checkpoint holds; converted on load).
+  std::optional<DType> param_dtype;
 };
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:

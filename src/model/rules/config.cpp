@@ -1368,9 +1368,13 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
     if (c.sparse_layer(l)) {
       const std::int64_t mi = c.moe_intermediate_size;
       const MoeNames names = moe_names(c);
-      specs.push_back({p + names.module + ".gate.weight", {c.num_experts, h}});
-      if (c.sigmoid_routing)  // (GLM-4.5's)
-        specs.push_back({p + names.module + ".gate.e_score_correction_bias", {c.num_experts}});
+      // (GLM-4.5's router and score correction: float32 parameters)
+      const std::optional<DType> router_dtype =
+          c.sigmoid_routing ? std::optional<DType>(DType::kFloat32) : std::nullopt;
+      specs.push_back({p + names.module + ".gate.weight", {c.num_experts, h}, router_dtype});
+      if (c.sigmoid_routing)
+        specs.push_back(
+            {p + names.module + ".gate.e_score_correction_bias", {c.num_experts}, router_dtype});
       for (std::int64_t e = 0; e < c.num_experts; ++e) {
         const std::string x = p + names.module + ".experts." + std::to_string(e) + ".";
         specs.push_back({x + names.gate + ".weight", {mi, h}});

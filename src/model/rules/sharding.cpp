@@ -26,10 +26,6 @@ NameParts split_name(const std::string& name) {
           name.substr(last + 1)};
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 void require_divisible(std::int64_t value, std::int64_t by, const char* what, int tp) {
   if (by <= 0 || value % by != 0)
     raise<ModelError>("cannot split the model ", tp, " ways: ", what, " ", value,
@@ -230,6 +226,7 @@ void ShardingRules::build_rules() {
       rule.kind = ShardKind::kHeads;
       rule.role = p.module == "q_norm" ? Role::kQ : Role::kK;
     }
+    rule.param_dtype = spec.param_dtype;
     rules_.emplace_back(spec.name, rule);
   }
   std::sort(rules_.begin(), rules_.end(),
@@ -244,12 +241,8 @@ void ShardingRules::build_params() {
   for (const auto& [name, rule] : rules_) {
     if (!seen.insert(rule.param).second) continue;
     const NameParts p = split_name(rule.param);
-    // (GLM-4.5's router and its score correction: float32 parameters, vLLM's
-    // nn.Linear of float32, whatever the model's dtype)
-    const bool float32_router =
-        c.sigmoid_routing && p.module == "gate" && ends_with(p.prefix, ".mlp.");
-    ParamSpec spec{rule.param, rule.source_shape, float32_router ? DType::kFloat32 : c.dtype,
-                   rule.kind, layer_of(rule.param)};
+    ParamSpec spec{rule.param, rule.source_shape, rule.param_dtype.value_or(c.dtype), rule.kind,
+                   layer_of(rule.param)};
     const std::int64_t experts = local_experts(), expert_inter = local_moe_intermediate();
     if (rule.kind == ShardKind::kVocab) spec.shape[0] = padded_vocab_ / tp_size_;
     if (p.module == "qkv_proj") {
