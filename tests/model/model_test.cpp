@@ -536,8 +536,9 @@ TEST(Forward, PartialRotaryTurnsTheFirstDimensionsOfEachHead) {
     const auto [got, want] = logits_and_reference(config, ckpt);
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
         << fields << ": max diff " << (got - want).abs().max().item<float>();
-    ModelConfig full = config;
-    full.partial_rotary_factor = 1;
+    nlohmann::json whole = nlohmann::json::parse(config.json);
+    whole["partial_rotary_factor"] = 1.0;
+    const ModelConfig full = parse_model_config(whole.dump(), "config.json");
     EXPECT_GT(
         (want - testdata::reference_logits(full, ckpt, kRopeTokens)).abs().max().item<float>(),
         1e-3)

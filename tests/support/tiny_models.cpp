@@ -354,6 +354,149 @@ bool qk_norms(const ModelConfig& c) {
          (glm4_moe(c) && nlohmann::json::parse(c.json).value("use_qk_norm", false));
 }
 
+// A rotary embedding as the reference reads it from a config's JSON: the
+// base, and rope_scaling's settings (or a flat rope_parameters'), with vLLM's
+// defaults where one is absent, written here (yarn: beta_fast 32, beta_slow 1,
+// extrapolation_factor and attn_factor 1, scaled and truncated; "su" is
+// longrope's older name; the context lengths from the settings, else from the
+// config's top level).
+struct Rotary {
+  double theta = 10000;
+  std::string type = "default";
+  double factor = 1, low_freq_factor = 0, high_freq_factor = 0;
+  double original = 0, max_positions = 0;  // (original_ and max_position_embeddings)
+  double beta_fast = 32, beta_slow = 1, extrapolation_factor = 1, attn_factor = 1;
+  bool apply_yarn_scaling = true, truncate = true;
+  std::vector<double> short_factor, long_factor;
+  double short_mscale = 0, long_mscale = 0, alpha = 0;
+};
+
+// What the reference computes with, read from the config's JSON here rather
+// than taken from ModelConfig (whose parsing is under test). Keys a tiny
+// config leaves out take the defaults of the family's Hugging Face config
+// class, written below for the families whose tiny configs leave them out;
+// any other absent key is an error of the test.
+struct Reading {
+  std::int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, layers = 0, vocab = 0;
+  double eps = 0;    // rms_norm_eps, or Cohere's layer_norm_eps
+  double share = 1;  // partial_rotary_factor
+  bool tied = false;
+  Rotary rotary;
+  // Sparse layers: how many experts, how many a token takes, whether their
+  // weights are renormalised, and which layers are sparse (Qwen-MoE's
+  // decoder_sparse_step and mlp_only_layers).
+  std::int64_t experts = 0, top_k = 0, sparse_step = 1;
+  bool renormalise = false;
+  std::vector<std::int64_t> mlp_only;
+};
+
+Reading read_config(const ModelConfig& c) {
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  const std::string& a = c.architecture;
+  const auto given = [&](const nlohmann::json& o, const char* key) {
+    return o.contains(key) && !o[key].is_null();
+  };
+  // `key`, else `fallback` where the family's config class has that default
+  // (`has` false: the reference has none, and the test must give the key).
+  auto number = [&](const char* key, bool has, double fallback) {
+    if (given(j, key)) return j[key].get<double>();
+    if (!has)
+      throw std::invalid_argument("the reference has no default for '" + std::string(key) +
+                                  "' of " + a + ": write it");
+    return fallback;
+  };
+  Reading r;
+  r.hidden = j.at("hidden_size");
+  r.heads = j.at("num_attention_heads");
+  r.layers = j.at("num_hidden_layers");
+  r.vocab = j.at("vocab_size");
+  // (Glm4Config's and Ernie4_5Config's default: 2 KV heads)
+  r.kv_heads = static_cast<std::int64_t>(
+      number("num_key_value_heads", glm4(c) || a == "Ernie4_5ForCausalLM", 2));
+  // (head_dim: hidden_size / num_attention_heads in every family here but
+  // Gemma's, whose tiny configs give it)
+  r.head_dim = static_cast<std::int64_t>(number("head_dim", !gemma(c), double(r.hidden) / r.heads));
+  if (cohere(c)) {
+    r.eps = number("layer_norm_eps", true, 1e-5);
+  } else {
+    // LlamaConfig's, GemmaConfig's and GraniteConfig's 1e-6; Phi3Config's and
+    // the OLMo configs' 1e-5; Glm4Config's 1.5625e-7
+    const bool small = a == "LlamaForCausalLM" || gemma(c) || a == "GraniteForCausalLM";
+    const bool olmo_or_phi = olmo(c) || a == "Phi3ForCausalLM";
+    r.eps = number("rms_norm_eps", small || olmo_or_phi || glm4(c),
+                   small         ? 1e-6
+                   : olmo_or_phi ? 1e-5
+                                 : 1.5625e-7);
+  }
+  // (tied: GemmaConfig's, CohereConfig's and Ernie4_5Config's default; not
+  // LlamaConfig's)
+  const bool tied_default = gemma(c) || cohere(c) || a == "Ernie4_5ForCausalLM";
+  if (given(j, "tie_word_embeddings"))
+    r.tied = j["tie_word_embeddings"].get<bool>();
+  else if (tied_default || a == "LlamaForCausalLM")
+    r.tied = tied_default;
+  else
+    throw std::invalid_argument("the reference has no default for 'tie_word_embeddings' of " + a);
+  // Rotary: a flat rope_parameters (transformers 5) holds what the top level
+  // and rope_scaling hold in transformers 4.
+  const bool flat_parameters = given(j, "rope_parameters") &&
+                               !j["rope_parameters"].contains("full_attention") &&
+                               !j["rope_parameters"].contains("sliding_attention");
+  const nlohmann::json none = nlohmann::json::object();
+  const nlohmann::json& params = flat_parameters ? j["rope_parameters"] : none;
+  const nlohmann::json& scaling = given(j, "rope_scaling") ? j["rope_scaling"] : params;
+  // (MixtralConfig's 1e6, Ernie4_5Config's 500000, 10000 elsewhere)
+  const double theta_default = a == "MixtralForCausalLM"    ? 1e6
+                               : a == "Ernie4_5ForCausalLM" ? 5e5
+                                                            : 1e4;
+  r.rotary.theta = given(params, "rope_theta") ? params["rope_theta"].get<double>()
+                                               : number("rope_theta", true, theta_default);
+  r.share = given(params, "partial_rotary_factor")
+                ? params["partial_rotary_factor"].get<double>()
+                : number("partial_rotary_factor", true, glm4(c) || glm4_moe(c) ? 0.5 : 1.0);
+  Rotary& s = r.rotary;
+  if (given(scaling, "rope_type"))
+    s.type = scaling["rope_type"];
+  else if (given(scaling, "type"))
+    s.type = scaling["type"];
+  if (s.type == "su") s.type = "longrope";
+  auto setting = [&](const char* key, auto& out) {
+    if (given(scaling, key)) out = scaling[key].get<std::decay_t<decltype(out)>>();
+  };
+  auto context = [&](const char* key, double& out) {
+    if (given(scaling, key))
+      out = scaling[key].get<double>();
+    else if (given(j, key))
+      out = j[key].get<double>();
+  };
+  setting("factor", s.factor);
+  setting("low_freq_factor", s.low_freq_factor);
+  setting("high_freq_factor", s.high_freq_factor);
+  context("original_max_position_embeddings", s.original);
+  if (s.type == "longrope") context("max_position_embeddings", s.max_positions);
+  setting("beta_fast", s.beta_fast);
+  setting("beta_slow", s.beta_slow);
+  setting("extrapolation_factor", s.extrapolation_factor);
+  setting("attn_factor", s.attn_factor);
+  setting("apply_yarn_scaling", s.apply_yarn_scaling);
+  setting("truncate", s.truncate);
+  setting("short_factor", s.short_factor);
+  setting("long_factor", s.long_factor);
+  setting("short_mscale", s.short_mscale);
+  setting("long_mscale", s.long_mscale);
+  setting("alpha", s.alpha);
+  // Experts: Mixtral's lines' num_local_experts, the Qwens' num_experts,
+  // GLM-4.5's n_routed_experts.
+  for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
+    if (given(j, key)) r.experts = j[key];
+  if (given(j, "num_experts_per_tok")) r.top_k = j["num_experts_per_tok"];
+  r.renormalise = given(j, "norm_topk_prob") && j["norm_topk_prob"].get<bool>();
+  if (given(j, "decoder_sparse_step")) r.sparse_step = j["decoder_sparse_step"];
+  if (given(j, "mlp_only_layers"))
+    r.mlp_only = j["mlp_only_layers"].get<std::vector<std::int64_t>>();
+  return r;
+}
+
 // Gemma 2's and Gemma 3's attention, as the config's JSON says (read here,
 // with Gemma2Config's and Gemma3TextConfig's defaults): scores scaled by
 // query_pre_attn_scalar^-1/2, capped at attn_logit_softcapping (Gemma 2 only:
@@ -392,8 +535,9 @@ void rotary_entry(const nlohmann::json& e, double& base, double& factor) {
 
 LayerAttention layer_attention(const ModelConfig& c) {
   LayerAttention g;
-  g.sliding.assign(c.num_hidden_layers, false);
   const nlohmann::json j = nlohmann::json::parse(c.json);
+  const std::int64_t layers = j.at("num_hidden_layers");
+  g.sliding.assign(layers, false);
   // (OLMo 2 slides as OLMo 3 where its config has layer_types)
   const bool olmo3 = c.architecture == "Olmo3ForCausalLM" ||
                      (c.architecture == "Olmo2ForCausalLM" && j.contains("layer_types"));
@@ -414,7 +558,7 @@ LayerAttention layer_attention(const ModelConfig& c) {
     if (g.window == 0) return g;
     const bool typed = j.contains("layer_types") && !j["layer_types"].is_null();
     const auto pattern = typed ? 0 : static_cast<std::int64_t>(number("sliding_window_pattern", 4));
-    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (std::int64_t l = 0; l < layers; ++l)
       g.sliding[l] = typed ? j["layer_types"][l] == "sliding_attention" : (l + 1) % pattern != 0;
     g.full_unturned = true;
     return g;
@@ -422,7 +566,7 @@ LayerAttention layer_attention(const ModelConfig& c) {
   if (cohere2) {  // (Cohere2Config: windows of 4096 on all but every 4th layer)
     g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
     const auto pattern = static_cast<std::int64_t>(number("sliding_window_pattern", 4));
-    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+    for (std::int64_t l = 0; l < layers; ++l)
       g.sliding[l] = j.contains("layer_types") && !j["layer_types"].is_null()
                          ? j["layer_types"][l] == "sliding_attention"
                          : (l + 1) % pattern != 0;
@@ -436,7 +580,7 @@ LayerAttention layer_attention(const ModelConfig& c) {
   }
   g.window = static_cast<std::int64_t>(number("sliding_window", 4096));
   const auto pattern = olmo3 ? 4 : static_cast<std::int64_t>(number("sliding_window_pattern", 6));
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+  for (std::int64_t l = 0; l < layers; ++l)
     g.sliding[l] = j.contains("layer_types") ? j["layer_types"][l] == "sliding_attention"
                    : gemma3(c) || olmo3      ? (l + 1) % pattern != 0
                                              : l % 2 == 0;
@@ -487,17 +631,15 @@ std::int64_t shared_mlp_size(const ModelConfig& c) {
              : 0;
 }
 
-bool sparse(const ModelConfig& c, std::int64_t layer) {
+bool sparse(const ModelConfig& c, const Reading& r, std::int64_t layer) {
   // (GraniteMoeHybrid without experts: num_local_experts 0, read here)
   if (mixtral(c)) return nlohmann::json::parse(c.json).value("num_local_experts", 8) > 0;
   if (glm4_moe(c))
     return layer >= nlohmann::json::parse(c.json).at("first_k_dense_replace").get<std::int64_t>();
   if (c.architecture != "Qwen3MoeForCausalLM" && c.architecture != "Qwen2MoeForCausalLM")
     return false;
-  if (std::find(c.mlp_only_layers.begin(), c.mlp_only_layers.end(), layer) !=
-      c.mlp_only_layers.end())
-    return false;
-  return (layer + 1) % c.decoder_sparse_step == 0;
+  if (std::find(r.mlp_only.begin(), r.mlp_only.end(), layer) != r.mlp_only.end()) return false;
+  return (layer + 1) % r.sparse_step == 0;
 }
 
 // A sparse layer's Hugging Face names: its block and an expert's gate, up and
@@ -533,7 +675,8 @@ void expected_mlp(const std::map<std::string, at::Tensor>& ckpt, const std::stri
 void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
                       const std::string& p, int tp, int r, bool ep,
                       std::map<std::string, at::Tensor>& out) {
-  const std::int64_t per = ep ? c.num_experts / tp : c.num_experts, first = ep ? r * per : 0;
+  const std::int64_t experts = read_config(c).experts;
+  const std::int64_t per = ep ? experts / tp : experts, first = ep ? r * per : 0;
   const ExpertNames n = expert_names(c);
   // (an expert's intermediate size from its own tensor: Mixtral's config spells
   // it intermediate_size)
@@ -579,8 +722,8 @@ std::size_t granite_experts(const std::string& name) {
 std::map<std::string, at::Tensor> unstacked(const ModelConfig& c,
                                             const std::map<std::string, at::Tensor>& ckpt) {
   std::map<std::string, at::Tensor> out;
-  const std::int64_t q = c.num_attention_heads * c.head_dim,
-                     kv = c.num_key_value_heads * c.head_dim;
+  const Reading rd = read_config(c);
+  const std::int64_t q = rd.heads * rd.head_dim, kv = rd.kv_heads * rd.head_dim;
   for (const auto& [name, t] : ckpt) {
     const auto at_qkv = name.find("self_attn.qkv_proj.");
     const auto at_gate_up = name.find("mlp.gate_up_proj.");
@@ -631,17 +774,16 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
                                                   int tp, int r, bool expert_parallel) {
   const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   std::map<std::string, at::Tensor> out;
-  const std::int64_t hd = c.head_dim, ql = c.num_attention_heads / tp * hd,
-                     nkv = c.num_key_value_heads;
+  const Reading rd = read_config(c);
+  const std::int64_t hd = rd.head_dim, ql = rd.heads / tp * hd, nkv = rd.kv_heads;
   // KV heads of rank r: one replicated head when tp >= nkv, else nkv/tp of them.
   const std::int64_t kv_first = tp >= nkv ? r * nkv / tp : r * (nkv / tp);
   const std::int64_t kv_count = tp >= nkv ? 1 : nkv / tp;
   out["model.embed_tokens.weight"] =
-      vocab_shard(ckpt.at("model.embed_tokens.weight"), c.vocab_size, tp, r);
-  if (!c.tie_word_embeddings)
-    out["lm_head.weight"] = vocab_shard(ckpt.at("lm_head.weight"), c.vocab_size, tp, r);
+      vocab_shard(ckpt.at("model.embed_tokens.weight"), rd.vocab, tp, r);
+  if (!rd.tied) out["lm_head.weight"] = vocab_shard(ckpt.at("lm_head.weight"), rd.vocab, tp, r);
   out["model.norm.weight"] = ckpt.at("model.norm.weight");
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (std::int64_t l = 0; l < rd.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight",
                              "pre_feedforward_layernorm.weight",  // (Gemma 2's, replicated)
@@ -686,7 +828,7 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
       out[shared + "output_linear.weight"] =
           ckpt.at(shared + "output_linear.weight").slice(1, r * il, r * il + il);
     }
-    if (sparse(c, l)) {
+    if (sparse(c, rd, l)) {
       expected_experts(c, ckpt, p, tp, r, expert_parallel, out);
       continue;
     }
@@ -703,9 +845,9 @@ at::Tensor f32(const std::map<std::string, at::Tensor>& ckpt, const std::string&
 }
 
 // RMSNorm; Gemma's multiplies by 1 + w (GemmaRMSNorm).
-at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const ModelConfig& c) {
-  if (cohere(c)) return at::layer_norm(x, {x.size(-1)}, w, {}, c.rms_norm_eps);
-  return x / at::sqrt(x.pow(2).mean({-1}, true) + c.rms_norm_eps) * (gemma(c) ? w + 1 : w);
+at::Tensor norm(const at::Tensor& x, const at::Tensor& w, const ModelConfig& c, double eps) {
+  if (cohere(c)) return at::layer_norm(x, {x.size(-1)}, w, {}, eps);
+  return x / at::sqrt(x.pow(2).mean({-1}, true) + eps) * (gemma(c) ? w + 1 : w);
 }
 
 // The MLP's activation as the config's JSON asks, read here: SiLU, or for
@@ -722,8 +864,8 @@ at::Tensor activation(const ModelConfig& c, const at::Tensor& x) {
 // longrope's choice: the long factors when the model's context is longer
 // than the original one, at any sequence length (as vLLM picks them by its
 // max_model_len, the model's by default; Hugging Face picks by length).
-bool long_rope(const RopeScaling& s) {
-  return s.max_position_embeddings > s.original_max_position_embeddings;
+bool long_rope(const Rotary& s) {
+  return s.max_positions > s.original;
 }
 
 // The frequency of pair i of a head of d dims, one frequency at a time: as
@@ -734,26 +876,24 @@ bool long_rope(const RopeScaling& s) {
 // dynamic (the base for max_position x factor positions at any length, where
 // transformers grows it with the sequence; with alpha, base x
 // alpha^(d / (d - 2))).
-double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
-  const double base = std::pow(c.rope_theta, -2.0 * i / d);
-  const RopeScaling& s = c.rope_scaling;
+double rope_frequency(const Rotary& s, std::int64_t i, std::int64_t d) {
+  const double base = std::pow(s.theta, -2.0 * i / d);
   if (s.type == "linear") return base / s.factor;
   if (s.type == "longrope") return base / (long_rope(s) ? s.long_factor : s.short_factor).at(i);
   if (s.type == "dynamic" && s.alpha > 0)
-    return std::pow(c.rope_theta * std::pow(s.alpha, static_cast<double>(d) / (d - 2)),
-                    -2.0 * i / d);
+    return std::pow(s.theta * std::pow(s.alpha, static_cast<double>(d) / (d - 2)), -2.0 * i / d);
   if (s.type == "dynamic") {
     // vLLM: max_len = max_position x factor, then
     // base x (factor x max_len / max_position - (factor - 1))^(d / (d - 2)).
     const double alpha = s.factor * s.factor - (s.factor - 1);
-    return std::pow(c.rope_theta * std::pow(alpha, static_cast<double>(d) / (d - 2)), -2.0 * i / d);
+    return std::pow(s.theta * std::pow(alpha, static_cast<double>(d) / (d - 2)), -2.0 * i / d);
   }
-  const double context = s.original_max_position_embeddings;
+  const double context = s.original;
   if (s.type == "yarn") {
     // Pair p turns context * theta^(-2p/d) / 2pi times over the original
     // context: solved for p, the pairs that turn beta_fast and beta_slow times.
     auto pair_turning = [&](double turns) {
-      return 0.5 * d * std::log(context / (2 * M_PI * turns)) / std::log(c.rope_theta);
+      return 0.5 * d * std::log(context / (2 * M_PI * turns)) / std::log(s.theta);
     };
     double first = pair_turning(s.beta_fast), last = pair_turning(s.beta_slow);
     if (s.truncate) {
@@ -782,14 +922,12 @@ double rope_frequency(const ModelConfig& c, std::int64_t i, std::int64_t d) {
 // sqrt(1/t) = 0.1 ln(s) + 1), times attn_factor; longrope's short_mscale or
 // long_mscale, else sqrt(1 + ln(max / original) / ln(original)) (1 without
 // extension), as vLLM computes it (transformers reads attention_factor).
-double rope_magnitude(const RopeScaling& s) {
+double rope_magnitude(const Rotary& s) {
   if (s.type == "longrope") {
     const double given = long_rope(s) ? s.long_mscale : s.short_mscale;
     if (given > 0) return given;
-    const double ratio = s.max_position_embeddings / s.original_max_position_embeddings;
-    return ratio <= 1
-               ? 1
-               : std::sqrt(1 + std::log(ratio) / std::log(s.original_max_position_embeddings));
+    const double ratio = s.max_positions / s.original;
+    return ratio <= 1 ? 1 : std::sqrt(1 + std::log(ratio) / std::log(s.original));
   }
   if (s.type != "yarn") return 1;
   return (s.apply_yarn_scaling && s.factor > 1 ? 1 + 0.1 * std::log(s.factor) : 1) * s.attn_factor;
@@ -799,15 +937,15 @@ double rope_magnitude(const RopeScaling& s) {
 // product truncates to), frequencies counted over those alone; the other
 // dimensions pass through. Dimension i turns with its partner: i + d/2 (or
 // i - d/2), or where `interleaved`, its neighbour i ^ 1 (GPT-J's pairs).
-at::Tensor rope(const at::Tensor& x, const ModelConfig& c,  // x: [heads, tokens, head_dim]
+at::Tensor rope(const at::Tensor& x, const Rotary& rotary,  // x: [heads, tokens, head_dim]
                 double share, bool interleaved) {
   const std::int64_t t = x.size(1), d = static_cast<std::int64_t>(x.size(2) * share);
   std::vector<double> cos_v(t * d), sin_v(t * d);
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
-      const double freq = rope_frequency(c, interleaved ? i / 2 : i % (d / 2), d);
-      cos_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::cos(pos * freq);
-      sin_v[pos * d + i] = rope_magnitude(c.rope_scaling) * std::sin(pos * freq);
+      const double freq = rope_frequency(rotary, interleaved ? i / 2 : i % (d / 2), d);
+      cos_v[pos * d + i] = rope_magnitude(rotary) * std::cos(pos * freq);
+      sin_v[pos * d + i] = rope_magnitude(rotary) * std::sin(pos * freq);
     }
   const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
   const at::Tensor turned = x.slice(2, 0, d);
@@ -845,17 +983,18 @@ at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::
 // (always for Mixtral, with norm_topk_prob for the Qwens), SiLU-gated experts
 // weighted by their routing weight, plus (Qwen2-MoE) the shared expert scaled by
 // sigmoid of its gate; GLM-4.5's block apart (glm4_moe_block).
-at::Tensor moe(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
-               const std::string& p, const at::Tensor& y) {
+at::Tensor moe(const ModelConfig& c, const Reading& r,
+               const std::map<std::string, at::Tensor>& ckpt, const std::string& p,
+               const at::Tensor& y) {
   if (glm4_moe(c)) return glm4_moe_block(c, ckpt, p, y);
   const ExpertNames n = expert_names(c);
   const at::Tensor probs = at::matmul(y, f32(ckpt, p + n.block + "gate.weight").t()).softmax(-1);
   at::Tensor out = at::zeros_like(y);
   for (std::int64_t t = 0; t < y.size(0); ++t) {
-    auto [w, idx] = probs[t].topk(c.num_experts_per_tok);
-    if (mixtral(c) || c.norm_topk_prob) w = w / w.sum();
+    auto [w, idx] = probs[t].topk(r.top_k);
+    if (mixtral(c) || r.renormalise) w = w / w.sum();
     const at::Tensor row = y[t].unsqueeze(0);
-    for (std::int64_t k = 0; k < c.num_experts_per_tok; ++k) {
+    for (std::int64_t k = 0; k < r.top_k; ++k) {
       const std::string x =
           p + n.block + "experts." + std::to_string(idx[k].item<std::int64_t>()) + ".";
       out[t] += (swiglu(c, ckpt, row, x + n.gate, x + n.up, x + n.down) * w[k]).squeeze(0);
@@ -930,60 +1069,53 @@ at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::
 at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at::Tensor>& stacked,
                             const std::vector<std::int64_t>& tokens) {
   const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
-  const std::int64_t n = tokens.size(), hd = c.head_dim, nh = c.num_attention_heads,
-                     nkv = c.num_key_value_heads;
+  const Reading rd = read_config(c);
+  const std::int64_t n = tokens.size(), hd = rd.head_dim, nh = rd.heads, nkv = rd.kv_heads;
   const LayerAttention att = layer_attention(c);
   const GraniteScales gs = granite_scales(c);
-  // Gemma 3's rotary of each type as the reference read it: the rope below
-  // computes from a config's rope_theta and linear factor.
+  // Gemma 3's and OLMo 3's rotary of each type as layer_attention() read it.
   auto rotary = [&](double base, double factor) {
-    ModelConfig r = c;
-    r.rope_theta = base;
-    r.rope_scaling = RopeScaling{};
+    Rotary r;
+    r.theta = base;
     if (factor != 1) {
-      r.rope_scaling.type = "linear";
-      r.rope_scaling.factor = factor;
+      r.type = "linear";
+      r.factor = factor;
     }
     return r;
   };
-  const ModelConfig full = att.own_rotary ? rotary(att.full_base, att.full_factor) : c,
-                    local = att.own_rotary ? rotary(att.local_base, att.local_factor) : c;
-  // The share of each head that rotary turns, read here for GLM-4 (0.5 when
-  // absent); the others' as parsed.
-  const double share = glm4(c) || glm4_moe(c)
-                           ? nlohmann::json::parse(c.json).value("partial_rotary_factor", 0.5)
-                           : c.partial_rotary_factor;
+  const Rotary full = att.own_rotary ? rotary(att.full_base, att.full_factor) : rd.rotary,
+               local = att.own_rotary ? rotary(att.local_base, att.local_factor) : rd.rotary;
+  const double share = rd.share;
   at::Tensor h =
       f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens)) * gs.embedding;
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
-    h = h * at::tensor(std::sqrt(static_cast<double>(c.hidden_size)))
+    h = h * at::tensor(std::sqrt(static_cast<double>(rd.hidden)))
                 .to(dtype_to_torch(c.dtype))
                 .to(at::kDouble);
-  for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
+  for (std::int64_t l = 0; l < rd.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     // OLMo and EXAONE 4 norm no input; OLMo q and k over their whole projections.
-    const at::Tensor x = post_norms(c) ? h : norm(h, f32(ckpt, p + "input_layernorm.weight"), c);
+    const at::Tensor x =
+        post_norms(c) ? h : norm(h, f32(ckpt, p + "input_layernorm.weight"), c, rd.eps);
     auto normed = [&](const at::Tensor& y, const char* name) {
-      return norm(y, f32(ckpt, p + name), c);
+      return norm(y, f32(ckpt, p + name), c, rd.eps);
     };
     at::Tensor q = linear_ref(ckpt, x, p + "self_attn.q_proj");
     at::Tensor k = linear_ref(ckpt, x, p + "self_attn.k_proj");
     if (olmo(c)) {
-      q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
-      k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
+      q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c, rd.eps);
+      k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c, rd.eps);
     }
     q = q.reshape({n, nh, hd});
     k = k.reshape({n, nkv, hd});
     if (cohere_qk_norms(c)) {  // each head's LayerNorm by its own weights
-      q = at::layer_norm(q, {hd}, {}, {}, c.rms_norm_eps) *
-          f32(ckpt, p + "self_attn.q_norm.weight");
-      k = at::layer_norm(k, {hd}, {}, {}, c.rms_norm_eps) *
-          f32(ckpt, p + "self_attn.k_norm.weight");
+      q = at::layer_norm(q, {hd}, {}, {}, rd.eps) * f32(ckpt, p + "self_attn.q_norm.weight");
+      k = at::layer_norm(k, {hd}, {}, {}, rd.eps) * f32(ckpt, p + "self_attn.k_norm.weight");
     } else if (qk_norms(c) && !olmo(c)) {  // per-head RMSNorm before rotary
-      q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c);
-      k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c);
+      q = norm(q, f32(ckpt, p + "self_attn.q_norm.weight"), c, rd.eps);
+      k = norm(k, f32(ckpt, p + "self_attn.k_norm.weight"), c, rd.eps);
     }
-    const ModelConfig& turn = att.sliding[l] ? local : full;
+    const Rotary& turn = att.sliding[l] ? local : full;
     q = q.transpose(0, 1);
     k = k.transpose(0, 1);
     if (!att.full_unturned || att.sliding[l]) {
@@ -1018,10 +1150,10 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     // Granite's shared MLP: added to the experts' output, or the whole MLP.
     const std::string shared = p + "shared_mlp.";
     const bool has_shared = shared_mlp_size(c) > 0;
-    at::Tensor mlp = sparse(c, l) ? moe(c, ckpt, p, y)
-                     : has_shared ? at::zeros_like(y)
-                                  : swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj",
-                                           p + "mlp.down_proj");
+    at::Tensor mlp = sparse(c, rd, l) ? moe(c, rd, ckpt, p, y)
+                     : has_shared     ? at::zeros_like(y)
+                                      : swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj",
+                                               p + "mlp.down_proj");
     if (has_shared)
       mlp = mlp +
             swiglu(c, ckpt, y, shared + "gate_proj", shared + "up_proj", shared + "output_linear");
@@ -1029,12 +1161,11 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     if (glm4(c)) mlp = normed(mlp, "post_mlp_layernorm.weight");
     h = h + mlp * gs.residual;
   }
-  h = norm(h, f32(ckpt, "model.norm.weight"), c);
+  h = norm(h, f32(ckpt, "model.norm.weight"), c, rd.eps);
   const double logit_scale =
       cohere(c) ? nlohmann::json::parse(c.json).value("logit_scale", 0.0625) : 1.0;
-  return capped(at::matmul(h, f32(ckpt, c.tie_word_embeddings ? "model.embed_tokens.weight"
-                                                              : "lm_head.weight")
-                                  .t()) /
+  return capped(at::matmul(
+                    h, f32(ckpt, rd.tied ? "model.embed_tokens.weight" : "lm_head.weight").t()) /
                     gs.logits * logit_scale,
                 att.final_cap)
       .to(at::kFloat);

@@ -149,6 +149,14 @@ std::map<std::string, at::Tensor> expected_int8_shards(
 // Logits of a plain single-process Hugging Face-style forward pass over the
 // checkpoint tensors (float64 compute; Qwen3 q/k norms and MoE blocks token by
 // token), independent of TensorParallelModel.
+//
+// This, expected_shards and unstacked read what they compute with (heads, KV
+// heads, head_dim, epsilon, rope_theta and rotary scaling, the rotary share,
+// tied embeddings, the experts' counts) from `config.json` themselves, with
+// each family's Hugging Face defaults written in the test support where a tiny
+// config leaves a key out, not from ModelConfig's parsed fields: a wrong
+// default in the parser shows as a difference (the family comes from
+// config.architecture).
 at::Tensor reference_logits(const ModelConfig& config,
                             const std::map<std::string, at::Tensor>& ckpt,
                             const std::vector<std::int64_t>& tokens);
