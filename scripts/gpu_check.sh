@@ -110,6 +110,21 @@ for r in site.getsitepackages() + [site.getusersitepackages()]:
   done
   [ -n "$nccl_lib" ] && export TPRELOAD_NCCL_LIBRARY=$nccl_lib
   log "NCCL library ${nccl_lib:-libnccl.so.2 from the loader path}, nccl.h in ${nccl_include:-none found}"
+  # The header and the library may come from two places: say both versions, and
+  # warn where they differ (a newer header can declare what the library lacks).
+  local header_version=none library_version
+  [ -n "$nccl_include" ] && header_version=$(awk '/^#define NCCL_(MAJOR|MINOR|PATCH) /{v = v (v ? "." : "") $3} END {print v}' "$nccl_include/nccl.h")
+  library_version=$(python3 -c 'import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+v = ctypes.c_int()
+lib.ncclGetVersion(ctypes.byref(v))
+code = v.value
+print("%d.%d.%d" % ((code // 10000, code // 100 % 100, code % 100) if code >= 10000 else (code // 1000, code // 100 % 10, code % 100)))' "${nccl_lib:-libnccl.so.2}" 2>/dev/null || echo unknown)
+  log "nccl.h $header_version, libnccl $library_version"
+  if [ "$header_version" != none ] && [ "$library_version" != unknown ] &&
+     [ "${header_version%.*}" != "${library_version%.*}" ]; then
+    log "WARNING: nccl.h $header_version and libnccl $library_version differ in major or minor version"
+  fi
 }
 
 configure_and_build() {
