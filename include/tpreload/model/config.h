@@ -304,7 +304,7 @@ struct CheckpointTensorSpec {
   // The dtype of the parameter it loads into, where that is not the model's
   // (GLM-4.5's router and score correction: float32, vLLM's nn.Linear of
   // float32, whatever the checkpoint holds; converted on load).
-  std::optional<DType> param_dtype;
+  std::optional<DType> param_dtype{};
 };
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:

@@ -151,8 +151,8 @@ class ShardingRules {
     ShardKind kind = ShardKind::kReplicated;
     std::vector<std::int64_t> source_shape;
     ParamSlot slot = kNoSlot;
-    std::int64_t expert = -1;          // experts only
-    std::optional<DType> param_dtype;  // CheckpointTensorSpec::param_dtype
+    std::int64_t expert = -1;            // experts only
+    std::optional<DType> param_dtype{};  // CheckpointTensorSpec::param_dtype
   };
   const Rule* find_rule(const std::string& checkpoint_name) const;
   void build_rules();
