@@ -347,7 +347,7 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   ro.zero_copy = o.zero_copy;
   ro.checksums = !o.no_checksums;
   ro.readers = parse_readers(row.readers).value_or(Readers::kOne);
-  ro.ranks_per_node = o.ranks_per_node;
+  ro.ranks_per_node = ro.readers == Readers::kNode ? o.ranks_per_node : 0;
   ro.rotate_broadcast_roots = o.rotate_broadcast_roots && ro.readers == Readers::kNode;
   const bool all = ro.readers == Readers::kAll;
   const bool reads = opens_source(ro, world.rank());

@@ -1,4 +1,5 @@
 // open_weight_source(): dispatch on what a path names (see weight_source.h).
+#include <algorithm>
 #include <cstring>
 
 #include "file_util.h"
@@ -67,6 +68,9 @@ bool has_hdf5_extension(const std::string& path) {
   return detail::ends_with(path, ".h5") || detail::ends_with(path, ".hdf5");
 }
 
+// A directory's checkpoint: kernel_format.json, else its safetensors (an HDF5
+// file beside them, such as a Hugging Face repository's TensorFlow
+// tf_model.h5, is not read), else its one HDF5 file.
 std::unique_ptr<WeightSource> open_directory(const std::string& dir,
                                              const std::shared_ptr<const KnownListing>& known) {
   if (detail::is_regular_file(detail::join_path(dir, kKernelFormatFile)))
@@ -77,9 +81,13 @@ std::unique_ptr<WeightSource> open_directory(const std::string& dir,
   auto h5 = detail::list_files(dir, ".h5");
   for (auto& name : detail::list_files(dir, ".hdf5")) h5.push_back(name);
   if (h5.size() == 1) return open_hdf5(detail::join_path(dir, h5.front()));
-  if (h5.size() > 1)
-    raise<CheckpointError>("directory '", dir, "' holds ", h5.size(), " HDF5 files ('", h5[0],
-                           "', '", h5[1], "', ...); name one of them");
+  if (h5.size() > 1) {
+    std::string named;  // the first three
+    for (std::size_t i = 0; i < std::min<std::size_t>(h5.size(), 3); ++i)
+      named += (i ? ", '" : "'") + h5[i] + "'";
+    raise<CheckpointError>("directory '", dir, "' holds ", h5.size(), " HDF5 files (", named,
+                           h5.size() > 3 ? ", ..." : "", "); name one of them");
+  }
   raise<CheckpointError>("directory '", dir,
                          "' holds no checkpoint: expected kernel_format.json, "
                          "model.safetensors.index.json, *.safetensors or one .h5/.hdf5 file");

@@ -232,7 +232,7 @@ void check_kernel_model(const SourceMetadata& md, const ShardingRules& rules) {
   try {
     made_for = parse_model_config(md.kernel->config_json, "its kernel_format.json 'config'");
   } catch (const ModelError& e) {
-    raise<ValidationError>("kernel-format source '", md.description, "': ", e.what());
+    raise<ValidationError>("kernel-format source (", md.description, "): ", e.what());
   }
   std::vector<std::string> differences = config_differences(made_for, model);
   if (md.kernel->dtype != model.dtype)
@@ -241,13 +241,45 @@ void check_kernel_model(const SourceMetadata& md, const ShardingRules& rules) {
   if (differences.empty()) return;
   std::string listed;
   for (const std::string& d : differences) listed += (listed.empty() ? "" : ", ") + d;
-  raise<ValidationError>("kernel-format source '", md.description,
-                         "' was made for another model (its kernel_format.json vs the model's "
+  raise<ValidationError>("kernel-format source (", md.description,
+                         ") was made for another model (its kernel_format.json vs the model's "
                          "config): ",
                          listed, "; nothing was reloaded");
 }
 
 }  // namespace
+
+void check_source_format(const SourceMetadata& md, const ShardingRules& rules,
+                         WeightFormat format) {
+  if (format == WeightFormat::kKernel) {
+    if (!md.kernel)
+      raise<ValidationError>("kernel-format reload from (", md.description,
+                             "), which is a checkpoint-format source (no kernel_format.json): "
+                             "reload it in checkpoint format");
+    // "tp 2, quantization none, expert parallel"
+    const auto layout = [](int tp, const std::string& quantization, bool expert_parallel) {
+      return detail::concat("tp ", tp, ", quantization ",
+                            quantization.empty() ? "none" : quantization,
+                            expert_parallel ? ", expert parallel" : ", not expert parallel");
+    };
+    if (md.kernel->tp_size != rules.tp_size() || md.kernel->quantization != rules.quantization() ||
+        md.kernel->expert_parallel != rules.expert_parallel())
+      raise<ValidationError>(
+          "kernel-format source (", md.description, ") was made for ",
+          layout(md.kernel->tp_size, md.kernel->quantization, md.kernel->expert_parallel),
+          "; the model is ", layout(rules.tp_size(), rules.quantization(), rules.expert_parallel()),
+          " (kernel-format shards fit one layout: shard the checkpoint for this one, e.g. "
+          "reload_ckpt shard IN OUT --tp ",
+          rules.tp_size(), rules.quantization().empty() ? "" : " --quantization int8",
+          rules.expert_parallel() ? " --expert-parallel" : "",
+          ", or give the model the shards' layout); nothing was reloaded");
+    check_kernel_model(md, rules);
+  } else if (md.kernel) {
+    raise<ValidationError>("checkpoint-format reload from (", md.description,
+                           "), which holds kernel-format shards: reload it in kernel format "
+                           "(reload_runner --kernel-format, ReloadOptions::format kKernel)");
+  }
+}
 
 Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanOptions& o) {
   if (o.tp_size < 1 || o.world_size < 1 || o.world_size % o.tp_size != 0)
@@ -255,23 +287,7 @@ Plan make_plan(const SourceMetadata& md, const ShardingRules& rules, const PlanO
   if (o.tp_size != rules.tp_size())
     raise<UsageError>("plan tp size ", o.tp_size, " differs from the model's ", rules.tp_size());
   if (o.bucket_bytes == 0) raise<UsageError>("bucket size must be positive");
-  if (o.format == WeightFormat::kKernel) {
-    if (!md.kernel)
-      raise<ValidationError>("kernel-format reload from '", md.description,
-                             "', which is a checkpoint-format source (no kernel_format.json)");
-    if (md.kernel->tp_size != rules.tp_size() || md.kernel->quantization != rules.quantization() ||
-        md.kernel->expert_parallel != rules.expert_parallel())
-      raise<ValidationError>("kernel-format source '", md.description, "' was made for tp ",
-                             md.kernel->tp_size, " quantization '", md.kernel->quantization, "'",
-                             md.kernel->expert_parallel ? " expert parallel" : "",
-                             ", the model is tp ", rules.tp_size(), " quantization '",
-                             rules.quantization(), "'",
-                             rules.expert_parallel() ? " expert parallel" : "");
-    check_kernel_model(md, rules);
-  } else if (md.kernel) {
-    raise<ValidationError>("checkpoint-format reload from '", md.description,
-                           "', which holds kernel-format shards (use kernel format)");
-  }
+  check_source_format(md, rules, o.format);
   Plan plan;
   plan_tensors(md, rules, o, plan);
   plan_buckets(md, o, plan);

@@ -298,7 +298,7 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
 // The parameters this rank must fill that the plan gives it nothing (or not every
 // shard) for, by name; what --require-complete refuses.
 std::optional<std::string> unplanned_problem(const Plan& plan, const ReloadTarget& model,
-                                             WeightFormat format) {
+                                             WeightFormat format, const std::string& description) {
   const auto& params = model.rules().params();
   const int tp_rank = model.tp_rank();
   std::vector<std::vector<bool>> filled(params.size());
@@ -319,8 +319,9 @@ std::optional<std::string> unplanned_problem(const Plan& plan, const ReloadTarge
       missing.push_back(params[s].name);
   if (missing.empty()) return std::nullopt;
   std::sort(missing.begin(), missing.end());
-  return detail::concat("the source lacks ", missing.size(), " of the ", params.size(),
-                        " parameters of tp rank ", tp_rank, ": ", name_list(missing, 12));
+  return detail::concat("the source (", description, ") lacks ", missing.size(), " of the ",
+                        params.size(), " parameters of tp rank ", tp_rank, ": ",
+                        name_list(missing, 12));
 }
 
 }  // namespace
@@ -750,35 +751,34 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
                static_cast<std::uint64_t>(v[14])};
 }
 
-// This rank's objection to its options and planes, if any: a reader rank in the
-// world, a positive bucket and depth, a data transport over the same ranks, and
+// This rank's objection to its options and planes, if any (the agreement names
+// the rank): a reader rank in the world, a positive bucket and depth, a data
+// transport over the same ranks, and
 // a device transport only for parameters on that device. Agreed on before
 // anything else, so that a rank that objects never leaves its peers waiting.
 std::optional<std::string> local_problem(const ReloadOptions& o, const Communicator& control,
                                          const DataTransport& data, const ReloadTarget& model) {
-  const std::string who = detail::concat("rank ", control.rank(), "/", control.size(), ": ");
   if (o.reader_rank < 0 || o.reader_rank >= control.size())
-    return detail::concat(who, "reader rank ", o.reader_rank, " is not a rank of the ",
-                          control.size(), "-rank world");
-  if (o.bucket_bytes == 0) return who + "bucket size must be positive";
+    return detail::concat("reader rank ", o.reader_rank, " is not a rank of the ", control.size(),
+                          "-rank world");
+  if (o.bucket_bytes == 0) return "bucket size must be positive";
   if (o.pipeline_depth < 0)
-    return detail::concat(who, "pipeline depth must be 0 (chosen per rank) or positive, not ",
+    return detail::concat("pipeline depth must be 0 (chosen per rank) or positive, not ",
                           o.pipeline_depth);
   if (o.ranks_per_node < 0)
-    return detail::concat(who, "ranks per node must be 0 (ask MPI) or positive, not ",
-                          o.ranks_per_node);
+    return detail::concat("ranks per node must be 0 (ask MPI) or positive, not ", o.ranks_per_node);
   if (o.rotate_broadcast_roots && o.readers != Readers::kNode)
-    return detail::concat(who, "rotating the broadcast roots takes turns among the node readers: ",
+    return detail::concat("rotating the broadcast roots takes turns among the node readers: ",
                           "it needs --readers node, not --readers ", readers_name(o.readers));
   if (data.size() != control.size() || data.rank() != control.rank())
-    return detail::concat(who, "the data transport is rank ", data.rank(), "/", data.size(),
+    return detail::concat("the data transport is rank ", data.rank(), "/", data.size(),
                           " (it must span the control ranks in order)");
   const Device* params = model.sink().device();
   const Device* moved = data.device();
   const bool same_device = params && moved && params->backend() == moved->backend() &&
                            params->ordinal() == moved->ordinal();
   if (data.memory() == MemoryKind::kDevice && !same_device)
-    return detail::concat(who, "the ", data.backend(),
+    return detail::concat("the ", data.backend(),
                           " transport moves device memory, but the "
                           "parameters are ",
                           params ? "on another device" : "in host memory",
@@ -824,8 +824,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
               plan.tensors.size(), plan.buckets.size(), plan.largest_bucket, plan.skipped.size());
 
   if (options.require_complete)
-    agree_on_problem<ValidationError>(world, unplanned_problem(plan, model, options.format),
-                                      "--require-complete (nothing was reloaded)");
+    agree_on_problem<ValidationError>(
+        world, unplanned_problem(plan, model, options.format, md.description),
+        "--require-complete (nothing was reloaded)");
 
   ReloadResult result = result_for(options);
   result.source = md.description;

@@ -143,8 +143,8 @@ std::string summary_text(const ReloadResult& r) {
                         : std::string(),
                     r.rotated_broadcast_roots ? "broadcast roots rotated, " : "")
               : "")
-      << r.buckets << " buckets)\n"
-      << "  bytes read " << r.bytes_read << ", transferred " << r.bytes_transferred << " ("
+      << r.buckets << (r.buckets == 1 ? " bucket)\n" : " buckets)\n") << "  bytes read "
+      << r.bytes_read << ", transferred " << r.bytes_transferred << " ("
       << (r.seconds.total > 0 ? gb / r.seconds.total : 0.0)
       << (r.readers == Readers::kAll ? " GB/s read by the busiest rank) over "
                                      : " GB/s end to end) over ")

@@ -45,12 +45,13 @@ void ProgressPrinter::operator()(const ReloadProgress& p) {
 
 ReloadOptions with_progress(ReloadOptions options, const std::string& mode) {
   std::string chosen = mode;
-  if (chosen == "auto") {
-    const char* env = std::getenv("TPRELOAD_PROGRESS");
-    chosen = env && *env ? env : isatty(STDERR_FILENO) ? "tty" : "log";
-  }
+  const char* env = std::getenv("TPRELOAD_PROGRESS");
+  const bool from_env = chosen == "auto" && env && *env;
+  if (chosen == "auto") chosen = from_env ? env : isatty(STDERR_FILENO) ? "tty" : "log";
   if (chosen != "tty" && chosen != "log" && chosen != "off")
-    raise<UsageError>("progress mode '", chosen, "' is not auto, tty, log or off");
+    raise<UsageError>("progress mode '", chosen, "'",
+                      from_env ? " (from the environment variable TPRELOAD_PROGRESS)" : "",
+                      " is not auto, tty, log or off");
   if (chosen == "off") return options;
   auto printer = std::make_shared<ProgressPrinter>(stderr, chosen == "tty");
   options.progress = [printer](const ReloadProgress& p) { (*printer)(p); };

@@ -47,9 +47,20 @@ TEST(OpenWeightSource, ErrorsForAnythingElse) {
                 "file, nor a checkpoint directory");
   write_hdf5(dir / "a.h5", test::as_memory(two_tensors()));
   write_hdf5(dir / "b.h5", test::as_memory(two_tensors()));
-  EXPECT_EQ(
-      test::error_of([&] { open_weight_source(dir.path()); }),
-      "directory '" + dir.path() + "' holds 2 HDF5 files ('a.h5', 'b.h5', ...); name one of them");
+  EXPECT_EQ(test::error_of([&] { open_weight_source(dir.path()); }),
+            "directory '" + dir.path() + "' holds 2 HDF5 files ('a.h5', 'b.h5'); name one of them");
+  // Three are named; more are counted.
+  for (const char* name : {"c.hdf5", "d.h5"})
+    write_hdf5(dir / name, test::as_memory(two_tensors()));
+  EXPECT_EQ(test::error_of([&] { open_weight_source(dir.path()); }),
+            "directory '" + dir.path() +
+                "' holds 4 HDF5 files ('a.h5', 'b.h5', 'd.h5', ...); name one of them");
+  // Safetensors beside an HDF5 file (a Hugging Face repository's TensorFlow
+  // tf_model.h5): the safetensors are the checkpoint.
+  TempDir both;
+  write_safetensors(both / "model.safetensors", test::as_memory(two_tensors()));
+  write_hdf5(both / "tf_model.h5", test::as_memory(two_tensors()));
+  EXPECT_NE(open_weight_source(both.path())->describe().find("safetensors"), std::string::npos);
 }
 
 }  // namespace

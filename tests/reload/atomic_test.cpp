@@ -433,9 +433,10 @@ TEST(RequireComplete, AMissingTensorIsRefusedBeforeAnyWriteNamingIt) {
     reload_weights(model, *f.control, source.get(), o);
     FAIL() << "an incomplete source was reloaded";
   } catch (const ValidationError& e) {
+    // (the source named: which of a job's loads was incomplete)
     EXPECT_NE(std::string(e.what()).find(
-                  "--require-complete (nothing was reloaded) failed on rank 0/1: the source lacks "
-                  "2 of the "),
+                  "--require-complete (nothing was reloaded) failed on rank 0/1: the source (" +
+                  source->describe() + ") lacks 2 of the "),
               std::string::npos)
         << e.what();
     EXPECT_NE(

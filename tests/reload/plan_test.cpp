@@ -340,8 +340,21 @@ TEST(Plan, UnknownNamesAreSkippedAndKernelMismatchesRejected) {
     FAIL();
   } catch (const ValidationError& e) {
     EXPECT_STREQ(e.what(),
-                 "kernel-format source 'test source' was made for tp 4 quantization '', "
-                 "the model is tp 2 quantization ''");
+                 "kernel-format source (test source) was made for tp 4, quantization none, not "
+                 "expert parallel; the model is tp 2, quantization none, not expert parallel "
+                 "(kernel-format shards fit one layout: shard the checkpoint for this one, e.g. "
+                 "reload_ckpt shard IN OUT --tp 2, or give the model the shards' layout); nothing "
+                 "was reloaded");
+  }
+  // The other way round: checkpoint-format shards in kernel format, and kernel
+  // shards reloaded as a checkpoint, each naming what to do instead.
+  try {
+    make_plan(md, rules, {WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 2, 2});
+    FAIL();
+  } catch (const ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds kernel-format shards: reload it in kernel format"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_THROW(
       make_plan(md, rules, {WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 3, 2}),
@@ -422,19 +435,19 @@ TEST(Plan, KernelShardsMadeForAnotherConfigOrDtypeAreRejected) {
     "intermediate_size":128,"num_hidden_layers":3,"num_attention_heads":8,
     "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16","rope_theta":500000.0})";
   EXPECT_EQ(test_error([&] { make_plan(md, rules, kernel); }),
-            "kernel-format source 'shards' was made for another model (its kernel_format.json "
+            "kernel-format source (shards) was made for another model (its kernel_format.json "
             "vs the model's config): intermediate_size 128 vs 96, rope_theta 500000.0 vs "
             "10000.0; nothing was reloaded");
   // The directory's dtype.
   md.kernel = KernelFormatInfo{2, DType::kFloat16, "", c.json};
   EXPECT_EQ(test_error([&] { make_plan(md, rules, kernel); }),
-            "kernel-format source 'shards' was made for another model (its kernel_format.json "
+            "kernel-format source (shards) was made for another model (its kernel_format.json "
             "vs the model's config): dtype float16 vs bfloat16; nothing was reloaded");
   // A config that is not one.
   md.kernel = KernelFormatInfo{2, DType::kBFloat16, "", "{}"};
   EXPECT_NE(test_error([&] {
               make_plan(md, rules, kernel);
-            }).find("kernel-format source 'shards': its kernel_format.json 'config': "),
+            }).find("kernel-format source (shards): its kernel_format.json 'config': "),
             std::string::npos);
 }
 

@@ -112,8 +112,17 @@ struct Plan {
   std::uint64_t largest_bucket = 0;  // staging bytes per buffer, on any rank
 };
 
-// Build the plan. Throws ValidationError for a kernel-format source whose tp size
-// or quantization does not match the rules, UsageError for bad options.
+// Whether `metadata` can be loaded into the model of `rules` in `format`: a
+// kernel-format load needs kernel-format shards made for the rules' tp size,
+// quantization and expert parallelism, config and dtype; a checkpoint-format
+// load a source that is not kernel-format shards. Throws ValidationError naming
+// what differs and what to do (make_plan() checks it first; a program can check
+// a source it will load later before it starts the first).
+void check_source_format(const SourceMetadata& metadata, const ShardingRules& rules,
+                         WeightFormat format);
+
+// Build the plan. Throws ValidationError for a source check_source_format()
+// refuses, UsageError for bad options.
 Plan make_plan(const SourceMetadata& metadata, const ShardingRules& rules,
                const PlanOptions& options);
 
