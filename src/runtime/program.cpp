@@ -45,7 +45,12 @@ int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
     return rc;
   } catch (const std::exception& e) {
     log().error("{}", e.what());
-    if (dynamic_cast<const AgreedError*>(&e)) {  // every rank is here with no transfer in flight
+    const bool agreed = dynamic_cast<const AgreedError*>(&e) != nullptr;
+    // (--log-level off silences the log, not the error that ends the run: once
+    // where every rank has it, else from each rank that does)
+    if (log_level == "off" && (!agreed || mpi.world_rank() == 0))
+      std::cerr << "error: " << e.what() << "\n";
+    if (agreed) {  // every rank is here with no transfer in flight
       world.reset();
       mpi.finalize();
       return 1;

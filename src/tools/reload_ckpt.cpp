@@ -8,6 +8,7 @@
 // Errors: one line on stderr, exit status 1 (2 for bad command-line usage).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -121,7 +122,10 @@ int run_generate(const GenerateArgs& a) {
     if (!dtype) raise<UsageError>("--dtype '", a.dtype, "' is not a known dtype");
     config.dtype = *dtype;
     config_json["torch_dtype"] = std::string(dtype_name(*dtype));
+    // (a model's dtype is a floating one: the config must still parse)
+    parse_model_config(config_json.dump(), "--dtype " + a.dtype);
   }
+  if (!(a.stddev >= 0)) raise<UsageError>("--std must be 0 or more, got ", a.stddev);
   GenerateOptions options;
   options.format = a.format;
   options.shards = a.shards;
@@ -136,9 +140,11 @@ int run_generate(const GenerateArgs& a) {
     for (const auto d : s.shape) n *= static_cast<std::uint64_t>(d);
     bytes += n;
   }
+  const auto index = std::count(files.begin(), files.end(), "model.safetensors.index.json");
   std::cout << "generated " << specs.size() << " tensors (" << bytes << " bytes, "
             << dtype_name(config.dtype) << ", seed " << a.seed << ") in " << a.out << ": "
-            << files.size() << " file(s) + config.json\n";
+            << files.size() - index << (files.size() - index == 1 ? " file" : " files")
+            << (index ? " + model.safetensors.index.json" : "") << " + config.json\n";
   return 0;
 }
 
@@ -176,6 +182,8 @@ int run_convert(const ConvertArgs& a) {
   const auto specs = specs_of(*source);
   const FillFn fill = fill_from(*source);
   const std::string format = output_format(a);
+  if (format == "hdf5" && a.shards > 1)
+    raise<UsageError>("convert: --shards splits safetensors; an HDF5 output is one file");
   if (format == "hdf5") {
     write_hdf5(a.out, specs, fill, a.hdf5.options());
   } else if (format == "safetensors" && a.shards > 1) {
@@ -233,7 +241,7 @@ CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
       ->capture_default_str()
       ->check(CLI::IsMember({"safetensors", "hdf5"}));
   cmd->add_option("--seed", a.seed, "Random seed (same seed, same values)")->capture_default_str();
-  cmd->add_option("--dtype", a.dtype, "Override torch_dtype (float32, float16, bfloat16, ...)");
+  cmd->add_option("--dtype", a.dtype, "Override torch_dtype: float32, float16 or bfloat16");
   cmd->add_option("--std", a.stddev, "Standard deviation of the weights")->capture_default_str();
   cmd->add_option("--extra", a.extras,
                   "Extra tensor NAME or NAME:AxB (repeatable; default shape [hidden_size]), e.g. "
@@ -291,6 +299,8 @@ CLI::App* add_shard(CLI::App& app, ShardArgs& a) {
 }
 
 int run_shard(const ShardArgs& a) {
+  if (!std::filesystem::exists(a.in))
+    raise<UsageError>("shard: checkpoint '", a.in, "' does not exist");
   std::string config_path = a.config;
   if (config_path.empty())
     config_path = std::filesystem::is_directory(a.in)
@@ -330,6 +340,19 @@ int main(int argc, char** argv) {
       "OK line and exits 0, or prints the error and exits 1.");
   verify->add_option("PATH", path, "Checkpoint file or directory")->required();
   verify->add_flag("--read-data", read_data, "Also read every byte of every tensor");
+  // (CLI11 says only "A subcommand is required" for one it does not know)
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string first = argv[1];
+    bool known = false;
+    const CLI::App& subcommands = app;
+    for (const CLI::App* sub : subcommands.get_subcommands([](const CLI::App*) { return true; }))
+      known = known || sub->get_name() == first;
+    if (!known) {
+      std::cerr << "reload_ckpt: unknown subcommand '" << first
+                << "' (generate, inspect, convert, verify or shard; --help lists them)\n";
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
     tpreload::init_logging(0, 1, "info");

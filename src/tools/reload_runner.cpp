@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +23,7 @@
 #include "tpreload/model/config.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/synthetic_model.h"
+#include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
 #include "tpreload/runtime/data_plane.h"
@@ -81,6 +83,32 @@ struct RunnerOptions {
   }
 };
 
+// A CLI11 check of a number, its refusal in words: "must be a number > 0, got
+// 0" (CLI11's own ranges print the largest double as their bound). `positive`:
+// more than 0, else at least 0; `max`: the largest allowed (0: none), and
+// `unit_bytes` the bytes of one unit (a value under one byte is refused).
+CLI::Validator number_check(bool positive, double max = 0, double unit_bytes = 0) {
+  std::string rule = positive ? "> 0" : ">= 0";
+  if (max > 0) rule += " and <= " + std::to_string(static_cast<long long>(max));
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        std::size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size() || std::isnan(v))
+          return "'" + text + "' is not a number";
+        const bool below = positive ? !(v > 0) : !(v >= 0);
+        if (below || (max > 0 && v > max)) return "must be a number " + rule + ", got " + text;
+        if (unit_bytes > 0 && v * unit_bytes < 1) return text + " is less than one byte";
+        return "";
+      },
+      "NUMBER " + rule);
+}
+
 void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option("--model", o.model_dir,
                  "Hugging Face-style model directory: config.json plus safetensors (one file or "
@@ -96,9 +124,10 @@ void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option(
          "--tp", o.tp,
          "Tensor-parallel size; the world is replicas x tp, world rank w is tp rank w % tp of "
-         "replica w / tp (default: the ranks per node when the job spans several nodes with "
-         "the same count on each, else the world size)")
-      ->check(CLI::NonNegativeNumber);
+         "replica w / tp (0, the default: the ranks per node when the job spans several nodes "
+         "with the same count on each, else the world size)")
+      ->capture_default_str()
+      ->check(number_check(false));
   app.add_option("--quantization", o.quantization,
                  "int8: weight-only int8 parameters with per-row scales (checkpoint-format "
                  "loads quantize rows as they land; kernel-format loads copy int8 shards)")
@@ -117,7 +146,7 @@ void add_options(CLI::App& app, RunnerOptions& o) {
       ->capture_default_str();
   app.add_option("--bucket-mb", o.bucket_mb, "Bucket size in MiB (staging per buffer), up to 1 TiB")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber & CLI::Range(0.0, 1048576.0));
+      ->check(number_check(true, 1048576, 1048576));
   app.add_option("--pipeline-depth", o.pipeline_depth,
                  "Buffers in flight per rank: 1 reads, moves and applies one bucket at a time; 2 "
                  "overlaps the read of the next bucket with the transfer and apply of the last "
@@ -128,7 +157,7 @@ void add_options(CLI::App& app, RunnerOptions& o) {
       ->check(CLI::Range(0, 16));
   app.add_option("--reader-rank", o.reader_rank, "World rank that reads the checkpoint")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_check(false));
   app.add_option("--readers", o.readers,
                  "Who reads the checkpoint. one: the reader rank reads it and sends each rank its "
                  "part (when only one host sees the files). node: one rank per node reads what "
@@ -144,7 +173,7 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                  "With --readers node: world ranks [k*N, (k+1)*N) form node k (default 0: the "
                  "ranks MPI says share memory)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(number_check(false));
   app.add_flag("--rotate-broadcast-roots", o.rotate_broadcast_roots,
                "With --readers node: the node readers take turns reading the broadcast buckets, "
                "each sending its turns to every rank of the job (each reads a share of the "
@@ -175,10 +204,10 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                  "Seconds a reading rank may take to read one bucket before the job is ended "
                  "(a hung file system)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(number_check(true));
   app.add_option("--repeat", o.repeat, "Reload this many times")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(number_check(true));
   app.add_option("--report", o.report,
                  "Write a JSON report of the last reload here (see docs/REPORT.md)");
   app.add_flag("--demo", o.demo,
@@ -195,13 +224,15 @@ void add_options(CLI::App& app, RunnerOptions& o) {
          "else stderr of this process)")
       ->check(CLI::IsMember({"auto", "tty", "log", "off"}))
       ->capture_default_str();
-  app.add_option("--log-level", o.log_level, "trace, debug, info, warn, error or off")
+  app.add_option("--log-level", o.log_level,
+                 "trace, debug, info, warn, error or off (off: no log, but an error that ends "
+                 "the run is still printed)")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "off"}))
       ->capture_default_str();
   app.add_option("--timeout", o.timeout_s,
                  "Seconds one collective may take before every rank stops with an error")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(number_check(true));
   app.add_option("--device", o.device,
                  "Where the parameters live: cpu (host memory) or cuda (the GPU of each rank's "
                  "node-local rank, modulo the GPUs it sees)")
@@ -320,6 +351,121 @@ ModelOptions model_options(const RunnerOptions& o, Communicator& world, const Da
   return m;
 }
 
+// Options that change nothing in the combination given, said once (rank 0).
+void warn_ignored(const RunnerOptions& o) {
+  if (o.readers == "all" && o.distribution == "broadcast")
+    log().warn(
+        "--distribution broadcast is ignored with --readers all: nothing is sent, and "
+        "every rank reads its own slices as scatter lays them out");
+  if (o.readers == "all" && o.zero_copy)
+    log().warn(
+        "--zero-copy is ignored with --readers all: it broadcasts from the mapped file, "
+        "and nothing is broadcast");
+  if (o.demo && (!o.model_dir.empty() || !o.weights.empty()))
+    log().warn("--model and --weights are ignored with --demo, which generates its own model");
+}
+
+// COLLECTIVE. The model, built alike on every rank; a layout it cannot take
+// (heads or sizes --tp does not divide, expert parallelism without experts) is
+// the same error on every rank, which then all end cleanly, naming the tp sizes
+// of this world that the model would take.
+std::unique_ptr<TensorParallelModel> build_model(const ModelConfig& config, const ModelOptions& m,
+                                                 Communicator& world) {
+  std::unique_ptr<TensorParallelModel> model;
+  std::optional<std::string> problem;
+  try {
+    model = std::make_unique<TensorParallelModel>(config, m);
+  } catch (const std::exception& e) {
+    problem = e.what();
+    std::vector<int> fitting;
+    for (int tp = 1; tp <= world.size(); ++tp) {
+      if (world.size() % tp != 0 || tp == m.tp_size) continue;
+      try {
+        ShardingRules(config, tp, m.quantization, m.expert_parallel);
+        fitting.push_back(tp);
+      } catch (const std::exception&) {
+      }
+    }
+    std::string listed;  // "1, 2 or 4"
+    for (std::size_t i = 0; i < fitting.size(); ++i)
+      listed += (i == 0                    ? ""
+                 : i + 1 == fitting.size() ? " or "
+                                           : ", ") +
+                std::to_string(fitting[i]);
+    if (!fitting.empty())
+      *problem += tpreload::detail::concat(" (with ", world.size(), " ranks, --tp ", listed,
+                                           " would fit this model)");
+  }
+  agree_on_problem<ModelError>(world, problem, "building the model");
+  return model;
+}
+
+// COLLECTIVE, before the model is loaded: --ranks-per-node without node
+// readers, and what would otherwise fail only after the load (minutes, for a
+// large model): --model naming a file, a --report path rank 0 cannot create,
+// --weights missing on the reader rank of --readers one (the only rank that
+// opens it), and a progress mode the environment sets wrong. The same error on
+// every rank.
+void check_paths(const RunnerOptions& o, Communicator& world) {
+  std::optional<std::string> problem;
+  std::error_code ec;
+  if (o.ranks_per_node > 0 && o.readers != "node")
+    problem = tpreload::detail::concat(
+        "--ranks-per-node makes the nodes of --readers node; with "
+        "--readers ",
+        o.readers, " it would be ignored");
+  if (!problem && fs::is_regular_file(o.model_dir, ec))
+    problem = tpreload::detail::concat(
+        "--model takes the model's directory (config.json and "
+        "the weights), not a file: '",
+        o.model_dir, "'");
+  // (with --readers node or all the reload itself says which ranks cannot read,
+  // and who could serve them)
+  const bool reader = world.rank() == o.reader_rank && o.readers == "one";
+  if (!problem && !o.weights.empty() && reader && !fs::exists(o.weights, ec))
+    problem =
+        tpreload::detail::concat("--weights '", o.weights, "' does not exist on the reader rank");
+  if (!problem && !o.report.empty() && world.rank() == 0) {
+    // (opened to append, so that nothing is cut; a file this made is removed)
+    const bool existed = fs::exists(o.report, ec);
+    std::ofstream out(o.report, std::ios::app);
+    if (!out.is_open())
+      problem = tpreload::detail::concat("cannot write the report to '", o.report,
+                                         "': ", std::strerror(errno));
+    out.close();
+    if (!existed) fs::remove(o.report, ec);
+  }
+  if (!problem && !o.quiet) try {
+      with_progress(ReloadOptions{}, o.progress);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  agree_on_problem<UsageError>(world, problem, "checking the options (nothing was loaded)");
+}
+
+// COLLECTIVE, before the initial load: --weights against the model, where the
+// reader rank can open it (a kernel-format source for another layout or model,
+// or a source of the other format than --kernel-format says), so that the
+// mistake is not found only after the initial load. A source that does not
+// open is left to the reload, which says why.
+void check_weights(const RunnerOptions& o, const TensorParallelModel& model, Communicator& world) {
+  std::optional<std::string> problem;
+  if (!o.weights.empty() && world.rank() == o.reader_rank) {
+    std::unique_ptr<WeightSource> source;
+    try {
+      source = open_weight_source(o.weights);
+    } catch (const std::exception&) {
+    }
+    if (source) try {
+        check_source_format({source->describe(), {}, source->kernel_format()}, model.rules(),
+                            o.kernel_format ? WeightFormat::kKernel : WeightFormat::kCheckpoint);
+      } catch (const ValidationError& e) {
+        problem = e.what();
+      }
+  }
+  agree_on_problem<ValidationError>(world, problem, "checking --weights (nothing was loaded)");
+}
+
 // COLLECTIVE. Rank 0 writes the report; a report it cannot write is the same
 // error on every rank (which then all end cleanly).
 void write_report(const RunnerOptions& o, const ReloadResult& r, TensorParallelModel& model,
@@ -347,6 +493,7 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
       o.model_dir.empty() ? std::optional<std::string>("--model DIR is required (or use --demo)")
                           : std::nullopt,
       "reading the options");
+  check_paths(o, world);
   // Every rank reads the config (from its own file system): a problem on any
   // rank is the same error on every rank, which then all end cleanly.
   ModelConfig config;
@@ -357,7 +504,10 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
     problem = e.what();
   }
   agree_on_problem<ModelError>(world, problem, "reading the model config");
-  TensorParallelModel model(config, model_options(o, world, plane));
+  const std::unique_ptr<TensorParallelModel> built =
+      build_model(config, model_options(o, world, plane), world);
+  TensorParallelModel& model = *built;
+  check_weights(o, model, world);
   ReloadableModel served(model, {o.model_dir, "", ""}, plane.transport.get());
   ReloadResult failed;  // what the callbacks were told when a reload failed
   served.on_reloaded([&](const ReloadResult& r) {
@@ -367,12 +517,18 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
              config.num_hidden_layers, model.options().tp_size, o.model_dir, plane.describe());
   ReloadResult initial, last;
   ReloadOptions attempted = reload_options(o, false);  // the reload a failure stopped
+  std::string phase = "the initial load from --model " + o.model_dir,
+              attempted_source = o.model_dir;
   try {
     initial = served.reload(world, attempted);
     if (world.rank() == 0) std::cout << "initial load:\n" << summary_text(initial);
     last = initial;
     for (int i = 0; i < o.repeat; ++i) {
       attempted = reload_options(o, o.kernel_format);
+      attempted_source = o.weights.empty() ? o.model_dir : o.weights;
+      phase =
+          tpreload::detail::concat("reload ", i + 1, " of ", o.repeat, " from ",
+                                   o.weights.empty() ? "--model " : "--weights ", attempted_source);
       last = served.reload(world, attempted, o.weights);
       if (world.rank() == 0)
         std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
@@ -381,9 +537,12 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
     // An error every rank raised alike leaves every rank alive and in step: the
     // report says what happened and what the parameters hold now. (Any other
     // error ends the job; there is no one left to write it.)
+    if (world.rank() == 0) log().error("{} failed:", phase);
     if (!o.report.empty() && dynamic_cast<const AgreedError*>(&e)) {
       ReloadResult report = result_for(attempted);
       report.error = e.what();
+      report.source = attempted_source;
+      report.parameter_memory = model.sink().device() ? model.sink().device()->describe() : "host";
       report.possibly_mixed = names_on_some_rank(
           world, model.rules(),
           failed.error.empty() ? std::vector<std::string>{} : failed.possibly_mixed);
@@ -455,7 +614,8 @@ int run_demo(const RunnerOptions& o, Communicator& world, const DataPlane& plane
   log().info("demo: {} ranks, tp {}, model {} in {}", world.size(), mo.tp_size, config.architecture,
              dir);
 
-  TensorParallelModel model(config, mo);
+  const std::unique_ptr<TensorParallelModel> built = build_model(config, mo, world);
+  TensorParallelModel& model = *built;
   ReloadableModel served(model, {dir + "/v1", "", ""}, plane.transport.get());
   served.reload(world, reload_options(o, false));
   const at::Tensor before = model.forward(tokens, *tp_group);
@@ -500,11 +660,13 @@ int main(int argc, char** argv) {
       "once the ranks have started (no --model, a --tp that does not divide the world, options "
       "that do not go together, ranks started with different options) are errors, 1 on every "
       "rank; with --demo, 4 when the demo's own check fails.\n\nExamples:\n"
-      "  mpirun -np 4 reload_runner --demo\n"
-      "  mpirun -np 8 reload_runner --model /models/llama --tp 4 --weights /ckpt/step-200\n"
-      "  mpirun -np 4 reload_runner --model /models/llama --weights /ckpt/kernel-tp4 "
+      "  launch/mpirun.sh 4 reload_runner --demo\n"
+      "  launch/mpirun.sh 8 reload_runner --model /models/llama --tp 4 --weights /ckpt/step-200\n"
+      "  launch/mpirun.sh 4 reload_runner --model /models/llama --weights /ckpt/kernel-tp4 "
       "--kernel-format\n"
-      "  mpirun -np 8 reload_runner --model /models/llama --device cuda --transport nccl\n"};
+      "  launch/mpirun.sh 8 reload_runner --model /models/llama --device cuda --transport nccl\n"
+      "(launch/mpirun.sh: mpirun with the settings this needs, root included; plain "
+      "`mpirun -np N reload_runner ...` works as well)\n"};
   RunnerOptions options;
   add_options(app, options);
   try {
@@ -519,7 +681,10 @@ int main(int argc, char** argv) {
   const bool retained = retain_freed_memory();  // the runner reloads again and again
   return run_mpi_program(
       &argc, &argv, options.log_level, comm_options, [&](MpiCommunicator& world) {
-        if (world.rank() == 0) log().info("reload_runner options: {}", options.describe());
+        if (world.rank() == 0) {
+          log().info("reload_runner options: {}", options.describe());
+          warn_ignored(options);
+        }
         log().debug("keeping freed memory for the next reload (up to {} MiB): {}",
                     kRetainedFreeBytes >> 20, retained ? "yes" : "not on this C library");
         agree_on_options(options, world);
