@@ -55,14 +55,14 @@ expect "convert refuses shards of an HDF5 file" 1 \
 
 # reload_runner (one process: no launcher needed)
 expect "kernel shards of another tp are refused before the initial load" 1 \
-  "checking --weights (nothing was loaded) failed on rank 0/1: kernel-format source (kernel format '$dir/k2' (tp_size 2, bfloat16): 2 file(s)" \
-  "!initial load" -- "$runner" --model "$dir/model" --weights "$dir/k2" --kernel-format
+  "checking --weights before the initial load failed on rank 0/1: kernel-format source (kernel format '$dir/k2' (tp_size 2, bfloat16): 2 file(s)" \
+  "!initial load:" -- "$runner" --model "$dir/model" --weights "$dir/k2" --kernel-format
 expect "the layouts and the way to make shards are named" 1 \
   "was made for tp 2, quantization none, not expert parallel; the model is tp 1, quantization none, not expert parallel (kernel-format shards fit one layout: shard the checkpoint for this one, e.g. reload_ckpt shard IN OUT --tp 1" \
   -- "$runner" --model "$dir/model" --weights "$dir/k2" --kernel-format
 expect "kernel shards as a checkpoint are refused before the initial load" 1 \
   "which holds kernel-format shards: reload it in kernel format (reload_runner --kernel-format" \
-  "!initial load" -- "$runner" --model "$dir/model" --weights "$dir/k2"
+  "!initial load:" -- "$runner" --model "$dir/model" --weights "$dir/k2"
 sed 's/"vocab_size": 128/"vocab_size": 256/' "$dir/config.json" >"$dir/other.json"
 "$ckpt" generate --config "$dir/other.json" --out "$dir/other" >/dev/null || exit 1
 expect "a failed reload names the load that failed" 1 \

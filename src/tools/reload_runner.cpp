@@ -40,7 +40,7 @@ struct RunnerOptions {
   std::string model_dir;
   std::string weights;
   bool kernel_format = false;
-  int tp = 0;  // 0: the world size
+  int tp = 0;  // 0: chosen (tp_from_layout)
   std::string quantization;
   bool lora = false;
   bool expert_parallel = false;
@@ -96,6 +96,8 @@ CLI::Validator number_check(bool positive, double max = 0, double unit_bytes = 0
         double v = 0;
         try {
           v = std::stod(text, &used);
+        } catch (const std::out_of_range&) {
+          return "must be a number " + rule + ", got " + text;
         } catch (const std::exception&) {
           used = 0;
         }
@@ -377,8 +379,14 @@ std::unique_ptr<TensorParallelModel> build_model(const ModelConfig& config, cons
     model = std::make_unique<TensorParallelModel>(config, m);
   } catch (const std::exception& e) {
     problem = e.what();
+    bool layout = false;  // (not, say, memory the parameters could not get)
+    try {
+      ShardingRules(config, m.tp_size, m.quantization, m.expert_parallel);
+    } catch (const std::exception&) {
+      layout = true;
+    }
     std::vector<int> fitting;
-    for (int tp = 1; tp <= world.size(); ++tp) {
+    for (int tp = 1; layout && tp <= world.size(); ++tp) {
       if (world.size() % tp != 0 || tp == m.tp_size) continue;
       try {
         ShardingRules(config, tp, m.quantization, m.expert_parallel);
@@ -406,14 +414,26 @@ std::unique_ptr<TensorParallelModel> build_model(const ModelConfig& config, cons
 // --weights missing on the reader rank of --readers one (the only rank that
 // opens it), and a progress mode the environment sets wrong. The same error on
 // every rank.
-void check_paths(const RunnerOptions& o, Communicator& world) {
-  std::optional<std::string> problem;
-  std::error_code ec;
+// This rank's objection to options that do not go together or that the
+// environment sets wrong (the demo's too): --ranks-per-node without node
+// readers, a bad TPRELOAD_PROGRESS.
+std::optional<std::string> option_problem(const RunnerOptions& o) {
   if (o.ranks_per_node > 0 && o.readers != "node")
-    problem = tpreload::detail::concat(
+    return tpreload::detail::concat(
         "--ranks-per-node makes the nodes of --readers node; with "
         "--readers ",
         o.readers, " it would be ignored");
+  if (!o.quiet) try {
+      with_progress(ReloadOptions{}, o.progress);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  return std::nullopt;
+}
+
+void check_paths(const RunnerOptions& o, Communicator& world) {
+  std::optional<std::string> problem = option_problem(o);
+  std::error_code ec;
   if (!problem && fs::is_regular_file(o.model_dir, ec))
     problem = tpreload::detail::concat(
         "--model takes the model's directory (config.json and "
@@ -427,7 +447,7 @@ void check_paths(const RunnerOptions& o, Communicator& world) {
         tpreload::detail::concat("--weights '", o.weights, "' does not exist on the reader rank");
   if (!problem && !o.report.empty() && world.rank() == 0) {
     // (opened to append, so that nothing is cut; a file this made is removed)
-    const bool existed = fs::exists(o.report, ec);
+    const bool existed = fs::exists(fs::symlink_status(o.report, ec));  // (a link, even dangling)
     std::ofstream out(o.report, std::ios::app);
     if (!out.is_open())
       problem = tpreload::detail::concat("cannot write the report to '", o.report,
@@ -435,11 +455,6 @@ void check_paths(const RunnerOptions& o, Communicator& world) {
     out.close();
     if (!existed) fs::remove(o.report, ec);
   }
-  if (!problem && !o.quiet) try {
-      with_progress(ReloadOptions{}, o.progress);
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
   agree_on_problem<UsageError>(world, problem, "checking the options (nothing was loaded)");
 }
 
@@ -459,11 +474,11 @@ void check_weights(const RunnerOptions& o, const TensorParallelModel& model, Com
     if (source) try {
         check_source_format({source->describe(), {}, source->kernel_format()}, model.rules(),
                             o.kernel_format ? WeightFormat::kKernel : WeightFormat::kCheckpoint);
-      } catch (const ValidationError& e) {
+      } catch (const std::exception& e) {
         problem = e.what();
       }
   }
-  agree_on_problem<ValidationError>(world, problem, "checking --weights (nothing was loaded)");
+  agree_on_problem<ValidationError>(world, problem, "checking --weights before the initial load");
 }
 
 // COLLECTIVE. Rank 0 writes the report; a report it cannot write is the same
@@ -541,7 +556,7 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
     if (!o.report.empty() && dynamic_cast<const AgreedError*>(&e)) {
       ReloadResult report = result_for(attempted);
       report.error = e.what();
-      report.source = attempted_source;
+      report.source = failed.source.empty() ? attempted_source : failed.source;
       report.parameter_memory = model.sink().device() ? model.sink().device()->describe() : "host";
       report.possibly_mixed = names_on_some_rank(
           world, model.rules(),
@@ -596,6 +611,8 @@ std::string head(const at::Tensor& logits) {
 }
 
 int run_demo(const RunnerOptions& o, Communicator& world, const DataPlane& plane) {
+  agree_on_problem<UsageError>(world, option_problem(o),
+                               "checking the options (nothing was loaded)");
   const std::string dir = shared_temp_dir(world);
   struct RemoveOnReturn {  // (also when the demo fails)
     const std::string& dir;

@@ -346,13 +346,24 @@ TEST(Plan, UnknownNamesAreSkippedAndKernelMismatchesRejected) {
                  "reload_ckpt shard IN OUT --tp 2, or give the model the shards' layout); nothing "
                  "was reloaded");
   }
-  // The other way round: checkpoint-format shards in kernel format, and kernel
-  // shards reloaded as a checkpoint, each naming what to do instead.
+  // The other way round: kernel shards reloaded as a checkpoint, and a
+  // checkpoint reloaded in kernel format, each naming what to do instead.
   try {
     make_plan(md, rules, {WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 2, 2});
     FAIL();
   } catch (const ValidationError& e) {
     EXPECT_NE(std::string(e.what()).find("holds kernel-format shards: reload it in kernel format"),
+              std::string::npos)
+        << e.what();
+  }
+  md.kernel.reset();
+  try {
+    make_plan(md, rules, {WeightFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2});
+    FAIL();
+  } catch (const ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "which is a checkpoint-format source (no kernel_format.json): reload it in "
+                  "checkpoint format"),
               std::string::npos)
         << e.what();
   }

@@ -413,9 +413,12 @@ Reading read_config(const ModelConfig& c) {
   // (Glm4Config's and Ernie4_5Config's default: 2 KV heads)
   r.kv_heads = static_cast<std::int64_t>(
       number("num_key_value_heads", glm4(c) || a == "Ernie4_5ForCausalLM", 2));
-  // (head_dim: hidden_size / num_attention_heads in every family here but
-  // Gemma's, whose tiny configs give it)
-  r.head_dim = static_cast<std::int64_t>(number("head_dim", !gemma(c), double(r.hidden) / r.heads));
+  // (head_dim: hidden_size / num_attention_heads where it is absent, but for
+  // the families whose config classes default it otherwise (Gemma's 256;
+  // Qwen3's, GLM-4's and ERNIE 4.5's 128), whose tiny configs give it)
+  const bool own_head_dim = gemma(c) || qwen3(c) || glm4(c) || a == "Ernie4_5ForCausalLM";
+  r.head_dim =
+      static_cast<std::int64_t>(number("head_dim", !own_head_dim, double(r.hidden) / r.heads));
   if (cohere(c)) {
     r.eps = number("layer_norm_eps", true, 1e-5);
   } else {
@@ -444,7 +447,14 @@ Reading read_config(const ModelConfig& c) {
                                !j["rope_parameters"].contains("sliding_attention");
   const nlohmann::json none = nlohmann::json::object();
   const nlohmann::json& params = flat_parameters ? j["rope_parameters"] : none;
-  const nlohmann::json& scaling = given(j, "rope_scaling") ? j["rope_scaling"] : params;
+  // (a rope_scaling of the default kind alone, or empty, is none: rope_parameters' then)
+  const auto default_kind = [&](const nlohmann::json& o) {
+    for (const auto& [key, value] : o.items())
+      if ((key != "rope_type" && key != "type") || value != "default") return false;
+    return true;
+  };
+  const bool scaled = given(j, "rope_scaling") && !default_kind(j["rope_scaling"]);
+  const nlohmann::json& scaling = scaled ? j["rope_scaling"] : params;
   // (MixtralConfig's 1e6, Ernie4_5Config's 500000, 10000 elsewhere)
   const double theta_default = a == "MixtralForCausalLM"    ? 1e6
                                : a == "Ernie4_5ForCausalLM" ? 5e5
@@ -676,6 +686,7 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
                       const std::string& p, int tp, int r, bool ep,
                       std::map<std::string, at::Tensor>& out) {
   const std::int64_t experts = read_config(c).experts;
+  if (experts <= 0) throw std::invalid_argument("the reference reads no expert count for " + p);
   const std::int64_t per = ep ? experts / tp : experts, first = ep ? r * per : 0;
   const ExpertNames n = expert_names(c);
   // (an expert's intermediate size from its own tensor: Mixtral's config spells
@@ -987,6 +998,7 @@ at::Tensor moe(const ModelConfig& c, const Reading& r,
                const std::map<std::string, at::Tensor>& ckpt, const std::string& p,
                const at::Tensor& y) {
   if (glm4_moe(c)) return glm4_moe_block(c, ckpt, p, y);
+  if (r.top_k <= 0) throw std::invalid_argument("the reference reads no num_experts_per_tok");
   const ExpertNames n = expert_names(c);
   const at::Tensor probs = at::matmul(y, f32(ckpt, p + n.block + "gate.weight").t()).softmax(-1);
   at::Tensor out = at::zeros_like(y);
