@@ -388,6 +388,14 @@ struct Reading {
   std::int64_t experts = 0, top_k = 0, sparse_step = 1;
   bool renormalise = false;
   std::vector<std::int64_t> mlp_only;
+  // Which projections have biases, as each family's vLLM model takes them from
+  // the config: Llama's, Mistral's and Phi-3's o_proj with attention_bias or
+  // bias, q/k/v's the same unless qkv_bias says, the MLP's with mlp_bias;
+  // Qwen2's (and Qwen2-MoE's) q/k/v always; Qwen3's and GLM-4.5's q/k/v with
+  // attention_bias; Gemma 2's, Gemma 3's and GraniteMoeHybrid's q/k/v and o_proj
+  // with attention_bias; Granite's with attention_bias or bias, its MLP's with
+  // mlp_bias; GLM-4's q/k/v unless attention_bias is false; none elsewhere.
+  bool qkv_bias = false, o_bias = false, mlp_bias = false;
 };
 
 Reading read_config(const ModelConfig& c) {
@@ -504,6 +512,23 @@ Reading read_config(const ModelConfig& c) {
   if (given(j, "decoder_sparse_step")) r.sparse_step = j["decoder_sparse_step"];
   if (given(j, "mlp_only_layers"))
     r.mlp_only = j["mlp_only_layers"].get<std::vector<std::int64_t>>();
+  const auto flag = [&](const char* key) { return given(j, key) && j[key].get<bool>(); };
+  if (a == "LlamaForCausalLM" || a == "MistralForCausalLM" || a == "Phi3ForCausalLM") {
+    r.o_bias = flag("attention_bias") || flag("bias");
+    r.qkv_bias = given(j, "qkv_bias") ? flag("qkv_bias") : r.o_bias;
+    r.mlp_bias = flag("mlp_bias");
+  } else if (a == "Qwen2ForCausalLM" || a == "Qwen2MoeForCausalLM") {
+    r.qkv_bias = true;
+  } else if (qwen3(c) || glm4_moe(c)) {
+    r.qkv_bias = flag("attention_bias");
+  } else if (a == "Gemma2ForCausalLM" || gemma3(c) || a == "GraniteMoeHybridForCausalLM") {
+    r.qkv_bias = r.o_bias = flag("attention_bias");
+  } else if (a == "GraniteForCausalLM") {
+    r.qkv_bias = r.o_bias = flag("attention_bias") || flag("bias");
+    r.mlp_bias = flag("mlp_bias");
+  } else if (glm4(c)) {
+    r.qkv_bias = !given(j, "attention_bias") || flag("attention_bias");
+  }
   return r;
 }
 
@@ -1112,6 +1137,18 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
     auto normed = [&](const at::Tensor& y, const char* name) {
       return norm(y, f32(ckpt, p + name), c, rd.eps);
     };
+    // (the biases the checkpoint holds, which linear_ref applies, as the
+    // config says: a parser that gave the model other ones shows here)
+    const bool dense = ckpt.count(p + "mlp.down_proj.weight") > 0;
+    for (const auto& [name, want] :
+         {std::pair<std::string, bool>{"self_attn.q_proj.bias", rd.qkv_bias},
+          {"self_attn.k_proj.bias", rd.qkv_bias},
+          {"self_attn.v_proj.bias", rd.qkv_bias},
+          {"self_attn.o_proj.bias", rd.o_bias},
+          {"mlp.down_proj.bias", rd.mlp_bias && dense}})
+      if ((ckpt.count(p + name) > 0) != want)
+        throw std::runtime_error(p + name + (want ? " is missing" : " is there") +
+                                 ", but the config says " + (want ? "it is" : "it is not"));
     at::Tensor q = linear_ref(ckpt, x, p + "self_attn.q_proj");
     at::Tensor k = linear_ref(ckpt, x, p + "self_attn.k_proj");
     if (olmo(c)) {
