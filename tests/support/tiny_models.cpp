@@ -378,8 +378,9 @@ struct Rotary {
 // any other absent key is an error of the test.
 struct Reading {
   std::int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, layers = 0, vocab = 0;
-  double eps = 0;    // rms_norm_eps, or Cohere's layer_norm_eps
-  double share = 1;  // partial_rotary_factor
+  double eps = 0;                     // rms_norm_eps, or Cohere's layer_norm_eps
+  double share = 1;                   // partial_rotary_factor
+  at::ScalarType dtype = at::kFloat;  // torch_dtype (or transformers 5's dtype)
   bool tied = false;
   Rotary rotary;
   // Sparse layers: how many experts, how many a token takes, whether their
@@ -418,6 +419,14 @@ Reading read_config(const ModelConfig& c) {
   r.heads = j.at("num_attention_heads");
   r.layers = j.at("num_hidden_layers");
   r.vocab = j.at("vocab_size");
+  const std::string dtype = j.value("torch_dtype", j.value("dtype", std::string()));
+  if (dtype == "bfloat16")
+    r.dtype = at::kBFloat16;
+  else if (dtype == "float16")
+    r.dtype = at::kHalf;
+  else if (dtype != "float32")
+    throw std::invalid_argument("the reference reads float32, float16 or bfloat16, not '" + dtype +
+                                "'");
   // (Glm4Config's and Ernie4_5Config's default: 2 KV heads)
   r.kv_heads = static_cast<std::int64_t>(
       number("num_key_value_heads", glm4(c) || a == "Ernie4_5ForCausalLM", 2));
@@ -1126,9 +1135,7 @@ at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at
   at::Tensor h =
       f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens)) * gs.embedding;
   if (gemma(c))  // sqrt(hidden_size), rounded to the model's dtype as vLLM's normalizer is
-    h = h * at::tensor(std::sqrt(static_cast<double>(rd.hidden)))
-                .to(dtype_to_torch(c.dtype))
-                .to(at::kDouble);
+    h = h * at::tensor(std::sqrt(static_cast<double>(rd.hidden))).to(rd.dtype).to(at::kDouble);
   for (std::int64_t l = 0; l < rd.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     // OLMo and EXAONE 4 norm no input; OLMo q and k over their whole projections.
