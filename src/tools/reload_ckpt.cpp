@@ -344,12 +344,15 @@ int main(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-') {
     const std::string first = argv[1];
     bool known = false;
+    std::string names;  // "generate, convert, shard, inspect, verify"
     const CLI::App& subcommands = app;
-    for (const CLI::App* sub : subcommands.get_subcommands([](const CLI::App*) { return true; }))
+    for (const CLI::App* sub : subcommands.get_subcommands([](const CLI::App*) { return true; })) {
       known = known || sub->get_name() == first;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
     if (!known) {
-      std::cerr << "reload_ckpt: unknown subcommand '" << first
-                << "' (generate, inspect, convert, verify or shard; --help lists them)\n";
+      std::cerr << "reload_ckpt: unknown subcommand '" << first << "' (" << names
+                << "; --help says what each does)\n";
       return 2;
     }
   }

@@ -335,38 +335,24 @@ TEST(Plan, UnknownNamesAreSkippedAndKernelMismatchesRejected) {
       make_plan(md, rules, {WeightFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2}),
       ValidationError);
   md.kernel = KernelFormatInfo{4, DType::kBFloat16, "", "{}"};
-  try {
-    make_plan(md, rules, {WeightFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2});
-    FAIL();
-  } catch (const ValidationError& e) {
-    EXPECT_STREQ(e.what(),
-                 "kernel-format source (test source) was made for tp 4, quantization none, not "
-                 "expert parallel; the model is tp 2, quantization none, not expert parallel "
-                 "(kernel-format shards fit one layout: shard the checkpoint for this one, e.g. "
-                 "reload_ckpt shard IN OUT --tp 2, or give the model the shards' layout); nothing "
-                 "was reloaded");
-  }
+  const PlanOptions kernel{WeightFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2};
+  const PlanOptions checkpoint{WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 2, 2};
+  EXPECT_EQ(test_error([&] { make_plan(md, rules, kernel); }),
+            "kernel-format source (test source) was made for tp 4, quantization none, not "
+            "expert parallel; the model is tp 2, quantization none, not expert parallel "
+            "(kernel-format shards fit one layout: shard the checkpoint for this one, e.g. "
+            "reload_ckpt shard IN OUT --tp 2, or give the model the shards' layout); nothing "
+            "was reloaded");
   // The other way round: kernel shards reloaded as a checkpoint, and a
   // checkpoint reloaded in kernel format, each naming what to do instead.
-  try {
-    make_plan(md, rules, {WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 2, 2});
-    FAIL();
-  } catch (const ValidationError& e) {
-    EXPECT_NE(std::string(e.what()).find("holds kernel-format shards: reload it in kernel format"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_EQ(test_error([&] { make_plan(md, rules, checkpoint); }),
+            "checkpoint-format reload from (test source), which holds kernel-format shards: "
+            "reload it in kernel format (reload_runner --kernel-format, ReloadOptions::format "
+            "kKernel)");
   md.kernel.reset();
-  try {
-    make_plan(md, rules, {WeightFormat::kKernel, Distribution::kBroadcast, 1 << 20, 2, 2});
-    FAIL();
-  } catch (const ValidationError& e) {
-    EXPECT_NE(std::string(e.what()).find(
-                  "which is a checkpoint-format source (no kernel_format.json): reload it in "
-                  "checkpoint format"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_EQ(test_error([&] { make_plan(md, rules, kernel); }),
+            "kernel-format reload from (test source), which is a checkpoint-format source (no "
+            "kernel_format.json): reload it in checkpoint format");
   EXPECT_THROW(
       make_plan(md, rules, {WeightFormat::kCheckpoint, Distribution::kBroadcast, 1 << 20, 3, 2}),
       UsageError);
