@@ -408,12 +408,6 @@ std::unique_ptr<TensorParallelModel> build_model(const ModelConfig& config, cons
   return model;
 }
 
-// COLLECTIVE, before the model is loaded: --ranks-per-node without node
-// readers, and what would otherwise fail only after the load (minutes, for a
-// large model): --model naming a file, a --report path rank 0 cannot create,
-// --weights missing on the reader rank of --readers one (the only rank that
-// opens it), and a progress mode the environment sets wrong. The same error on
-// every rank.
 // This rank's objection to options that do not go together or that the
 // environment sets wrong (the demo's too): --ranks-per-node without node
 // readers, a bad TPRELOAD_PROGRESS.
@@ -431,6 +425,11 @@ std::optional<std::string> option_problem(const RunnerOptions& o) {
   return std::nullopt;
 }
 
+// COLLECTIVE, before the model is loaded: option_problem(), and what would
+// otherwise fail only after the load (minutes, for a large model): --model
+// naming a file, --weights missing on the reader rank of --readers one (the
+// only rank that opens it), a --report path rank 0 cannot create. The same
+// error on every rank.
 void check_paths(const RunnerOptions& o, Communicator& world) {
   std::optional<std::string> problem = option_problem(o);
   std::error_code ec;
