@@ -1,31 +1,36 @@
 #!/usr/bin/env bash
 # The GPU check (docs/GPU.md): what only a machine with an NVIDIA GPU proves.
 #
-#   scripts/gpu_check.sh prepare   # on a Debian 12 machine with apt: fetch the Debian
-#                                  # packages a GPU machine may lack into .gpu-deps/
-#                                  # (git-ignored; carry it to the GPU machine)
-#   scripts/gpu_check.sh [run]     # on the GPU machine: probe, build, check
+#   scripts/gpu_check.sh bundle    # here (CI too): build gpu_tests and tpreload_gpu_check
+#                                  # into .gpu-bundle/ (git-ignored) with every shared
+#                                  # library they need but the driver; carry it
+#   scripts/gpu_check.sh rehearse  # here: nothing missing (ldd), and a run without a GPU
+#                                  # ends with exit 1, saying so, within 5 s
+#   scripts/gpu_check.sh [run]     # on the GPU machine: probe, gpu_tests, tpreload_gpu_check
 #
-# `run` builds against that machine's own CUDA LibTorch (PyTorch's, found from
-# python3) and NCCL (PyTorch's nvidia-nccl package, or the CUDA toolkit's), with
-# no MPI and no HDF5 (the engine needs neither; the check runs at world size 1),
-# taking spdlog, fmt, nlohmann-json, GoogleTest and zlib's headers from .gpu-deps/
-# where the machine lacks them. Then: the CUDA kernel and copy tests (gpu_tests),
-# the single-process model and reload suites, and tpreload_gpu_check (a
-# TinyLlama-sized checkpoint reloaded into CUDA parameters over NCCL, over host
-# staging, and in int8, each compared by CRC-32 with a host reload, pointers
-# unchanged, and one bench row against a pinned cudaMemcpy of the same bytes).
-# Output goes to stdout and, when $OUT is set, to $OUT/gpu_check.log, with the
-# configure and build logs beside it (else under /tmp/gpu-check-logs).
+# `run` builds nothing: it runs the bundle under a deadline (GPU_CHECK_DEADLINE,
+# 200 s from its start), with NCCL_DEBUG=WARN and NCCL on the loopback interface,
+# NCCL itself being the GPU machine's (PyTorch's wheel, else the loader's path).
+# It prints one pass/fail line and exits with the status of what it ran. Then,
+# only with GPU_CHECK_SUITES=1 and where the deadline leaves time, an optional
+# step: the single-process model and reload suites built against that machine's
+# CUDA LibTorch (with the Debian packages `prepare` put in .gpu-deps/).
 #
-# Environment: GPU_CHECK_SCENARIO (tinyllama), GPU_CHECK_ITERS (3), JOBS (nproc),
-# GPU_CHECK_BUILD (build-gpu), GPU_CHECK_DIR (/tmp/tpreload-gpu-check),
-# GPU_CHECK_DEADLINE (540: seconds from the start after which the later, optional
-# steps are skipped).
+#   scripts/gpu_check.sh prepare   # here: the packages the optional step may lack
+#
+# Output goes to stdout and, when $OUT is set, to $OUT/gpu_check.log (the
+# optional step's configure and build logs beside it).
+#
+# Environment: GPU_CHECK_BUNDLE (.gpu-bundle), GPU_CHECK_SCENARIO (tiny),
+# GPU_CHECK_BENCH (tinyllama; none for no bench row), GPU_CHECK_ITERS (3),
+# GPU_CHECK_DIR (/tmp/tpreload-gpu-check), GPU_CHECK_DEADLINE (200),
+# GPU_CHECK_SUITES (0), CUDA_ARCHS (90-real;100: sm_90 and sm_100 machine code,
+# sm_100 PTX), JOBS (nproc).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 deps_dir=$root/.gpu-deps
+bundle_dir=${GPU_CHECK_BUNDLE:-$root/.gpu-bundle}
 DEB_PACKAGES=(libspdlog-dev libspdlog1.10 libfmt-dev libfmt9 nlohmann-json3-dev libgtest-dev zlib1g-dev)
 
 prepare() {
@@ -46,7 +51,7 @@ prepare() {
 log() { echo "== gpu_check: $*"; }
 
 # Seconds left before the run's own deadline (GPU_CHECK_DEADLINE, from its start).
-left() { echo $(( ${GPU_CHECK_DEADLINE:-540} - SECONDS )); }
+left() { echo $(( ${GPU_CHECK_DEADLINE:-200} - SECONDS )); }
 
 probe() {
   log "probe ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -m), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB)"
@@ -172,34 +177,71 @@ step() {
   return $rc
 }
 
-checks() {
-  local rc=0 dir=${GPU_CHECK_DIR:-/tmp/tpreload-gpu-check}
-  # What only the GPU proves first: the kernels, copies and frees, then the reloads.
-  if build_targets gpu_tests tpreload_gpu_check; then
-    step 180 "gpu_tests: the device int8 kernel against the CPU kernel, strided copies, frees on a stuck device" \
-      "$build/tests/gpu_tests" || rc=1
-    step 240 "tpreload_gpu_check: reloads into CUDA parameters, CRC-32 against the host, bench row" \
-      "$build/tpreload_gpu_check" --dir "$dir" --scenario "${GPU_CHECK_SCENARIO:-tinyllama}" \
-      --iters "${GPU_CHECK_ITERS:-3}" || rc=1
-  else
-    rc=1
-  fi
-  # Then the single-process suites against this LibTorch, where time is left.
-  if [ "$(left)" -lt 150 ]; then
-    log "model and reload suites: skipped, $(left) s left"
+# The optional step: the single-process suites against the machine's CUDA LibTorch.
+suites() {
+  local rc=0
+  unpack_deps
+  configure_and_build || { log "FAILED: configure (log: $logs/configure.log)"; return 1; }
+  build_targets model_tests reload_tests || return 1
+  step 120 "model_tests against this LibTorch" "$build/tests/model_tests" --gtest_brief=1 || rc=1
+  step 180 "reload_tests against this LibTorch" "$build/tests/reload_tests" --gtest_brief=1 || rc=1
+  return $rc
+}
+
+# The bundle: both programs built without MPI, HDF5 or LibTorch (neither links
+# it), machine code for sm_90 and sm_100 and sm_100's PTX, and beside them in
+# lib/ every shared library they load that is not the C library's (found through
+# their RUNPATH, $ORIGIN/lib). The driver and NCCL are loaded at run time, from
+# the GPU machine.
+bundle() {
+  set -e
+  local build=${GPU_CHECK_BUNDLE_BUILD:-build-gpu-bundle} start=$SECONDS
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTPRELOAD_CUDA=ON -DTPRELOAD_MPI=OFF \
+    -DTPRELOAD_HDF5=OFF -DTPRELOAD_PYTHON=OFF "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90-real;100}" \
+    '-DCMAKE_BUILD_RPATH=$ORIGIN/lib' >/dev/null
+  cmake --build "$build" -j "${JOBS:-$(nproc)}" --target gpu_tests tpreload_gpu_check
+  rm -rf "$bundle_dir" && mkdir -p "$bundle_dir/lib"
+  cp "$build/tests/gpu_tests" "$build/tpreload_gpu_check" "$bundle_dir/"
+  local lib
+  for lib in $(ldd "$bundle_dir/gpu_tests" "$bundle_dir/tpreload_gpu_check" | awk '/=> \//{print $3}' | sort -u); do
+    case "$(basename "$lib")" in
+      libc.so.*|libm.so.*|libdl.so.*|librt.so.*|libpthread.so.*|ld-linux*) ;;
+      *) cp -L "$lib" "$bundle_dir/lib/" ;;
+    esac
+  done
+  echo "gpu_check: bundle in $bundle_dir ($(du -sh "$bundle_dir" | cut -f1), $(ls "$bundle_dir/lib" | wc -l) libraries) in $((SECONDS - start)) s"
+}
+
+# What a GPU machine will meet, checked here: every library found, and a run
+# without a GPU ends with exit 1, saying so, within 5 s.
+rehearse() {
+  local missing program out rc start
+  for program in gpu_tests tpreload_gpu_check; do
+    [ -x "$bundle_dir/$program" ] || { echo "gpu_check: no $bundle_dir/$program (run: scripts/gpu_check.sh bundle)" >&2; return 1; }
+    missing=$(ldd "$bundle_dir/$program" | grep "not found")
+    [ -z "$missing" ] || { echo "gpu_check: $program lacks libraries: $missing" >&2; return 1; }
+  done
+  start=$(date +%s%N)
+  out=$(env -u OUT GPU_CHECK_BUNDLE="$bundle_dir" scripts/gpu_check.sh run 2>&1)
+  rc=$?
+  local ms=$(( ($(date +%s%N) - start) / 1000000 ))
+  if [ $rc -ne 1 ] || ! grep -q "no usable GPU" <<<"$out" || [ $ms -ge 5000 ]; then
+    echo "$out"
+    echo "gpu_check: rehearsal FAILED: a run without a GPU exited $rc after $ms ms (want 1, 'no usable GPU', < 5000 ms)" >&2
     return 1
   fi
-  if build_targets model_tests reload_tests; then
-    step 120 "model_tests against this LibTorch" "$build/tests/model_tests" --gtest_brief=1 || rc=1
-    step 180 "reload_tests against this LibTorch" "$build/tests/reload_tests" --gtest_brief=1 || rc=1
-  else
-    rc=1
-  fi
-  # A second bench row with larger buckets, where time is left.
-  if [ $rc -eq 0 ] && [ "$(left)" -gt 90 ]; then
-    step 80 "tpreload_gpu_check with 64 MiB buckets" "$build/tpreload_gpu_check" --dir "$dir" \
-      --scenario "${GPU_CHECK_SCENARIO:-tinyllama}" --iters "${GPU_CHECK_ITERS:-3}" --bucket-mb 64 || rc=1
-  fi
+  echo "$out" | tail -2
+  echo "gpu_check: rehearsal passed: nothing missing but the driver, and a run without a GPU exits 1 in $ms ms"
+}
+
+# On the GPU machine: the bundle's programs under the deadline.
+checks() {
+  local rc=0 dir=${GPU_CHECK_DIR:-/tmp/tpreload-gpu-check}
+  step 90 "gpu_tests: kernels against the CPU's, copies, a launch after 'not ready', frees on a stuck device" \
+    "$bundle_dir/gpu_tests" --gtest_brief=1 || rc=1
+  step 150 "tpreload_gpu_check: reloads into CUDA parameters against host reloads, send/recv, bench row" \
+    "$bundle_dir/tpreload_gpu_check" --dir "$dir" --scenario "${GPU_CHECK_SCENARIO:-tiny}" \
+    --bench-scenario "${GPU_CHECK_BENCH:-tinyllama}" --iters "${GPU_CHECK_ITERS:-3}" || rc=1
   return $rc
 }
 
@@ -207,19 +249,37 @@ run() {
   local rc=0
   logs=${OUT:-/tmp/gpu-check-logs}
   mkdir -p "$logs"
-  probe
-  unpack_deps
-  configure_and_build || { log "FAILED: configure (log: $logs/configure.log)"; return 1; }
+  log "$(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -m), $(nproc) cores"
+  [ -x "$bundle_dir/tpreload_gpu_check" ] ||
+    { log "FAILED: no bundle in $bundle_dir (build it with scripts/gpu_check.sh bundle and carry it)"; return 1; }
+  export NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+  find_nccl  # (sets TPRELOAD_NCCL_LIBRARY to PyTorch's NCCL where it finds one)
+  if ! "$bundle_dir/tpreload_gpu_check" --probe; then
+    log "no usable GPU here: nothing run"
+    return 1
+  fi
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,pcie.link.gen.max,pcie.link.width.max \
+    --format=csv 2>&1
   checks || rc=1
-  log "$([ $rc -eq 0 ] && echo "all checks passed" || echo "SOME CHECKS FAILED") in $SECONDS s"
+  log "$([ $rc -eq 0 ] && echo "PASSED: gpu_tests and tpreload_gpu_check" || echo "FAILED: see above") in $SECONDS s"
+  if [ "${GPU_CHECK_SUITES:-0}" = 1 ]; then
+    if [ "$(left)" -lt 150 ]; then
+      log "optional suites: skipped, $(left) s left"
+    else
+      probe
+      suites || rc=1
+    fi
+  fi
   return $rc
 }
 
 case "${1:-run}" in
   prepare) prepare ;;
+  bundle) bundle ;;
+  rehearse) rehearse ;;
   run)
     if [ -n "${OUT:-}" ]; then run 2>&1 | tee "$OUT/gpu_check.log"; exit "${PIPESTATUS[0]}"; fi
     run
     ;;
-  *) echo "usage: scripts/gpu_check.sh [prepare|run]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu_check.sh [bundle|rehearse|run|prepare]" >&2; exit 2 ;;
 esac

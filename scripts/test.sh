@@ -21,4 +21,10 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPRELOAD_ASAN=ON -DTPRELOAD_CUDA=OFF >/dev/null
 cmake --build build-asan -j "${JOBS:-$(nproc)}" --target checkpoint_tests
 ctest --test-dir build-asan -L checkpoint --output-on-failure --timeout 900
+# The GPU check's bundle, built as a GPU machine will run it (docs/GPU.md), and
+# its run rehearsed here: every library found, and without a GPU exit 1 in < 5 s.
+if grep -q '^TPRELOAD_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
+  scripts/gpu_check.sh bundle
+  scripts/gpu_check.sh rehearse
+fi
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"

@@ -1,5 +1,6 @@
 // Floating conversions on the device, with the CPU's bit-level code
 // (tpreload/core/float_bits.h), so the bytes are the same.
+#include "launch.h"
 #include "quantize_int8.h"
 #include "tpreload/core/float_bits.h"
 
@@ -51,9 +52,12 @@ cudaError_t launch_convert(const void* src, Float from, std::int64_t src_stride,
   const std::int64_t n = rows * cols;
   if (n <= 0) return cudaSuccess;
   const std::int64_t blocks = (n + 255) / 256;
-  convert_rows<<<static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32), 256, 0,
-                 stream>>>(src, from, src_stride, dst, to, rows, cols);
-  return cudaGetLastError();
+  return launch(convert_rows, static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32), 256,
+                stream, src, from, src_stride, dst, to, rows, cols);
+}
+
+cudaError_t load_convert() {
+  return preload(convert_rows);
 }
 
 }  // namespace tpreload::cuda

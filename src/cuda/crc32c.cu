@@ -1,6 +1,7 @@
 // CRC-32C of device memory, block by block (tpreload/core/crc32c.h): one thread
 // per kCrc32cBlock-byte block, slicing-by-4 from a table in shared memory, the
 // raw value written straight into pinned host memory; the host combines them.
+#include "launch.h"
 #include "quantize_int8.h"
 #include "tpreload/core/crc32c.h"
 
@@ -47,9 +48,12 @@ cudaError_t launch_crc32c_blocks(const void* src, std::uint64_t bytes, std::uint
   const std::uint64_t blocks = crc32c_blocks(bytes);
   if (blocks == 0) return cudaSuccess;
   const unsigned threads = 128;
-  crc32c_blocks_kernel<<<static_cast<unsigned>((blocks + threads - 1) / threads), threads, 0,
-                         stream>>>(static_cast<const unsigned char*>(src), bytes, raw);
-  return cudaGetLastError();
+  return launch(crc32c_blocks_kernel, static_cast<unsigned>((blocks + threads - 1) / threads),
+                threads, stream, static_cast<const unsigned char*>(src), bytes, raw);
+}
+
+cudaError_t load_crc32c() {
+  return preload(crc32c_blocks_kernel);
 }
 
 }  // namespace tpreload::cuda

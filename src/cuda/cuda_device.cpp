@@ -28,31 +28,51 @@ namespace detail {
 
 namespace {
 
+// Whether the calling thread has a CUDA context current: the driver's
+// cuCtxGetCurrent, looked up once in the driver the runtime loaded. False where
+// it cannot be asked (then no device is restored: see DeviceGuard).
+bool thread_has_context() noexcept {
+  using GetCurrent = int (*)(void**);
+  static const GetCurrent get = []() -> GetCurrent {
+    void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    return driver ? reinterpret_cast<GetCurrent>(dlsym(driver, "cuCtxGetCurrent")) : nullptr;
+  }();
+  void* context = nullptr;
+  return get && get(&context) == 0 && context != nullptr;
+}
+
 // CUDA's current device is per thread, and other code on the thread (LibTorch,
 // the host program) sets its own: every entry point makes ours current for its
-// scope and restores the previous one after. `nothrow` for destructors.
+// scope and restores the previous one after, but only a device the thread had.
+// A thread with no context current reports device 0 all the same, and since
+// CUDA 12 setting device 0 creates its primary context (hundreds of MiB, and a
+// failure under exclusive-process mode or on a full GPU 0): such a thread (a
+// worker of the pipeline) keeps ours, set once, as its device. `nothrow` for
+// destructors.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int ordinal) {
-    CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != ordinal) {
-      CUDA_CHECK(cudaSetDevice(ordinal));
-      changed_ = true;
-    }
+    int current = 0;
+    CUDA_CHECK(cudaGetDevice(&current));
+    if (current == ordinal) return;
+    const bool had = thread_has_context();
+    CUDA_CHECK(cudaSetDevice(ordinal));
+    if (had) previous_ = current;
   }
   DeviceGuard(int ordinal, std::nothrow_t) noexcept {
-    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != ordinal)
-      changed_ = cudaSetDevice(ordinal) == cudaSuccess;
+    int current = 0;
+    if (cudaGetDevice(&current) != cudaSuccess || current == ordinal) return;
+    const bool had = thread_has_context();
+    if (cudaSetDevice(ordinal) == cudaSuccess && had) previous_ = current;
   }
   ~DeviceGuard() {
-    if (changed_) cudaSetDevice(previous_);
+    if (previous_ >= 0) cudaSetDevice(previous_);
   }
   DeviceGuard(const DeviceGuard&) = delete;
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int previous_ = 0;
-  bool changed_ = false;
+  int previous_ = -1;  // the device to restore; -1: none
 };
 
 cuda::Float float_of(DType dtype) {
@@ -182,7 +202,12 @@ class CudaEvent final : public DeviceEvent {
   bool done() override {
     DeviceGuard guard(ordinal_);
     const cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaErrorNotReady) return false;
+    if (rc == cudaErrorNotReady) {
+      // Expected, but left as the thread's last error: cleared here (as
+      // PyTorch's event query does), or a check of the last error would see it.
+      cudaGetLastError();
+      return false;
+    }
     CUDA_CHECK(rc);
     return true;
   }
@@ -409,6 +434,11 @@ std::shared_ptr<Device> open_cuda_device(int ordinal) {
   DeviceGuard guard(ordinal);
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  // Every kernel's module now: a lazy load at a first launch while an NCCL kernel
+  // spins on the device can wait for it forever.
+  CUDA_CHECK(cuda::load_convert());
+  CUDA_CHECK(cuda::load_crc32c());
+  CUDA_CHECK(cuda::load_quantize_int8());
   const std::string name =
       "cuda:" + std::to_string(ordinal) + " (" + prop.name + ", " + gib(prop.totalGlobalMem) + ")";
   log().debug("opened {}", name);

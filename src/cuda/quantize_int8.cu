@@ -1,5 +1,6 @@
 #include <cuda_fp16.h>
 
+#include "launch.h"
 #include "quantize_int8.h"
 
 namespace tpreload::cuda {
@@ -59,12 +60,15 @@ cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int
   if (rows <= 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(rows < 65535 * 32 ? rows : 65535 * 32);
   if (dtype == QuantizeSource::kFloat32)
-    quantize_rows<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(src), dtype, rows,
-                                                   cols, row_stride, q, scale);
-  else
-    quantize_rows<<<blocks, kThreads, 0, stream>>>(static_cast<const std::uint16_t*>(src), dtype,
-                                                   rows, cols, row_stride, q, scale);
-  return cudaGetLastError();
+    return launch(quantize_rows<float>, blocks, kThreads, stream, static_cast<const float*>(src),
+                  dtype, rows, cols, row_stride, q, scale);
+  return launch(quantize_rows<std::uint16_t>, blocks, kThreads, stream,
+                static_cast<const std::uint16_t*>(src), dtype, rows, cols, row_stride, q, scale);
+}
+
+cudaError_t load_quantize_int8() {
+  const cudaError_t rc = preload(quantize_rows<float>);
+  return rc != cudaSuccess ? rc : preload(quantize_rows<std::uint16_t>);
 }
 
 }  // namespace tpreload::cuda

@@ -28,4 +28,9 @@ cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int
                                  std::int64_t cols, std::int64_t row_stride, std::int8_t* q,
                                  float* scale, cudaStream_t stream);
 
+// Load each kernel's module now (launch.h: preload), one call per file.
+cudaError_t load_convert();
+cudaError_t load_crc32c();
+cudaError_t load_quantize_int8();
+
 }  // namespace tpreload::cuda

@@ -15,15 +15,30 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// `device` current for a scope, or nothing where it cannot be made current
+// (then NCCL's call fails and says why). Never throws.
+std::unique_ptr<Device::Scope> current_or_none(Device& device) noexcept {
+  try {
+    return device.make_current();
+  } catch (const std::exception& e) {
+    log().warn("cannot make {} current for an NCCL call: {}", device.describe(), e.what());
+    return nullptr;
+  }
+}
+
 // The one owner of an ncclComm_t. close() is the graceful, collective teardown;
 // the destructor never waits on peers: a communicator not closed is aborted
-// (local: it frees the resources and cancels what is in flight).
+// (local: it frees the resources and cancels what is in flight), with its
+// device current.
 class NcclComm {
  public:
   NcclComm() = default;
-  explicit NcclComm(ncclComm_t comm) : comm_(comm) {}
+  NcclComm(ncclComm_t comm, std::shared_ptr<Device> device)
+      : comm_(comm), device_(std::move(device)) {}
   ~NcclComm() { abort(); }
-  NcclComm(NcclComm&& o) noexcept : comm_(o.comm_) { o.comm_ = nullptr; }
+  NcclComm(NcclComm&& o) noexcept : comm_(o.comm_), device_(std::move(o.device_)) {
+    o.comm_ = nullptr;
+  }
   NcclComm& operator=(NcclComm&&) = delete;
   NcclComm(const NcclComm&) = delete;
   NcclComm& operator=(const NcclComm&) = delete;
@@ -31,12 +46,14 @@ class NcclComm {
   ncclComm_t get() const { return comm_; }
   void abort() noexcept {
     if (!comm_) return;
+    const auto current = device_ ? current_or_none(*device_) : nullptr;
     nccl::library().CommAbort(comm_);
     comm_ = nullptr;
   }
 
  private:
   ncclComm_t comm_ = nullptr;
+  std::shared_ptr<Device> device_;
 };
 
 // ncclGroupStart() now; ncclGroupEnd() by end(), or by the destructor when an
@@ -103,6 +120,7 @@ class NcclTransport final : public DataTransport {
     const std::string what =
         detail::concat("NCCL broadcast of ", buffer.size, " bytes from root ", root);
     check(root, what);
+    const auto current = device_->make_current();
     const auto deadline = Clock::now() + timeout_;
     // In place: the root's buffer is its send buffer; the others receive into theirs.
     call(nccl::library().Broadcast(buffer.data, buffer.data, buffer.size, ncclUint8, root,
@@ -117,6 +135,7 @@ class NcclTransport final : public DataTransport {
                                             " from root ", root);
     check(root, what);
     detail::check_scatter_arguments(what, rank_, size_, send, ranges, recv, rank_ == root);
+    const auto current = device_->make_current();
     const auto deadline = Clock::now() + timeout_;
     if (rank_ == root && recv.size && recv.data != send.data + ranges[root].offset)
       stream_->copy(recv.data, send.data + ranges[root].offset, recv.size,
@@ -151,6 +170,7 @@ class NcclTransport final : public DataTransport {
 
   // The communicator's asynchronous state: throws (after aborting) on an error.
   bool pending(const std::string& what) {
+    const auto current = current_or_none(*device_);
     ncclResult_t state = ncclSuccess;
     const ncclResult_t rc = nccl::library().CommGetAsyncError(comm_.get(), &state);
     if (rc != ncclSuccess)
@@ -223,8 +243,8 @@ void NcclTransfer::expire() {
 }
 
 // COLLECTIVE. This rank's NCCL communicator, or the reason it has none.
-NcclComm join(Communicator& control, const ncclUniqueId& id, std::chrono::milliseconds timeout,
-              std::optional<std::string>& problem) {
+NcclComm join(Communicator& control, const std::shared_ptr<Device>& device, const ncclUniqueId& id,
+              std::chrono::milliseconds timeout, std::optional<std::string>& problem) {
   const nccl::Library& lib = nccl::library();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // so that joining can be given up at a deadline
@@ -234,7 +254,7 @@ NcclComm join(Communicator& control, const ncclUniqueId& id, std::chrono::millis
         lib.CommInitRankConfig(&raw, control.size(), id, control.rank(), &config);
     if (!ok_or_pending(rc)) problem = "ncclCommInitRankConfig: " + nccl::result_text(rc);
   }
-  NcclComm comm(raw);
+  NcclComm comm(raw, device);
   // Ranks whose call failed outright say so before any rank polls.
   agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
   // Half the control plane's deadline: a rank that fails while polling waits in
@@ -299,7 +319,7 @@ std::unique_ptr<DataTransport> make_nccl_transport(Communicator& control,
     } catch (const std::exception& e) {
       problem = detail::concat("making ", device->describe(), " current: ", e.what());
     }
-    return join(control, id, options.timeout, problem);
+    return join(control, device, id, options.timeout, problem);
   }();
   // (its stream too, before the ranks agree: a rank that cannot make one says so)
   std::unique_ptr<DataTransport> transport;
@@ -312,6 +332,58 @@ std::unique_ptr<DataTransport> make_nccl_transport(Communicator& control,
   agree_on_problem<CommError>(control, problem, "creating the NCCL communicator");
   log().debug("NCCL communicator of {} ranks on {}", control.size(), device->describe());
   return transport;
+}
+
+void nccl_self_send_recv(const std::shared_ptr<Device>& device, const void* src, void* dst,
+                         std::uint64_t bytes, std::chrono::milliseconds timeout) {
+  if (!device || device->backend() != "cuda")
+    raise<UsageError>("an NCCL self send/recv needs a CUDA device, got ",
+                      device ? device->describe() : std::string("none"));
+  load_nccl();
+  const nccl::Library& lib = nccl::library();
+  const std::string what =
+      detail::concat("NCCL self send/recv of ", bytes, " bytes on ", device->describe());
+  auto check = [&](ncclResult_t rc, const char* call) {
+    if (!ok_or_pending(rc)) raise<CommError>(what, ": ", call, ": ", nccl::result_text(rc));
+  };
+  const auto current = device->make_current();
+  ncclUniqueId id;
+  check(lib.GetUniqueId(&id), "ncclGetUniqueId");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t raw = nullptr;
+  check(lib.CommInitRankConfig(&raw, 1, id, 0, &config), "ncclCommInitRankConfig");
+  NcclComm comm(raw, device);
+  const auto deadline = Clock::now() + timeout;
+  auto settle = [&](const char* step) {  // a non-blocking call's state, to a deadline
+    for (ncclResult_t state = ncclInProgress; state == ncclInProgress;) {
+      check(lib.CommGetAsyncError(comm.get(), &state), "ncclCommGetAsyncError");
+      check(state, step);
+      if (state == ncclInProgress && Clock::now() > deadline)
+        raise<CommTimeoutError>(what, ": ", step, " did not finish within ", timeout.count(),
+                                " ms");
+      std::this_thread::yield();
+    }
+  };
+  settle("joining");
+  auto stream = device->make_stream();
+  const auto native = static_cast<cudaStream_t>(stream->native_handle());
+  {
+    GroupGuard group;
+    check(lib.Send(src, bytes, ncclUint8, 0, comm.get(), native), "ncclSend");
+    check(lib.Recv(dst, bytes, ncclUint8, 0, comm.get(), native), "ncclRecv");
+    check(group.end(), "ncclGroupEnd");
+  }
+  settle("enqueueing the group");
+  const auto done = stream->record();
+  while (!done->done()) {
+    settle("the transfer");
+    if (Clock::now() > deadline) {
+      done->gave_up();
+      raise<CommTimeoutError>(what, ": did not complete within ", timeout.count(), " ms");
+    }
+    std::this_thread::yield();
+  }
 }
 
 }  // namespace tpreload

@@ -145,9 +145,18 @@ class Pipeline {
         world_roots_.push_back(b.scatter ? -1 : node->readers[turn++ % node->readers.size()]);
       }
     }
-    if (reads_)
+    if (reads_) {
+      // A device copies from pinned staging only: never from a file's mapping
+      // (pageable: a bounce through the driver, or pages faulted in mid-copy).
+      const bool zero_copy = options.zero_copy && !spaces_.device;
+      if (options.zero_copy && !zero_copy)
+        log().info(
+            "zero_copy: off for parameters on {}; buckets are read into pinned staging, not sent "
+            "from the file mapping",
+            spaces_.device->describe());
       files_ = std::make_unique<BucketReader>(plan_, planned.metadata, *source, control.size(),
-                                              model.rules().tp_size(), options.zero_copy);
+                                              model.rules().tp_size(), zero_copy);
+    }
     // The reader's own region of a scatter bucket never leaves it: its plain
     // copies into host parameters are read straight into them (no staging copy
     // and no apply copy for those bytes).

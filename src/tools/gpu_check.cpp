@@ -1,16 +1,27 @@
-// tpreload_gpu_check: the checks only a GPU proves, in one process and without
-// MPI (the engine does not link it): a reload of a generated checkpoint into
-// CUDA parameters over NCCL at world size 1, over host staging (the path of
-// `--device cuda --transport mpi`), and int8 on the device, each compared by
-// CRC-32 with the same reload into host parameters; parameter pointers before
-// and after; and one bench row against a plain pinned cudaMemcpy of the same
-// bytes, measured in the same run. Run by scripts/gpu_check.sh (docs/GPU.md).
+// tpreload_gpu_check: the checks only a GPU proves, in one process, without MPI
+// and without LibTorch (so it is carried to a GPU machine as built, in the
+// bundle of scripts/gpu_check.sh). Parameters are allocated for the sharding
+// rules with cudaMalloc (the device's allocator) and borrowed by the engine, as
+// the Python module borrows a caller's tensors. At world size 1:
+//  (a) a bfloat16 checkpoint into CUDA parameters over NCCL, over host staging,
+//      and over NCCL with a node reader (DataTransport::split);
+//  (b) a float32 checkpoint into bfloat16 parameters (the conversion kernel);
+//  (c) int8 (the quantization kernel);
+//  (d) an NCCL send/recv of the process to itself in one group, its bytes then
+//      checksummed on the device (the CRC-32C kernel receivers verify with);
+//  (e) the fingerprint pass (every parameter read back through pinned memory)
+//      and the device CRC-32C digest of every parameter (replica comparison's);
+// each compared with the same reload into host memory, pointers unchanged; and
+// one bench row: the reload's GB/s against a plain pinned cudaMemcpy of the
+// same bytes, in the same run. Run by scripts/gpu_check.sh (docs/GPU.md).
 //
-//   tpreload_gpu_check --dir /tmp/gpu-check [--scenario tinyllama] [--iters 3]
+//   tpreload_gpu_check [--dir DIR] [--scenario tiny] [--bench-scenario tinyllama] [--iters 3]
+//   tpreload_gpu_check --probe
 //
-// Exit status 0 when every check passed, 1 on an error, 2 when a check failed.
+// Exit status 0 when every check passed, 1 on an error (no GPU, no NCCL), 2 when
+// a check failed.
+#include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -25,12 +36,14 @@
 #include "tpreload/comm/cuda_device.h"
 #include "tpreload/comm/data_transport.h"
 #include "tpreload/comm/nccl_transport.h"
+#include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
-#include "tpreload/model/model.h"
+#include "tpreload/model/borrowed.h"
 #include "tpreload/model/scenarios.h"
 #include "tpreload/model/synthetic_model.h"
 #include "tpreload/reload/reload.h"
+#include "tpreload/reload/report.h"
 
 namespace {
 
@@ -40,10 +53,26 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::string dir = "/tmp/tpreload-gpu-check";
-  std::string scenario = "tinyllama";
+  std::string scenario = "tiny";             // the correctness checks
+  std::string bench_scenario = "tinyllama";  // the bench row ("" or "none": no bench row)
   int iters = 3;
   double bucket_mb = 16;
+  bool probe_only = false;  // --probe: say whether a GPU and NCCL are usable, nothing else
 };
+
+const char* kHelp =
+    "tpreload_gpu_check [--dir DIR] [--scenario NAME] [--bench-scenario NAME|none] [--iters N]\n"
+    "                   [--bucket-mb M]\n"
+    "Reloads generated checkpoints into CUDA parameters it allocates itself (no LibTorch, world\n"
+    "size 1): bf16 over NCCL, over host staging and with a node reader; float32 into bf16; int8;\n"
+    "an NCCL self send/recv checked by the device CRC-32C; the fingerprint pass. Each result is\n"
+    "compared by CRC with the same reload into host memory. Then one bench row: the reload's\n"
+    "GB/s against a pinned cudaMemcpy of the same bytes.\n"
+    "  --dir             where the checkpoints are generated (kept for the next run)\n"
+    "  --scenario        model of the checks (default tiny)\n"
+    "  --bench-scenario  model of the bench row (default tinyllama, 2.2 GB)\n"
+    "  --probe           only say whether a GPU and NCCL are usable (exit 0) or not (exit 1)\n"
+    "Exit status: 0 all passed, 1 an error (no GPU, no NCCL), 2 a check failed.\n";
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -57,75 +86,129 @@ Options parse(int argc, char** argv) {
       o.dir = value();
     else if (a == "--scenario")
       o.scenario = value();
+    else if (a == "--bench-scenario")
+      o.bench_scenario = value();
     else if (a == "--iters")
       o.iters = std::stoi(value());
     else if (a == "--bucket-mb")
       o.bucket_mb = std::stod(value());
+    else if (a == "--probe")
+      o.probe_only = true;
     else if (a == "--help" || a == "-h") {
-      std::cout << "tpreload_gpu_check [--dir DIR] [--scenario tinyllama|tiny] [--iters N] "
-                   "[--bucket-mb M]\n"
-                   "Reloads a generated checkpoint into CUDA parameters (NCCL, world size 1; host "
-                   "staging;\n"
-                   "int8) and compares every parameter's CRC-32 with a host reload; prints one "
-                   "bench row.\n";
+      std::cout << kHelp;
       std::exit(0);
     } else
       raise<UsageError>("unknown argument '", a, "' (see --help)");
   }
-  if (o.iters < 1) raise<UsageError>("--iters must be at least 1");
+  if (o.iters < 1) raise<UsageError>("--iters must be at least 1, got ", o.iters);
+  if (!(o.bucket_mb > 0)) raise<UsageError>("--bucket-mb must be > 0, got ", o.bucket_mb);
+  if (o.bench_scenario == "none") o.bench_scenario.clear();
   return o;
 }
 
-std::string prepare_checkpoint(const Options& o, const ModelConfig& config) {
-  const std::string dir = o.dir + "/" + o.scenario;
-  if (!fs::exists(dir + "/config.json")) {
-    GenerateOptions g;
-    g.values.seed = 7;
-    const auto start = Clock::now();
-    generate_model_checkpoint(config, dir, g);
-    std::cout << "generated " << dir << " in "
-              << std::chrono::duration<double>(Clock::now() - start).count() << " s\n";
-  }
+// A seeded checkpoint of `config` in `dtype` under `dir` (generated once).
+std::string prepare_checkpoint(const std::string& dir, const ModelConfig& config, DType dtype) {
+  if (fs::exists(dir + "/config.json")) return dir;
+  std::vector<TensorSpec> specs = checkpoint_specs(config);
+  for (TensorSpec& s : specs) s.dtype = dtype;
+  GenerateOptions g;
+  g.values.seed = 7;
+  const auto start = Clock::now();
+  generate_checkpoint(dir, specs, g);
+  std::ofstream(dir + "/config.json") << model_config_to_json(config);
+  std::cout << "generated " << dir << " in "
+            << std::chrono::duration<double>(Clock::now() - start).count() << " s\n";
   return dir;
 }
 
-std::vector<std::uint32_t> crcs(TensorParallelModel& model) {
-  std::vector<std::uint32_t> out;
-  for (ParamSlot s = 0; s < model.sink().size(); ++s) out.push_back(model.sink().crc32(s));
-  return out;
-}
+// One rank's parameters for the rules, allocated here: device memory of
+// `device` (cudaMalloc), or host memory where it is null. Zeroed.
+class Parameters {
+ public:
+  Parameters(const ModelConfig& config, const BorrowedOptions& options,
+             const std::shared_ptr<Device>& device) {
+    const ShardingRules rules(config, options.tp_size, options.quantization,
+                              options.expert_parallel);
+    auto stream = device ? device->make_stream() : nullptr;
+    std::vector<BorrowedTensor> tensors;
+    for (const ParamSpec& spec : rules.params()) {
+      std::uint64_t elements = 1;
+      for (std::int64_t d : spec.shape) elements *= static_cast<std::uint64_t>(d);
+      const std::uint64_t bytes = elements * dtype_size(spec.dtype);
+      Buffer& b = buffers_.emplace_back(device ? device->memory().allocate(bytes)
+                                               : host_allocator().allocate(bytes));
+      if (stream)
+        stream->zero(b.data(), bytes);
+      else if (bytes)
+        std::memset(b.data(), 0, bytes);
+      BorrowedTensor t;
+      t.name = spec.name;
+      t.data = b.data();
+      t.shape = spec.shape;
+      t.strides.assign(spec.shape.size(), 1);
+      for (std::size_t d = spec.shape.size(); d-- > 1;)
+        t.strides[d - 1] = t.strides[d] * spec.shape[d];
+      t.dtype = spec.dtype;
+      t.device = device ? "cuda:" + std::to_string(device->ordinal()) : "cpu";
+      tensors.push_back(std::move(t));
+    }
+    if (stream) synchronize(*stream, std::chrono::minutes(1), "zeroing the parameters");
+    target_ = std::make_unique<BorrowedTarget>(config, options, std::move(tensors));
+    target_->attach(device);
+  }
+  BorrowedTarget& target() { return *target_; }
+  std::vector<const void*> pointers() const {
+    std::vector<const void*> out;
+    for (const ReloadTarget::Stored& s : target_->stored_parameters())
+      out.push_back(s.storage.data);
+    return out;
+  }
+  // zlib CRC-32 (read back through pinned memory) and CRC-32C digest (the
+  // device kernel) of every parameter, in slot order.
+  std::vector<std::uint32_t> crcs() {
+    std::vector<std::uint32_t> out;
+    ParameterSink& sink = target_->sink();
+    for (ParamSlot s = 0; s < sink.size(); ++s) out.push_back(sink.crc32(s));
+    return out;
+  }
+  std::vector<std::uint32_t> digests() {
+    std::vector<std::uint32_t> out;
+    ParameterSink& sink = target_->sink();
+    for (ParamSlot s = 0; s < sink.size(); ++s)
+      out.push_back(sink.crc32c(sink.storage(s).data, sink.storage(s).bytes, "a parameter"));
+    return out;
+  }
 
-std::vector<const void*> pointers(const TensorParallelModel& model) {
-  std::vector<const void*> out;
-  for (const auto& [name, t] : model.named_parameters()) out.push_back(t.data_ptr());
-  return out;
-}
+ private:
+  std::vector<Buffer> buffers_;  // (outlive the target, which points into them)
+  std::unique_ptr<BorrowedTarget> target_;
+};
 
 struct Run {
   ReloadResult last;
-  double seconds = 0;  // mean over iterations
+  double seconds = 0;  // mean over the timed iterations
 };
 
-// Reload `dir` into `model` `iters` times (after one warm-up), opening the
+// Reload `dir` into `target` once, then `iters` timed times, opening the
 // checkpoint each time as a reload of a new checkpoint does.
-Run reload(TensorParallelModel& model, Communicator& control, DataTransport& data,
-           const std::string& dir, const ReloadOptions& ro, int iters) {
+Run reload(ReloadTarget& target, Communicator& control, DataTransport& data, const std::string& dir,
+           const ReloadOptions& ro, int iters) {
   ReloadWorkspace workspace;
   auto source = open_weight_source(dir);
-  reload_weights(model, control, data, source.get(), ro, &workspace);
   Run run;
+  run.last = reload_weights(target, control, data, source.get(), ro, &workspace);
   for (int i = 0; i < iters; ++i) {
     const auto start = Clock::now();
     source = open_weight_source(dir);
-    run.last = reload_weights(model, control, data, source.get(), ro, &workspace);
+    run.last = reload_weights(target, control, data, source.get(), ro, &workspace);
     run.seconds += std::chrono::duration<double>(Clock::now() - start).count();
   }
-  run.seconds /= iters;
+  run.seconds /= std::max(iters, 1);
   return run;
 }
 
-// Host-to-device bandwidth of `bytes` from pinned memory, one cudaMemcpy-sized
-// copy per 256 MiB, measured now (the bound for the reload's staging copies).
+// Host-to-device seconds for `bytes` from pinned memory, 256 MiB per copy
+// (the bound of the reload's staging copies), measured now.
 double pinned_copy_seconds(Device& device, std::uint64_t bytes, int iters) {
   const std::uint64_t chunk = std::min<std::uint64_t>(bytes, std::uint64_t{256} << 20);
   Buffer host = device.pinned_memory().allocate(chunk);
@@ -139,21 +222,114 @@ double pinned_copy_seconds(Device& device, std::uint64_t bytes, int iters) {
       stream->copy(dev.data() + at, host.data(), std::min(chunk, bytes - at),
                    CopyKind::kHostToDevice);
     synchronize(*stream, std::chrono::minutes(2), "pinned copy bound");
-    if (i > 0)
-      total += std::chrono::duration<double>(Clock::now() - start).count();  // i == 0: warm-up
+    if (i > 0) total += std::chrono::duration<double>(Clock::now() - start).count();
   }
   return total / iters;
 }
 
-bool report(const char* what, bool ok) {
+bool report(const std::string& what, bool ok) {
   std::cout << "  " << what << ": " << (ok ? "yes" : "NO") << "\n";
   return ok;
 }
 
-int count_equal(const std::vector<std::uint32_t>& a, const std::vector<std::uint32_t>& b) {
-  int n = 0;
+std::size_t count_equal(const std::vector<std::uint32_t>& a, const std::vector<std::uint32_t>& b) {
+  std::size_t n = 0;
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) n += a[i] == b[i];
   return n;
+}
+
+struct Planes {
+  std::unique_ptr<Communicator> control = make_local_communicator();
+  std::unique_ptr<DataTransport> host = make_communicator_transport(*control);
+  std::shared_ptr<Device> device;
+  std::unique_ptr<DataTransport> nccl;
+};
+
+// One checkpoint into host parameters, then into CUDA parameters over each path:
+// every parameter's CRC-32 and CRC-32C digest equal, every parameter loaded,
+// pointers unchanged.
+bool check_reloads(Planes& p, const ModelConfig& config, const std::string& dir,
+                   const std::string& label, const std::string& quantization,
+                   const ReloadOptions& ro) {
+  BorrowedOptions bo;
+  bo.quantization = quantization;
+  Parameters host(config, bo, nullptr);
+  const Run cpu = reload(host.target(), *p.control, *p.host, dir, ro, 0);
+  const auto want = host.crcs();
+  const auto want_digests = host.digests();
+  std::cout << "\n[" << label << "] host reload: " << want.size() << " parameters\n";
+  bool ok = report("the host reload loaded every expected parameter", cpu.last.complete());
+  const std::pair<DataTransport*, Readers> paths[] = {
+      {p.nccl.get(), Readers::kOne}, {p.host.get(), Readers::kOne}, {p.nccl.get(), Readers::kNode}};
+  for (const auto& [data, readers] : paths) {
+    Parameters gpu(config, bo, p.device);  // fresh per path: zeros, not the last path's bytes
+    const auto before = gpu.pointers();
+    ReloadOptions po = ro;
+    po.readers = readers;
+    po.ranks_per_node = 1;
+    const Run run = reload(gpu.target(), *p.control, *data, dir, po, 1);
+    const auto got = gpu.crcs();
+    const auto digests = gpu.digests();
+    std::cout << "cuda parameters over " << data->backend() << ", readers " << readers_name(readers)
+              << ": " << run.seconds << " s, staging host " << run.last.staging.host << " pinned "
+              << run.last.staging.pinned << " device " << run.last.staging.device << " bytes\n";
+    ok &= report("every expected parameter loaded", run.last.complete());
+    ok &= report("CRC-32 (fingerprint pass) of all " + std::to_string(want.size()) +
+                     " parameters equal the host reload's (" +
+                     std::to_string(count_equal(want, got)) + " equal)",
+                 want == got);
+    ok &= report("device CRC-32C digests equal the host's (" +
+                     std::to_string(count_equal(want_digests, digests)) + " equal)",
+                 want_digests == digests);
+    ok &= report("parameter pointers unchanged", gpu.pointers() == before);
+  }
+  return ok;
+}
+
+// (d): 64 MiB and an odd tail through NCCL's send/recv path to itself; the bytes
+// received checked by the device CRC-32C kernel against the host's CRC-32C.
+bool check_self_send_recv(Planes& p) {
+  std::cout << "\n[nccl send/recv] a self send/recv in one group\n";
+  bool ok = true;
+  for (const std::uint64_t bytes : {std::uint64_t{64} << 20, std::uint64_t{12345}}) {
+    Buffer host = p.device->pinned_memory().allocate(bytes);
+    for (std::uint64_t i = 0; i < bytes; ++i)
+      host.data()[i] = static_cast<std::byte>((i * 2654435761u) >> 24);
+    Buffer src = p.device->memory().allocate(bytes), dst = p.device->memory().allocate(bytes);
+    auto stream = p.device->make_stream();
+    stream->zero(dst.data(), bytes);
+    stream->copy(src.data(), host.data(), bytes, CopyKind::kHostToDevice);
+    synchronize(*stream, std::chrono::minutes(1), "staging the send/recv bytes");
+    const auto start = Clock::now();
+    nccl_self_send_recv(p.device, src.data(), dst.data(), bytes, std::chrono::minutes(1));
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    Buffer raw = p.device->pinned_memory().allocate(crc32c_blocks(bytes) * sizeof(std::uint32_t));
+    auto* blocks = reinterpret_cast<std::uint32_t*>(raw.data());
+    stream->crc32c_blocks(dst.data(), bytes, blocks);
+    synchronize(*stream, std::chrono::minutes(1), "checksumming the received bytes");
+    const std::uint32_t got = crc32c_from_blocks(blocks, bytes);
+    const std::uint32_t want = crc32c(host.data(), bytes);
+    ok &= report(std::to_string(bytes) + " bytes received equal those sent (device CRC-32C " +
+                     std::to_string(got) + ", host " + std::to_string(want) + "; " +
+                     std::to_string(seconds) + " s)",
+                 got == want);
+  }
+  return ok;
+}
+
+// The reload's GB/s over NCCL against a pinned cudaMemcpy of the same bytes.
+void bench_row(Planes& p, const Options& o, const ReloadOptions& ro) {
+  const ModelConfig config = scenario_config(o.bench_scenario);
+  const std::string dir = prepare_checkpoint(o.dir + "/" + o.bench_scenario, config, config.dtype);
+  Parameters gpu(config, BorrowedOptions{}, p.device);
+  const Run run = reload(gpu.target(), *p.control, *p.nccl, dir, ro, o.iters);
+  const double bytes = static_cast<double>(run.last.bytes_transferred);
+  const double bound = pinned_copy_seconds(*p.device, run.last.bytes_transferred, o.iters);
+  std::cout << "\nbench: scenario " << o.bench_scenario << ", " << run.last.bytes_transferred
+            << " bytes, bucket " << o.bucket_mb << " MiB, reload " << run.seconds << " s ("
+            << bytes / run.seconds / 1e9 << " GB/s, file to device), pinned cudaMemcpy of the "
+            << "same bytes " << bound << " s (" << bytes / bound / 1e9 << " GB/s), ratio "
+            << run.seconds / bound << "\n";
 }
 
 int run_checks(const Options& o) {
@@ -164,66 +340,27 @@ int run_checks(const Options& o) {
   if (!probe.problem.empty()) raise<UsageError>(probe.problem);
   const NcclLibraryInfo nccl = load_nccl();
   std::cout << "probe: NCCL " << nccl.version << " from " << nccl.path << "\n";
+  if (o.probe_only) return 0;
+
+  Planes p;
+  p.device = open_cuda_device(0);
+  std::cout << "device: " << p.device->describe() << "\n";
+  p.nccl = make_nccl_transport(*p.control, p.device);
 
   const ModelConfig config = scenario_config(o.scenario);
-  const std::string dir = prepare_checkpoint(o, config);
-  auto control = make_local_communicator();
-  auto host_data = make_communicator_transport(*control);
-  std::shared_ptr<Device> device = open_cuda_device(0);
-  std::cout << "device: " << device->describe() << "\n";
-  auto nccl_data = make_nccl_transport(*control, device);
-
+  const std::string base = o.dir + "/" + o.scenario;
+  const std::string bf16 = prepare_checkpoint(base + "-bf16", config, DType::kBFloat16);
+  const std::string f32 = prepare_checkpoint(base + "-f32", config, DType::kFloat32);
   ReloadOptions ro;
   ro.bucket_bytes = static_cast<std::uint64_t>(o.bucket_mb * 1048576);
-  bool ok = true;
-  for (const std::string quant : {"", "int8"}) {
-    ModelOptions host_options;
-    host_options.quantization = quant;
-    TensorParallelModel host(config, host_options);
-    const Run cpu = reload(host, *control, *host_data, dir, ro, 1);
-    const auto want = crcs(host);
+  ReloadOptions small = ro;  // many buckets: slots reused, events polled while pending
+  small.bucket_bytes = std::uint64_t{1} << 20;
 
-    ModelOptions cuda_options = host_options;
-    cuda_options.device = device;
-    std::cout << "\n[" << (quant.empty() ? "bf16" : "int8") << "] host reload " << cpu.seconds
-              << " s\n";
-    // NCCL, host transport, and NCCL with a reader per node (the node's own NCCL
-    // communicator, joined over its control plane: DataTransport::split).
-    const std::pair<DataTransport*, Readers> paths[] = {{nccl_data.get(), Readers::kOne},
-                                                        {host_data.get(), Readers::kOne},
-                                                        {nccl_data.get(), Readers::kNode}};
-    for (const auto& [data, readers] : paths) {
-      TensorParallelModel gpu(
-          config, cuda_options);  // a fresh model per path: zeros, not the last run's bytes
-      const auto before = pointers(gpu);
-      ReloadOptions path_options = ro;
-      path_options.readers = readers;
-      path_options.ranks_per_node = 1;
-      const Run run = reload(gpu, *control, *data, dir, path_options, o.iters);
-      const auto got = crcs(gpu);
-      std::cout << "cuda parameters over " << data->backend() << ", readers "
-                << readers_name(readers) << ": " << run.seconds << " s, "
-                << run.last.bytes_transferred / run.seconds / 1e9 << " GB/s, staging host "
-                << run.last.staging.host << " pinned " << run.last.staging.pinned << " device "
-                << run.last.staging.device << " bytes\n";
-      ok &= report("every expected parameter loaded", run.last.complete());
-      ok &= report(("CRC-32 of all " + std::to_string(want.size()) +
-                    " parameters equal the host reload's (" +
-                    std::to_string(count_equal(want, got)) + " equal)")
-                       .c_str(),
-                   want == got);
-      ok &= report("parameter pointers unchanged", pointers(gpu) == before);
-      if (quant.empty() && data == nccl_data.get() && readers == Readers::kOne) {
-        const double bound = pinned_copy_seconds(*device, run.last.bytes_transferred, o.iters);
-        std::cout << "bench: scenario " << o.scenario << ", " << run.last.bytes_transferred
-                  << " bytes, reload " << run.seconds << " s ("
-                  << run.last.bytes_transferred / run.seconds / 1e9
-                  << " GB/s end to end, file to device), pinned cudaMemcpy of the same bytes "
-                  << bound << " s (" << run.last.bytes_transferred / bound / 1e9 << " GB/s), ratio "
-                  << run.seconds / bound << "\n";
-      }
-    }
-  }
+  bool ok = check_reloads(p, config, bf16, "bf16, 1 MiB buckets", "", small);
+  ok &= check_reloads(p, config, f32, "float32 checkpoint into bf16", "", small);
+  ok &= check_reloads(p, config, bf16, "int8", "int8", small);
+  ok &= check_self_send_recv(p);
+  if (!o.bench_scenario.empty()) bench_row(p, o, ro);
   std::cout << "\ngpu check: " << (ok ? "all checks passed" : "SOME CHECKS FAILED") << "\n";
   return ok ? 0 : 2;
 }
@@ -232,8 +369,8 @@ int run_checks(const Options& o) {
 
 int main(int argc, char** argv) {
   try {
-    init_logging(0, 1,
-                 std::getenv("TPRELOAD_LOG_LEVEL") ? std::getenv("TPRELOAD_LOG_LEVEL") : "warn");
+    const char* level = std::getenv("TPRELOAD_LOG_LEVEL");
+    init_logging(0, 1, level ? level : "warn");
     return run_checks(parse(argc, argv));
   } catch (const std::exception& e) {
     std::cerr << "tpreload_gpu_check: " << e.what() << "\n";

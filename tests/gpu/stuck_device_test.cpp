@@ -12,16 +12,13 @@
 #include <future>
 #include <thread>
 
+#include "held_stream.h"
 #include "tpreload/comm/cuda_device.h"
 
 namespace tpreload {
 namespace {
 
 using namespace std::chrono_literals;
-
-void CUDART_CB hold_until_released(void* flag) {
-  while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
-}
 
 // Frees `buffer` on another thread: whether that returned within `limit`.
 bool returns_within(std::chrono::milliseconds limit, Buffer& buffer) {
@@ -38,9 +35,7 @@ TEST(CudaStuckDevice, FreesAreLeakedWhileItIsStuckAndFreeAgainAfter) {
   Buffer after = device->memory().allocate(kSize);
   auto stream = device->make_stream();
   static std::atomic<bool> released{false};  // (outlives a test that fails half-way)
-  ASSERT_EQ(cudaLaunchHostFunc(static_cast<cudaStream_t>(stream->native_handle()),
-                               hold_until_released, &released),
-            cudaSuccess);
+  ASSERT_EQ(testing::hold(*stream, &released), cudaSuccess);
   auto stuck = stream->record();
   EXPECT_THROW(wait_for_event(*stuck, 200ms, "the held stream"), CommTimeoutError);
   // cudaFree and cudaFreeHost would wait for the held stream: leaked instead.

@@ -93,6 +93,32 @@ TEST(DeviceParams, CrcIsReadBackInChunksAndEqualsTheBytes) {
   }
 }
 
+// Pinning a buffer per read-back and freeing it after (cudaFreeHost waits for the
+// whole device) cost more than the read-back on a GPU: a sink pins one buffer
+// and reuses it, growing it only for a larger read.
+TEST(DeviceParams, ReadBacksReuseOnePinnedBuffer) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  auto device = std::make_shared<EmulatedDevice>();
+  TensorParallelModel model(config, on(device, 2, 0));
+  ParameterSink& sink = model.sink();
+  ParamSlot largest = 0;
+  for (ParamSlot s = 0; s < sink.size(); ++s)
+    if (sink.storage(s).bytes > sink.storage(largest).bytes) largest = s;
+  const ParamStorage& big = sink.storage(largest);
+  sink.crc32(largest);
+  sink.crc32c(big.data, big.bytes, "the largest");
+  const std::uint64_t pinned = device->allocations(MemoryKind::kPinnedHost);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (ParamSlot s = 0; s < sink.size(); ++s) {
+      sink.crc32(s);
+      sink.crc32(s, 100);
+      sink.crc32c(sink.storage(s).data, sink.storage(s).bytes, "a parameter");
+    }
+  }
+  EXPECT_EQ(device->allocations(MemoryKind::kPinnedHost), pinned)
+      << "read-backs of " << sink.size() << " parameters pinned new buffers";
+}
+
 TEST(DeviceParams, HostBlocksAreStagedNotWrittenFromTheHost) {
   // A block given to the model is host memory: it must reach the device through
   // a host-to-device copy (the emulated device refuses host pointers as device

@@ -14,6 +14,7 @@
 #include "../support/faults.h"
 #include "../support/tiny_models.h"
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/checkpoint/writers.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/data_transport.h"
 #include "tpreload/core/error.h"
@@ -101,6 +102,32 @@ TEST(Engine, DeviceParametersOverHostAndDeviceTransports) {
         EXPECT_EQ(r.transport, device_transport ? "emulated-device" : "control:local") << what;
       }
     }
+  }
+}
+
+// --zero-copy sends a broadcast bucket straight from the file's mapping; a device
+// must not copy from that pageable memory: with parameters on a device the
+// buckets are read into pinned staging instead (the emulated device here refuses
+// a host side of a copy that is not its pinned memory).
+TEST(Engine, ZeroCopyWithDeviceParametersStagesThroughPinnedMemory) {
+  Fixture f;
+  const std::string file = ::testing::TempDir() + "tpreload-zero-copy-device.safetensors";
+  write_safetensors(file, testdata::in_memory(f.v2));
+  for (bool device_transport : {false, true}) {
+    auto device = std::make_shared<EmulatedDevice>();
+    TensorParallelModel model(f.config, options(device));
+    auto data = make_communicator_transport(*f.control);
+    if (device_transport) data = testing::make_emulated_device_transport(std::move(data), *device);
+    ReloadOptions o;
+    o.distribution = Distribution::kBroadcast;
+    o.zero_copy = true;
+    o.bucket_bytes = 900;
+    device->require_pinned_host(true);
+    auto source = open_weight_source(file);
+    const ReloadResult r = reload_weights(model, *f.control, *data, source.get(), o);
+    const std::string what = device_transport ? "device transport" : "host transport";
+    EXPECT_TRUE(r.complete()) << what;
+    expect_v(model, f.config, f.v2, what);
   }
 }
 

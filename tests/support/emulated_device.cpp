@@ -176,6 +176,9 @@ class EmulatedStream final : public DeviceStream {
     if (n && device_.is_device_memory(p, 1))
       raise<CommError>("emulated device: ", what, " of ", n, " bytes at ", p,
                        " is device memory where host memory was declared");
+    if (n && device_.requires_pinned_host() && !device_.is_pinned_memory(p, n))
+      raise<CommError>("emulated device: ", what, " of ", n, " bytes at ", p,
+                       " is not pinned host memory of this device");
   }
   void check(const void* dst, std::uint64_t dn, const void* src, std::uint64_t sn, CopyKind kind,
              const char* what) const {
@@ -313,6 +316,7 @@ std::byte* EmulatedDevice::take(MemoryKind kind, std::uint64_t bytes) {
   const std::size_t i = index_of(kind);
   live_[i] += bytes;
   peak_[i] = std::max(peak_[i], live_[i]);
+  ++allocations_[i];
   sizes_[p] = bytes;
   return p;
 }
@@ -334,13 +338,25 @@ void EmulatedDevice::give(MemoryKind kind, std::byte* p) {
   delete[] p;
 }
 
-bool EmulatedDevice::is_device_memory(const void* p, std::uint64_t n) const {
+// The start of the block of `blocks` that holds all of [p, p + n), or null.
+static const std::byte* holder(const std::map<const std::byte*, std::uint64_t>& blocks,
+                               const void* p, std::uint64_t n) {
   const auto* b = static_cast<const std::byte*>(p);
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = device_blocks_.upper_bound(b);
-  if (it == device_blocks_.begin()) return false;
+  auto it = blocks.upper_bound(b);
+  if (it == blocks.begin()) return nullptr;
   --it;
-  return b >= it->first && b + n <= it->first + it->second;
+  return b >= it->first && b + n <= it->first + it->second ? it->first : nullptr;
+}
+
+bool EmulatedDevice::is_pinned_memory(const void* p, std::uint64_t n) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::byte* block = holder(sizes_, p, n);
+  return block && !device_blocks_.count(block);
+}
+
+bool EmulatedDevice::is_device_memory(const void* p, std::uint64_t n) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return holder(device_blocks_, p, n) != nullptr;
 }
 
 std::uint64_t EmulatedDevice::live_bytes(MemoryKind kind) const {
@@ -351,6 +367,11 @@ std::uint64_t EmulatedDevice::live_bytes(MemoryKind kind) const {
 std::uint64_t EmulatedDevice::peak_bytes(MemoryKind kind) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return peak_[index_of(kind)];
+}
+
+std::uint64_t EmulatedDevice::allocations(MemoryKind kind) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return allocations_[index_of(kind)];
 }
 
 void EmulatedDevice::reset_peaks() {

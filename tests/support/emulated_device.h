@@ -56,8 +56,17 @@ class EmulatedDevice final : public Device {
 
   // Whether [p, p + n) lies inside one live device allocation.
   bool is_device_memory(const void* p, std::uint64_t n) const;
+  // Whether [p, p + n) lies inside one live pinned host allocation of this device.
+  bool is_pinned_memory(const void* p, std::uint64_t n) const;
+  // From now on the host side of every copy between host and device must be
+  // pinned memory of this device: a GPU would copy from pageable memory (a file
+  // mapping) through a synchronous bounce, or fault in its pages mid-copy.
+  void require_pinned_host(bool on) { require_pinned_ = on; }
+  bool requires_pinned_host() const { return require_pinned_; }
   std::uint64_t live_bytes(MemoryKind kind) const;
   std::uint64_t peak_bytes(MemoryKind kind) const;
+  // Allocations made so far in `kind`'s space (each allocate() call).
+  std::uint64_t allocations(MemoryKind kind) const;
   void reset_peaks();
   // Operations run so far (copies, fills, kernels).
   std::uint64_t operations() const { return operations_; }
@@ -105,7 +114,7 @@ class EmulatedDevice final : public Device {
  private:
   struct Space;
   const int polls_;
-  std::atomic<bool> stalled_{false};
+  std::atomic<bool> stalled_{false}, require_pinned_{false};
   std::atomic<std::int64_t> delay_ms_{0};
   std::atomic<std::uint64_t> operations_{0};
   std::atomic<std::uint64_t> memory_limit_{0};
@@ -116,7 +125,7 @@ class EmulatedDevice final : public Device {
   std::vector<std::byte*> leaked_blocks_;
   std::map<const std::byte*, std::uint64_t> device_blocks_;  // device memory: start -> size
   std::map<const std::byte*, std::uint64_t> sizes_;          // every block: start -> size
-  std::uint64_t live_[3] = {0, 0, 0}, peak_[3] = {0, 0, 0};
+  std::uint64_t live_[3] = {0, 0, 0}, peak_[3] = {0, 0, 0}, allocations_[3] = {0, 0, 0};
   std::unique_ptr<Allocator> memory_, pinned_;
 };
 

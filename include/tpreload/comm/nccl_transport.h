@@ -51,6 +51,15 @@ struct NcclOptions {
   std::string library;  // see load_nccl()
 };
 
+// A diagnostic of NCCL's point-to-point path on one device (the GPU check): the
+// `bytes` at `src` into `dst` (device memory of `device`, a CUDA device) through
+// an ncclSend and an ncclRecv of this process to itself, in one group, on a
+// one-rank communicator made for it and aborted after. Throws UsageError for a
+// device that is not CUDA, CommError naming the NCCL call that failed, and
+// CommTimeoutError when it does not finish within `timeout`.
+void nccl_self_send_recv(const std::shared_ptr<Device>& device, const void* src, void* dst,
+                         std::uint64_t bytes, std::chrono::milliseconds timeout);
+
 // COLLECTIVE over `control`: rank 0 creates the NCCL unique id and broadcasts it
 // over the control plane; every rank joins with its control rank. `device` must
 // be a CUDA device (UsageError otherwise); the transport keeps it.

@@ -147,6 +147,10 @@ class ParameterSink {
   void write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   void write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   DeviceStream& stream();
+  // The one pinned buffer device bytes are read back through (CRCs, digests),
+  // grown to `bytes` where smaller: pinning and freeing one per call would cost
+  // a cudaFreeHost each, which waits for the whole device.
+  Buffer& readback(std::uint64_t bytes);
 
   void copy_all(const std::vector<ParamStorage>& from, const std::vector<ParamStorage>& to);
 
@@ -158,6 +162,7 @@ class ParameterSink {
   bool commit_began_ = false;
   std::shared_ptr<Device> device_;
   std::unique_ptr<DeviceStream> stream_;
+  Buffer readback_;  // (after device_: freed before the device's allocator goes)
   // Shard bits since begin_load(): slot s owns bits [first_bit_[s], first_bit_[s + 1]).
   std::vector<std::uint64_t> first_bit_;
   std::vector<std::uint64_t> loaded_;

@@ -306,10 +306,10 @@ std::uint32_t ParameterSink::crc32(const std::byte* data, std::uint64_t bytes,
   std::uint32_t crc = static_cast<std::uint32_t>(::crc32(0L, Z_NULL, 0));
   if (!device_) return crc_update(crc, data, bytes);
   flush(timeout);
-  Buffer pinned =
-      device_->pinned_memory().allocate(std::min(std::max<std::uint64_t>(chunk_bytes, 1), bytes));
-  for (std::uint64_t at = 0; at < bytes; at += pinned.size()) {
-    const std::uint64_t n = std::min(pinned.size(), bytes - at);
+  const std::uint64_t step = std::min(std::max<std::uint64_t>(chunk_bytes, 1), bytes);
+  Buffer& pinned = readback(step);
+  for (std::uint64_t at = 0; at < bytes; at += step) {
+    const std::uint64_t n = std::min(step, bytes - at);
     stream().copy(pinned.data(), data + at, n, CopyKind::kDeviceToHost);
     wait_or_abandon(pinned, [&] {
       synchronize(stream(), timeout,
@@ -323,17 +323,14 @@ std::uint32_t ParameterSink::crc32(const std::byte* data, std::uint64_t bytes,
 std::uint32_t ParameterSink::crc32c(const std::byte* data, std::uint64_t bytes,
                                     const std::string& what, std::chrono::milliseconds timeout) {
   std::vector<std::uint32_t> chunks;
-  Buffer blocks;  // pinned: one raw CRC per 4 KiB block of a chunk
   for (std::uint64_t at = 0; at < bytes || at == 0; at += kDigestChunk) {
     const std::uint64_t n = std::min(kDigestChunk, bytes - at);
     if (!device_ || n == 0) {
       chunks.push_back(tpreload::crc32c(n ? data + at : nullptr, n));
     } else {
       flush(timeout);
-      if (!blocks.data())
-        blocks = device_->pinned_memory().allocate(
-            std::max<std::uint64_t>(crc32c_blocks(std::min(kDigestChunk, bytes)), 1) *
-            sizeof(std::uint32_t));
+      // pinned: one raw CRC per 4 KiB block of a chunk
+      Buffer& blocks = readback(crc32c_blocks(n) * sizeof(std::uint32_t));
       auto* raw = reinterpret_cast<std::uint32_t*>(blocks.data());
       stream().crc32c_blocks(data + at, n, raw);
       wait_or_abandon(blocks, [&] {
@@ -346,6 +343,14 @@ std::uint32_t ParameterSink::crc32c(const std::byte* data, std::uint64_t bytes,
   }
   if (chunks.size() == 1) return chunks.front();
   return tpreload::crc32c(chunks.data(), chunks.size() * sizeof(std::uint32_t));
+}
+
+Buffer& ParameterSink::readback(std::uint64_t bytes) {
+  if (readback_.size() < bytes) {
+    readback_ = Buffer();  // (freed first: never both at once)
+    readback_ = device_->pinned_memory().allocate(bytes);
+  }
+  return readback_;
 }
 
 }  // namespace tpreload
