@@ -134,6 +134,16 @@ print("%d.%d.%d" % ((code // 10000, code // 100 % 100, code % 100) if code >= 10
 
 configure_and_build() {
   torch_prefix=$(python3 -c "import torch; print(torch.utils.cmake_prefix_path)" 2>/dev/null)
+  # cuDNN as PyTorch's wheel ships it (nvidia/cudnn), for a CUDA LibTorch's config.
+  local cudnn
+  cudnn=$(python3 -c 'import glob, os, site
+for r in site.getsitepackages() + [site.getusersitepackages()]:
+    hits = sorted(glob.glob(os.path.join(r, "nvidia", "cudnn*", "lib", "libcudnn.so*")))
+    if hits:
+        print(hits[0]); break' 2>/dev/null)
+  cudnn_args=()
+  [ -n "$cudnn" ] && cudnn_args=("-DCUDNN_LIBRARY_PATH=$cudnn" "-DCUDNN_INCLUDE_PATH=$(dirname "$(dirname "$cudnn")")/include")
+  log "cuDNN ${cudnn:-not found in site-packages}"
   find_nccl
   zlib_so=$(ldconfig -p | awk '/libz\.so\.1 .*x86-64/{print $NF; exit}')
   generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
@@ -142,7 +152,7 @@ configure_and_build() {
   if ! cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DTPRELOAD_CUDA=ON -DTPRELOAD_MPI=OFF \
     -DTPRELOAD_HDF5=OFF -DTPRELOAD_GPU_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" \
     "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined" \
-    "-DCMAKE_PREFIX_PATH=${torch_prefix:+$torch_prefix;}$prefix/usr" \
+    "-DCMAKE_PREFIX_PATH=${torch_prefix:+$torch_prefix;}$prefix/usr" "${cudnn_args[@]}" \
     ${nccl_include:+-DNCCL_INCLUDE_DIR=$nccl_include} \
     ${zlib_so:+-DZLIB_LIBRARY=$zlib_so} -DZLIB_INCLUDE_DIR="$([ -e "$prefix/usr/include/zlib.h" ] && echo "$prefix/usr/include" || echo /usr/include)" \
     > "$logs/configure.log" 2>&1; then
