@@ -23,10 +23,12 @@ std::optional<DType> float_dtype(hid_t type, size_t size) {
   return std::nullopt;
 }
 
-std::optional<DType> integer_dtype(hid_t type, size_t size, bool bf16_attr) {
+// `stored_as`: the dtype the attribute names where HDF5 holds it as unsigned
+// integers of its size (bfloat16, the FP8 types).
+std::optional<DType> integer_dtype(hid_t type, size_t size, std::optional<DType> stored_as) {
   const bool is_signed = H5Tget_sign(type) == H5T_SGN_2;
   if (H5Tget_precision(type) != size * 8) return std::nullopt;
-  if (!is_signed && size == 2 && bf16_attr) return DType::kBFloat16;
+  if (!is_signed && stored_as && dtype_size(*stored_as) == size) return stored_as;
   if (is_signed && size == 1) return DType::kInt8;
   if (is_signed && size == 4) return DType::kInt32;
   if (is_signed && size == 8) return DType::kInt64;
@@ -81,24 +83,33 @@ std::string describe_h5_type(hid_t type) {
 
 std::optional<DType> classify_h5_type(hid_t type, const std::optional<std::string>& dtype_attr,
                                       std::string& problem) {
-  const bool bf16_attr = dtype_attr && *dtype_attr == "bfloat16";
+  // bfloat16 and the FP8 types are stored as unsigned integers of their size.
+  std::optional<DType> stored_as;
+  if (dtype_attr) {
+    const auto named = dtype_from_name(*dtype_attr);
+    if (named && (*named == DType::kBFloat16 || dtype_is_float8(*named))) stored_as = named;
+  }
   const H5T_class_t cls = H5Tget_class(type);
   const size_t size = H5Tget_size(type);
   const bool u16 = cls == H5T_INTEGER && size == 2 && H5Tget_sign(type) == H5T_SGN_NONE;
-  if (bf16_attr && !u16) {
-    problem = concat("attribute dtype=\"bfloat16\" on a ", describe_h5_type(type),
-                     " dataset (bfloat16 must be stored as 16-bit unsigned integers)");
+  const bool unsigned_of_size = cls == H5T_INTEGER && H5Tget_sign(type) == H5T_SGN_NONE &&
+                                stored_as && size == dtype_size(*stored_as);
+  if (stored_as && !unsigned_of_size) {
+    problem = concat("attribute dtype=\"", *dtype_attr, "\" on a ", describe_h5_type(type),
+                     " dataset (", *dtype_attr, " must be stored as ", dtype_size(*stored_as) * 8,
+                     "-bit unsigned integers)");
     return std::nullopt;
   }
   std::optional<DType> dtype;
   if (cls == H5T_FLOAT) dtype = float_dtype(type, size);
-  if (cls == H5T_INTEGER) dtype = integer_dtype(type, size, bf16_attr);
+  if (cls == H5T_INTEGER) dtype = integer_dtype(type, size, stored_as);
   if (cls == H5T_ENUM) dtype = enum_dtype(type);
   if (!dtype) {
     problem = concat("unsupported type ", describe_h5_type(type),
                      u16 ? " without attribute dtype=\"bfloat16\"" : "",
-                     " (supported: float16/32/64, int8/32/64, uint8, bool, and uint16 with "
-                     "attribute dtype=\"bfloat16\")");
+                     " (supported: float16/32/64, int8/32/64, uint8, bool, uint16 with "
+                     "attribute dtype=\"bfloat16\", and uint8 with attribute "
+                     "dtype=\"float8_e4m3fn\" or \"float8_e5m2\")");
     return std::nullopt;
   }
   if (dtype_attr && dtype_from_name(*dtype_attr) != dtype) {

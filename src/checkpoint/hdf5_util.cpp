@@ -123,6 +123,8 @@ H5Id make_h5_type(DType dtype) {
     case DType::kInt64:
       return h5_type(H5Tcopy(H5T_STD_I64LE));
     case DType::kUInt8:
+    case DType::kFloat8E4M3:  // (with attribute dtype naming it)
+    case DType::kFloat8E5M2:
       return h5_type(H5Tcopy(H5T_STD_U8LE));
   }
   raise<UsageError>("no HDF5 type for dtype ", static_cast<int>(dtype));

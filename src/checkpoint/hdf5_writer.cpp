@@ -127,7 +127,9 @@ class Hdf5FileWriter {
     H5Id dcpl = dataset_plist(dims, spec.dtype);
     H5Id dataset = detail::h5_dataset(H5Dcreate2(parent, leaf.c_str(), type.get(), space.get(),
                                                  H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
-    if (spec.dtype == DType::kBFloat16) write_dtype_attribute(dataset.get(), "bfloat16");
+    // Types HDF5 has no native form of: their bits as unsigned integers, named.
+    if (spec.dtype == DType::kBFloat16 || dtype_is_float8(spec.dtype))
+      write_dtype_attribute(dataset.get(), std::string(dtype_name(spec.dtype)).c_str());
     if (!bytes.empty())
       H5_CHECK(H5Dwrite(dataset.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()));
     dataset.close();

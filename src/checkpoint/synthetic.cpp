@@ -6,6 +6,7 @@
 
 #include "file_util.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/float8.h"
 #include "tpreload/core/float_bits.h"
 #include "tpreload/core/fnv.h"
 
@@ -43,6 +44,12 @@ void store_float(DType dtype, float value, std::byte* out) {
       std::memcpy(out, &h, 2);
       break;
     }
+    case DType::kFloat8E4M3:
+      *out = static_cast<std::byte>(fp8::to_e4m3fn(value));
+      break;
+    case DType::kFloat8E5M2:
+      *out = static_cast<std::byte>(fp8::to_e5m2(value));
+      break;
     default: {
       const std::uint16_t b = float_to_bfloat16_bits(value);
       std::memcpy(out, &b, 2);
@@ -107,7 +114,7 @@ void fill_synthetic(const TensorSpec& spec, const SyntheticOptions& options, Mut
                       numel * dtype_size(spec.dtype));
   std::uint64_t state = options.seed ^ fnv1a(spec.name);
   splitmix64(state);
-  if (dtype_is_floating(spec.dtype))
+  if (dtype_is_floating(spec.dtype) || dtype_is_float8(spec.dtype))
     fill_floating(spec, options, state, dst);
   else
     fill_integral(spec, state, dst);

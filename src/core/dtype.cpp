@@ -14,11 +14,17 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kInfo[] = {
-    {DType::kFloat32, 4, "float32", "F32", true},    {DType::kFloat16, 2, "float16", "F16", true},
-    {DType::kBFloat16, 2, "bfloat16", "BF16", true}, {DType::kInt8, 1, "int8", "I8", false},
-    {DType::kInt32, 4, "int32", "I32", false},       {DType::kInt64, 8, "int64", "I64", false},
-    {DType::kUInt8, 1, "uint8", "U8", false},        {DType::kBool, 1, "bool", "BOOL", false},
+    {DType::kFloat32, 4, "float32", "F32", true},
+    {DType::kFloat16, 2, "float16", "F16", true},
+    {DType::kBFloat16, 2, "bfloat16", "BF16", true},
+    {DType::kInt8, 1, "int8", "I8", false},
+    {DType::kInt32, 4, "int32", "I32", false},
+    {DType::kInt64, 8, "int64", "I64", false},
+    {DType::kUInt8, 1, "uint8", "U8", false},
+    {DType::kBool, 1, "bool", "BOOL", false},
     {DType::kFloat64, 8, "float64", "F64", true},
+    {DType::kFloat8E4M3, 1, "float8_e4m3fn", "F8_E4M3", false},
+    {DType::kFloat8E5M2, 1, "float8_e5m2", "F8_E5M2", false},
 };
 
 const DTypeInfo& info(DType dtype) {
@@ -40,6 +46,9 @@ std::string_view dtype_safetensors_name(DType dtype) {
 }
 bool dtype_is_floating(DType dtype) {
   return info(dtype).floating;
+}
+bool dtype_is_float8(DType dtype) {
+  return dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2;
 }
 
 std::optional<DType> dtype_from_name(std::string_view name) {

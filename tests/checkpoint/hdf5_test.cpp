@@ -239,8 +239,9 @@ class Hdf5Corpus : public ::testing::Test {
 };
 
 constexpr const char* kSupported =
-    " (supported: float16/32/64, int8/32/64, uint8, bool, and uint16 with attribute "
-    "dtype=\"bfloat16\")";
+    " (supported: float16/32/64, int8/32/64, uint8, bool, uint16 with attribute "
+    "dtype=\"bfloat16\", and uint8 with attribute dtype=\"float8_e4m3fn\" or "
+    "\"float8_e5m2\")";
 
 TEST_F(Hdf5Corpus, NotAnHdf5File) {
   test::write_file(path_, "this is not HDF5 at all, just some text");
@@ -295,6 +296,18 @@ TEST_F(Hdf5Corpus, Bfloat16AttributeOnANon16BitDataset) {
   EXPECT_EQ(open_error(), prefix("model.w", "/model.w") +
                               "attribute dtype=\"bfloat16\" on a 32-bit float dataset (bfloat16 "
                               "must be stored as 16-bit unsigned integers)");
+}
+
+TEST_F(Hdf5Corpus, Float8AttributeOnA16BitDataset) {
+  const std::uint16_t v[2] = {1, 2};
+  {
+    Raw file = raw_file(path_);
+    raw_dataset(file, "model.w", H5T_STD_U16LE, {2}, H5T_NATIVE_UINT16, v);
+    raw_string_attribute(file, "model.w", "float8_e4m3fn");
+  }
+  EXPECT_EQ(open_error(), prefix("model.w", "/model.w") +
+                              "attribute dtype=\"float8_e4m3fn\" on a 16-bit unsigned integer "
+                              "dataset (float8_e4m3fn must be stored as 8-bit unsigned integers)");
 }
 
 TEST_F(Hdf5Corpus, DTypeAttributeThatContradictsTheType) {

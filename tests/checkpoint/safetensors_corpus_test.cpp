@@ -135,8 +135,8 @@ TEST_F(SafetensorsCorpus, ShapeAndBytesMismatch) {
 }
 
 TEST_F(SafetensorsCorpus, UnknownDType) {
-  EXPECT_EQ(open_error(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", "abcd"),
-            prefix() + "tensor 'a': unknown dtype 'F8_E4M3'");
+  EXPECT_EQ(open_error(R"({"a":{"dtype":"F8_E8M0","shape":[4],"data_offsets":[0,4]}})", "abcd"),
+            prefix() + "tensor 'a': unknown dtype 'F8_E8M0'");
   EXPECT_EQ(open_error(R"({"a":{"shape":[4],"data_offsets":[0,4]}})", "abcd"),
             prefix() + "tensor 'a': 'dtype' is missing or not a string");
 }

@@ -31,7 +31,7 @@ TEST(DType, SpellingsOfEachFormat) {
   EXPECT_EQ(dtype_from_name("bfloat16"), DType::kBFloat16);
   EXPECT_EQ(dtype_from_name("half"), DType::kFloat16);
   EXPECT_EQ(dtype_safetensors_name(DType::kUInt8), "U8");
-  EXPECT_EQ(dtype_from_safetensors("F8_E4M3"), std::nullopt);
+  EXPECT_EQ(dtype_from_safetensors("F8_E8M0"), std::nullopt);
   EXPECT_EQ(dtype_from_name("float8"), std::nullopt);
   EXPECT_EQ(dtype_from_safetensors("bf16"), std::nullopt);  // case matters in the format
 }

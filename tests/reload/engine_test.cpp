@@ -13,6 +13,7 @@
 #include "../support/emulated_device.h"
 #include "../support/faults.h"
 #include "../support/tiny_models.h"
+#include "tpreload/checkpoint/synthetic.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/checkpoint/writers.h"
 #include "tpreload/comm/communicator.h"
@@ -129,6 +130,38 @@ TEST(Engine, ZeroCopyWithDeviceParametersStagesThroughPinnedMemory) {
     EXPECT_TRUE(r.complete()) << what;
     expect_v(model, f.config, f.v2, what);
   }
+}
+
+// An FP8 checkpoint for a model without FP8 parameters: refused before any
+// parameter byte changes, naming the tensor and both dtypes (FP8 values land
+// only in FP8 parameters, with their scales; never by a plain conversion).
+TEST(Engine, AnFp8CheckpointIntoBfloat16ParametersIsRefusedBeforeAnyWrite) {
+  Fixture f;
+  TensorParallelModel model(f.config, options(nullptr));
+  auto s1 = testdata::memory_source(f.v1);
+  reload_weights(model, *f.control, s1.get(), ReloadOptions{});
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<InMemoryTensor> fp8;
+  for (const auto& [name, t] : f.v2) {
+    const std::vector<std::int64_t> shape(t.sizes().begin(), t.sizes().end());
+    bytes.emplace_back(static_cast<std::size_t>(t.numel()));
+    fill_synthetic({name, DType::kFloat8E4M3, shape}, {},
+                   MutableBytes(bytes.back().data(), bytes.back().size()));
+    fp8.push_back({name, DType::kFloat8E4M3, shape,
+                   ConstBytes(bytes.back().data(), bytes.back().size()), nullptr});
+  }
+  auto source = make_in_memory_source(fp8);
+  try {
+    reload_weights(model, *f.control, source.get(), ReloadOptions{});
+    FAIL() << "an FP8 checkpoint landed in bfloat16 parameters";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("float8_e4m3fn values are not converted to bfloat16 (FP8 values land "
+                        "only in FP8 parameters"),
+              std::string::npos)
+        << what;
+  }
+  expect_v(model, f.config, f.v1, "after the refused FP8 reload");
 }
 
 // A progress callback that throws costs only the progress reports: the reload

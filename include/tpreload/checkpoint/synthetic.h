@@ -37,7 +37,8 @@ struct SyntheticOptions {
 // Fill `dst` (exactly nbytes of `spec`) deterministically from (options.seed,
 // spec.name): the same name and seed give the same bytes whatever the order,
 // shard count or file format. Floating types follow synthetic_init_for(name)
-// (rounded to nearest even in float16/bfloat16); integer types get uniform random
+// (rounded to nearest even in float16/bfloat16, encoded as core/float8.h does in
+// the FP8 types); integer types get uniform random
 // bits, bool 0/1. Throws UsageError if dst.size is wrong.
 void fill_synthetic(const TensorSpec& spec, const SyntheticOptions& options, MutableBytes dst);
 

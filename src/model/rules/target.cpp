@@ -18,7 +18,10 @@ std::string dtype_problem(const std::string& who, DType from, DType to) {
                           dtype_name(from));
   return detail::concat(
       who, ": ", dtype_name(from), " values are not converted to ", dtype_name(to),
-      " (only floating dtypes are converted; integer and other dtypes must match)");
+      dtype_is_float8(from)
+          ? " (FP8 values land only in FP8 parameters, beside their scales: a checkpoint "
+            "whose config.json has an fp8 quantization_config)"
+          : " (only floating dtypes are converted; integer and other dtypes must match)");
 }
 
 }  // namespace

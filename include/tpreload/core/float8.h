@@ -1,0 +1,98 @@
+// The two FP8 formats of checkpoints and kernels, by their bit patterns, as
+// plain inline functions that compile for the host and, in .cu files, for the
+// device (as float_bits.h), so that the CPU and the GPU give the same bytes.
+//
+//   e4m3fn (F8_E4M3, torch.float8_e4m3fn): 1 sign, 4 exponent (bias 7), 3 mantissa
+//     bits; no infinities; 0x7F and 0xFF are NaN; largest finite 448 (0x7E);
+//     smallest subnormal 2^-9.
+//   e5m2 (F8_E5M2, torch.float8_e5m2): 1 sign, 5 exponent (bias 15), 2 mantissa
+//     bits, IEEE-like: 0x7C infinity, 0x7D-0x7F NaN; largest finite 57344 (0x7B);
+//     smallest subnormal 2^-16.
+//
+// Encoding is vLLM's quantization step: the value is clamped to the largest
+// finite magnitude first, as fmaxf(-max, fminf(x, max)) clamps it (so a NaN
+// becomes +max, as fminf/fmaxf return the number of a NaN/number pair, and an
+// infinity its signed max), then rounded to the nearest code, ties to the even
+// code (mantissa's last bit 0), through the subnormals; a magnitude at most half
+// the smallest subnormal becomes a zero of its sign. Decoding is exact.
+#pragma once
+
+#include <cstdint>
+
+#include "tpreload/core/float_bits.h"
+
+namespace tpreload::fp8 {
+
+inline constexpr float kE4M3Max = 448.0f;
+inline constexpr float kE5M2Max = 57344.0f;
+
+namespace detail {
+
+// Clamped as vLLM's kernels clamp: NaN -> +max.
+TPRELOAD_HOST_DEVICE inline float clamp(float x, float max) {
+  const float lo = x < max ? x : max;  // fminf(x, max): NaN -> max
+  const bool nan = !(x == x);
+  const float c = nan ? max : lo;
+  return c > -max ? c : -max;  // fmaxf(-max, c)
+}
+
+// `x` (finite, |x| <= the format's max) as a code of kMan mantissa bits and
+// exponent bias kBias: round to nearest, ties to even.
+template <int kMan, int kBias>
+TPRELOAD_HOST_DEVICE inline std::uint8_t encode(float x) {
+  const std::uint32_t u = fbits::bits_of(x);
+  const std::uint32_t sign = (u >> 24) & 0x80u;
+  const std::uint32_t a = u & 0x7FFFFFFFu;
+  const int exp = static_cast<int>(a >> 23) - 127;  // unbiased (-127: zero or subnormal float)
+  std::uint32_t code;
+  if (exp >= 1 - kBias) {  // a normal of the format: keep kMan of float's 23 mantissa bits
+    const int drop = 23 - kMan;
+    code = (static_cast<std::uint32_t>(exp + kBias) << kMan) | ((a & 0x7FFFFFu) >> drop);
+    const std::uint32_t rest = a & ((1u << drop) - 1), half = 1u << (drop - 1);
+    if (rest > half || (rest == half && (code & 1u))) ++code;  // (a carry moves up the exponent)
+  } else {  // a subnormal of the format: |x| in units of its smallest subnormal
+    // 2^(1 - kBias - kMan) is the unit; x / unit is exact (a power-of-two scale)
+    // and below 2^kMan, so float's own round-to-nearest-even integer is the code.
+    const float units = fbits::float_of(a) *
+                        fbits::float_of(static_cast<std::uint32_t>(127 - (1 - kBias - kMan)) << 23);
+    const float big = 8388608.0f;  // 2^23: adding it rounds to an integer, ties to even
+    code = static_cast<std::uint32_t>((units + big) - big);
+  }
+  return static_cast<std::uint8_t>(sign | code);
+}
+
+template <int kMan, int kBias>
+TPRELOAD_HOST_DEVICE inline float decode_finite(std::uint8_t c) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(c & 0x80u) << 24;
+  const std::uint32_t e = (c & 0x7Fu) >> kMan, m = c & ((1u << kMan) - 1);
+  if (e == 0) {  // subnormal: m units of 2^(1 - kBias - kMan)
+    const float unit = fbits::float_of(static_cast<std::uint32_t>(127 + 1 - kBias - kMan) << 23);
+    return fbits::float_of(sign | fbits::bits_of(static_cast<float>(m) * unit));
+  }
+  return fbits::float_of(sign | ((e - kBias + 127) << 23) | (m << (23 - kMan)));
+}
+
+}  // namespace detail
+
+TPRELOAD_HOST_DEVICE inline std::uint8_t to_e4m3fn(float x) {
+  return detail::encode<3, 7>(detail::clamp(x, kE4M3Max));
+}
+
+TPRELOAD_HOST_DEVICE inline float from_e4m3fn(std::uint8_t c) {
+  if ((c & 0x7Fu) == 0x7Fu)
+    return fbits::float_of(0x7FC00000u | (static_cast<std::uint32_t>(c & 0x80u) << 24));
+  return detail::decode_finite<3, 7>(c);
+}
+
+TPRELOAD_HOST_DEVICE inline std::uint8_t to_e5m2(float x) {
+  return detail::encode<2, 15>(detail::clamp(x, kE5M2Max));
+}
+
+TPRELOAD_HOST_DEVICE inline float from_e5m2(std::uint8_t c) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(c & 0x80u) << 24;
+  if ((c & 0x7Fu) == 0x7Cu) return fbits::float_of(sign | 0x7F800000u);
+  if ((c & 0x7Fu) > 0x7Cu) return fbits::float_of(sign | 0x7FC00000u);
+  return detail::decode_finite<2, 15>(c);
+}
+
+}  // namespace tpreload::fp8
