@@ -123,7 +123,8 @@ std::string TensorParallelModel::check_checkpoint_tensor(const Placement& pl,
 void TensorParallelModel::load_checkpoint_tensor(const Placement& pl, const at::Tensor& source,
                                                  bool presliced) {
   const std::string problem = check_checkpoint_tensor(
-      pl, source.sizes().vec(), dtype_from_torch(source.scalar_type()), presliced);
+      pl, source.sizes().vec(), dtype_from_torch(source.scalar_type(), param_dtype(pl.slot)),
+      presliced);
   if (!problem.empty()) raise<ModelError>(problem);
   load_checkpoint_rows(pl, source, 0, presliced, true);
 }
@@ -152,14 +153,14 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
   const std::vector<std::int64_t> whole = presliced ? pl.slice_shape() : pl.source_shape;
   std::vector<std::int64_t> got = block.sizes().vec();
   const std::int64_t n = got.empty() ? 1 : got[0];
-  const bool fits =
-      got.size() == whole.size() && row0 >= 0 &&
-      (whole.empty() || n == 0 || row0 + n <= whole[0]) &&
-      std::equal(got.begin() + (got.empty() ? 0 : 1), got.end(),
-                 whole.begin() + (whole.empty() ? 0 : 1)) &&
-      convertible(dtype_from_torch(block.scalar_type()), rules_.params().at(pl.slot).dtype,
-                  rules_.params().at(pl.slot).dtype == DType::kInt8) &&
-      block.device().is_cpu();
+  const DType from = dtype_from_torch(block.scalar_type(), param_dtype(pl.slot));
+  const bool fits = got.size() == whole.size() && row0 >= 0 &&
+                    (whole.empty() || n == 0 || row0 + n <= whole[0]) &&
+                    std::equal(got.begin() + (got.empty() ? 0 : 1), got.end(),
+                               whole.begin() + (whole.empty() ? 0 : 1)) &&
+                    convertible(from, rules_.params().at(pl.slot).dtype,
+                                rules_.params().at(pl.slot).dtype == DType::kInt8) &&
+                    block.device().is_cpu();
   if (!fits)
     raise<ModelError>("tensor '", pl.checkpoint_name, "' on tp rank ", options_.tp_rank, "/",
                       options_.tp_size, ": block of ", shape_string(got), " ",
@@ -168,9 +169,7 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
                       dtype_name(checkpoint_dtype(rules_, pl.slot)));
   const at::Tensor rows = block.contiguous();
   std::vector<RowWrite> writes;
-  if (auto w = checkpoint_row_write(rules_, pl, dtype_from_torch(block.scalar_type()), row0, n,
-                                    presliced, 0))
-    writes.push_back(*w);
+  if (auto w = checkpoint_row_write(rules_, pl, from, row0, n, presliced, 0)) writes.push_back(*w);
   apply_block(writes, tensor_bytes(rows));
   if (!last) return;
   if (auto z = padding_rows(rules_, pl)) {
@@ -191,15 +190,16 @@ std::vector<ReloadTarget::Stored> TensorParallelModel::stored_parameters() const
   for (const auto& [name, t] : params_)
     out.push_back({name,
                    t.sizes().vec(),
-                   dtype_from_torch(t.scalar_type()),
+                   dtype_from_torch(t.scalar_type(), param_dtype(rules_.find_slot(name))),
                    {static_cast<std::byte*>(t.data_ptr()),
                     static_cast<std::uint64_t>(t.numel() * t.element_size())}});
   return out;
 }
 
 void TensorParallelModel::load_kernel_tensor(const std::string& name, const at::Tensor& source) {
-  const std::string problem =
-      check_kernel_tensor(name, source.sizes().vec(), dtype_from_torch(source.scalar_type()));
+  const std::string problem = check_kernel_tensor(
+      name, source.sizes().vec(),
+      dtype_from_torch(source.scalar_type(), param_dtype(rules_.find_slot(name))));
   if (!problem.empty()) raise<ModelError>(problem);
   load_kernel_rows(name, source, 0, true);
 }
@@ -208,7 +208,7 @@ void TensorParallelModel::load_kernel_rows(const std::string& name, const at::Te
                                            std::int64_t row0, bool last) {
   const ParamSlot slot = rules_.find_slot(name);
   const ParamSpec* spec = slot == kNoSlot ? nullptr : &rules_.params()[slot];
-  const DType from = dtype_from_torch(block.scalar_type());
+  const DType from = dtype_from_torch(block.scalar_type(), param_dtype(slot));
   // Whole rows of the parameter: every dimension after the first is its own.
   const std::vector<std::int64_t> got = block.sizes().vec();
   if (!spec || !convertible(from, spec->dtype, false) ||

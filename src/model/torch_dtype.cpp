@@ -29,6 +29,12 @@ DType dtype_from_torch(c10::ScalarType type) {
   raise<UsageError>("torch scalar type ", c10::toString(type), " has no tpreload dtype");
 }
 
+DType dtype_from_torch(c10::ScalarType type, DType expected) {
+  if (!TPRELOAD_TORCH_HAS_FLOAT8 && dtype_is_float8(expected) && type == c10::ScalarType::Byte)
+    return expected;
+  return dtype_from_torch(type);
+}
+
 c10::ScalarType dtype_to_torch(DType dtype) {
   for (auto [d, scalar] : kPairs)
     if (d == dtype) return scalar;

@@ -181,6 +181,12 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"n_shared_experts x moe_intermediate_size 0 vs 1536",
        [](ModelConfig& c) { c.shared_experts_intermediate_size = 1536; }},
       {"torch_dtype float32 vs bfloat16", [](ModelConfig& c) { c.dtype = DType::kBFloat16; }},
+      {"quantization_config 'none' vs 'fp8, weight_block_size [128, 64], ignored [lm_head]'",
+       [](ModelConfig& c) {
+         c.fp8.block_n = 128;
+         c.fp8.block_k = 64;
+         c.fp8.ignored = {"lm_head"};
+       }},
   };
   for (const Change& change : changes) {
     ModelConfig changed = base;

@@ -14,6 +14,7 @@
 
 #include "tpreload/checkpoint/row_split.h"
 #include "tpreload/core/dtype.h"
+#include "tpreload/model/fp8_checkpoint.h"
 
 namespace tpreload {
 
@@ -219,7 +220,11 @@ struct ModelConfig {
   double routed_scaling_factor = 1;
   std::int64_t shared_experts_intermediate_size = 0;
   DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
-  std::string json;               // the original text, for kernel_format.json
+  // A block-scaled FP8 checkpoint (`quantization_config`; fp8_checkpoint.h):
+  // its quantized weights are float8_e4m3fn beside float32 scales, loaded into
+  // FP8 parameters as they are. Not quantized where absent.
+  Fp8Checkpoint fp8;
+  std::string json;  // the original text, for kernel_format.json
 
   // Whether decoder layer `layer` is of the sliding attention type (in
   // sliding_layers), whether or not a window is set: Gemma 3's such layers
@@ -305,6 +310,10 @@ struct CheckpointTensorSpec {
   // (GLM-4.5's router and score correction: float32, vLLM's nn.Linear of
   // float32, whatever the checkpoint holds; converted on load).
   std::optional<DType> param_dtype{};
+  // The checkpoint's dtype, where it is not the model's (an FP8 checkpoint's
+  // float8_e4m3fn weights and float32 scales, which load into parameters of
+  // their own dtype).
+  std::optional<DType> dtype{};
 };
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:

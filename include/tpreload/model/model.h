@@ -151,6 +151,10 @@ class TensorParallelModel : public ReloadTarget {
   at::Tensor forward(const std::vector<std::int64_t>& tokens, Communicator& tp_comm) const;
 
  private:
+  // The dtype of the parameter in `slot` (float32 for kNoSlot: no FP8 reading).
+  DType param_dtype(ParamSlot slot) const {
+    return slot == kNoSlot ? DType::kFloat32 : rules_.params()[slot].dtype;
+  }
   at::Tensor allocate(const std::vector<std::int64_t>& shape, DType dtype);
   at::Tensor host_param(const std::string& name) const;
   at::Tensor weight_f32(const std::string& module) const;

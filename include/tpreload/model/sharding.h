@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -153,8 +154,17 @@ class ShardingRules {
     ParamSlot slot = kNoSlot;
     std::int64_t expert = -1;            // experts only
     std::optional<DType> param_dtype{};  // CheckpointTensorSpec::param_dtype
+    // An FP8 checkpoint's scale grid (fp8_checkpoint.h): placed as its weight,
+    // of weight_shape, is placed, in units of blocks.
+    bool fp8_scale = false;
+    std::vector<std::int64_t> weight_shape{};
   };
   const Rule* find_rule(const std::string& checkpoint_name) const;
+  Rule rule_for(const std::string& name, const std::vector<std::int64_t>& shape,
+                const std::map<std::string, std::string>& stacked_in) const;
+  void check_fp8_blocks() const;
+  void place_rule(const Rule& rule, int tp_rank, Placement& pl) const;
+  void to_blocks(const Rule& rule, Placement& pl) const;
   void build_rules();
   void build_params();
   void place_column(const Rule& rule, int tp_rank, Placement& pl) const;

@@ -10,7 +10,8 @@
 
 namespace tpreload {
 
-// Every tensor a Hugging Face checkpoint for `config` holds, in the config's dtype.
+// Every tensor a Hugging Face checkpoint for `config` holds, in the config's dtype
+// (an FP8 checkpoint's quantized weights and scales in theirs).
 std::vector<TensorSpec> checkpoint_specs(const ModelConfig& config);
 
 // Write a seeded checkpoint for `config` into `dir` (generate_checkpoint) and

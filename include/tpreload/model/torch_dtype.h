@@ -19,6 +19,10 @@ namespace tpreload {
 
 // Throws UsageError for a scalar type tpreload does not handle (e.g. complex).
 DType dtype_from_torch(c10::ScalarType type);
+// The same, for a tensor meant for a parameter of dtype `expected`: on a
+// LibTorch without FP8 types, a uint8 tensor for an FP8 parameter holds its
+// FP8 bytes, and is taken as that FP8 dtype.
+DType dtype_from_torch(c10::ScalarType type, DType expected);
 // An FP8 dtype on a LibTorch without FP8 types: uint8 (Byte), the same bytes;
 // such a tensor maps back to uint8, not to its FP8 dtype.
 c10::ScalarType dtype_to_torch(DType dtype);

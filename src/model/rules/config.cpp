@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "../../core/json_depth.h"
+#include "fp8_config.h"
 #include "tpreload/core/error.h"
 
 namespace tpreload {
@@ -1114,6 +1115,11 @@ ModelConfig parse_model_config(const std::string& text, const std::string& origi
       !(f.line == Line::kGraniteMoeHybrid && c.num_experts == 0))
     parse_experts(j, origin, f.experts, c);
   c.dtype = parse_dtype(j, origin);
+  c.fp8 = detail::parse_fp8_checkpoint(j, origin);
+  if (c.fp8.quantized() && f.stacked != Stacked::kNone)
+    raise<ModelError>(origin, ": FP8 checkpoints of ", f.architecture,
+                      " are not supported yet (its checkpoint stacks projections that vLLM "
+                      "splits, and their scales with them)");
   check_heads(c, origin);
   c.json = text;
   return c;
@@ -1156,6 +1162,11 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"rope_theta", c.rope_theta},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
+  if (c.fp8.quantized())
+    j["quantization_config"] = {{"quant_method", "fp8"},
+                                {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {c.fp8.block_n, c.fp8.block_k}},
+                                {"ignored_layers", c.fp8.ignored}};
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
   // (GLM-4's and GLM-4.5's 0.5 when absent)
   if (c.partial_rotary_factor != 1 || f.line == Line::kGlm || f.line == Line::kGlm4Moe)
@@ -1321,6 +1332,22 @@ void push_stacked(std::vector<CheckpointTensorSpec>& specs, const RowSplit& spli
   if (stacked) specs.push_back({split.name, shape(rows)});
 }
 
+// An FP8 checkpoint's tensors: each quantized weight float8_e4m3fn (and so its
+// parameter), its float32 scale grid after it.
+std::vector<CheckpointTensorSpec> with_fp8_scales(const Fp8Checkpoint& fp8,
+                                                  std::vector<CheckpointTensorSpec> specs) {
+  std::vector<CheckpointTensorSpec> out;
+  for (CheckpointTensorSpec& spec : specs) {
+    const bool quantized = fp8_quantized_weight(fp8, spec.name);
+    if (quantized) spec.dtype = spec.param_dtype = DType::kFloat8E4M3;
+    out.push_back(spec);
+    if (quantized)
+      out.push_back({fp8_scale_name(spec.name), fp8_scale_shape(fp8, spec.shape), DType::kFloat32,
+                     DType::kFloat32});
+  }
+  return out;
+}
+
 std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked stacked) {
   const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
                      inter = c.intermediate_size;
@@ -1404,6 +1431,7 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, Stacked sta
   }
   specs.push_back({"model.norm.weight", {h}});
   if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}});
+  if (c.fp8.quantized()) return with_fp8_scales(c.fp8, std::move(specs));
   return specs;
 }
 
@@ -1444,7 +1472,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
     !defined(_GLIBCXX_DEBUG)
-static_assert(sizeof(ModelConfig) == 896,
+static_assert(sizeof(ModelConfig) == 936,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 
@@ -1502,6 +1530,7 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("routed_scaling_factor", c.routed_scaling_factor);
   field("n_shared_experts x moe_intermediate_size", c.shared_experts_intermediate_size);
   field("torch_dtype", c.dtype);
+  field("quantization_config", c.fp8.text());
   return out;
 }
 

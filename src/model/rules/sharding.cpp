@@ -8,6 +8,7 @@
 #include "tpreload/checkpoint/row_split.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/error.h"
+#include "tpreload/model/fp8_checkpoint.h"
 
 namespace tpreload {
 namespace {
@@ -102,6 +103,9 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
   if (tp_size_ < 1) raise<ModelError>("tensor-parallel size must be at least 1, got ", tp_size_);
   if (!quantization_.empty() && quantization_ != "int8")
     raise<ModelError>("unknown quantization '", quantization_, "' (supported: int8)");
+  if (!quantization_.empty() && config_.fp8.quantized())
+    raise<ModelError>("quantization ", quantization_, " of an FP8 checkpoint: its weights are ",
+                      "already quantized (", config_.fp8.text(), ")");
   const auto& c = config_;
   require_divisible(c.num_attention_heads, tp_size_, "num_attention_heads", tp_size_);
   if (tp_size_ >= c.num_key_value_heads)
@@ -136,6 +140,7 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
   padded_vocab_ = (c.vocab_size + kVocabPadding - 1) / kVocabPadding * kVocabPadding;
   require_divisible(padded_vocab_, tp_size_, "padded vocab size", tp_size_);
   build_rules();
+  check_fp8_blocks();
   build_params();
 }
 
@@ -187,50 +192,103 @@ std::optional<ExpertName> parse_expert(const std::string& name, const MoeNames& 
 
 }  // namespace
 
-void ShardingRules::build_rules() {
+// The rule of checkpoint tensor `name` of `shape` (a part the loader view lists
+// -> the stacked tensor the checkpoint holds in `stacked_in`).
+ShardingRules::Rule ShardingRules::rule_for(
+    const std::string& name, const std::vector<std::int64_t>& shape,
+    const std::map<std::string, std::string>& stacked_in) const {
   const MoeNames names = moe_names(config_);
+  const NameParts p = split_name(name);
+  Rule rule{name, Role::kWhole, ShardKind::kReplicated, shape};
+  if (const auto e = parse_expert(name, names)) {
+    rule = {e->prefix + (e->down ? "w2_weight" : "w13_weight"),
+            e->down   ? Role::kDown
+            : e->gate ? Role::kGate
+                      : Role::kUp,
+            e->down ? ShardKind::kExpertDown : ShardKind::kExpertGateUp, shape};
+    rule.expert = e->expert;
+  } else if (p.module == "embed_tokens" || name == "lm_head.weight") {
+    rule.kind = ShardKind::kVocab;
+  } else if (p.module == "q_proj" || p.module == "k_proj" || p.module == "v_proj") {
+    const Role role = p.module == "q_proj" ? Role::kQ : p.module == "k_proj" ? Role::kK : Role::kV;
+    rule = {p.prefix + "qkv_proj." + p.leaf, role, ShardKind::kColumn, shape};
+  } else if (p.module == "gate_proj" || p.module == "up_proj") {
+    // vLLM's MergedColumnParallelLinear: gate_up_proj, or where the checkpoint
+    // stacks the two, the stacked tensor's name.
+    const auto stacked = stacked_in.find(name);
+    rule = {stacked != stacked_in.end() ? stacked->second : p.prefix + "gate_up_proj." + p.leaf,
+            p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, shape};
+  } else if ((p.module == "o_proj" || p.module == "down_proj" || p.module == "output_linear") &&
+             p.leaf == "weight") {  // (output_linear: Granite's shared MLP)
+    rule.kind = ShardKind::kRow;
+  } else if ((p.module == "q_norm" || p.module == "k_norm") &&
+             config_.qk_norm == QkNorm::kPerHead) {
+    rule.kind = ShardKind::kHeads;
+    rule.role = p.module == "q_norm" ? Role::kQ : Role::kK;
+  }
+  return rule;
+}
+
+void ShardingRules::build_rules() {
   // A part the loader view lists -> the stacked tensor the checkpoint holds, which
   // is vLLM's fused parameter's name (Phi-3's gate_up_proj, Granite's
   // shared_mlp.input_linear).
   std::map<std::string, std::string> stacked_in;
   for (const RowSplit& split : stacked_checkpoint_tensors(config_))
     for (const RowPart& part : split.parts) stacked_in.emplace(part.name, split.name);
-  for (const auto& spec : loader_tensor_specs(config_)) {
-    const NameParts p = split_name(spec.name);
-    Rule rule{spec.name, Role::kWhole, ShardKind::kReplicated, spec.shape};
-    if (const auto e = parse_expert(spec.name, names)) {
-      rule = {e->prefix + (e->down ? "w2_weight" : "w13_weight"),
-              e->down   ? Role::kDown
-              : e->gate ? Role::kGate
-                        : Role::kUp,
-              e->down ? ShardKind::kExpertDown : ShardKind::kExpertGateUp, spec.shape};
-      rule.expert = e->expert;
-    } else if (p.module == "embed_tokens" || spec.name == "lm_head.weight") {
-      rule.kind = ShardKind::kVocab;
-    } else if (p.module == "q_proj" || p.module == "k_proj" || p.module == "v_proj") {
-      const Role role = p.module == "q_proj"   ? Role::kQ
-                        : p.module == "k_proj" ? Role::kK
-                                               : Role::kV;
-      rule = {p.prefix + "qkv_proj." + p.leaf, role, ShardKind::kColumn, spec.shape};
-    } else if (p.module == "gate_proj" || p.module == "up_proj") {
-      // vLLM's MergedColumnParallelLinear: gate_up_proj, or where the checkpoint
-      // stacks the two, the stacked tensor's name.
-      const auto stacked = stacked_in.find(spec.name);
-      rule = {stacked != stacked_in.end() ? stacked->second : p.prefix + "gate_up_proj." + p.leaf,
-              p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, spec.shape};
-    } else if ((p.module == "o_proj" || p.module == "down_proj" || p.module == "output_linear") &&
-               p.leaf == "weight") {  // (output_linear: Granite's shared MLP)
-      rule.kind = ShardKind::kRow;
-    } else if ((p.module == "q_norm" || p.module == "k_norm") &&
-               config_.qk_norm == QkNorm::kPerHead) {
-      rule.kind = ShardKind::kHeads;
-      rule.role = p.module == "q_norm" ? Role::kQ : Role::kK;
+  const std::vector<CheckpointTensorSpec> specs = loader_tensor_specs(config_);
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  for (const auto& spec : specs) shapes.emplace(spec.name, spec.shape);
+  for (const auto& spec : specs) {
+    const auto weight = fp8_weight_of_scale(spec.name);
+    Rule rule;
+    if (weight && shapes.count(*weight)) {
+      // An FP8 scale grid: its weight's rule, for the weight's fused
+      // parameter's weight_scale_inv ("...qkv_proj.weight_scale_inv",
+      // "...experts.w13_weight_scale_inv").
+      rule = rule_for(*weight, shapes.at(*weight), stacked_in);
+      rule.param += "_scale_inv";
+      rule.fp8_scale = true;
+      rule.weight_shape = rule.source_shape;
+      rule.source_shape = spec.shape;
+    } else {
+      rule = rule_for(spec.name, spec.shape, stacked_in);
     }
     rule.param_dtype = spec.param_dtype;
     rules_.emplace_back(spec.name, rule);
   }
   std::sort(rules_.begin(), rules_.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
+}
+
+// vLLM's block checks (validate_fp8_block_shape, Fp8MoEMethod): each rank's
+// share of a quantized weight's output rows is whole blocks for merged layers
+// (q/k/v, gate/up) and split experts, and its share of a row-parallel layer's
+// or split experts' input columns where tp splits them.
+void ShardingRules::check_fp8_blocks() const {
+  const Fp8Checkpoint& fp8 = config_.fp8;
+  if (!fp8.quantized()) return;
+  auto need = [&](std::int64_t size, std::int64_t block, const std::string& what) {
+    if (size % block != 0)
+      raise<ModelError>("cannot split the FP8 checkpoint ", tp_size_, " ways: ", what, " ", size,
+                        " is not a multiple of the block ", block, " (weight_block_size [",
+                        fp8.block_n, ", ", fp8.block_k, "]; vLLM refuses it too)");
+  };
+  for (const auto& [name, rule] : rules_) {
+    if (!rule.fp8_scale) continue;
+    const std::string of = "'" + name.substr(0, name.size() - 10) + "'";  // (no "_scale_inv")
+    const auto& w = rule.weight_shape;
+    if (rule.kind == ShardKind::kColumn && (rule.role == Role::kK || rule.role == Role::kV))
+      need(kv_heads_per_rank() * config_.head_dim, fp8.block_n, "the rows per rank of " + of);
+    else if (rule.kind == ShardKind::kColumn)
+      need(w[0] / tp_size_, fp8.block_n, "the rows per rank of " + of);
+    else if (rule.kind == ShardKind::kRow && tp_size_ > 1)
+      need(w[1] / tp_size_, fp8.block_k, "the columns per rank of " + of);
+    else if (rule.kind == ShardKind::kExpertGateUp)
+      need(local_moe_intermediate(), fp8.block_n, "the rows per rank of " + of);
+    else if (rule.kind == ShardKind::kExpertDown && !expert_parallel_ && tp_size_ > 1)
+      need(local_moe_intermediate(), fp8.block_k, "the columns per rank of " + of);
+  }
 }
 
 void ShardingRules::build_params() {
@@ -241,8 +299,9 @@ void ShardingRules::build_params() {
   for (const auto& [name, rule] : rules_) {
     if (!seen.insert(rule.param).second) continue;
     const NameParts p = split_name(rule.param);
-    ParamSpec spec{rule.param, rule.source_shape, rule.param_dtype.value_or(c.dtype), rule.kind,
-                   layer_of(rule.param)};
+    // (an FP8 scale grid: the weight's local shape first, in blocks at the end)
+    ParamSpec spec{rule.param, rule.fp8_scale ? rule.weight_shape : rule.source_shape,
+                   rule.param_dtype.value_or(c.dtype), rule.kind, layer_of(rule.param)};
     const std::int64_t experts = local_experts(), expert_inter = local_moe_intermediate();
     if (rule.kind == ShardKind::kVocab) spec.shape[0] = padded_vocab_ / tp_size_;
     if (p.module == "qkv_proj") {
@@ -252,7 +311,7 @@ void ShardingRules::build_params() {
     // Gate and up merged (the dense MLP's, Qwen2-MoE's shared expert's, or
     // Granite's shared MLP's input_linear).
     if (rule.kind == ShardKind::kColumn && (rule.role == Role::kGate || rule.role == Role::kUp)) {
-      spec.shape[0] = 2 * rule.source_shape[0] / tp_size_;
+      spec.shape[0] = 2 * (rule.fp8_scale ? rule.weight_shape : rule.source_shape)[0] / tp_size_;
       spec.shards = 2;
     }
     if (rule.kind == ShardKind::kExpertGateUp) {
@@ -264,6 +323,7 @@ void ShardingRules::build_params() {
       spec.shards = static_cast<std::uint32_t>(experts);
     }
     if (rule.kind == ShardKind::kRow) spec.shape[1] /= tp_size_;
+    if (rule.fp8_scale) spec.shape = fp8_scale_shape(c.fp8, spec.shape);
     if (rule.kind == ShardKind::kHeads)
       spec.shape[0] =
           rule.role == Role::kQ ? c.num_attention_heads / tp_size_ : kv_heads_per_rank();
@@ -329,6 +389,19 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
   pl.checkpoint_name = checkpoint_name;
   pl.param = rule->param;
   pl.slot = rule->slot;
+  if (!rule->fp8_scale) {
+    place_rule(*rule, tp_rank, pl);
+    return pl;
+  }
+  Rule weight = *rule;  // placed as its weight, then in blocks
+  weight.source_shape = rule->weight_shape;
+  place_rule(weight, tp_rank, pl);
+  to_blocks(*rule, pl);
+  return pl;
+}
+
+void ShardingRules::place_rule(const Rule& r, int tp_rank, Placement& pl) const {
+  const Rule* rule = &r;
   pl.source_shape = rule->source_shape;
   if (rule->kind == ShardKind::kVocab) {
     const std::int64_t per = padded_vocab_ / tp_size_, start = tp_rank * per;
@@ -352,7 +425,31 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
   } else if (rule->kind == ShardKind::kExpertGateUp || rule->kind == ShardKind::kExpertDown) {
     place_expert(*rule, tp_rank, pl);
   }
-  return pl;
+}
+
+// A weight's placement `pl` as its scale grid's: the slice and the rows it
+// lands at in blocks (a whole dimension: the whole grid's, which rounds up).
+// check_fp8_blocks() made every split whole blocks.
+void ShardingRules::to_blocks(const Rule& rule, Placement& pl) const {
+  const std::int64_t bn = config_.fp8.block_n, bk = config_.fp8.block_k;
+  const std::vector<std::int64_t>& w = rule.weight_shape;
+  const std::size_t rows_dim = w.size() - 2;
+  pl.source_shape = rule.source_shape;
+  if (!pl.held) return;
+  if (pl.source_dim >= 0) {
+    const std::int64_t block = static_cast<std::size_t>(pl.source_dim) == rows_dim ? bn : bk;
+    const std::int64_t whole = w[static_cast<std::size_t>(pl.source_dim)];
+    pl.source_start /= block;
+    pl.source_length = pl.source_length == whole
+                           ? rule.source_shape[static_cast<std::size_t>(pl.source_dim)]
+                           : pl.source_length / block;
+  }
+  // Rows of the parameter's last dimension: a down projection's expert e at
+  // e x (its grid's rows), every other at its weight's row over the block.
+  if (rule.kind == ShardKind::kExpertDown)
+    pl.dest_row = pl.dest_row / config_.hidden_size * rule.source_shape[rows_dim];
+  else
+    pl.dest_row /= bn;
 }
 
 void ShardingRules::place_column(const Rule& rule, int tp_rank, Placement& pl) const {

@@ -9,7 +9,7 @@ namespace tpreload {
 std::vector<TensorSpec> checkpoint_specs(const ModelConfig& config) {
   std::vector<TensorSpec> specs;
   for (const auto& s : checkpoint_tensor_specs(config))
-    specs.push_back({s.name, config.dtype, s.shape});
+    specs.push_back({s.name, s.dtype.value_or(config.dtype), s.shape});
   return specs;
 }
 

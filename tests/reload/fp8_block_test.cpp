@@ -1,0 +1,352 @@
+// Block-scaled FP8 checkpoints (quantization_config fp8, weight_block_size
+// [128, 128]) loaded as vLLM's Fp8LinearMethod and Fp8MoEMethod load them: FP8
+// weights sliced as the weight loaders slice weights, float32 scale grids sliced
+// in units of 128-row and 128-column blocks beside them. The checkpoint's names,
+// shapes and dtypes are written here from the Hugging Face modules (not from the
+// rules under test), and every expected shard is cut here with its own
+// arithmetic: q/k/v rows (a KV head replicated where tp exceeds them), gate/up
+// rows, row-parallel columns, experts split by tp or held whole.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../support/tiny_models.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/communicator.h"
+#include "tpreload/comm/data_transport.h"
+#include "tpreload/core/error.h"
+#include "tpreload/model/model.h"
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+namespace {
+
+// The blocks: 128 rows; 128 columns (as released checkpoints have it), or 64 in
+// a test that tells rows from columns (the block size of the config under test).
+constexpr std::int64_t kN = 128;
+std::int64_t kK = 128;
+constexpr std::int64_t kH = 320;  // hidden: not whole blocks (grids round up)
+constexpr std::int64_t kHeads = 4, kKv = 2, kHd = 128, kInter = 512, kVocab = 128;
+constexpr std::int64_t kExperts = 4, kMoeInter = 256;
+
+std::int64_t blocks_n(std::int64_t n) {
+  return (n + kN - 1) / kN;
+}
+std::int64_t blocks_k(std::int64_t n) {
+  return (n + kK - 1) / kK;
+}
+
+const char* kDense = R"({"architectures":["LlamaForCausalLM"],"hidden_size":320,
+  "intermediate_size":512,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+  "head_dim":128,"vocab_size":128,"torch_dtype":"bfloat16","tie_word_embeddings":false,
+  "quantization_config":{"quant_method":"fp8","activation_scheme":"dynamic",
+    "weight_block_size":[128,128],"ignored_layers":["model.layers.1.self_attn.o_proj"]}})";
+
+const char* kMoe = R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":320,
+  "intermediate_size":512,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":2,
+  "head_dim":128,"vocab_size":128,"num_experts":4,"num_experts_per_tok":2,
+  "moe_intermediate_size":256,"norm_topk_prob":true,"torch_dtype":"bfloat16",
+  "tie_word_embeddings":false,"quantization_config":{"quant_method":"fp8",
+  "activation_scheme":"dynamic","weight_block_size":[128,128],
+  "modules_to_not_convert":["lm_head","model.layers.0.mlp.gate"]}})";
+
+// A checkpoint written by the test: each tensor with its dtype (FP8 held as
+// uint8 bytes), seeded by its position.
+struct Checkpoint {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, DType> dtypes;
+  int next_seed = 1;
+
+  void bf16(const std::string& name, std::vector<std::int64_t> shape) {
+    at::manual_seed(next_seed++);
+    tensors[name] = at::randn(shape).to(at::kBFloat16);
+    dtypes[name] = DType::kBFloat16;
+  }
+  // An FP8 weight (codes 0..254 but the two NaNs) and its scale grid.
+  void fp8(const std::string& module, std::int64_t rows, std::int64_t cols) {
+    at::manual_seed(next_seed++);
+    at::Tensor codes = at::randint(0, 254, {rows, cols}, at::kByte);
+    codes.masked_fill_(codes == 0x7F, 0x7E);
+    tensors[module + ".weight"] = codes;
+    dtypes[module + ".weight"] = DType::kFloat8E4M3;
+    tensors[module + ".weight_scale_inv"] = at::rand({blocks_n(rows), blocks_k(cols)}) + 0.01;
+    dtypes[module + ".weight_scale_inv"] = DType::kFloat32;
+  }
+  std::unique_ptr<WeightSource> source() const {
+    std::vector<InMemoryTensor> out;
+    for (const auto& [name, t] : tensors)
+      out.push_back({name, dtypes.at(name),
+                     std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end()),
+                     ConstBytes(static_cast<const std::byte*>(t.data_ptr()),
+                                static_cast<std::uint64_t>(t.numel() * t.element_size())),
+                     nullptr});
+    return make_in_memory_source(std::move(out));
+  }
+};
+
+void attention(Checkpoint& c, const std::string& p, bool o_quantized) {
+  c.bf16(p + "input_layernorm.weight", {kH});
+  c.fp8(p + "self_attn.q_proj", kHeads * kHd, kH);
+  c.fp8(p + "self_attn.k_proj", kKv * kHd, kH);
+  c.fp8(p + "self_attn.v_proj", kKv * kHd, kH);
+  if (o_quantized)
+    c.fp8(p + "self_attn.o_proj", kH, kHeads * kHd);
+  else
+    c.bf16(p + "self_attn.o_proj.weight", {kH, kHeads * kHd});
+  c.bf16(p + "post_attention_layernorm.weight", {kH});
+}
+
+Checkpoint dense_checkpoint() {
+  Checkpoint c;
+  c.bf16("model.embed_tokens.weight", {kVocab, kH});
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    attention(c, p, l == 0);  // (layer 1's o_proj is in ignored_layers)
+    c.fp8(p + "mlp.gate_proj", kInter, kH);
+    c.fp8(p + "mlp.up_proj", kInter, kH);
+    c.fp8(p + "mlp.down_proj", kH, kInter);
+  }
+  c.bf16("model.norm.weight", {kH});
+  c.bf16("lm_head.weight", {kVocab, kH});
+  return c;
+}
+
+Checkpoint moe_checkpoint() {
+  Checkpoint c;
+  c.bf16("model.embed_tokens.weight", {kVocab, kH});
+  const std::string p = "model.layers.0.";
+  attention(c, p, true);
+  c.bf16(p + "self_attn.q_norm.weight", {kHd});
+  c.bf16(p + "self_attn.k_norm.weight", {kHd});
+  c.bf16(p + "mlp.gate.weight", {kExperts, kH});  // (the router: not quantized)
+  for (int e = 0; e < kExperts; ++e) {
+    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+    c.fp8(x + "gate_proj", kMoeInter, kH);
+    c.fp8(x + "up_proj", kMoeInter, kH);
+    c.fp8(x + "down_proj", kH, kMoeInter);
+  }
+  c.bf16("model.norm.weight", {kH});
+  c.bf16("lm_head.weight", {kVocab, kH});
+  return c;
+}
+
+// Rows [a, a + n) and columns [b, b + m) of a 2-D tensor.
+at::Tensor cut(const at::Tensor& t, std::int64_t a, std::int64_t n, std::int64_t b,
+               std::int64_t m) {
+  return t.slice(0, a, a + n).slice(1, b, b + m);
+}
+
+// What rank `r` of `tp` holds of the attention of layer prefix `p`, weights and
+// grids: q's rows of the rank, then the rows of its KV head group (replicated
+// where tp exceeds the KV heads), in 128-row blocks for the grids.
+void expect_attention(std::map<std::string, at::Tensor>& want, const Checkpoint& c,
+                      const std::string& p, int tp, int r, bool o_quantized) {
+  const auto& t = c.tensors;
+  const std::int64_t q_rows = kHeads * kHd / tp;
+  const std::int64_t kv_heads = std::max<std::int64_t>(1, kKv / tp);
+  const std::int64_t kv_first = tp >= kKv ? r / (tp / kKv) : r * kv_heads;
+  const std::int64_t kv_rows = kv_heads * kHd, kv_at = kv_first * kHd;
+  const std::string a = p + "self_attn.";
+  for (const char* leaf : {"weight", "weight_scale_inv"}) {
+    const bool grid = std::string(leaf) != "weight";
+    const std::int64_t unit = grid ? kN : 1, cols = grid ? blocks_k(kH) : kH;
+    want[a + "qkv_proj." + leaf] =
+        at::cat({cut(t.at(a + "q_proj." + leaf), r * q_rows / unit, q_rows / unit, 0, cols),
+                 cut(t.at(a + "k_proj." + leaf), kv_at / unit, kv_rows / unit, 0, cols),
+                 cut(t.at(a + "v_proj." + leaf), kv_at / unit, kv_rows / unit, 0, cols)});
+  }
+  const std::int64_t o_cols = kHeads * kHd / tp;
+  want[a + "o_proj.weight"] = cut(t.at(a + "o_proj.weight"), 0, kH, r * o_cols, o_cols);
+  if (o_quantized)
+    want[a + "o_proj.weight_scale_inv"] =
+        cut(t.at(a + "o_proj.weight_scale_inv"), 0, blocks_n(kH), r * o_cols / kK, o_cols / kK);
+}
+
+std::map<std::string, at::Tensor> expected_dense(const Checkpoint& c, int tp, int r) {
+  std::map<std::string, at::Tensor> want;
+  const auto& t = c.tensors;
+  const std::int64_t rows = kInter / tp;
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    expect_attention(want, c, p, tp, r, l == 0);
+    const std::string m = p + "mlp.";
+    want[m + "gate_up_proj.weight"] =
+        at::cat({cut(t.at(m + "gate_proj.weight"), r * rows, rows, 0, kH),
+                 cut(t.at(m + "up_proj.weight"), r * rows, rows, 0, kH)});
+    want[m + "gate_up_proj.weight_scale_inv"] = at::cat(
+        {cut(t.at(m + "gate_proj.weight_scale_inv"), r * rows / kN, rows / kN, 0, blocks_k(kH)),
+         cut(t.at(m + "up_proj.weight_scale_inv"), r * rows / kN, rows / kN, 0, blocks_k(kH))});
+    want[m + "down_proj.weight"] = cut(t.at(m + "down_proj.weight"), 0, kH, r * rows, rows);
+    want[m + "down_proj.weight_scale_inv"] =
+        cut(t.at(m + "down_proj.weight_scale_inv"), 0, blocks_n(kH), r * rows / kK, rows / kK);
+  }
+  return want;
+}
+
+// FusedMoE: w13 [E_local, 2 I_local, H] (each expert's gate rows, then up rows),
+// w2 [E_local, H, I_local]; their grids in blocks. Tensor-parallel experts: every
+// expert, the rank's rows (gate/up) and columns (down); expert parallelism: the
+// rank's experts whole.
+std::map<std::string, at::Tensor> expected_moe(const Checkpoint& c, int tp, int r, bool ep) {
+  std::map<std::string, at::Tensor> want;
+  expect_attention(want, c, "model.layers.0.", tp, r, true);
+  const auto& t = c.tensors;
+  const std::string x = "model.layers.0.mlp.experts.";
+  const std::int64_t local = ep ? kExperts / tp : kExperts, inter = ep ? kMoeInter : kMoeInter / tp;
+  const std::int64_t first = ep ? r * local : 0, at_row = ep ? 0 : r * inter;
+  std::vector<at::Tensor> w13, w13s, w2, w2s;
+  for (std::int64_t e = first; e < first + local; ++e) {
+    const std::string n = x + std::to_string(e) + ".";
+    w13.push_back(at::cat({cut(t.at(n + "gate_proj.weight"), at_row, inter, 0, kH),
+                           cut(t.at(n + "up_proj.weight"), at_row, inter, 0, kH)}));
+    w13s.push_back(at::cat(
+        {cut(t.at(n + "gate_proj.weight_scale_inv"), at_row / kN, inter / kN, 0, blocks_k(kH)),
+         cut(t.at(n + "up_proj.weight_scale_inv"), at_row / kN, inter / kN, 0, blocks_k(kH))}));
+    w2.push_back(cut(t.at(n + "down_proj.weight"), 0, kH, at_row, inter));
+    w2s.push_back(
+        cut(t.at(n + "down_proj.weight_scale_inv"), 0, blocks_n(kH), at_row / kK, inter / kK));
+  }
+  want[x + "w13_weight"] = at::stack(w13);
+  want[x + "w13_weight_scale_inv"] = at::stack(w13s);
+  want[x + "w2_weight"] = at::stack(w2);
+  want[x + "w2_weight_scale_inv"] = at::stack(w2s);
+  return want;
+}
+
+ModelOptions rank(int tp, int r, bool ep = false) {
+  ModelOptions o;
+  o.tp_size = tp;
+  o.tp_rank = r;
+  o.expert_parallel = ep;
+  return o;
+}
+
+void expect_shards(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& want,
+                   const std::string& what) {
+  for (const auto& [name, t] : want) {
+    const at::Tensor got = model.parameter_for_reload(name);
+    EXPECT_TRUE(got.sizes() == t.sizes() && got.element_size() == t.element_size() &&
+                testdata::same_bytes(got.view(at::kByte), t.contiguous().view(at::kByte)))
+        << what << ": " << name << " " << got.sizes() << " vs the test's " << t.sizes();
+  }
+}
+
+TEST(Fp8Block, DenseWeightsAndGridsAreSlicedAsVllmSlicesThem) {
+  for (const std::int64_t block_k : {128, 64}) {
+    kK = block_k;
+    std::string text = kDense;
+    text.replace(text.find("[128,128]"), 9, "[128," + std::to_string(block_k) + "]");
+    const ModelConfig config = parse_model_config(text, "the test's config");
+    const Checkpoint ckpt = dense_checkpoint();
+    for (int tp : {1, 2, 4}) {
+      for (int r = 0; r < tp; ++r) {
+        TensorParallelModel model(config, rank(tp, r));
+        auto source = ckpt.source();
+        const std::set<std::string> loaded = model.load_weights(*source);
+        const std::string what = "blocks [128, " + std::to_string(kK) + "], tp " +
+                                 std::to_string(tp) + " rank " + std::to_string(r);
+        expect_shards(model, expected_dense(ckpt, tp, r), what);
+        EXPECT_EQ(model.rules().find_param("model.layers.1.self_attn.o_proj.weight")->dtype,
+                  DType::kBFloat16)
+            << what << ": an ignored module stays in the model's dtype";
+        EXPECT_EQ(model.rules().find_param("model.layers.1.self_attn.o_proj.weight_scale_inv"),
+                  nullptr)
+            << what;
+        EXPECT_EQ(model.rules().find_param("model.layers.0.self_attn.qkv_proj.weight")->dtype,
+                  DType::kFloat8E4M3)
+            << what;
+        EXPECT_EQ(loaded.count("model.layers.0.mlp.gate_up_proj.weight_scale_inv"), 1u) << what;
+      }
+    }
+  }
+  kK = 128;
+}
+
+TEST(Fp8Block, ExpertsTensorAndExpertParallelSliceTheirGrids) {
+  const ModelConfig config = parse_model_config(kMoe, "the test's config");
+  const Checkpoint ckpt = moe_checkpoint();
+  for (const auto& [tp, ep] :
+       std::vector<std::pair<int, bool>>{{1, false}, {2, false}, {2, true}, {4, true}}) {
+    for (int r = 0; r < tp; ++r) {
+      TensorParallelModel model(config, rank(tp, r, ep));
+      auto source = ckpt.source();
+      model.load_weights(*source);
+      const std::string what = "tp " + std::to_string(tp) + (ep ? " (experts whole)" : "") +
+                               " rank " + std::to_string(r);
+      expect_shards(model, expected_moe(ckpt, tp, r, ep), what);
+      EXPECT_EQ(model.rules().find_param("model.layers.0.mlp.gate.weight")->dtype, DType::kBFloat16)
+          << what << ": the router is not quantized";
+    }
+  }
+}
+
+// Through the reload engine (one rank), every parameter expected (the grids too)
+// arrives, and a second FP8 checkpoint replaces the first in place.
+TEST(Fp8Block, AReloadLoadsEveryWeightAndGridInPlace) {
+  const ModelConfig config = parse_model_config(kDense, "the test's config");
+  TensorParallelModel model(config, rank(1, 0));
+  auto control = make_local_communicator();
+  const Checkpoint v1 = dense_checkpoint();
+  Checkpoint v2 = dense_checkpoint();
+  for (auto& [name, t] : v2.tensors) t = t.flip({0}).contiguous();  // other bytes, same shapes
+  auto s1 = v1.source();
+  reload_weights(model, *control, s1.get(), ReloadOptions{});
+  const void* before =
+      model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
+  auto s2 = v2.source();
+  const ReloadResult result = reload_weights(model, *control, s2.get(), ReloadOptions{});
+  EXPECT_TRUE(result.complete());
+  expect_shards(model, expected_dense(v2, 1, 0), "the second reload");
+  EXPECT_EQ(model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr(),
+            before);
+}
+
+// A rank's share that is not whole blocks is refused when the model is built,
+// naming the tensor and the sizes (vLLM refuses these too).
+TEST(Fp8Block, ASplitThatIsNotWholeBlocksIsRefused) {
+  const ModelConfig moe = parse_model_config(kMoe, "the test's config");
+  try {
+    TensorParallelModel model(moe, rank(4, 0));  // 256 / 4 = 64 rows of each expert
+    FAIL() << "experts split into 64-row shares of 128-row blocks";
+  } catch (const ModelError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("cannot split the FP8 checkpoint 4 ways: the "), std::string::npos) << what;
+    EXPECT_NE(what.find(" per rank of 'model.layers.0.mlp.experts."), std::string::npos) << what;
+    EXPECT_NE(what.find(" 64 is not a multiple of the block 128"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(TensorParallelModel(moe, rank(4, 0, true))) << "whole experts are whole blocks";
+  ModelConfig narrow = parse_model_config(kDense, "the test's config");
+  narrow.head_dim = 64;  // a KV head of 64 rows
+  narrow.num_attention_heads = 8;
+  EXPECT_THROW(TensorParallelModel(narrow, rank(2, 0)), ModelError) << "64 KV rows per rank";
+}
+
+TEST(Fp8Block, QuantizationConfigsThatAreNotBlockFp8AreRefused) {
+  auto error = [](const std::string& quantization_config) {
+    std::string text = kDense;
+    text = text.substr(0, text.find("\"quantization_config\"")) +
+           "\"quantization_config\":" + quantization_config + "}";
+    try {
+      parse_model_config(text, "config.json");
+    } catch (const ModelError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(error(R"({"quant_method":"fp8","activation_scheme":"dynamic"})")
+                .find("without weight_block_size (one scale per tensor) is not supported yet"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"quant_method":"awq"})").find("quant_method 'awq' is not supported"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"quant_method":"fp8","weight_block_size":[128]})")
+                .find("weight_block_size must be two positive integers, got [128]"),
+            std::string::npos);
+  EXPECT_EQ(error("null"), "accepted");
+}
+
+}  // namespace
+}  // namespace tpreload
