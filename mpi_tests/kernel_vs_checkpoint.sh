@@ -5,7 +5,8 @@
 # of every rank to agree between the reports.
 #   mpi_tests/kernel_vs_checkpoint.sh BUILD_DIR NP TP [MODEL]
 # MODEL: qwen2 (default; int8), qwen3-moe (tensor-parallel experts), qwen3-moe-ep
-# (expert parallelism).
+# (expert parallelism), qwen3-moe-fp8 and qwen3-moe-fp8-ep (a block-scaled FP8
+# checkpoint: FP8 weights and their scale grids, not quantized again).
 set -euo pipefail
 build=$1 np=$2 tp=$3 model=${4:-qwen2}
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -13,6 +14,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 work=$(mktemp -d /tmp/tpreload-e2e-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 layout=()
+quant=(--quantization int8)
 case "$model" in
   qwen2)
     cat > "$work/config.json" <<JSON
@@ -30,20 +32,32 @@ JSON
 JSON
     [ "$model" = qwen3-moe-ep ] && layout=(--expert-parallel)
     ;;
+  qwen3-moe-fp8|qwen3-moe-fp8-ep)
+    cat > "$work/config.json" <<JSON
+{"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 256, "intermediate_size": 256,
+ "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 128,
+ "vocab_size": 300, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+ "mlp_only_layers": [1], "norm_topk_prob": true, "tie_word_embeddings": false, "dtype": "bfloat16",
+ "quantization_config": {"quant_method": "fp8", "activation_scheme": "dynamic",
+   "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head"]}}
+JSON
+    quant=()
+    [ "$model" = qwen3-moe-fp8-ep ] && layout=(--expert-parallel)
+    ;;
   *) echo "unknown model $model" >&2; exit 2 ;;
 esac
 "$build/reload_ckpt" generate --config "$work/config.json" --out "$work/model" --shards 2 --seed 7 --with-inv-freq
-"$build/reload_ckpt" shard "$work/model" "$work/kernel" --tp "$tp" --quantization int8 "${layout[@]}"
+"$build/reload_ckpt" shard "$work/model" "$work/kernel" --tp "$tp" "${quant[@]}" "${layout[@]}"
 # The same weights in one file, named alone from its own directory (its
 # config.json is found there): the same shards, byte for byte.
 "$build/reload_ckpt" generate --config "$work/config.json" --out "$work/one" --seed 7 --with-inv-freq
 (cd "$work/one" && "$build/reload_ckpt" shard model.safetensors "$work/kernel-one" --tp "$tp" \
-   --quantization int8 "${layout[@]}")
+   "${quant[@]}" "${layout[@]}")
 for f in "$work/kernel"/*; do cmp "$f" "$work/kernel-one/${f##*/}"; done
 mkdir -p "$work/h5" && cp "$work/config.json" "$work/h5/"
 "$build/reload_ckpt" convert "$work/model" "$work/h5/model.h5" --format hdf5
 run() { mpirun -np "$np" --oversubscribe --bind-to none "$build/reload_runner" --model "$work/model" \
-          --tp "$tp" --quantization int8 "${layout[@]}" --log-level warn "$@"; }
+          --tp "$tp" "${quant[@]}" "${layout[@]}" --log-level warn "$@"; }
 run --report "$work/checkpoint.json" --distribution broadcast
 run --report "$work/hdf5.json" --weights "$work/h5/model.h5" --distribution scatter
 run --report "$work/kernel.json" --weights "$work/kernel" --kernel-format --distribution scatter
