@@ -11,6 +11,7 @@
 //      checksummed on the device (the CRC-32C kernel receivers verify with);
 //  (e) the fingerprint pass (every parameter read back through pinned memory)
 //      and the device CRC-32C digest of every parameter (replica comparison's);
+//  (f) a block-scaled FP8 checkpoint (FP8 weights and float32 grids);
 // each compared with the same reload into host memory, pointers unchanged; and
 // one bench row: the reload's GB/s against a plain pinned cudaMemcpy of the
 // same bytes, in the same run. Run by scripts/gpu_check.sh (docs/GPU.md).
@@ -27,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +67,7 @@ const char* kHelp =
     "                   [--bucket-mb M]\n"
     "Reloads generated checkpoints into CUDA parameters it allocates itself (no LibTorch, world\n"
     "size 1): bf16 over NCCL, over host staging and with a node reader; float32 into bf16; int8;\n"
+    "a block-scaled FP8 checkpoint;\n"
     "an NCCL self send/recv checked by the device CRC-32C; the fingerprint pass. Each result is\n"
     "compared by CRC with the same reload into host memory. Then one bench row: the reload's\n"
     "GB/s against a pinned cudaMemcpy of the same bytes.\n"
@@ -106,11 +109,14 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// A seeded checkpoint of `config` in `dtype` under `dir` (generated once).
-std::string prepare_checkpoint(const std::string& dir, const ModelConfig& config, DType dtype) {
+// A seeded checkpoint of `config` under `dir` (generated once), every tensor in
+// `dtype` where given, else in the checkpoint's own dtypes.
+std::string prepare_checkpoint(const std::string& dir, const ModelConfig& config,
+                               std::optional<DType> dtype) {
   if (fs::exists(dir + "/config.json")) return dir;
   std::vector<TensorSpec> specs = checkpoint_specs(config);
-  for (TensorSpec& s : specs) s.dtype = dtype;
+  if (dtype)
+    for (TensorSpec& s : specs) s.dtype = *dtype;
   GenerateOptions g;
   g.values.seed = 7;
   const auto start = Clock::now();
@@ -238,6 +244,12 @@ std::size_t count_equal(const std::vector<std::uint32_t>& a, const std::vector<s
   return n;
 }
 
+// Whole 128 x 128 blocks of every projection (head_dim 128, intermediate 1024).
+const char* kFp8Model = R"({"architectures":["LlamaForCausalLM"],"hidden_size":512,
+  "intermediate_size":1024,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+  "head_dim":128,"vocab_size":1024,"torch_dtype":"bfloat16","quantization_config":{
+  "quant_method":"fp8","activation_scheme":"dynamic","weight_block_size":[128,128]}})";
+
 struct Planes {
   std::unique_ptr<Communicator> control = make_local_communicator();
   std::unique_ptr<DataTransport> host = make_communicator_transport(*control);
@@ -359,6 +371,10 @@ int run_checks(const Options& o) {
   bool ok = check_reloads(p, config, bf16, "bf16, 1 MiB buckets", "", small);
   ok &= check_reloads(p, config, f32, "float32 checkpoint into bf16", "", small);
   ok &= check_reloads(p, config, bf16, "int8", "int8", small);
+  // A block-scaled FP8 checkpoint: FP8 weights and float32 scale grids as bytes.
+  const ModelConfig fp8_config = parse_model_config(kFp8Model, "the GPU check's FP8 model");
+  const std::string fp8 = prepare_checkpoint(o.dir + "/fp8-block", fp8_config, std::nullopt);
+  ok &= check_reloads(p, fp8_config, fp8, "FP8 block checkpoint", "", small);
   ok &= check_self_send_recv(p);
   if (!o.bench_scenario.empty()) bench_row(p, o, ro);
   std::cout << "\ngpu check: " << (ok ? "all checks passed" : "SOME CHECKS FAILED") << "\n";
