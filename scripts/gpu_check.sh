@@ -247,9 +247,9 @@ rehearse() {
 # On the GPU machine: the bundle's programs under the deadline.
 checks() {
   local rc=0 dir=${GPU_CHECK_DIR:-/tmp/tpreload-gpu-check}
-  step 90 "gpu_tests: kernels against the CPU's, copies, a launch after 'not ready', frees on a stuck device" \
+  step 60 "gpu_tests: kernels against the CPU's, copies, a launch after 'not ready', frees on a stuck device" \
     "$bundle_dir/gpu_tests" --gtest_brief=1 || rc=1
-  step 150 "tpreload_gpu_check: reloads into CUDA parameters against host reloads, send/recv, bench row" \
+  step 120 "tpreload_gpu_check: reloads into CUDA parameters against host reloads, send/recv, bench row" \
     "$bundle_dir/tpreload_gpu_check" --dir "$dir" --scenario "${GPU_CHECK_SCENARIO:-tiny}" \
     --bench-scenario "${GPU_CHECK_BENCH:-tinyllama}" --iters "${GPU_CHECK_ITERS:-3}" || rc=1
   return $rc
