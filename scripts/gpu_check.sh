@@ -225,11 +225,19 @@ bundle() {
 # What a GPU machine will meet, checked here: every library found, and a run
 # without a GPU ends with exit 1, saying so, within 5 s.
 rehearse() {
-  local missing program out rc start
+  local missing program out rc start lib
   for program in gpu_tests tpreload_gpu_check; do
     [ -x "$bundle_dir/$program" ] || { echo "gpu_check: no $bundle_dir/$program (run: scripts/gpu_check.sh bundle)" >&2; return 1; }
     missing=$(ldd "$bundle_dir/$program" | grep "not found")
     [ -z "$missing" ] || { echo "gpu_check: $program lacks libraries: $missing" >&2; return 1; }
+    # Each library the bundle carries is the one found (not the system's copy).
+    for lib in "$bundle_dir"/lib/*; do
+      if ldd "$bundle_dir/$program" | grep -q "$(basename "$lib") => " &&
+         ! ldd "$bundle_dir/$program" | grep -q "$(basename "$lib") => $bundle_dir/lib/"; then
+        echo "gpu_check: $program loads $(basename "$lib") from outside the bundle" >&2
+        return 1
+      fi
+    done
   done
   start=$(date +%s%N)
   out=$(env -u OUT GPU_CHECK_BUNDLE="$bundle_dir" scripts/gpu_check.sh run 2>&1)
@@ -263,6 +271,8 @@ run() {
   [ -x "$bundle_dir/tpreload_gpu_check" ] ||
     { log "FAILED: no bundle in $bundle_dir (build it with scripts/gpu_check.sh bundle and carry it)"; return 1; }
   export NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+  # (the bundle's libraries first: a RUNPATH yields to LD_LIBRARY_PATH)
+  export LD_LIBRARY_PATH=$bundle_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   find_nccl  # (sets TPRELOAD_NCCL_LIBRARY to PyTorch's NCCL where it finds one)
   if ! "$bundle_dir/tpreload_gpu_check" --probe; then
     log "no usable GPU here: nothing run"

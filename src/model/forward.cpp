@@ -248,6 +248,10 @@ at::Tensor TensorParallelModel::host_param(const std::string& name) const {
 
 at::Tensor TensorParallelModel::weight_f32(const std::string& module) const {
   const at::Tensor w = host_param(module + ".weight");
+  if (const ParamSpec* spec = rules().find_param(module + ".weight");
+      spec && dtype_is_float8(spec->dtype))
+    raise<ModelError>("the forward pass does not dequantize FP8 weights ('", module, ".weight' is ",
+                      dtype_name(spec->dtype), " with block scales)");
   if (w.scalar_type() != at::kChar) return w.to(at::kFloat);
   return w.to(at::kFloat) * host_param(module + ".weight_scale").unsqueeze(1);
 }

@@ -352,8 +352,9 @@ void nccl_self_send_recv(const std::shared_ptr<Device>& device, const void* src,
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclComm_t raw = nullptr;
-  check(lib.CommInitRankConfig(&raw, 1, id, 0, &config), "ncclCommInitRankConfig");
-  NcclComm comm(raw, device);
+  const ncclResult_t init = lib.CommInitRankConfig(&raw, 1, id, 0, &config);
+  NcclComm comm(raw, device);  // (owned before any check: a failed init is aborted too)
+  check(init, "ncclCommInitRankConfig");
   const auto deadline = Clock::now() + timeout;
   auto settle = [&](const char* step) {  // a non-blocking call's state, to a deadline
     for (ncclResult_t state = ncclInProgress; state == ncclInProgress;) {

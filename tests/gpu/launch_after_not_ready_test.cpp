@@ -28,9 +28,18 @@ TEST(CudaNotReady, ALaunchAfterAPollThatSawNotReadySucceeds) {
   auto held = device->make_stream();
   auto work = device->make_stream();
   static std::atomic<bool> released{false};  // (outlives a test that fails half-way)
+  struct Release {  // (a failing check must not leave frees waiting on the held stream)
+    ~Release() { released = true; }
+  } release;
   ASSERT_EQ(testing::hold(*held, &released), cudaSuccess);
   auto pending = held->record();
   ASSERT_FALSE(pending->done()) << "the held stream finished: the test holds nothing";
+  // The runtime's own query, as any code on the thread may make it: its "not
+  // ready" stays the thread's last error (done() above clears its own).
+  cudaEvent_t raw = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&raw, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(raw, static_cast<cudaStream_t>(held->native_handle())), cudaSuccess);
+  auto not_ready = [&] { return cudaEventQuery(raw) == cudaErrorNotReady; };
 
   constexpr std::uint64_t kBytes = 3 * 4096 + 17;
   Buffer host = device->pinned_memory().allocate(kBytes);
@@ -41,13 +50,13 @@ TEST(CudaNotReady, ALaunchAfterAPollThatSawNotReadySucceeds) {
   Buffer sums = device->pinned_memory().allocate(crc32c_blocks(kBytes) * sizeof(std::uint32_t));
   work->copy(src.data(), host.data(), kBytes, CopyKind::kHostToDevice);
   // Every kernel, each after a fresh "not ready" on this thread.
-  ASSERT_FALSE(pending->done());
+  ASSERT_TRUE(not_ready());
   EXPECT_NO_THROW(
       work->crc32c_blocks(src.data(), kBytes, reinterpret_cast<std::uint32_t*>(sums.data())));
-  ASSERT_FALSE(pending->done());
+  ASSERT_TRUE(not_ready());
   EXPECT_NO_THROW(
       work->convert(src.data(), DType::kBFloat16, 16, out.data(), DType::kFloat32, 4, 16));
-  ASSERT_FALSE(pending->done());
+  ASSERT_TRUE(not_ready());
   EXPECT_NO_THROW(work->quantize_int8(src.data(), DType::kBFloat16, 4, 16, 16,
                                       reinterpret_cast<std::int8_t*>(out.data()),
                                       reinterpret_cast<float*>(scale.data())));
@@ -58,6 +67,7 @@ TEST(CudaNotReady, ALaunchAfterAPollThatSawNotReadySucceeds) {
   released = true;
   synchronize(*held, 30s, "the released stream");
   EXPECT_TRUE(pending->done());
+  cudaEventDestroy(raw);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,11 @@ std::int64_t blocks_n(std::int64_t n) {
 }
 std::int64_t blocks_k(std::int64_t n) {
   return (n + kK - 1) / kK;
+}
+// The grid columns of `n` weight columns out of `total`: all of the grid's
+// (which rounds up) where they are all, else whole blocks.
+std::int64_t grid_cols(std::int64_t n, std::int64_t total) {
+  return n == total ? blocks_k(total) : n / kK;
 }
 
 const char* kDense = R"({"architectures":["LlamaForCausalLM"],"hidden_size":320,
@@ -162,8 +168,8 @@ void expect_attention(std::map<std::string, at::Tensor>& want, const Checkpoint&
   const std::int64_t o_cols = kHeads * kHd / tp;
   want[a + "o_proj.weight"] = cut(t.at(a + "o_proj.weight"), 0, kH, r * o_cols, o_cols);
   if (o_quantized)
-    want[a + "o_proj.weight_scale_inv"] =
-        cut(t.at(a + "o_proj.weight_scale_inv"), 0, blocks_n(kH), r * o_cols / kK, o_cols / kK);
+    want[a + "o_proj.weight_scale_inv"] = cut(t.at(a + "o_proj.weight_scale_inv"), 0, blocks_n(kH),
+                                              r * o_cols / kK, grid_cols(o_cols, kHeads * kHd));
 }
 
 std::map<std::string, at::Tensor> expected_dense(const Checkpoint& c, int tp, int r) {
@@ -182,7 +188,8 @@ std::map<std::string, at::Tensor> expected_dense(const Checkpoint& c, int tp, in
          cut(t.at(m + "up_proj.weight_scale_inv"), r * rows / kN, rows / kN, 0, blocks_k(kH))});
     want[m + "down_proj.weight"] = cut(t.at(m + "down_proj.weight"), 0, kH, r * rows, rows);
     want[m + "down_proj.weight_scale_inv"] =
-        cut(t.at(m + "down_proj.weight_scale_inv"), 0, blocks_n(kH), r * rows / kK, rows / kK);
+        cut(t.at(m + "down_proj.weight_scale_inv"), 0, blocks_n(kH), r * rows / kK,
+            grid_cols(rows, kInter));
   }
   return want;
 }
@@ -236,13 +243,17 @@ void expect_shards(const TensorParallelModel& model, const std::map<std::string,
 }
 
 TEST(Fp8Block, DenseWeightsAndGridsAreSlicedAsVllmSlicesThem) {
-  for (const std::int64_t block_k : {128, 64}) {
+  // (96: column grids that round up, where a row-parallel layer is whole at tp 1)
+  struct Reset {
+    ~Reset() { kK = 128; }
+  } reset;
+  for (const std::int64_t block_k : {128, 64, 96}) {
     kK = block_k;
     std::string text = kDense;
     text.replace(text.find("[128,128]"), 9, "[128," + std::to_string(block_k) + "]");
     const ModelConfig config = parse_model_config(text, "the test's config");
     const Checkpoint ckpt = dense_checkpoint();
-    for (int tp : {1, 2, 4}) {
+    for (int tp : block_k == 96 ? std::vector<int>{1} : std::vector<int>{1, 2, 4}) {
       for (int r = 0; r < tp; ++r) {
         TensorParallelModel model(config, rank(tp, r));
         auto source = ckpt.source();
@@ -314,7 +325,8 @@ TEST(Fp8Block, ASplitThatIsNotWholeBlocksIsRefused) {
     FAIL() << "experts split into 64-row shares of 128-row blocks";
   } catch (const ModelError& e) {
     const std::string what = e.what();
-    EXPECT_NE(what.find("cannot split the FP8 checkpoint 4 ways: the "), std::string::npos) << what;
+    EXPECT_NE(what.find("cannot load the FP8 checkpoint with tp 4: the "), std::string::npos)
+        << what;
     EXPECT_NE(what.find(" per rank of 'model.layers.0.mlp.experts."), std::string::npos) << what;
     EXPECT_NE(what.find(" 64 is not a multiple of the block 128"), std::string::npos) << what;
   }
@@ -322,7 +334,30 @@ TEST(Fp8Block, ASplitThatIsNotWholeBlocksIsRefused) {
   ModelConfig narrow = parse_model_config(kDense, "the test's config");
   narrow.head_dim = 64;  // a KV head of 64 rows
   narrow.num_attention_heads = 8;
-  EXPECT_THROW(TensorParallelModel(narrow, rank(2, 0)), ModelError) << "64 KV rows per rank";
+  try {
+    TensorParallelModel model(narrow, rank(2, 0));
+    FAIL() << "64 KV rows per rank of 128-row blocks";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("the rows per rank of "
+                                         "'model.layers.0.self_attn.k_proj.weight' 64 is not a "
+                                         "multiple of the block 128"),
+              std::string::npos)
+        << e.what();
+  }
+  // A fused layer quantized in part (q_proj ignored, k_proj and v_proj not).
+  std::string part = kDense;
+  part.replace(part.find("model.layers.1.self_attn.o_proj"), 31, "model.layers.1.self_attn.q_proj");
+  try {
+    parse_model_config(part, "config.json");
+    TensorParallelModel model(parse_model_config(part, "config.json"), rank(1, 0));
+    FAIL() << "q_proj unquantized beside quantized k_proj and v_proj";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("quantizes 'model.layers.1.self_attn.k_proj.weight' but "
+                                         "not 'model.layers.1.self_attn.q_proj.weight', which vLLM "
+                                         "fuses into 'model.layers.1.self_attn.qkv_proj.weight'"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Fp8Block, QuantizationConfigsThatAreNotBlockFp8AreRefused) {

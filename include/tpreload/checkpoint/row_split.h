@@ -36,7 +36,7 @@ struct RowSplit {
   std::string name;
   std::vector<RowPart> parts;
   bool flat = false;
-  std::vector<std::int64_t> shape;  // the stacked tensor's; empty: only its rows checked
+  std::vector<std::int64_t> shape{};  // the stacked tensor's; empty: only its rows checked
 };
 
 // `base` with every tensor named in `splits` listed as its parts, in its place

@@ -270,10 +270,25 @@ void ShardingRules::check_fp8_blocks() const {
   if (!fp8.quantized()) return;
   auto need = [&](std::int64_t size, std::int64_t block, const std::string& what) {
     if (size % block != 0)
-      raise<ModelError>("cannot split the FP8 checkpoint ", tp_size_, " ways: ", what, " ", size,
+      raise<ModelError>("cannot load the FP8 checkpoint with tp ", tp_size_, ": ", what, " ", size,
                         " is not a multiple of the block ", block, " (weight_block_size [",
                         fp8.block_n, ", ", fp8.block_k, "]; vLLM refuses it too)");
   };
+  // A fused parameter is quantized whole or not at all.
+  std::map<std::string, const std::pair<std::string, Rule>*> first_part;
+  for (const auto& entry : rules_) {
+    const auto [it, fresh] = first_part.emplace(entry.second.param, &entry);
+    if (fresh) continue;
+    const auto& [other, other_rule] = *it->second;
+    if (other_rule.param_dtype != entry.second.param_dtype) {
+      const bool this_one = entry.second.param_dtype == DType::kFloat8E4M3;
+      raise<ModelError>("the FP8 checkpoint quantizes '", this_one ? entry.first : other,
+                        "' but not '", this_one ? other : entry.first, "', which vLLM fuses into '",
+                        entry.second.param,
+                        "': ignored_layers must list all of a fused layer's parts or none (vLLM "
+                        "refuses it too)");
+    }
+  }
   for (const auto& [name, rule] : rules_) {
     if (!rule.fp8_scale) continue;
     const std::string of = "'" + name.substr(0, name.size() - 10) + "'";  // (no "_scale_inv")
