@@ -298,22 +298,36 @@ TEST(Fp8Block, ExpertsTensorAndExpertParallelSliceTheirGrids) {
 // Through the reload engine (one rank), every parameter expected (the grids too)
 // arrives, and a second FP8 checkpoint replaces the first in place.
 TEST(Fp8Block, AReloadLoadsEveryWeightAndGridInPlace) {
-  const ModelConfig config = parse_model_config(kDense, "the test's config");
-  TensorParallelModel model(config, rank(1, 0));
-  auto control = make_local_communicator();
-  const Checkpoint v1 = dense_checkpoint();
-  Checkpoint v2 = dense_checkpoint();
-  for (auto& [name, t] : v2.tensors) t = t.flip({0}).contiguous();  // other bytes, same shapes
-  auto s1 = v1.source();
-  reload_weights(model, *control, s1.get(), ReloadOptions{});
-  const void* before =
-      model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
-  auto s2 = v2.source();
-  const ReloadResult result = reload_weights(model, *control, s2.get(), ReloadOptions{});
-  EXPECT_TRUE(result.complete());
-  expect_shards(model, expected_dense(v2, 1, 0), "the second reload");
-  EXPECT_EQ(model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr(),
-            before);
+  struct Reset {
+    ~Reset() { kK = 128; }
+  } reset;
+  for (const std::int64_t block_k : {128, 96}) {  // (96: grids whose columns round up)
+    kK = block_k;
+    std::string text = kDense;
+    text.replace(text.find("[128,128]"), 9, "[128," + std::to_string(block_k) + "]");
+    TensorParallelModel model(parse_model_config(text, "the test's config"), rank(1, 0));
+    auto control = make_local_communicator();
+    const Checkpoint v1 = dense_checkpoint();
+    Checkpoint v2 = dense_checkpoint();
+    for (auto& [name, t] : v2.tensors) t = t.flip({0}).contiguous();  // other bytes, same shapes
+    for (const Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+      ReloadOptions o;
+      o.distribution = d;
+      auto s1 = v1.source();
+      reload_weights(model, *control, s1.get(), o);
+      const void* before =
+          model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
+      auto s2 = v2.source();
+      const ReloadResult result = reload_weights(model, *control, s2.get(), o);
+      const std::string what =
+          "blocks [128, " + std::to_string(block_k) + "], " + std::string(distribution_name(d));
+      EXPECT_TRUE(result.complete()) << what;
+      expect_shards(model, expected_dense(v2, 1, 0), what);
+      EXPECT_EQ(model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr(),
+                before)
+          << what;
+    }
+  }
 }
 
 // A rank's share that is not whole blocks is refused when the model is built,
