@@ -6,7 +6,9 @@
 #   mpi_tests/kernel_vs_checkpoint.sh BUILD_DIR NP TP [MODEL]
 # MODEL: qwen2 (default; int8), qwen3-moe (tensor-parallel experts), qwen3-moe-ep
 # (expert parallelism), qwen3-moe-fp8 and qwen3-moe-fp8-ep (a block-scaled FP8
-# checkpoint: FP8 weights and their scale grids, not quantized again).
+# checkpoint: FP8 weights and their scale grids, not quantized again),
+# qwen3-moe-fp8-tensor (per-tensor FP8 with static activations: the checkpoint
+# reloads requantize each fused layer, the kernel-format one copies the result).
 set -euo pipefail
 build=$1 np=$2 tp=$3 model=${4:-qwen2}
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -43,6 +45,17 @@ JSON
 JSON
     quant=()
     [ "$model" = qwen3-moe-fp8-ep ] && layout=(--expert-parallel)
+    ;;
+  qwen3-moe-fp8-tensor)
+    cat > "$work/config.json" <<JSON
+{"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+ "vocab_size": 300, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+ "mlp_only_layers": [1], "norm_topk_prob": true, "tie_word_embeddings": false, "dtype": "bfloat16",
+ "quantization_config": {"quant_method": "fp8", "activation_scheme": "static",
+   "ignored_layers": ["lm_head"]}}
+JSON
+    quant=()
     ;;
   *) echo "unknown model $model" >&2; exit 2 ;;
 esac

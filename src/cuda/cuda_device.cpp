@@ -273,6 +273,11 @@ class CudaStream final : public DeviceStream {
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cuda::launch_quantize_int8(src, source, rows, cols, row_stride, q, scale, stream_));
   }
+  void requantize_fp8(std::uint8_t* w, std::uint64_t n, const float* staged, std::uint32_t from,
+                      std::uint32_t first, std::uint32_t count, float* out) override {
+    DeviceGuard guard(ordinal_);
+    CUDA_CHECK(cuda::launch_requantize_fp8(w, n, staged, from, first, count, out, stream_));
+  }
   void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
                std::int64_t rows, std::int64_t cols) override {
     DeviceGuard guard(ordinal_);

@@ -1,5 +1,7 @@
 #include <cuda_fp16.h>
 
+#include "tpreload/core/float8.h"
+
 #include "launch.h"
 #include "quantize_int8.h"
 
@@ -52,7 +54,30 @@ __global__ void quantize_rows(const T* w, QuantizeSource dtype, std::int64_t row
   }
 }
 
+// Grid-stride over the codes; every thread computes the largest scale itself
+// (count is a few), thread 0 of block 0 stores it.
+__global__ void requantize_fp8_codes(std::uint8_t* w, std::uint64_t n, const float* staged,
+                                     std::uint32_t from, std::uint32_t first, std::uint32_t count,
+                                     float* out) {
+  const float m = fp8::largest(staged + first, count);
+  if (out && blockIdx.x == 0 && threadIdx.x == 0) *out = m;
+  const float scale_half = fbits::from_half(fbits::to_half(staged[from])), inverse = 1.0f / m;
+  const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += step)
+    w[i] = fp8::requantize_e4m3fn(w[i], scale_half, inverse);
+}
+
 }  // namespace
+
+cudaError_t launch_requantize_fp8(std::uint8_t* w, std::uint64_t n, const float* staged,
+                                  std::uint32_t from, std::uint32_t first, std::uint32_t count,
+                                  float* out, cudaStream_t stream) {
+  const std::uint64_t want = (n + kThreads - 1) / kThreads;
+  const unsigned blocks = static_cast<unsigned>(want == 0 ? 1 : want < 65535 ? want : 65535);
+  return launch(requantize_fp8_codes, blocks, kThreads, stream, w, n, staged, from, first, count,
+                out);
+}
 
 cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int64_t rows,
                                  std::int64_t cols, std::int64_t row_stride, std::int8_t* q,
@@ -67,8 +92,9 @@ cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int
 }
 
 cudaError_t load_quantize_int8() {
-  const cudaError_t rc = preload(quantize_rows<float>);
-  return rc != cudaSuccess ? rc : preload(quantize_rows<std::uint16_t>);
+  cudaError_t rc = preload(quantize_rows<float>);
+  if (rc == cudaSuccess) rc = preload(quantize_rows<std::uint16_t>);
+  return rc != cudaSuccess ? rc : preload(requantize_fp8_codes);
 }
 
 }  // namespace tpreload::cuda

@@ -1,5 +1,6 @@
-// The device int8 kernel (internal to tpreload_cuda): the formula of
-// tpreload/model/quantize.h, byte for byte, one block of threads per row.
+// The device quantization kernels (internal to tpreload_cuda): int8, the formula
+// of tpreload/model/quantize.h, byte for byte, one block of threads per row; and
+// the per-tensor FP8 requantization of tpreload/core/float8.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,6 +28,13 @@ cudaError_t launch_crc32c_blocks(const void* src, std::uint64_t bytes, std::uint
 cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int64_t rows,
                                  std::int64_t cols, std::int64_t row_stride, std::int8_t* q,
                                  float* scale, cudaStream_t stream);
+
+// fp8::requantize_step (tpreload/core/float8.h) on device memory: the largest
+// of staged[first, first + count) into *out (null: none), the n codes at w
+// requantized from staged[from] to it. Enqueues on `stream`.
+cudaError_t launch_requantize_fp8(std::uint8_t* w, std::uint64_t n, const float* staged,
+                                  std::uint32_t from, std::uint32_t first, std::uint32_t count,
+                                  float* out, cudaStream_t stream);
 
 // Load each kernel's module now (launch.h: preload), one call per file.
 cudaError_t load_convert();

@@ -273,6 +273,7 @@ std::set<std::string> TensorParallelModel::load_weights(WeightSource& source,
       load_checkpoint_tensor(*pl, tensor, false);
   }
   from.check_mapped_reads();  // views of a file cut short since open read as zeros
+  if (!kernel) sink_->process_all(options_.tp_rank);  // (per-tensor FP8)
   finish();
   const auto names = loaded_names(kernel ? WeightFormat::kKernel : WeightFormat::kCheckpoint);
   return {names.begin(), names.end()};

@@ -794,6 +794,11 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
   // The slot is reused only once every write from it has landed.
   sink_.flush(options_.device_timeout);
   for (const auto& [param, shards] : a.completed) sink_.mark_loaded(param, shards);
+  // Checkpoint processing of the layers this bucket completed, into the
+  // parameters or, in an atomic reload, their second copy before the commit.
+  if (options_.format == WeightFormat::kCheckpoint)
+    for (std::int64_t layer : plan_.buckets[bucket].finished_layers)
+      sink_.process_layer(layer, model_.tp_rank());
   stats_.apply += since(start);
   // An atomic reload's layers are in the second copy until the commit, which
   // processes them after it (the model's own storage still holds the old ones).

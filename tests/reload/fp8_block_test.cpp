@@ -374,7 +374,7 @@ TEST(Fp8Block, ASplitThatIsNotWholeBlocksIsRefused) {
   }
 }
 
-TEST(Fp8Block, QuantizationConfigsThatAreNotBlockFp8AreRefused) {
+TEST(Fp8Block, QuantizationConfigsVllmRefusesAreRefused) {
   auto error = [](const std::string& quantization_config) {
     std::string text = kDense;
     text = text.substr(0, text.find("\"quantization_config\"")) +
@@ -386,8 +386,9 @@ TEST(Fp8Block, QuantizationConfigsThatAreNotBlockFp8AreRefused) {
     }
     return std::string("accepted");
   };
-  EXPECT_NE(error(R"({"quant_method":"fp8","activation_scheme":"dynamic"})")
-                .find("without weight_block_size (one scale per tensor) is not supported yet"),
+  EXPECT_NE(error(R"({"quant_method":"fp8","activation_scheme":"static",
+                      "weight_block_size":[128,128]})")
+                .find("activation_scheme \"static\" with weight_block_size is refused"),
             std::string::npos);
   EXPECT_NE(error(R"({"quant_method":"awq"})").find("quant_method 'awq' is not supported"),
             std::string::npos);

@@ -8,6 +8,7 @@
 
 #include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/float8.h"
 #include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
 
@@ -113,6 +114,15 @@ class EmulatedStream final : public DeviceStream {
     require_device(src, ((rows - 1) * src_stride + cols) * dtype_size(from), "convert source");
     require_device(dst, rows * cols * dtype_size(to), "convert destination");
     enqueue([=] { convert_rows(src, from, src_stride, dst, to, rows, cols); });
+  }
+  void requantize_fp8(std::uint8_t* w, std::uint64_t n, const float* staged, std::uint32_t from,
+                      std::uint32_t first, std::uint32_t count, float* out) override {
+    if (n) require_device(w, n, "requantize_fp8 weights");
+    require_aligned(staged, sizeof(float), "requantize_fp8 scales");
+    require_device(staged + first, count * sizeof(float), "requantize_fp8 scales");
+    require_device(staged + from, sizeof(float), "requantize_fp8 scale");
+    if (out) require_device(out, sizeof(float), "requantize_fp8 output scale");
+    enqueue([=] { fp8::requantize_step(w, n, staged, from, first, count, out); });
   }
   void crc32c_blocks(const void* src, std::uint64_t bytes, std::uint32_t* raw) override {
     if (bytes == 0) return;

@@ -65,6 +65,14 @@ class DeviceStream {
   virtual void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
                        std::int64_t rows, std::int64_t cols) = 0;
 
+  // fp8::requantize_step (tpreload/core/float8.h) on device memory: the largest
+  // of staged[first, first + count) into *out (out may be null) and the n
+  // float8_e4m3fn codes at w requantized from staged[from] to it. The bytes equal
+  // the CPU's.
+  virtual void requantize_fp8(std::uint8_t* w, std::uint64_t n, const float* staged,
+                              std::uint32_t from, std::uint32_t first, std::uint32_t count,
+                              float* out) = 0;
+
   // The raw CRC-32C of every kCrc32cBlock-byte block of device memory
   // [src, src + bytes) (tpreload/core/crc32c.h; the last block may be shorter)
   // into `raw`, pinned host memory of crc32c_blocks(bytes) values, readable once

@@ -95,4 +95,37 @@ TPRELOAD_HOST_DEVICE inline float from_e5m2(std::uint8_t c) {
   return detail::decode_finite<2, 15>(c);
 }
 
+// vLLM's requantize_with_max_scale for one e4m3fn code of a per-tensor FP8
+// weight: per_tensor_dequantize (the code as float16 times its scale, which
+// PyTorch evaluates in float16: the 0-dim float32 scale rounded to float16, the
+// product rounded to float16), then scaled_fp8_quant with the new scale
+// (the float16 value times `inverse`, 1.0f / that scale in float, clamped, rounded
+// to nearest even). `scale_half` is the old scale already rounded to float16.
+TPRELOAD_HOST_DEVICE inline std::uint8_t requantize_e4m3fn(std::uint8_t c, float scale_half,
+                                                           float inverse) {
+  const float dq = fbits::from_half(fbits::to_half(from_e4m3fn(c) * scale_half));
+  return to_e4m3fn(dq * inverse);
+}
+
+// The largest of n >= 1 scales, as torch's max(): a NaN among them is the result.
+TPRELOAD_HOST_DEVICE inline float largest(const float* s, std::uint32_t n) {
+  float m = s[0];
+  for (std::uint32_t i = 1; i < n; ++i)
+    if (s[i] != s[i] || (m == m && s[i] > m)) m = s[i];
+  return m;
+}
+
+// One processing step of a per-tensor FP8 layer (ScaleStep in sharding.h): the
+// largest of staged[first, first + count) into *out (when out is not null) and
+// the n codes at w requantized from staged[from] to it.
+TPRELOAD_HOST_DEVICE inline void requantize_step(std::uint8_t* w, std::uint64_t n,
+                                                 const float* staged, std::uint32_t from,
+                                                 std::uint32_t first, std::uint32_t count,
+                                                 float* out) {
+  const float m = largest(staged + first, count);
+  if (out) *out = m;
+  const float scale_half = fbits::from_half(fbits::to_half(staged[from])), inverse = 1.0f / m;
+  for (std::uint64_t i = 0; i < n; ++i) w[i] = requantize_e4m3fn(w[i], scale_half, inverse);
+}
+
 }  // namespace tpreload::fp8

@@ -15,6 +15,10 @@
 // (begin_load, mark_loaded): a stacked parameter counts as loaded once every
 // one of its shards (ParamSpec::shards) did.
 //
+// Per-tensor FP8 checkpoints: a scale write (WriteKind::kStageScale) lands in
+// the sink's staging, one float32 per shard of its parameter, and
+// process_layer() requantizes the layer's weights and writes its scales.
+//
 // Atomic reloads: begin_shadow() gives every parameter a second copy in the same
 // memory space (holding its current bytes) and sends every later write, zero and
 // CRC there; commit_shadow() copies it over the parameters, discard_shadow()
@@ -79,6 +83,18 @@ class ParameterSink {
   // Wait until every write so far landed (device); no-op on the host. Throws
   // CommTimeoutError naming the device after `timeout`.
   void flush(std::chrono::milliseconds timeout = std::chrono::minutes(5));
+
+  // --- processing ---
+  // Processes decoder layer `layer` on tp rank `tp_rank` once its parts arrived
+  // (ShardingRules::scale_steps; nothing for a model without any): each step
+  // whose weight and staged scale came in this load runs once, into storage()
+  // (a shadow while one is open), and has landed when this returns. Throws
+  // ModelError naming the parameter when this load brought a step's weight or
+  // scales only in part (a fused weight is requantized to the largest of all
+  // its parts' scales).
+  void process_layer(std::int64_t layer, int tp_rank);
+  // Every layer process_layer has not processed since begin_load().
+  void process_all(int tp_rank);
 
   // --- load tracking ---
   static constexpr std::uint32_t kAllShards = ~std::uint32_t{0};
@@ -153,6 +169,8 @@ class ParameterSink {
   Buffer& readback(std::uint64_t bytes);
 
   void copy_all(const std::vector<ParamStorage>& from, const std::vector<ParamStorage>& to);
+  void stage(const RowWrite& w, const ParamSpec& param, const std::byte* src);
+  bool any_loaded(ParamSlot slot) const;
 
   const ShardingRules& rules_;
   std::vector<ParamStorage> storage_;  // where writes go: the parameters, or the shadow
@@ -163,6 +181,13 @@ class ParameterSink {
   std::shared_ptr<Device> device_;
   std::unique_ptr<DeviceStream> stream_;
   Buffer readback_;  // (after device_: freed before the device's allocator goes)
+  // Staged per-tensor FP8 scales (ParamSpec::staged), in the sink's memory
+  // space: slot s's shards at staging_ + staged_at_[s] floats.
+  Buffer staging_;
+  std::vector<std::uint64_t> staged_at_;
+  std::vector<ScaleStep> steps_;  // scale_steps(steps_rank_), made on first use
+  int steps_rank_ = -1;
+  std::vector<std::int64_t> processed_;  // layers processed since begin_load()
   // Shard bits since begin_load(): slot s owns bits [first_bit_[s], first_bit_[s + 1]).
   std::vector<std::uint64_t> first_bit_;
   std::vector<std::uint64_t> loaded_;

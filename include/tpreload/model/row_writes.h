@@ -18,6 +18,8 @@ enum class WriteKind : std::uint8_t {
   kCopy,          // bytes as they are (same dtype)
   kConvert,       // floating values into another floating dtype (round to nearest even)
   kQuantizeInt8,  // bfloat16/float16/float32 rows into an int8 weight and its weight_scale rows
+  kStageScale,    // a per-tensor FP8 scale into the staging of its parameter (ParamSpec::staged):
+                  // row dest_row of the staging, converted to float32 where it is not
 };
 
 // Rows [dest_row, dest_row + rows) of parameter `slot` (whole rows of the

@@ -42,6 +42,7 @@
 
 #include "tpreload/core/dtype.h"
 #include "tpreload/model/config.h"
+#include "tpreload/model/fp8_checkpoint.h"
 
 namespace tpreload {
 
@@ -80,6 +81,26 @@ struct ParamSpec {
   std::uint32_t shards = 1;
   // int8: the slot of this weight's float32 weight_scale; kNoSlot otherwise.
   ParamSlot scale_slot = kNoSlot;
+  // A per-tensor FP8 scale (weight_scale, input_scale): a checkpoint-format load
+  // stages one float32 per shard (the scale of each part of its weight, row
+  // `shard` of the staging) and the layer's processing writes the parameter
+  // (ShardingRules::scale_steps); a kernel-format load copies it.
+  bool staged = false;
+};
+
+// One step of processing a per-tensor FP8 layer on one rank, once its weights
+// and staged scales arrived: the largest of staged scales [first, first +
+// count) of parameter `scale` becomes row `out_row` of it; rows [row, row +
+// rows) of FP8 parameter `weight` (none: kNoSlot), quantized with staged scale
+// `from`, are requantized to it (fp8::requantize_e4m3fn).
+struct ScaleStep {
+  std::int64_t layer = -1;
+  ParamSlot scale = kNoSlot;
+  std::uint32_t first = 0, count = 0;
+  std::int64_t out_row = 0;
+  ParamSlot weight = kNoSlot;
+  std::int64_t row = 0, rows = 0;
+  std::uint32_t from = 0;
 };
 
 // Where one checkpoint tensor goes on one rank.
@@ -139,6 +160,13 @@ class ShardingRules {
   std::optional<Placement> place(const std::string& checkpoint_name, int tp_rank,
                                  SkipReason* why = nullptr) const;
 
+  // The processing of a per-tensor FP8 checkpoint on `tp_rank`, in layer order
+  // (vLLM's Fp8LinearMethod and Fp8MoEMethod, fp8_checkpoint.h): each linear's
+  // parts requantized to the largest of their scales, each expert's gate and up
+  // to the larger of theirs, the down projections' scales as they are, every
+  // input_scale the largest of its parts'. Empty for any other model.
+  std::vector<ScaleStep> scale_steps(int tp_rank) const;
+
   // The KV head group rank r holds (first KV head index) and how many.
   std::int64_t kv_heads_per_rank() const;
   std::int64_t kv_head_start(int tp_rank) const;
@@ -154,9 +182,10 @@ class ShardingRules {
     ParamSlot slot = kNoSlot;
     std::int64_t expert = -1;            // experts only
     std::optional<DType> param_dtype{};  // CheckpointTensorSpec::param_dtype
-    // An FP8 checkpoint's scale grid (fp8_checkpoint.h): placed as its weight,
-    // of weight_shape, is placed, in units of blocks.
-    bool fp8_scale = false;
+    // An FP8 checkpoint's scale (fp8_checkpoint.h), placed as its weight, of
+    // weight_shape, is placed: a grid in units of blocks; a per-tensor scale
+    // as the staged scale of its weight's shard.
+    std::optional<Fp8Scale> fp8_scale{};
     std::vector<std::int64_t> weight_shape{};
   };
   const Rule* find_rule(const std::string& checkpoint_name) const;

@@ -1162,11 +1162,14 @@ std::string model_config_to_json(const ModelConfig& c) {
             {"rope_theta", c.rope_theta},
             {"tie_word_embeddings", c.tie_word_embeddings},
             {"torch_dtype", std::string(dtype_name(c.dtype))}};
-  if (c.fp8.quantized())
-    j["quantization_config"] = {{"quant_method", "fp8"},
-                                {"activation_scheme", "dynamic"},
-                                {"weight_block_size", {c.fp8.block_n, c.fp8.block_k}},
-                                {"ignored_layers", c.fp8.ignored}};
+  if (c.fp8.quantized()) {
+    j["quantization_config"] = {
+        {"quant_method", "fp8"},
+        {"activation_scheme", c.fp8.static_activations ? "static" : "dynamic"},
+        {"ignored_layers", c.fp8.ignored}};
+    if (c.fp8.blocks())
+      j["quantization_config"]["weight_block_size"] = {c.fp8.block_n, c.fp8.block_k};
+  }
   if (!c.rope_scaling.json.empty()) j["rope_scaling"] = json::parse(c.rope_scaling.json);
   // (GLM-4's and GLM-4.5's 0.5 when absent)
   if (c.partial_rotary_factor != 1 || f.line == Line::kGlm || f.line == Line::kGlm4Moe)
@@ -1333,7 +1336,7 @@ void push_stacked(std::vector<CheckpointTensorSpec>& specs, const RowSplit& spli
 }
 
 // An FP8 checkpoint's tensors: each quantized weight float8_e4m3fn (and so its
-// parameter), its float32 scale grid after it.
+// parameter), its float32 scales after it (fp8_scales_of).
 std::vector<CheckpointTensorSpec> with_fp8_scales(const Fp8Checkpoint& fp8,
                                                   std::vector<CheckpointTensorSpec> specs) {
   std::vector<CheckpointTensorSpec> out;
@@ -1341,9 +1344,10 @@ std::vector<CheckpointTensorSpec> with_fp8_scales(const Fp8Checkpoint& fp8,
     const bool quantized = fp8_quantized_weight(fp8, spec.name);
     if (quantized) spec.dtype = spec.param_dtype = DType::kFloat8E4M3;
     out.push_back(spec);
-    if (quantized)
-      out.push_back({fp8_scale_name(spec.name), fp8_scale_shape(fp8, spec.shape), DType::kFloat32,
-                     DType::kFloat32});
+    if (!quantized) continue;
+    for (const auto& [name, kind] : fp8_scales_of(fp8, spec.name))
+      out.push_back(
+          {name, fp8_scale_shape(fp8, kind, spec.shape), DType::kFloat32, DType::kFloat32});
   }
   return out;
 }
@@ -1472,7 +1476,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
     !defined(_GLIBCXX_DEBUG)
-static_assert(sizeof(ModelConfig) == 936,
+static_assert(sizeof(ModelConfig) == 944,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 

@@ -10,7 +10,6 @@ namespace tpreload {
 namespace {
 
 const std::string kWeight = ".weight";
-const std::string kScaleInv = ".weight_scale_inv";
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -44,8 +43,11 @@ std::vector<std::string> string_list(const nlohmann::json& j, const char* key,
 
 std::string Fp8Checkpoint::text() const {
   if (!quantized()) return "none";
-  std::string s = "fp8, weight_block_size [" + std::to_string(block_n) + ", " +
-                  std::to_string(block_k) + "], ignored [";
+  std::string s = blocks() ? "fp8, weight_block_size [" + std::to_string(block_n) + ", " +
+                                 std::to_string(block_k) + "]"
+                           : std::string("fp8, per tensor, activation_scheme ") +
+                                 (static_activations ? "static" : "dynamic");
+  s += ", ignored [";
   for (std::size_t i = 0; i < ignored.size(); ++i) s += (i ? ", " : "") + ignored[i];
   return s + "]";
 }
@@ -58,19 +60,42 @@ bool fp8_quantized_weight(const Fp8Checkpoint& fp8, const std::string& name) {
   return std::find(fp8.ignored.begin(), fp8.ignored.end(), module) == fp8.ignored.end();
 }
 
-std::string fp8_scale_name(const std::string& weight_name) {
-  return weight_name.substr(0, weight_name.size() - kWeight.size()) + kScaleInv;
+const char* fp8_scale_leaf(Fp8Scale kind) {
+  switch (kind) {
+    case Fp8Scale::kGrid:
+      return "weight_scale_inv";
+    case Fp8Scale::kWeight:
+      return "weight_scale";
+    case Fp8Scale::kInput:
+      return "input_scale";
+  }
+  return "";
 }
 
-std::optional<std::string> fp8_weight_of_scale(const std::string& name) {
-  if (!ends_with(name, kScaleInv)) return std::nullopt;
-  return name.substr(0, name.size() - kScaleInv.size()) + kWeight;
+std::vector<std::pair<std::string, Fp8Scale>> fp8_scales_of(const Fp8Checkpoint& fp8,
+                                                            const std::string& weight_name) {
+  const std::string module = weight_name.substr(0, weight_name.size() - kWeight.size() + 1);
+  std::vector<std::pair<std::string, Fp8Scale>> out;
+  if (fp8.blocks()) return {{module + fp8_scale_leaf(Fp8Scale::kGrid), Fp8Scale::kGrid}};
+  if (fp8.static_activations)  // ("input_scale" sorts first)
+    out.push_back({module + fp8_scale_leaf(Fp8Scale::kInput), Fp8Scale::kInput});
+  out.push_back({module + fp8_scale_leaf(Fp8Scale::kWeight), Fp8Scale::kWeight});
+  return out;
 }
 
-std::vector<std::int64_t> fp8_scale_shape(const Fp8Checkpoint& fp8,
+std::optional<std::pair<std::string, Fp8Scale>> fp8_weight_of_scale(const std::string& name) {
+  for (const Fp8Scale kind : {Fp8Scale::kGrid, Fp8Scale::kWeight, Fp8Scale::kInput}) {
+    const std::string leaf = std::string(".") + fp8_scale_leaf(kind);
+    if (ends_with(name, leaf)) return {{name.substr(0, name.size() - leaf.size()) + kWeight, kind}};
+  }
+  return std::nullopt;
+}
+
+std::vector<std::int64_t> fp8_scale_shape(const Fp8Checkpoint& fp8, Fp8Scale kind,
                                           std::vector<std::int64_t> shape) {
+  if (kind != Fp8Scale::kGrid) return {};
   const std::size_t n = shape.size();
-  if (n < 2 || !fp8.quantized()) return shape;
+  if (n < 2 || !fp8.blocks()) return shape;
   shape[n - 2] = (shape[n - 2] + fp8.block_n - 1) / fp8.block_n;
   shape[n - 1] = (shape[n - 1] + fp8.block_k - 1) / fp8.block_k;
   return shape;
@@ -89,24 +114,32 @@ Fp8Checkpoint parse_fp8_checkpoint(const nlohmann::json& config, const std::stri
                                  : std::string();
   if (method != "fp8")
     raise<ModelError>(origin, ": quantization_config.quant_method '", method,
-                      "' is not supported (supported: fp8 with weight_block_size)");
+                      "' is not supported (supported: fp8, block-scaled or per tensor)");
+  const nlohmann::json scheme =
+      q.contains("activation_scheme") ? q["activation_scheme"] : nlohmann::json();
+  const std::string activations = scheme.is_null()     ? "dynamic"
+                                  : scheme.is_string() ? scheme.get<std::string>()
+                                                       : "";
+  if (activations != "dynamic" && activations != "static")
+    raise<ModelError>(origin, ": quantization_config.activation_scheme ", scheme.dump(),
+                      " is not \"static\" or \"dynamic\"");
   const auto& block = q.contains("weight_block_size") ? q["weight_block_size"] : nlohmann::json();
-  if (block.is_null())
-    raise<ModelError>(origin,
-                      ": an FP8 checkpoint without weight_block_size (one scale per tensor) is not "
-                      "supported yet; block-scaled FP8 is (weight_block_size [128, 128])");
-  if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() ||
-      !block[1].is_number_integer() || block[0].get<std::int64_t>() <= 0 ||
-      block[1].get<std::int64_t>() <= 0)
-    raise<ModelError>(origin,
-                      ": quantization_config.weight_block_size must be two positive integers, got ",
-                      block.dump());
-  fp8.block_n = block[0].get<std::int64_t>();
-  fp8.block_k = block[1].get<std::int64_t>();
-  if (q.contains("activation_scheme") && q["activation_scheme"] != "dynamic")
-    raise<ModelError>(origin, ": quantization_config.activation_scheme ",
-                      q["activation_scheme"].dump(),
-                      " with weight_block_size is refused (vLLM's block FP8 is dynamic only)");
+  if (block.is_null()) {
+    fp8.per_tensor = true;
+    fp8.static_activations = activations == "static";
+  } else {
+    if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() ||
+        !block[1].is_number_integer() || block[0].get<std::int64_t>() <= 0 ||
+        block[1].get<std::int64_t>() <= 0)
+      raise<ModelError>(
+          origin, ": quantization_config.weight_block_size must be two positive integers, got ",
+          block.dump());
+    fp8.block_n = block[0].get<std::int64_t>();
+    fp8.block_k = block[1].get<std::int64_t>();
+    if (activations != "dynamic")
+      raise<ModelError>(origin, ": quantization_config.activation_scheme \"", activations,
+                        "\" with weight_block_size is refused (vLLM's block FP8 is dynamic only)");
+  }
   // vLLM's Fp8Config: ignored_layers, else modules_to_not_convert.
   fp8.ignored = string_list(q, "ignored_layers", origin);
   if (fp8.ignored.empty()) fp8.ignored = string_list(q, "modules_to_not_convert", origin);

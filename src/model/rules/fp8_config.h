@@ -10,9 +10,8 @@
 namespace tpreload::detail {
 
 // Absent or null: not FP8. Throws ModelError naming `origin` for another
-// quant_method, FP8 without weight_block_size (one scale per tensor, not yet
-// supported), a malformed block size or list of ignored modules, or a static
-// activation scheme with blocks.
+// quant_method, a malformed block size, activation scheme or list of ignored
+// modules, or a static activation scheme with blocks.
 Fp8Checkpoint parse_fp8_checkpoint(const nlohmann::json& config, const std::string& origin);
 
 }  // namespace tpreload::detail

@@ -7,6 +7,7 @@
 
 #include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/float8.h"
 #include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
 
@@ -47,6 +48,12 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
   for (const ParamSpec& spec : rules_.params())
     first_bit_.push_back(first_bit_.back() + spec.shards);
   loaded_.assign((first_bit_.back() + 63) / 64, 0);
+  std::uint64_t staged = 0;
+  for (const ParamSpec& spec : rules_.params()) {
+    staged_at_.push_back(staged);
+    if (spec.staged) staged += spec.shards;
+  }
+  if (staged) staging_ = (device_ ? device_->memory() : host_allocator()).allocate(staged * 4);
 }
 
 ParameterSink::~ParameterSink() {
@@ -60,11 +67,18 @@ DeviceStream& ParameterSink::stream() {
 
 // Checks the write's rows against its parameter and marks what it touches.
 void ParameterSink::begin_write(const RowWrite& w, const ParamSpec& param) {
-  if (w.dest_row < 0 || w.dest_row + w.rows > param_rows(param.shape))
+  const bool staged = w.kind == WriteKind::kStageScale;
+  const std::int64_t rows = staged ? param.shards : param_rows(param.shape);
+  if (w.dest_row < 0 || w.dest_row + w.rows > rows)
     raise<ModelError>("write of rows [", w.dest_row, ", ", w.dest_row + w.rows,
-                      ") into parameter '", param.name, "' of ", param_rows(param.shape), " rows");
+                      ") into parameter '", param.name, "' of ", rows,
+                      staged ? " staged scales" : " rows");
   if (w.kind == WriteKind::kQuantizeInt8 && param.scale_slot == kNoSlot)
     raise<ModelError>("int8 write into parameter '", param.name, "', which has no weight_scale");
+  if (staged && !param.staged)
+    raise<ModelError>("a staged scale write into parameter '", param.name,
+                      "', which stages no scales");
+  if (staged) return;  // (the parameter is written when its layer is processed)
   touched_[w.slot] = true;
   if (w.kind == WriteKind::kQuantizeInt8) touched_[param.scale_slot] = true;
 }
@@ -86,10 +100,86 @@ void ParameterSink::write(const RowWrite& w, const std::byte* src) {
   const ParamSpec& param = rules_.params().at(w.slot);
   if (w.rows <= 0) return;
   begin_write(w, param);
-  if (device_)
+  if (w.kind == WriteKind::kStageScale)
+    stage(w, param, src);
+  else if (device_)
     write_device(w, param, src);
   else
     write_host(w, param, src);
+}
+
+void ParameterSink::stage(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
+  float* dst = reinterpret_cast<float*>(staging_.data()) + staged_at_[w.slot] + w.dest_row;
+  const std::byte* in = src + w.src_offset;
+  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
+  if (!dtype_is_floating(w.src_dtype))
+    raise<ModelError>("scale of '", param.name, "' in ", dtype_name(w.src_dtype),
+                      ": a floating dtype is needed");
+  if (device_ && w.src_dtype == DType::kFloat32)
+    stream().copy_rows(dst, 4, in, w.src_pitch, 4, static_cast<std::uint64_t>(w.rows),
+                       CopyKind::kDeviceToDevice);
+  else if (device_)
+    stream().convert(in, w.src_dtype, stride, dst, DType::kFloat32, w.rows, 1);
+  else
+    convert_rows(in, w.src_dtype, stride, dst, DType::kFloat32, w.rows, 1);
+}
+
+bool ParameterSink::any_loaded(ParamSlot slot) const {
+  for (std::uint64_t b = first_bit_.at(slot); b < first_bit_.at(slot + 1); ++b)
+    if (loaded_[b / 64] >> (b % 64) & 1) return true;
+  return false;
+}
+
+void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
+  if (!staging_) return;
+  if (std::find(processed_.begin(), processed_.end(), layer) != processed_.end()) return;
+  processed_.push_back(layer);
+  if (steps_rank_ != tp_rank) {
+    steps_ = rules_.scale_steps(tp_rank);
+    steps_rank_ = tp_rank;
+  }
+  const auto& params = rules_.params();
+  auto* staged = reinterpret_cast<float*>(staging_.data());
+  for (const ScaleStep& step : steps_) {
+    if (step.layer != layer) continue;
+    const bool weight = step.weight != kNoSlot;
+    const bool all = loaded(step.scale) && (!weight || loaded(step.weight));
+    if (!all && !any_loaded(step.scale) && (!weight || !any_loaded(step.weight))) continue;
+    if (!all) {
+      const ParamSlot part = !loaded(step.scale) ? step.scale : step.weight;
+      const ParamSlot other = part == step.scale ? step.weight : step.scale;
+      raise<ModelError>(
+          "per-tensor FP8 layer ", layer, " on tp rank ", tp_rank, ": this load brought '",
+          params[part].name, "' in part",
+          weight ? detail::concat(" (with '", params[other].name, "')") : std::string(),
+          ": its weight is requantized to the largest of all its parts' scales, so a load "
+          "must bring every part's weight and scale, or none");
+    }
+    const ParamSpec& w = weight ? params[step.weight] : params[step.scale];
+    const std::uint64_t width = param_row_bytes(w.shape, w.dtype);
+    auto* codes = weight ? reinterpret_cast<std::uint8_t*>(storage_[step.weight].data) +
+                               static_cast<std::uint64_t>(step.row) * width
+                         : nullptr;
+    const std::uint64_t n = weight ? static_cast<std::uint64_t>(step.rows) * width : 0;
+    auto* out = reinterpret_cast<float*>(storage_[step.scale].data) + step.out_row;
+    const float* from = staged + staged_at_[step.scale];
+    if (device_)
+      stream().requantize_fp8(codes, n, from, step.from, step.first, step.count, out);
+    else
+      fp8::requantize_step(codes, n, from, step.from, step.first, step.count, out);
+    touched_[step.scale] = true;
+    if (weight) touched_[step.weight] = true;
+  }
+  flush();
+}
+
+void ParameterSink::process_all(int tp_rank) {
+  if (!staging_) return;
+  std::vector<std::int64_t> layers;
+  for (const ParamSpec& spec : rules_.params())
+    if (spec.staged && std::find(layers.begin(), layers.end(), spec.layer) == layers.end())
+      layers.push_back(spec.layer);
+  for (std::int64_t layer : layers) process_layer(layer, tp_rank);
 }
 
 void ParameterSink::write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
@@ -175,6 +265,7 @@ void ParameterSink::flush(std::chrono::milliseconds timeout) {
 
 void ParameterSink::begin_load() {
   std::fill(loaded_.begin(), loaded_.end(), 0);
+  processed_.clear();
   touched_.assign(storage_.size(), false);
   commit_began_ = false;
 }

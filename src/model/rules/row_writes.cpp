@@ -8,6 +8,7 @@ namespace tpreload {
 namespace {
 
 WriteKind kind_for(const ParamSpec& param, DType src) {
+  if (param.staged) return WriteKind::kStageScale;
   if (param.dtype == DType::kInt8 && src != DType::kInt8) return WriteKind::kQuantizeInt8;
   return src == param.dtype ? WriteKind::kCopy : WriteKind::kConvert;
 }

@@ -240,15 +240,17 @@ void ShardingRules::build_rules() {
   std::map<std::string, std::vector<std::int64_t>> shapes;
   for (const auto& spec : specs) shapes.emplace(spec.name, spec.shape);
   for (const auto& spec : specs) {
-    const auto weight = fp8_weight_of_scale(spec.name);
+    const auto scale = fp8_weight_of_scale(spec.name);
     Rule rule;
-    if (weight && shapes.count(*weight)) {
-      // An FP8 scale grid: its weight's rule, for the weight's fused
-      // parameter's weight_scale_inv ("...qkv_proj.weight_scale_inv",
-      // "...experts.w13_weight_scale_inv").
-      rule = rule_for(*weight, shapes.at(*weight), stacked_in);
-      rule.param += "_scale_inv";
-      rule.fp8_scale = true;
+    if (scale && shapes.count(scale->first)) {
+      // An FP8 scale: its weight's rule, for the weight's fused parameter's
+      // scale ("...qkv_proj.weight_scale_inv", "...experts.w13_weight_scale",
+      // "...gate_up_proj.input_scale").
+      rule = rule_for(scale->first, shapes.at(scale->first), stacked_in);
+      const std::string leaf = fp8_scale_leaf(scale->second);  // (the param ends in "weight")
+      rule.param = rule.param.substr(0, rule.param.size() - 6) +
+                   (scale->second == Fp8Scale::kInput ? leaf : "weight" + leaf.substr(6));
+      rule.fp8_scale = scale->second;
       rule.weight_shape = rule.source_shape;
       rule.source_shape = spec.shape;
     } else {
@@ -267,7 +269,7 @@ void ShardingRules::build_rules() {
 // or split experts' input columns where tp splits them.
 void ShardingRules::check_fp8_blocks() const {
   const Fp8Checkpoint& fp8 = config_.fp8;
-  if (!fp8.quantized()) return;
+  if (!fp8.quantized()) return;  // (the block checks below: block FP8 only)
   auto need = [&](std::int64_t size, std::int64_t block, const std::string& what) {
     if (size % block != 0)
       raise<ModelError>("cannot load the FP8 checkpoint with tp ", tp_size_, ": ", what, " ", size,
@@ -289,8 +291,9 @@ void ShardingRules::check_fp8_blocks() const {
                         "refuses it too)");
     }
   }
+  if (!fp8.blocks()) return;
   for (const auto& [name, rule] : rules_) {
-    if (!rule.fp8_scale) continue;
+    if (rule.fp8_scale != Fp8Scale::kGrid) continue;
     const std::string of = "'" + name.substr(0, name.size() - 10) + "'";  // (no "_scale_inv")
     const auto& w = rule.weight_shape;
     if (rule.kind == ShardKind::kColumn && (rule.role == Role::kK || rule.role == Role::kV))
@@ -338,7 +341,14 @@ void ShardingRules::build_params() {
       spec.shards = static_cast<std::uint32_t>(experts);
     }
     if (rule.kind == ShardKind::kRow) spec.shape[1] /= tp_size_;
-    if (rule.fp8_scale) spec.shape = fp8_scale_shape(c.fp8, spec.shape);
+    if (rule.fp8_scale == Fp8Scale::kGrid) {
+      spec.shape = fp8_scale_shape(c.fp8, Fp8Scale::kGrid, spec.shape);
+    } else if (rule.fp8_scale) {  // per tensor: one per expert, else one; a staged one per shard
+      spec.shape = rule.fp8_scale == Fp8Scale::kWeight && rule.expert >= 0
+                       ? std::vector<std::int64_t>{experts}
+                       : std::vector<std::int64_t>{};
+      spec.staged = true;
+    }
     if (rule.kind == ShardKind::kHeads)
       spec.shape[0] =
           rule.role == Role::kQ ? c.num_attention_heads / tp_size_ : kv_heads_per_rank();
@@ -411,8 +421,56 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
   Rule weight = *rule;  // placed as its weight, then in blocks
   weight.source_shape = rule->weight_shape;
   place_rule(weight, tp_rank, pl);
-  to_blocks(*rule, pl);
+  if (*rule->fp8_scale == Fp8Scale::kGrid) {
+    to_blocks(*rule, pl);
+    return pl;
+  }
+  // A per-tensor scale: whole, staged as its weight's shard.
+  pl.source_shape = rule->source_shape;
+  pl.source_dim = -1;
+  pl.source_start = pl.source_length = 0;
+  pl.dest_row = pl.shard;
+  pl.zero_rows_from = -1;
   return pl;
+}
+
+std::vector<ScaleStep> ShardingRules::scale_steps(int tp_rank) const {
+  std::vector<ScaleStep> steps;
+  if (!config_.fp8.per_tensor) return steps;
+  for (const auto& [name, rule] : rules_) {
+    if (!rule.fp8_scale) continue;
+    const std::optional<Placement> pl = place(name, tp_rank);
+    if (!pl || !pl->held) continue;  // (an expert another rank holds)
+    const ParamSpec& scale = params_[rule.slot];
+    ScaleStep step{scale.layer, rule.slot, 0, scale.shards, 0};
+    if (rule.fp8_scale == Fp8Scale::kWeight && rule.kind == ShardKind::kExpertGateUp) {
+      step.first = pl->shard / 2 * 2;  // the expert's gate and up
+      step.count = 2;
+      step.out_row = pl->shard / 2;
+    } else if (rule.fp8_scale == Fp8Scale::kWeight && rule.kind == ShardKind::kExpertDown) {
+      step.first = pl->shard;  // as it is: w2 is not requantized
+      step.count = 1;
+      step.out_row = pl->shard;
+      steps.push_back(step);
+      continue;
+    }
+    if (rule.fp8_scale == Fp8Scale::kWeight) {
+      const std::optional<Placement> w = place(fp8_weight_of_scale(name)->first, tp_rank);
+      const std::vector<std::int64_t> slice = w->slice_shape();
+      step.weight = w->slot;
+      step.row = w->dest_row;
+      step.rows = slice.empty() ? 1 : slice[0];  // (rows of the last dimension: a 2-D slice's)
+      step.from = w->shard;
+    }
+    const bool repeated =  // (an input_scale's max: once for its parts)
+        step.weight == kNoSlot && std::any_of(steps.begin(), steps.end(), [&](const ScaleStep& s) {
+          return s.scale == step.scale && s.out_row == step.out_row && s.weight == kNoSlot;
+        });
+    if (!repeated) steps.push_back(step);
+  }
+  std::stable_sort(steps.begin(), steps.end(),
+                   [](const ScaleStep& a, const ScaleStep& b) { return a.layer < b.layer; });
+  return steps;
 }
 
 void ShardingRules::place_rule(const Rule& r, int tp_rank, Placement& pl) const {

@@ -1,0 +1,453 @@
+// Per-tensor FP8 checkpoints (quantization_config fp8 without
+// weight_block_size): each quantized linear's weight F8_E4M3 with a scalar
+// float32 weight_scale (and, with static activations, input_scale), loaded and
+// processed as vLLM's Fp8LinearMethod and Fp8MoEMethod process them: a fused
+// layer's parts requantized to the largest of their scales, each expert's gate
+// and up to the larger of theirs, the down projections left as they are.
+//
+// The expected bytes are computed here with the test's own arithmetic: codes
+// decoded from the e4m3fn definition, float16 rounding by LibTorch's Half,
+// and encoding by a search for the nearest representable value (ties to the
+// even code) over a table the test builds; shards cut with the test's own
+// slicing.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "../support/emulated_device.h"
+#include "../support/tiny_models.h"
+#include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
+#include "tpreload/core/float8.h"
+#include "tpreload/model/model.h"
+#include "tpreload/reload/reload.h"
+
+namespace tpreload {
+namespace {
+
+using testing::EmulatedDevice;
+
+constexpr std::int64_t kH = 64, kHeads = 4, kKv = 2, kHd = 16, kInter = 96, kVocab = 128;
+constexpr std::int64_t kExperts = 4, kMoeInter = 32;
+
+const char* kDense = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+  "intermediate_size":96,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+  "head_dim":16,"vocab_size":128,"torch_dtype":"bfloat16","tie_word_embeddings":false,
+  "quantization_config":{"quant_method":"fp8","activation_scheme":"static",
+    "ignored_layers":["model.layers.1.self_attn.o_proj"]}})";
+
+const char* kMoe = R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,
+  "intermediate_size":96,"num_hidden_layers":1,"num_attention_heads":4,"num_key_value_heads":2,
+  "head_dim":16,"vocab_size":128,"num_experts":4,"num_experts_per_tok":2,
+  "moe_intermediate_size":32,"norm_topk_prob":true,"torch_dtype":"bfloat16",
+  "tie_word_embeddings":false,"quantization_config":{"quant_method":"fp8",
+  "activation_scheme":"static"}})";
+
+// --- the test's own e4m3fn arithmetic ---------------------------------------
+
+// The value of a finite code: (-1)^s 2^(e - 7) (1 + m / 8), or m / 8 2^-6.
+float value_of(std::uint8_t c) {
+  const int e = (c >> 3) & 0xF, m = c & 7;
+  const float mag = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (c & 0x80) ? -mag : mag;
+}
+
+// The code nearest to x after clamping to +-448 (a NaN: +448), ties to the
+// code whose last mantissa bit is 0, found in the sorted table of magnitudes.
+std::uint8_t nearest_code(float x) {
+  static const std::vector<float> magnitudes = [] {
+    std::vector<float> v;
+    for (int c = 0; c < 0x7F; ++c) v.push_back(value_of(static_cast<std::uint8_t>(c)));
+    return v;
+  }();
+  if (std::isnan(x)) x = 448.0f;
+  x = std::min(448.0f, std::max(-448.0f, x));
+  const float a = std::fabs(x);
+  const auto hi = std::lower_bound(magnitudes.begin(), magnitudes.end(), a);
+  int code = static_cast<int>(hi - magnitudes.begin());
+  if (code > 0 && (code == 0x7F || *hi != a)) {
+    const float below = magnitudes[code - 1], above = code < 0x7F ? magnitudes[code] : INFINITY;
+    if (a - below < above - a || (a - below == above - a && (code - 1) % 2 == 0)) --code;
+  }
+  return static_cast<std::uint8_t>(code | (std::signbit(x) ? 0x80 : 0));
+}
+
+float to_half_and_back(float v) {
+  return at::scalar_tensor(v, at::kFloat).to(at::kHalf).to(at::kFloat).item<float>();
+}
+
+// vLLM's requantize_with_max_scale of the codes `w` (a uint8 tensor) from
+// scale `from` to scale `to`: per_tensor_dequantize in float16 (the code and
+// the 0-dim float32 scale both as float16, their product rounded to float16),
+// then scaled_fp8_quant (times 1.0f / to, clamped, nearest even).
+at::Tensor requantized(const at::Tensor& w, float from, float to) {
+  at::Tensor codes = w.contiguous();
+  std::vector<float> values(static_cast<std::size_t>(codes.numel()));
+  const auto* p = codes.data_ptr<std::uint8_t>();
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = value_of(p[i]);
+  const at::Tensor half = at::from_blob(values.data(), codes.sizes(), at::kFloat).to(at::kHalf);
+  const float from_half = to_half_and_back(from);
+  const at::Tensor dq = (half.to(at::kFloat) * from_half).to(at::kHalf).to(at::kFloat).contiguous();
+  const float inverse = 1.0f / to;
+  at::Tensor out = at::empty_like(codes);
+  auto* q = out.data_ptr<std::uint8_t>();
+  const auto* d = dq.data_ptr<float>();
+  for (std::int64_t i = 0; i < codes.numel(); ++i) q[i] = nearest_code(d[i] * inverse);
+  return out;
+}
+
+// --- checkpoints -------------------------------------------------------------
+
+struct Checkpoint {
+  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, DType> dtypes;
+  int next_seed = 1;
+
+  void bf16(const std::string& name, std::vector<std::int64_t> shape) {
+    at::manual_seed(next_seed++);
+    tensors[name] = at::randn(shape).to(at::kBFloat16);
+    dtypes[name] = DType::kBFloat16;
+  }
+  // An FP8 weight (any code but the two NaNs), its scale and input scale:
+  // scales of [0.002, 0.05), different for every module.
+  void fp8(const std::string& module, std::int64_t rows, std::int64_t cols) {
+    at::manual_seed(next_seed++);
+    at::Tensor codes = at::randint(0, 254, {rows, cols}, at::kByte);
+    codes.masked_fill_(codes == 0x7F, 0x7E);
+    tensors[module + ".weight"] = codes;
+    dtypes[module + ".weight"] = DType::kFloat8E4M3;
+    for (const char* leaf : {".weight_scale", ".input_scale"}) {
+      tensors[module + leaf] = at::rand({}) * 0.048 + 0.002;
+      dtypes[module + leaf] = DType::kFloat32;
+    }
+  }
+  float scalar(const std::string& name) const { return tensors.at(name).item<float>(); }
+  std::unique_ptr<WeightSource> source() const {
+    std::vector<InMemoryTensor> out;
+    for (const auto& [name, t] : tensors)
+      out.push_back({name, dtypes.at(name),
+                     std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end()),
+                     ConstBytes(static_cast<const std::byte*>(t.data_ptr()),
+                                static_cast<std::uint64_t>(t.numel() * t.element_size())),
+                     nullptr});
+    return make_in_memory_source(std::move(out));
+  }
+};
+
+void attention(Checkpoint& c, const std::string& p, bool o_quantized) {
+  c.bf16(p + "input_layernorm.weight", {kH});
+  c.fp8(p + "self_attn.q_proj", kHeads * kHd, kH);
+  c.fp8(p + "self_attn.k_proj", kKv * kHd, kH);
+  c.fp8(p + "self_attn.v_proj", kKv * kHd, kH);
+  if (o_quantized)
+    c.fp8(p + "self_attn.o_proj", kH, kHeads * kHd);
+  else
+    c.bf16(p + "self_attn.o_proj.weight", {kH, kHeads * kHd});
+  c.bf16(p + "post_attention_layernorm.weight", {kH});
+}
+
+Checkpoint dense_checkpoint() {
+  Checkpoint c;
+  c.bf16("model.embed_tokens.weight", {kVocab, kH});
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    attention(c, p, l == 0);  // (layer 1's o_proj is in ignored_layers)
+    c.fp8(p + "mlp.gate_proj", kInter, kH);
+    c.fp8(p + "mlp.up_proj", kInter, kH);
+    c.fp8(p + "mlp.down_proj", kH, kInter);
+  }
+  c.bf16("model.norm.weight", {kH});
+  c.bf16("lm_head.weight", {kVocab, kH});
+  return c;
+}
+
+Checkpoint moe_checkpoint() {
+  Checkpoint c;
+  c.bf16("model.embed_tokens.weight", {kVocab, kH});
+  const std::string p = "model.layers.0.";
+  attention(c, p, true);
+  c.bf16(p + "self_attn.q_norm.weight", {kHd});
+  c.bf16(p + "self_attn.k_norm.weight", {kHd});
+  c.bf16(p + "mlp.gate.weight", {kExperts, kH});
+  for (int e = 0; e < kExperts; ++e) {
+    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+    c.fp8(x + "gate_proj", kMoeInter, kH);
+    c.fp8(x + "up_proj", kMoeInter, kH);
+    c.fp8(x + "down_proj", kH, kMoeInter);
+  }
+  c.bf16("model.norm.weight", {kH});
+  c.bf16("lm_head.weight", {kVocab, kH});
+  return c;
+}
+
+at::Tensor cut(const at::Tensor& t, std::int64_t a, std::int64_t n, std::int64_t b,
+               std::int64_t m) {
+  return t.slice(0, a, a + n).slice(1, b, b + m);
+}
+
+at::Tensor scalar(float v) {
+  return at::scalar_tensor(v, at::kFloat);
+}
+
+// A fused linear of `parts` (checkpoint modules and the rows/columns this rank
+// takes of each): the parts' codes requantized to the largest of their scales.
+void expect_fused(std::map<std::string, at::Tensor>& want, const Checkpoint& c,
+                  const std::string& param_module,
+                  const std::vector<std::pair<std::string, at::Tensor>>& parts) {
+  float largest = 0, largest_input = 0;
+  for (const auto& [module, slice] : parts) {
+    largest = std::max(largest, c.scalar(module + ".weight_scale"));
+    largest_input = std::max(largest_input, c.scalar(module + ".input_scale"));
+  }
+  std::vector<at::Tensor> rows;
+  for (const auto& [module, slice] : parts)
+    rows.push_back(requantized(slice, c.scalar(module + ".weight_scale"), largest));
+  want[param_module + ".weight"] = at::cat(rows);
+  want[param_module + ".weight_scale"] = scalar(largest);
+  want[param_module + ".input_scale"] = scalar(largest_input);
+}
+
+void expect_attention(std::map<std::string, at::Tensor>& want, const Checkpoint& c,
+                      const std::string& p, int tp, int r, bool o_quantized) {
+  const auto& t = c.tensors;
+  const std::int64_t q_rows = kHeads * kHd / tp;
+  const std::int64_t kv_heads = std::max<std::int64_t>(1, kKv / tp);
+  const std::int64_t kv_first = tp >= kKv ? r / (tp / kKv) : r * kv_heads;
+  const std::int64_t kv_rows = kv_heads * kHd, kv_at = kv_first * kHd;
+  const std::string a = p + "self_attn.";
+  expect_fused(want, c, a + "qkv_proj",
+               {{a + "q_proj", cut(t.at(a + "q_proj.weight"), r * q_rows, q_rows, 0, kH)},
+                {a + "k_proj", cut(t.at(a + "k_proj.weight"), kv_at, kv_rows, 0, kH)},
+                {a + "v_proj", cut(t.at(a + "v_proj.weight"), kv_at, kv_rows, 0, kH)}});
+  const std::int64_t o_cols = kHeads * kHd / tp;
+  const at::Tensor o = cut(t.at(a + "o_proj.weight"), 0, kH, r * o_cols, o_cols);
+  if (o_quantized)
+    expect_fused(want, c, a + "o_proj", {{a + "o_proj", o}});
+  else
+    want[a + "o_proj.weight"] = o;
+}
+
+std::map<std::string, at::Tensor> expected_dense(const Checkpoint& c, int tp, int r) {
+  std::map<std::string, at::Tensor> want;
+  const auto& t = c.tensors;
+  const std::int64_t rows = kInter / tp;
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    expect_attention(want, c, p, tp, r, l == 0);
+    const std::string m = p + "mlp.";
+    expect_fused(want, c, m + "gate_up_proj",
+                 {{m + "gate_proj", cut(t.at(m + "gate_proj.weight"), r * rows, rows, 0, kH)},
+                  {m + "up_proj", cut(t.at(m + "up_proj.weight"), r * rows, rows, 0, kH)}});
+    expect_fused(want, c, m + "down_proj",
+                 {{m + "down_proj", cut(t.at(m + "down_proj.weight"), 0, kH, r * rows, rows)}});
+  }
+  return want;
+}
+
+// Fp8MoEMethod: w13 per expert requantized to the larger of gate's and up's
+// scales (w13_weight_scale [E_local]); w2 as it is with its scales; the input
+// scales the largest of the rank's experts'.
+std::map<std::string, at::Tensor> expected_moe(const Checkpoint& c, int tp, int r, bool ep) {
+  std::map<std::string, at::Tensor> want;
+  expect_attention(want, c, "model.layers.0.", tp, r, true);
+  const auto& t = c.tensors;
+  const std::string x = "model.layers.0.mlp.experts.";
+  const std::int64_t local = ep ? kExperts / tp : kExperts, inter = ep ? kMoeInter : kMoeInter / tp;
+  const std::int64_t first = ep ? r * local : 0, at_row = ep ? 0 : r * inter;
+  std::vector<at::Tensor> w13, w2;
+  std::vector<float> w13_scale, w2_scale;
+  float w13_input = 0, w2_input = 0;
+  for (std::int64_t e = first; e < first + local; ++e) {
+    const std::string n = x + std::to_string(e) + ".";
+    const float g = c.scalar(n + "gate_proj.weight_scale"),
+                u = c.scalar(n + "up_proj.weight_scale");
+    const float larger = std::max(g, u);
+    w13.push_back(
+        at::cat({requantized(cut(t.at(n + "gate_proj.weight"), at_row, inter, 0, kH), g, larger),
+                 requantized(cut(t.at(n + "up_proj.weight"), at_row, inter, 0, kH), u, larger)}));
+    w13_scale.push_back(larger);
+    w2.push_back(cut(t.at(n + "down_proj.weight"), 0, kH, at_row, inter));
+    w2_scale.push_back(c.scalar(n + "down_proj.weight_scale"));
+    w13_input = std::max(
+        {w13_input, c.scalar(n + "gate_proj.input_scale"), c.scalar(n + "up_proj.input_scale")});
+    w2_input = std::max(w2_input, c.scalar(n + "down_proj.input_scale"));
+  }
+  want[x + "w13_weight"] = at::stack(w13);
+  want[x + "w13_weight_scale"] = at::tensor(w13_scale);
+  want[x + "w2_weight"] = at::stack(w2);
+  want[x + "w2_weight_scale"] = at::tensor(w2_scale);
+  want[x + "w13_input_scale"] = scalar(w13_input);
+  want[x + "w2_input_scale"] = scalar(w2_input);
+  return want;
+}
+
+ModelOptions rank(int tp, int r, bool ep = false, std::shared_ptr<Device> device = nullptr) {
+  ModelOptions o;
+  o.tp_size = tp;
+  o.tp_rank = r;
+  o.expert_parallel = ep;
+  o.device = std::move(device);
+  return o;
+}
+
+void expect_shards(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& want,
+                   const std::string& what) {
+  for (const auto& [name, t] : want) {
+    const at::Tensor got = model.parameter_for_reload(name);
+    ASSERT_TRUE(got.defined()) << what << ": no parameter " << name;
+    EXPECT_TRUE(got.sizes() == t.sizes() && got.element_size() == t.element_size() &&
+                testdata::same_bytes(got.contiguous().reshape({-1}).view(at::kByte),
+                                     t.contiguous().reshape({-1}).view(at::kByte)))
+        << what << ": " << name << " " << got.sizes() << " vs the test's " << t.sizes();
+  }
+}
+
+ModelConfig config(const char* text) {
+  return parse_model_config(text, "the test's config");
+}
+
+TEST(Fp8Tensor, TheConfigSaysPerTensorAndItsActivationScheme) {
+  EXPECT_EQ(config(kDense).fp8.text(),
+            "fp8, per tensor, activation_scheme static, ignored [model.layers.1.self_attn.o_proj]");
+  std::string dynamic = kDense;
+  dynamic.replace(dynamic.find("\"static\""), 8, "\"dynamic\"");
+  const ModelConfig d = config(dynamic.c_str());
+  EXPECT_EQ(
+      d.fp8.text(),
+      "fp8, per tensor, activation_scheme dynamic, ignored [model.layers.1.self_attn.o_proj]");
+  // Dynamic activations: no input scales among the parameters.
+  TensorParallelModel model(d, rank(1, 0));
+  EXPECT_TRUE(
+      model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight_scale").defined());
+  EXPECT_FALSE(
+      model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.input_scale").defined());
+  std::string odd = kDense;
+  odd.replace(odd.find("\"static\""), 8, "\"sometimes\"");
+  try {
+    config(odd.c_str());
+    FAIL() << "an activation scheme that is neither static nor dynamic";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find("activation_scheme \"sometimes\" is not \"static\" or "
+                                         "\"dynamic\""),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Fp8Tensor, DenseLayersAreRequantizedToTheLargestScaleOfTheirParts) {
+  const Checkpoint c = dense_checkpoint();
+  for (const int tp : {1, 2, 4}) {
+    for (int r = 0; r < tp; ++r) {
+      TensorParallelModel model(config(kDense), rank(tp, r));
+      auto source = c.source();
+      model.load_weights(*source);
+      const auto want = expected_dense(c, tp, r);
+      expect_shards(model, want, "tp " + std::to_string(tp) + " rank " + std::to_string(r));
+      EXPECT_EQ(model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight_scale").dim(),
+                0)
+          << "vLLM's weight_scale after processing is 0-dim";
+    }
+  }
+}
+
+TEST(Fp8Tensor, ExpertsAreRequantizedPerExpertWithTensorAndExpertParallelism) {
+  const Checkpoint c = moe_checkpoint();
+  for (const bool ep : {false, true}) {
+    for (int r = 0; r < 2; ++r) {
+      TensorParallelModel model(config(kMoe), rank(2, r, ep));
+      auto source = c.source();
+      model.load_weights(*source);
+      expect_shards(model, expected_moe(c, 2, r, ep),
+                    std::string(ep ? "expert" : "tensor") + " parallel, rank " + std::to_string(r));
+    }
+  }
+}
+
+// Through the engine, twice (the second reload must process the new scales,
+// not the first's), broadcast and scatter, atomic or not, with parameters in
+// host or (emulated) device memory: the same bytes as the test's, in place.
+TEST(Fp8Tensor, AReloadProcessesEveryLayerInPlace) {
+  const Checkpoint v1 = moe_checkpoint();
+  Checkpoint v2 = moe_checkpoint();
+  for (auto& [name, t] : v2.tensors)
+    t = t.dim() == 0 ? t * 1.5 : t.flip({0}).contiguous();  // other bytes and scales
+  const auto want = expected_moe(v2, 1, 0, false);
+  for (const bool device : {false, true}) {
+    auto dev = device ? std::make_shared<EmulatedDevice>() : nullptr;
+    TensorParallelModel model(config(kMoe), rank(1, 0, false, dev));
+    auto control = make_local_communicator();
+    for (const Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+      for (const bool atomic : {false, true}) {
+        ReloadOptions o;
+        o.distribution = d;
+        o.atomic = atomic;
+        o.bucket_bytes = 3000;  // (a layer over several buckets)
+        auto data = make_communicator_transport(*control);
+        if (device) data = testing::make_emulated_device_transport(std::move(data), *dev);
+        auto s1 = v1.source();
+        reload_weights(model, *control, *data, s1.get(), o);
+        const void* before =
+            model.parameter_for_reload("model.layers.0.mlp.experts.w13_weight").data_ptr();
+        auto s2 = v2.source();
+        const ReloadResult result = reload_weights(model, *control, *data, s2.get(), o);
+        const std::string what = std::string(device ? "device, " : "host, ") +
+                                 std::string(distribution_name(d)) + (atomic ? ", atomic" : "");
+        EXPECT_TRUE(result.complete()) << what;
+        expect_shards(model, want, what);
+        EXPECT_EQ(model.parameter_for_reload("model.layers.0.mlp.experts.w13_weight").data_ptr(),
+                  before)
+            << what;
+      }
+    }
+  }
+}
+
+// The dequantization rounds the scale to float16 before the product (PyTorch's
+// float16 tensor times a 0-dim float32 one): for code 119,
+// scale 0.013269647 requantized to 0.029480478 that gives code 109, where the
+// float32 scale would give 110. The host step and the test's arithmetic agree.
+TEST(Fp8Tensor, TheScaleIsRoundedToFloat16BeforeTheProduct) {
+  const float from = 0.013269647024571896f, to = 0.029480477795004845f;
+  const at::Tensor codes = at::full({1}, 119, at::kByte);
+  const std::uint8_t want = requantized(codes, from, to).item<std::uint8_t>();
+  const float unrounded = (at::scalar_tensor(value_of(119) * from, at::kFloat).to(at::kHalf))
+                              .to(at::kFloat)
+                              .item<float>();
+  ASSERT_NE(want, nearest_code(unrounded * (1.0f / to))) << "a case where the rounding matters";
+  std::uint8_t got = 119;
+  const float staged[2] = {from, to};
+  float largest = 0;
+  fp8::requantize_step(&got, 1, staged, 0, 0, 2, &largest);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(largest, to);
+}
+
+// A load that brings part of a fused layer (k_proj's weight without its
+// scale) is refused naming it: the requantization needs every part's scale.
+TEST(Fp8Tensor, ALayerBroughtInPartIsRefusedNamingIt) {
+  Checkpoint c = dense_checkpoint();
+  c.tensors.erase("model.layers.0.self_attn.k_proj.weight_scale");
+  TensorParallelModel model(config(kDense), rank(1, 0));
+  auto source = c.source();
+  try {
+    model.load_weights(*source);
+    FAIL() << "k_proj's weight without its scale";
+  } catch (const ModelError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("per-tensor FP8 layer 0 on tp rank 0: this load brought "
+                                   "'model.layers.0.self_attn.qkv_proj.weight_scale' in part (with "
+                                   "'model.layers.0.self_attn.qkv_proj.weight')"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tpreload
