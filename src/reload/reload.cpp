@@ -295,10 +295,8 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
   return std::nullopt;
 }
 
-// The parameters this rank must fill that the plan gives it nothing (or not every
-// shard) for, by name; what --require-complete refuses.
-std::optional<std::string> unplanned_problem(const Plan& plan, const ReloadTarget& model,
-                                             WeightFormat format, const std::string& description) {
+// Which shards of each parameter of this rank the plan fills.
+std::vector<std::vector<bool>> planned_shards(const Plan& plan, const ReloadTarget& model) {
   const auto& params = model.rules().params();
   const int tp_rank = model.tp_rank();
   std::vector<std::vector<bool>> filled(params.size());
@@ -312,6 +310,39 @@ std::optional<std::string> unplanned_problem(const Plan& plan, const ReloadTarge
       if (pl.slot != kNoSlot && pl.shard < filled[pl.slot].size()) filled[pl.slot][pl.shard] = true;
     }
   }
+  return filled;
+}
+
+// A per-tensor FP8 layer the plan brings in part (ShardingRules::scale_steps):
+// refused before any write, as processing it would be.
+std::optional<std::string> part_layer_problem(const Plan& plan, const ReloadTarget& model) {
+  const std::vector<ScaleStep> steps = model.rules().scale_steps(model.tp_rank());
+  if (steps.empty()) return std::nullopt;
+  const auto filled = planned_shards(plan, model);
+  auto brought = [&](ParamSlot slot) {
+    const auto& f = filled[slot];
+    const auto n = std::count(f.begin(), f.end(), true);
+    return n == 0                                       ? Brought::kNone
+           : n == static_cast<std::ptrdiff_t>(f.size()) ? Brought::kAll
+                                                        : Brought::kPart;
+  };
+  for (const ScaleStep& step : steps) {
+    const Brought scale = brought(step.scale);
+    const std::string problem =
+        scale_step_problem(model.rules(), step, model.tp_rank(), scale,
+                           step.weight != kNoSlot ? brought(step.weight) : scale);
+    if (!problem.empty()) return problem;
+  }
+  return std::nullopt;
+}
+
+// The parameters this rank must fill that the plan gives it nothing (or not every
+// shard) for, by name; what --require-complete refuses.
+std::optional<std::string> unplanned_problem(const Plan& plan, const ReloadTarget& model,
+                                             WeightFormat format, const std::string& description) {
+  const auto& params = model.rules().params();
+  const int tp_rank = model.tp_rank();
+  const auto filled = planned_shards(plan, model);
   std::vector<std::string> missing;
   for (ParamSlot s = 0; s < params.size(); ++s)
     if ((format == WeightFormat::kKernel || params[s].from_checkpoint) &&
@@ -544,6 +575,8 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
     problem = detail::concat("planning the reload: ", e.what());
   }
   if (!problem) problem = preflight_problem(fresh->plan, fresh->metadata, model, world.rank());
+  if (!problem && options.format == WeightFormat::kCheckpoint)
+    problem = part_layer_problem(fresh->plan, model);
   if (!problem) try {  // this rank's writes
       fresh->applies =
           resolve_applies(fresh->plan, fresh->metadata, model.rules(), plan_options, world.rank());

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "../support/tiny_models.h"
+#include "fp8_checkpoints.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/comm/data_transport.h"
@@ -60,90 +60,25 @@ const char* kMoe = R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":320
   "activation_scheme":"dynamic","weight_block_size":[128,128],
   "modules_to_not_convert":["lm_head","model.layers.0.mlp.gate"]}})";
 
-// A checkpoint written by the test: each tensor with its dtype (FP8 held as
-// uint8 bytes), seeded by its position.
-struct Checkpoint {
-  std::map<std::string, at::Tensor> tensors;
-  std::map<std::string, DType> dtypes;
-  int next_seed = 1;
+using Checkpoint = testdata::Fp8TestCheckpoint;
+using testdata::cut;
+using testdata::expect_shards;
 
-  void bf16(const std::string& name, std::vector<std::int64_t> shape) {
-    at::manual_seed(next_seed++);
-    tensors[name] = at::randn(shape).to(at::kBFloat16);
-    dtypes[name] = DType::kBFloat16;
-  }
-  // An FP8 weight (codes 0..254 but the two NaNs) and its scale grid.
-  void fp8(const std::string& module, std::int64_t rows, std::int64_t cols) {
-    at::manual_seed(next_seed++);
-    at::Tensor codes = at::randint(0, 254, {rows, cols}, at::kByte);
-    codes.masked_fill_(codes == 0x7F, 0x7E);
-    tensors[module + ".weight"] = codes;
-    dtypes[module + ".weight"] = DType::kFloat8E4M3;
-    tensors[module + ".weight_scale_inv"] = at::rand({blocks_n(rows), blocks_k(cols)}) + 0.01;
-    dtypes[module + ".weight_scale_inv"] = DType::kFloat32;
-  }
-  std::unique_ptr<WeightSource> source() const {
-    std::vector<InMemoryTensor> out;
-    for (const auto& [name, t] : tensors)
-      out.push_back({name, dtypes.at(name),
-                     std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end()),
-                     ConstBytes(static_cast<const std::byte*>(t.data_ptr()),
-                                static_cast<std::uint64_t>(t.numel() * t.element_size())),
-                     nullptr});
-    return make_in_memory_source(std::move(out));
-  }
-};
+constexpr testdata::Fp8Sizes kSizes{kH, kHeads, kKv, kHd, kInter, kVocab, kExperts, kMoeInter};
 
-void attention(Checkpoint& c, const std::string& p, bool o_quantized) {
-  c.bf16(p + "input_layernorm.weight", {kH});
-  c.fp8(p + "self_attn.q_proj", kHeads * kHd, kH);
-  c.fp8(p + "self_attn.k_proj", kKv * kHd, kH);
-  c.fp8(p + "self_attn.v_proj", kKv * kHd, kH);
-  if (o_quantized)
-    c.fp8(p + "self_attn.o_proj", kH, kHeads * kHd);
-  else
-    c.bf16(p + "self_attn.o_proj.weight", {kH, kHeads * kHd});
-  c.bf16(p + "post_attention_layernorm.weight", {kH});
+// An FP8 weight and its scale grid.
+void add_fp8(Checkpoint& c, const std::string& module, std::int64_t rows, std::int64_t cols) {
+  c.codes(module + ".weight", rows, cols);
+  c.tensors[module + ".weight_scale_inv"] = at::rand({blocks_n(rows), blocks_k(cols)}) + 0.01;
+  c.dtypes[module + ".weight_scale_inv"] = DType::kFloat32;
 }
 
 Checkpoint dense_checkpoint() {
-  Checkpoint c;
-  c.bf16("model.embed_tokens.weight", {kVocab, kH});
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    attention(c, p, l == 0);  // (layer 1's o_proj is in ignored_layers)
-    c.fp8(p + "mlp.gate_proj", kInter, kH);
-    c.fp8(p + "mlp.up_proj", kInter, kH);
-    c.fp8(p + "mlp.down_proj", kH, kInter);
-  }
-  c.bf16("model.norm.weight", {kH});
-  c.bf16("lm_head.weight", {kVocab, kH});
-  return c;
+  return testdata::fp8_dense_checkpoint(kSizes, add_fp8);
 }
 
 Checkpoint moe_checkpoint() {
-  Checkpoint c;
-  c.bf16("model.embed_tokens.weight", {kVocab, kH});
-  const std::string p = "model.layers.0.";
-  attention(c, p, true);
-  c.bf16(p + "self_attn.q_norm.weight", {kHd});
-  c.bf16(p + "self_attn.k_norm.weight", {kHd});
-  c.bf16(p + "mlp.gate.weight", {kExperts, kH});  // (the router: not quantized)
-  for (int e = 0; e < kExperts; ++e) {
-    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-    c.fp8(x + "gate_proj", kMoeInter, kH);
-    c.fp8(x + "up_proj", kMoeInter, kH);
-    c.fp8(x + "down_proj", kH, kMoeInter);
-  }
-  c.bf16("model.norm.weight", {kH});
-  c.bf16("lm_head.weight", {kVocab, kH});
-  return c;
-}
-
-// Rows [a, a + n) and columns [b, b + m) of a 2-D tensor.
-at::Tensor cut(const at::Tensor& t, std::int64_t a, std::int64_t n, std::int64_t b,
-               std::int64_t m) {
-  return t.slice(0, a, a + n).slice(1, b, b + m);
+  return testdata::fp8_moe_checkpoint(kSizes, add_fp8);
 }
 
 // What rank `r` of `tp` holds of the attention of layer prefix `p`, weights and
@@ -225,21 +160,7 @@ std::map<std::string, at::Tensor> expected_moe(const Checkpoint& c, int tp, int 
 }
 
 ModelOptions rank(int tp, int r, bool ep = false) {
-  ModelOptions o;
-  o.tp_size = tp;
-  o.tp_rank = r;
-  o.expert_parallel = ep;
-  return o;
-}
-
-void expect_shards(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& want,
-                   const std::string& what) {
-  for (const auto& [name, t] : want) {
-    const at::Tensor got = model.parameter_for_reload(name);
-    EXPECT_TRUE(got.sizes() == t.sizes() && got.element_size() == t.element_size() &&
-                testdata::same_bytes(got.view(at::kByte), t.contiguous().view(at::kByte)))
-        << what << ": " << name << " " << got.sizes() << " vs the test's " << t.sizes();
-  }
+  return testdata::tp_rank_options(tp, r, ep);
 }
 
 TEST(Fp8Block, DenseWeightsAndGridsAreSlicedAsVllmSlicesThem) {

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "../support/emulated_device.h"
-#include "../support/tiny_models.h"
+#include "fp8_checkpoints.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
@@ -105,91 +105,32 @@ at::Tensor requantized(const at::Tensor& w, float from, float to) {
 
 // --- checkpoints -------------------------------------------------------------
 
-struct Checkpoint {
-  std::map<std::string, at::Tensor> tensors;
-  std::map<std::string, DType> dtypes;
-  int next_seed = 1;
+using Checkpoint = testdata::Fp8TestCheckpoint;
+using testdata::cut;
+using testdata::expect_shards;
 
-  void bf16(const std::string& name, std::vector<std::int64_t> shape) {
-    at::manual_seed(next_seed++);
-    tensors[name] = at::randn(shape).to(at::kBFloat16);
-    dtypes[name] = DType::kBFloat16;
-  }
-  // An FP8 weight (any code but the two NaNs), its scale and input scale:
-  // scales of [0.002, 0.05), different for every module.
-  void fp8(const std::string& module, std::int64_t rows, std::int64_t cols) {
-    at::manual_seed(next_seed++);
-    at::Tensor codes = at::randint(0, 254, {rows, cols}, at::kByte);
-    codes.masked_fill_(codes == 0x7F, 0x7E);
-    tensors[module + ".weight"] = codes;
-    dtypes[module + ".weight"] = DType::kFloat8E4M3;
-    for (const char* leaf : {".weight_scale", ".input_scale"}) {
-      tensors[module + leaf] = at::rand({}) * 0.048 + 0.002;
-      dtypes[module + leaf] = DType::kFloat32;
-    }
-  }
-  float scalar(const std::string& name) const { return tensors.at(name).item<float>(); }
-  std::unique_ptr<WeightSource> source() const {
-    std::vector<InMemoryTensor> out;
-    for (const auto& [name, t] : tensors)
-      out.push_back({name, dtypes.at(name),
-                     std::vector<std::int64_t>(t.sizes().begin(), t.sizes().end()),
-                     ConstBytes(static_cast<const std::byte*>(t.data_ptr()),
-                                static_cast<std::uint64_t>(t.numel() * t.element_size())),
-                     nullptr});
-    return make_in_memory_source(std::move(out));
-  }
-};
+constexpr testdata::Fp8Sizes kSizes{kH, kHeads, kKv, kHd, kInter, kVocab, kExperts, kMoeInter};
 
-void attention(Checkpoint& c, const std::string& p, bool o_quantized) {
-  c.bf16(p + "input_layernorm.weight", {kH});
-  c.fp8(p + "self_attn.q_proj", kHeads * kHd, kH);
-  c.fp8(p + "self_attn.k_proj", kKv * kHd, kH);
-  c.fp8(p + "self_attn.v_proj", kKv * kHd, kH);
-  if (o_quantized)
-    c.fp8(p + "self_attn.o_proj", kH, kHeads * kHd);
-  else
-    c.bf16(p + "self_attn.o_proj.weight", {kH, kHeads * kHd});
-  c.bf16(p + "post_attention_layernorm.weight", {kH});
+// An FP8 weight, its scale and its input scale: scales of [0.002, 0.05),
+// different for every module.
+void add_fp8(Checkpoint& c, const std::string& module, std::int64_t rows, std::int64_t cols) {
+  c.codes(module + ".weight", rows, cols);
+  for (const char* leaf : {".weight_scale", ".input_scale"}) {
+    c.tensors[module + leaf] = at::rand({}) * 0.048 + 0.002;
+    c.dtypes[module + leaf] = DType::kFloat32;
+  }
+}
+
+float scalar_of(const Checkpoint& c, const std::string& name) {
+  return c.tensors.at(name).item<float>();
 }
 
 Checkpoint dense_checkpoint() {
-  Checkpoint c;
-  c.bf16("model.embed_tokens.weight", {kVocab, kH});
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    attention(c, p, l == 0);  // (layer 1's o_proj is in ignored_layers)
-    c.fp8(p + "mlp.gate_proj", kInter, kH);
-    c.fp8(p + "mlp.up_proj", kInter, kH);
-    c.fp8(p + "mlp.down_proj", kH, kInter);
-  }
-  c.bf16("model.norm.weight", {kH});
-  c.bf16("lm_head.weight", {kVocab, kH});
-  return c;
+  return testdata::fp8_dense_checkpoint(kSizes, add_fp8);
 }
 
 Checkpoint moe_checkpoint() {
-  Checkpoint c;
-  c.bf16("model.embed_tokens.weight", {kVocab, kH});
-  const std::string p = "model.layers.0.";
-  attention(c, p, true);
-  c.bf16(p + "self_attn.q_norm.weight", {kHd});
-  c.bf16(p + "self_attn.k_norm.weight", {kHd});
-  c.bf16(p + "mlp.gate.weight", {kExperts, kH});
-  for (int e = 0; e < kExperts; ++e) {
-    const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
-    c.fp8(x + "gate_proj", kMoeInter, kH);
-    c.fp8(x + "up_proj", kMoeInter, kH);
-    c.fp8(x + "down_proj", kH, kMoeInter);
-  }
-  c.bf16("model.norm.weight", {kH});
-  c.bf16("lm_head.weight", {kVocab, kH});
-  return c;
-}
-
-at::Tensor cut(const at::Tensor& t, std::int64_t a, std::int64_t n, std::int64_t b,
-               std::int64_t m) {
-  return t.slice(0, a, a + n).slice(1, b, b + m);
+  return testdata::fp8_moe_checkpoint(kSizes, add_fp8);
 }
 
 at::Tensor scalar(float v) {
@@ -203,12 +144,12 @@ void expect_fused(std::map<std::string, at::Tensor>& want, const Checkpoint& c,
                   const std::vector<std::pair<std::string, at::Tensor>>& parts) {
   float largest = 0, largest_input = 0;
   for (const auto& [module, slice] : parts) {
-    largest = std::max(largest, c.scalar(module + ".weight_scale"));
-    largest_input = std::max(largest_input, c.scalar(module + ".input_scale"));
+    largest = std::max(largest, scalar_of(c, module + ".weight_scale"));
+    largest_input = std::max(largest_input, scalar_of(c, module + ".input_scale"));
   }
   std::vector<at::Tensor> rows;
   for (const auto& [module, slice] : parts)
-    rows.push_back(requantized(slice, c.scalar(module + ".weight_scale"), largest));
+    rows.push_back(requantized(slice, scalar_of(c, module + ".weight_scale"), largest));
   want[param_module + ".weight"] = at::cat(rows);
   want[param_module + ".weight_scale"] = scalar(largest);
   want[param_module + ".input_scale"] = scalar(largest_input);
@@ -266,18 +207,18 @@ std::map<std::string, at::Tensor> expected_moe(const Checkpoint& c, int tp, int 
   float w13_input = 0, w2_input = 0;
   for (std::int64_t e = first; e < first + local; ++e) {
     const std::string n = x + std::to_string(e) + ".";
-    const float g = c.scalar(n + "gate_proj.weight_scale"),
-                u = c.scalar(n + "up_proj.weight_scale");
+    const float g = scalar_of(c, n + "gate_proj.weight_scale"),
+                u = scalar_of(c, n + "up_proj.weight_scale");
     const float larger = std::max(g, u);
     w13.push_back(
         at::cat({requantized(cut(t.at(n + "gate_proj.weight"), at_row, inter, 0, kH), g, larger),
                  requantized(cut(t.at(n + "up_proj.weight"), at_row, inter, 0, kH), u, larger)}));
     w13_scale.push_back(larger);
     w2.push_back(cut(t.at(n + "down_proj.weight"), 0, kH, at_row, inter));
-    w2_scale.push_back(c.scalar(n + "down_proj.weight_scale"));
-    w13_input = std::max(
-        {w13_input, c.scalar(n + "gate_proj.input_scale"), c.scalar(n + "up_proj.input_scale")});
-    w2_input = std::max(w2_input, c.scalar(n + "down_proj.input_scale"));
+    w2_scale.push_back(scalar_of(c, n + "down_proj.weight_scale"));
+    w13_input = std::max({w13_input, scalar_of(c, n + "gate_proj.input_scale"),
+                          scalar_of(c, n + "up_proj.input_scale")});
+    w2_input = std::max(w2_input, scalar_of(c, n + "down_proj.input_scale"));
   }
   want[x + "w13_weight"] = at::stack(w13);
   want[x + "w13_weight_scale"] = at::tensor(w13_scale);
@@ -289,24 +230,7 @@ std::map<std::string, at::Tensor> expected_moe(const Checkpoint& c, int tp, int 
 }
 
 ModelOptions rank(int tp, int r, bool ep = false, std::shared_ptr<Device> device = nullptr) {
-  ModelOptions o;
-  o.tp_size = tp;
-  o.tp_rank = r;
-  o.expert_parallel = ep;
-  o.device = std::move(device);
-  return o;
-}
-
-void expect_shards(const TensorParallelModel& model, const std::map<std::string, at::Tensor>& want,
-                   const std::string& what) {
-  for (const auto& [name, t] : want) {
-    const at::Tensor got = model.parameter_for_reload(name);
-    ASSERT_TRUE(got.defined()) << what << ": no parameter " << name;
-    EXPECT_TRUE(got.sizes() == t.sizes() && got.element_size() == t.element_size() &&
-                testdata::same_bytes(got.contiguous().reshape({-1}).view(at::kByte),
-                                     t.contiguous().reshape({-1}).view(at::kByte)))
-        << what << ": " << name << " " << got.sizes() << " vs the test's " << t.sizes();
-  }
+  return testdata::tp_rank_options(tp, r, ep, std::move(device));
 }
 
 ModelConfig config(const char* text) {
@@ -431,9 +355,30 @@ TEST(Fp8Tensor, TheScaleIsRoundedToFloat16BeforeTheProduct) {
 
 // A load that brings part of a fused layer (k_proj's weight without its
 // scale) is refused naming it: the requantization needs every part's scale.
+// The engine refuses it before any write.
 TEST(Fp8Tensor, ALayerBroughtInPartIsRefusedNamingIt) {
-  Checkpoint c = dense_checkpoint();
+  const std::string what =
+      "per-tensor FP8 layer 0 on tp rank 0: this load brings only part of "
+      "'model.layers.0.self_attn.qkv_proj.weight_scale', beside "
+      "'model.layers.0.self_attn.qkv_proj.weight'";
+  const Checkpoint whole = dense_checkpoint();
+  Checkpoint c = whole;
   c.tensors.erase("model.layers.0.self_attn.k_proj.weight_scale");
+  {
+    TensorParallelModel model(config(kDense), rank(1, 0));
+    auto control = make_local_communicator();
+    auto first = whole.source();
+    reload_weights(model, *control, first.get(), ReloadOptions{});
+    auto part = c.source();
+    try {
+      reload_weights(model, *control, part.get(), ReloadOptions{});
+      FAIL() << "the engine took k_proj's weight without its scale";
+    } catch (const ValidationError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("nothing was reloaded"), std::string::npos) << e.what();
+    }
+    expect_shards(model, expected_dense(whole, 1, 0), "after the refused reload");
+  }
   TensorParallelModel model(config(kDense), rank(1, 0));
   auto source = c.source();
   try {
@@ -441,9 +386,9 @@ TEST(Fp8Tensor, ALayerBroughtInPartIsRefusedNamingIt) {
     FAIL() << "k_proj's weight without its scale";
   } catch (const ModelError& e) {
     EXPECT_NE(
-        std::string(e.what()).find("per-tensor FP8 layer 0 on tp rank 0: this load brought "
-                                   "'model.layers.0.self_attn.qkv_proj.weight_scale' in part (with "
-                                   "'model.layers.0.self_attn.qkv_proj.weight')"),
+        std::string(e.what()).find("per-tensor FP8 layer 0 on tp rank 0: this load brings only "
+                                   "part of 'model.layers.0.self_attn.qkv_proj.weight_scale', "
+                                   "beside 'model.layers.0.self_attn.qkv_proj.weight'"),
         std::string::npos)
         << e.what();
   }

@@ -129,6 +129,17 @@ struct Placement {
 // Why a checkpoint tensor has no placement.
 enum class SkipReason { kNone, kNoParameter, kTiedHead };
 
+// How much of a parameter a load brings: none, part or all of its shards.
+enum class Brought : std::uint8_t { kNone, kPart, kAll };
+
+class ShardingRules;
+// Why `step` cannot be processed on `tp_rank` after a load that brought its
+// staged scale parameter and its weight (kAll where it has none) as given: ""
+// when the load brought all of them, or none. A fused weight is requantized to
+// the largest of all its parts' scales, so a part alone cannot be processed.
+std::string scale_step_problem(const ShardingRules& rules, const ScaleStep& step, int tp_rank,
+                               Brought scale, Brought weight);
+
 class ShardingRules {
  public:
   // Throws ModelError when the config cannot be split tp_size ways (heads, KV

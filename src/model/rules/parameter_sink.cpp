@@ -143,18 +143,14 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
   for (const ScaleStep& step : steps_) {
     if (step.layer != layer) continue;
     const bool weight = step.weight != kNoSlot;
-    const bool all = loaded(step.scale) && (!weight || loaded(step.weight));
-    if (!all && !any_loaded(step.scale) && (!weight || !any_loaded(step.weight))) continue;
-    if (!all) {
-      const ParamSlot part = !loaded(step.scale) ? step.scale : step.weight;
-      const ParamSlot other = part == step.scale ? step.weight : step.scale;
-      raise<ModelError>(
-          "per-tensor FP8 layer ", layer, " on tp rank ", tp_rank, ": this load brought '",
-          params[part].name, "' in part",
-          weight ? detail::concat(" (with '", params[other].name, "')") : std::string(),
-          ": its weight is requantized to the largest of all its parts' scales, so a load "
-          "must bring every part's weight and scale, or none");
-    }
+    auto brought = [&](ParamSlot slot) {
+      return loaded(slot) ? Brought::kAll : any_loaded(slot) ? Brought::kPart : Brought::kNone;
+    };
+    const Brought scale = brought(step.scale);
+    const std::string problem =
+        scale_step_problem(rules_, step, tp_rank, scale, weight ? brought(step.weight) : scale);
+    if (!problem.empty()) raise<ModelError>(problem);
+    if (scale == Brought::kNone) continue;  // (not in this load)
     const ParamSpec& w = weight ? params[step.weight] : params[step.scale];
     const std::uint64_t width = param_row_bytes(w.shape, w.dtype);
     auto* codes = weight ? reinterpret_cast<std::uint8_t*>(storage_[step.weight].data) +

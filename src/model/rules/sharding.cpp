@@ -434,6 +434,25 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
   return pl;
 }
 
+std::string scale_step_problem(const ShardingRules& rules, const ScaleStep& step, int tp_rank,
+                               Brought scale, Brought weight) {
+  const bool has_weight = step.weight != kNoSlot;
+  if (!has_weight) weight = scale;
+  if ((scale == Brought::kAll && weight == Brought::kAll) ||
+      (scale == Brought::kNone && weight == Brought::kNone))
+    return "";
+  const auto& params = rules.params();
+  const ParamSlot part = scale != Brought::kAll ? step.scale : step.weight;
+  const ParamSlot other = part == step.scale ? step.weight : step.scale;
+  const bool none = (part == step.scale ? scale : weight) == Brought::kNone;
+  return detail::concat(
+      "per-tensor FP8 layer ", step.layer, " on tp rank ", tp_rank, ": this load brings ",
+      none ? "none of '" : "only part of '", params[part].name, "'",
+      has_weight ? detail::concat(", beside '", params[other].name, "'") : std::string(),
+      ": a fused weight is requantized to the largest of all its parts' scales, so a load "
+      "must bring every part's weight and scale, or none");
+}
+
 std::vector<ScaleStep> ShardingRules::scale_steps(int tp_rank) const {
   std::vector<ScaleStep> steps;
   if (!config_.fp8.per_tensor) return steps;
