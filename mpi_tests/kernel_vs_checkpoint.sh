@@ -8,7 +8,8 @@
 # (expert parallelism), qwen3-moe-fp8 and qwen3-moe-fp8-ep (a block-scaled FP8
 # checkpoint: FP8 weights and their scale grids, not quantized again),
 # qwen3-moe-fp8-tensor (per-tensor FP8 with static activations: the checkpoint
-# reloads requantize each fused layer, the kernel-format one copies the result).
+# reloads requantize each fused layer, the kernel-format one copies the result),
+# qwen3-moe-fp8-online (a bfloat16 checkpoint quantized to FP8 on load).
 set -euo pipefail
 build=$1 np=$2 tp=$3 model=${4:-qwen2}
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -45,6 +46,15 @@ JSON
 JSON
     quant=()
     [ "$model" = qwen3-moe-fp8-ep ] && layout=(--expert-parallel)
+    ;;
+  qwen3-moe-fp8-online)
+    cat > "$work/config.json" <<JSON
+{"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+ "vocab_size": 300, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+ "mlp_only_layers": [1], "norm_topk_prob": true, "tie_word_embeddings": false, "dtype": "bfloat16"}
+JSON
+    quant=(--quantization fp8)
     ;;
   qwen3-moe-fp8-tensor)
     cat > "$work/config.json" <<JSON

@@ -203,7 +203,8 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         temporaries.
     is_checkpoint_format: checkpoint format (through the weight loaders) or kernel
         format (already processed and sharded: copied by name).
-    quantization: None or "int8"; lora, expert_parallel: the model's layout.
+    quantization: None, "int8" or "fp8" (online FP8); lora, expert_parallel: the
+        model's layout.
     distribution: "scatter" (each rank gets its slice) or "broadcast".
     bucket_mb: bucket size in MiB; pipeline_depth: buckets in flight per rank
         (1: one at a time; 2: the next bucket is read while the last is moved and

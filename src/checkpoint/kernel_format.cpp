@@ -9,6 +9,7 @@
 #include "file_util.h"
 #include "safetensors_source.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/quantization.h"
 #include "writer_util.h"
 
 namespace tpreload {
@@ -59,8 +60,9 @@ KernelFormatInfo info_from_json(const json& j, const std::string& file) {
   if (!dtype) info_fail(file, "'dtype' ", j.value("dtype", json()).dump(), " is not a known dtype");
   info.dtype = *dtype;
   const json q = j.value("quantization", json());
-  if (!q.is_null() && !(q.is_string() && q.get<std::string>() == "int8"))
-    info_fail(file, "'quantization' ", q.dump(), " is not null or \"int8\"");
+  if (!q.is_null() &&
+      !(q.is_string() && !q.get<std::string>().empty() && known_quantization(q.get<std::string>())))
+    info_fail(file, "'quantization' ", q.dump(), " is not null, ", quantization_list());
   info.quantization = q.is_null() ? "" : q.get<std::string>();
   const json ep = j.value("expert_parallel", json(false));
   if (!ep.is_boolean()) info_fail(file, "'expert_parallel' ", ep.dump(), " is not true or false");
@@ -101,8 +103,9 @@ std::string kernel_format_json(const KernelFormatInfo& info) {
   }
   if (!config.is_object()) raise<UsageError>("kernel format: config_json is not a JSON object");
   if (info.tp_size < 1) raise<UsageError>("kernel format: tp_size ", info.tp_size, " < 1");
-  if (!info.quantization.empty() && info.quantization != "int8")
-    raise<UsageError>("kernel format: quantization '", info.quantization, "' is not '' or 'int8'");
+  if (!known_quantization(info.quantization))
+    raise<UsageError>("kernel format: quantization '", info.quantization, "' is not '', ",
+                      quantization_list());
   nlohmann::ordered_json j = {
       {"format", kKernelFormatName}, {"version", kKernelFormatVersion},
       {"tp_size", info.tp_size},     {"dtype", std::string(dtype_name(info.dtype))},

@@ -278,6 +278,10 @@ class CudaStream final : public DeviceStream {
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cuda::launch_requantize_fp8(w, n, staged, from, first, count, out, stream_));
   }
+  void quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale) override {
+    DeviceGuard guard(ordinal_);
+    CUDA_CHECK(cuda::launch_quantize_fp8(x, n, codes, scale, stream_));
+  }
   void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
                std::int64_t rows, std::int64_t cols) override {
     DeviceGuard guard(ordinal_);

@@ -21,6 +21,21 @@ __device__ __forceinline__ float load(const float* row, std::int64_t c, Quantize
   return row[c];
 }
 
+// The largest of the block's kThreads values `m` (fmaxf: a NaN operand is
+// ignored), returned to every thread; `partial` is free again on return.
+__device__ __forceinline__ float block_max(float m, float* partial) {
+  partial[threadIdx.x] = m;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half)
+      partial[threadIdx.x] = fmaxf(partial[threadIdx.x], partial[threadIdx.x + half]);
+    __syncthreads();
+  }
+  const float result = partial[0];
+  __syncthreads();
+  return result;
+}
+
 // One block per row (grid-stride over rows). The CPU kernel's formula:
 //   amax = max |w| ignoring NaN (fmaxf ignores a NaN operand, as the CPU max does);
 //   s = amax == 0 ? 1 : amax / 127 (IEEE division, round to nearest);
@@ -35,14 +50,7 @@ __global__ void quantize_rows(const T* w, QuantizeSource dtype, std::int64_t row
     float m = 0.0f;
     for (std::int64_t c = threadIdx.x; c < cols; c += blockDim.x)
       m = fmaxf(m, fabsf(load(row, c, dtype)));
-    partial[threadIdx.x] = m;
-    __syncthreads();
-    for (int half = kThreads / 2; half > 0; half /= 2) {
-      if (threadIdx.x < half)
-        partial[threadIdx.x] = fmaxf(partial[threadIdx.x], partial[threadIdx.x + half]);
-      __syncthreads();
-    }
-    const float amax = partial[0];
+    const float amax = block_max(m, partial);
     const float s = amax == 0.0f ? 1.0f : __fdiv_rn(amax, 127.0f);
     if (threadIdx.x == 0) scale[r] = s;
     std::int8_t* out = q + r * cols;
@@ -50,7 +58,6 @@ __global__ void quantize_rows(const T* w, QuantizeSource dtype, std::int64_t row
       const float v = fminf(127.0f, fmaxf(-127.0f, rintf(__fdiv_rn(load(row, c, dtype), s))));
       out[c] = static_cast<std::int8_t>(static_cast<int>(v));
     }
-    __syncthreads();  // partial[] is reused by the next row
   }
 }
 
@@ -68,7 +75,43 @@ __global__ void requantize_fp8_codes(std::uint8_t* w, std::uint64_t n, const flo
     w[i] = fp8::requantize_e4m3fn(w[i], scale_half, inverse);
 }
 
+// Each block's amax over a grid-stride share, reduced in shared memory, then
+// divided by 448 and merged into *scale with an integer atomicMax (the bit
+// patterns of non-negative floats order as the floats do).
+__global__ void fp8_amax(const float* x, std::uint64_t n, float* scale) {
+  __shared__ float partial[kThreads];
+  float m = 0.0f;
+  const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += step)
+    m = fmaxf(m, fabsf(x[i]));
+  const float amax = block_max(m, partial);
+  if (threadIdx.x == 0)
+    atomicMax(reinterpret_cast<int*>(scale), __float_as_int(fp8::amax_scale(amax)));
+}
+
+__global__ void fp8_quantize(const float* x, std::uint64_t n, std::uint8_t* codes,
+                             const float* scale) {
+  const float inverse = 1.0f / *scale;
+  const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
+  for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += step)
+    codes[i] = fp8::to_e4m3fn(x[i] * inverse);
+}
+
 }  // namespace
+
+cudaError_t launch_quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale,
+                                cudaStream_t stream) {
+  cudaError_t rc = cudaMemsetAsync(scale, 0, sizeof(float), stream);
+  if (rc != cudaSuccess) return rc;
+  const std::uint64_t want = (n + kThreads - 1) / kThreads;
+  const unsigned blocks = static_cast<unsigned>(want == 0 ? 1 : want < 65535 ? want : 65535);
+  rc = launch(fp8_amax, blocks, kThreads, stream, x, n, scale);
+  if (rc != cudaSuccess) return rc;
+  return launch(fp8_quantize, blocks, kThreads, stream, x, n, codes,
+                static_cast<const float*>(scale));
+}
 
 cudaError_t launch_requantize_fp8(std::uint8_t* w, std::uint64_t n, const float* staged,
                                   std::uint32_t from, std::uint32_t first, std::uint32_t count,
@@ -94,7 +137,9 @@ cudaError_t launch_quantize_int8(const void* src, QuantizeSource dtype, std::int
 cudaError_t load_quantize_int8() {
   cudaError_t rc = preload(quantize_rows<float>);
   if (rc == cudaSuccess) rc = preload(quantize_rows<std::uint16_t>);
-  return rc != cudaSuccess ? rc : preload(requantize_fp8_codes);
+  if (rc == cudaSuccess) rc = preload(requantize_fp8_codes);
+  if (rc == cudaSuccess) rc = preload(fp8_amax);
+  return rc != cudaSuccess ? rc : preload(fp8_quantize);
 }
 
 }  // namespace tpreload::cuda

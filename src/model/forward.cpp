@@ -14,6 +14,7 @@
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/float8.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/torch_dtype.h"
 
@@ -247,13 +248,45 @@ at::Tensor TensorParallelModel::host_param(const std::string& name) const {
 }
 
 at::Tensor TensorParallelModel::weight_f32(const std::string& module) const {
-  const at::Tensor w = host_param(module + ".weight");
-  if (const ParamSpec* spec = rules().find_param(module + ".weight");
-      spec && dtype_is_float8(spec->dtype))
-    raise<ModelError>("the forward pass does not dequantize FP8 weights ('", module, ".weight' is ",
-                      dtype_name(spec->dtype), " with block scales)");
-  if (w.scalar_type() != at::kChar) return w.to(at::kFloat);
-  return w.to(at::kFloat) * host_param(module + ".weight_scale").unsqueeze(1);
+  return param_f32(module + ".weight");
+}
+
+// A weight's values in float32: int8 times its per-row weight_scale; FP8 codes
+// decoded (fp8::from_e4m3fn) times their scales: a block grid (weight_scale_inv,
+// each scale over its block of rows and columns), one scale per expert, or one
+// for the tensor (weight_scale: 0-dim, [1]); anything else converted.
+at::Tensor TensorParallelModel::param_f32(const std::string& name) const {
+  const at::Tensor w = host_param(name);
+  const ParamSpec* spec = rules().find_param(name);
+  if (!spec || !dtype_is_float8(spec->dtype)) {
+    if (w.scalar_type() != at::kChar) return w.to(at::kFloat);
+    return w.to(at::kFloat) * host_param(name + "_scale").unsqueeze(1);
+  }
+  if (spec->dtype != DType::kFloat8E4M3)
+    raise<ModelError>("the forward pass decodes float8_e4m3fn weights, not ",
+                      dtype_name(spec->dtype), " ('", name, "')");
+  static const at::Tensor table = [] {
+    std::vector<float> v(256);
+    for (int c = 0; c < 256; ++c) v[c] = fp8::from_e4m3fn(static_cast<std::uint8_t>(c));
+    return at::tensor(v);
+  }();
+  const at::Tensor values =
+      table.index({w.contiguous().view(at::kByte).to(at::kLong)}).view(w.sizes());
+  if (const at::Tensor grid = host_param(name + "_scale_inv"); grid.defined()) {
+    const std::int64_t n = w.size(-2), k = w.size(-1), d = w.dim();
+    const at::Tensor full = grid.to(at::kFloat)
+                                .repeat_interleave(config().fp8.block_n, d - 2)
+                                .repeat_interleave(config().fp8.block_k, d - 1)
+                                .narrow(d - 2, 0, n)
+                                .narrow(d - 1, 0, k);
+    return values * full;
+  }
+  const at::Tensor scale = host_param(name + "_scale");
+  if (!scale.defined())
+    raise<ModelError>("FP8 weight '", name, "' has no weight_scale or weight_scale_inv");
+  if (w.dim() == 3 && scale.numel() == w.size(0))  // (one per expert)
+    return values * scale.to(at::kFloat).view({w.size(0), 1, 1});
+  return values * scale.to(at::kFloat).reshape({});
 }
 
 at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& module,
@@ -299,8 +332,8 @@ at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& 
     std::tie(weights, chosen) = at::topk(at::softmax(logits, -1), c.num_experts_per_tok, -1);
     if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
   }
-  const at::Tensor w13 = host_param(block + "experts.w13_weight").to(at::kFloat);
-  const at::Tensor w2 = host_param(block + "experts.w2_weight").to(at::kFloat);
+  const at::Tensor w13 = param_f32(block + "experts.w13_weight");
+  const at::Tensor w2 = param_f32(block + "experts.w2_weight");
   const std::int64_t local = w13.size(0), inter = w13.size(1) / 2;
   const std::int64_t first = options_.expert_parallel ? options_.tp_rank * local : 0;
   at::Tensor out = at::zeros({y.size(0), c.hidden_size}, at::kFloat);

@@ -159,7 +159,7 @@ void TensorParallelModel::load_checkpoint_rows(const Placement& pl, const at::Te
                     std::equal(got.begin() + (got.empty() ? 0 : 1), got.end(),
                                whole.begin() + (whole.empty() ? 0 : 1)) &&
                     convertible(from, rules_.params().at(pl.slot).dtype,
-                                rules_.params().at(pl.slot).dtype == DType::kInt8) &&
+                                rules_.params().at(pl.slot).quantized_on_load()) &&
                     block.device().is_cpu();
   if (!fits)
     raise<ModelError>("tensor '", pl.checkpoint_name, "' on tp rank ", options_.tp_rank, "/",

@@ -327,7 +327,8 @@ std::optional<std::string> part_layer_problem(const Plan& plan, const ReloadTarg
                                                         : Brought::kPart;
   };
   for (const ScaleStep& step : steps) {
-    const Brought scale = brought(step.scale);
+    // (online FP8: the weight alone; its scale is computed, not loaded)
+    const Brought scale = step.quantize ? brought(step.weight) : brought(step.scale);
     const std::string problem =
         scale_step_problem(model.rules(), step, model.tp_rank(), scale,
                            step.weight != kNoSlot ? brought(step.weight) : scale);

@@ -20,6 +20,7 @@
 #include "tpreload/checkpoint/writers.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
+#include "tpreload/core/quantization.h"
 #include "tpreload/model/config.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/synthetic_model.h"
@@ -290,8 +291,8 @@ CLI::App* add_shard(CLI::App& app, ShardArgs& a) {
   cmd->add_option("--tp", a.tp, "Tensor-parallel size")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--quantization", a.quantization, "int8: weight-only int8 with per-row scales")
-      ->check(CLI::IsMember({"", "int8"}));
+  cmd->add_option("--quantization", a.quantization, quantization_help())
+      ->check(CLI::IsMember(quantization_choices()));
   cmd->add_flag("--expert-parallel", a.expert_parallel,
                 "Mixture-of-experts models: whole experts per rank (vLLM's expert parallelism) "
                 "instead of every expert split by tp");

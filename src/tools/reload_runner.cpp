@@ -20,6 +20,7 @@
 #include "tpreload/comm/agreement.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
+#include "tpreload/core/quantization.h"
 #include "tpreload/model/config.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/synthetic_model.h"
@@ -130,10 +131,8 @@ void add_options(CLI::App& app, RunnerOptions& o) {
          "with the same count on each, else the world size)")
       ->capture_default_str()
       ->check(number_check(false));
-  app.add_option("--quantization", o.quantization,
-                 "int8: weight-only int8 parameters with per-row scales (checkpoint-format "
-                 "loads quantize rows as they land; kernel-format loads copy int8 shards)")
-      ->check(CLI::IsMember({"", "int8"}));
+  app.add_option("--quantization", o.quantization, quantization_help())
+      ->check(CLI::IsMember(quantization_choices()));
   app.add_flag("--lora", o.lora, "Wrap the linear layers with LoRA adapters (base_layer names)");
   app.add_flag(
       "--expert-parallel", o.expert_parallel,

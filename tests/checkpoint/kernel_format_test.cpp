@@ -97,10 +97,10 @@ TEST(KernelFormat, BrokenDirectoriesNameTheProblem) {
   EXPECT_EQ(test::error_of([&] { read_kernel_format_info(dir.path()); }),
             prefix + "'version' 2 is not supported (expected 1)");
   j["version"] = 1;
-  j["quantization"] = "fp8";
+  j["quantization"] = "fp4";
   test::write_file(json_path, j.dump());
   EXPECT_EQ(test::error_of([&] { read_kernel_format_info(dir.path()); }),
-            prefix + "'quantization' \"fp8\" is not null or \"int8\"");
+            prefix + "'quantization' \"fp4\" is not null, \"int8\" or \"fp8\"");
   j["quantization"] = nullptr;
   j["tp_size"] = 0;
   test::write_file(json_path, j.dump());

@@ -455,3 +455,42 @@ def test_a_workspace_released_in_another_thread_waits_for_the_reload_using_it(wo
     # itself is still reading its iterator, outside the reload's lock.)
     if world.rank != 0:
         assert waited >= 0.45, "released after %.2f s, while a reload used it" % waited
+
+
+def e4m3_codes(x):
+    """float32 values (already scaled) to float8_e4m3fn codes: clamped to +-448, the
+    nearest value of the format's table, ties to the even code (written for the tests)."""
+    table = torch.tensor([(c & 7) / 8.0 * 2.0 ** -6 if c >> 3 == 0 else (1 + (c & 7) / 8.0) * 2.0 ** ((c >> 3) - 7)
+                          for c in range(127)], dtype=torch.float64)
+    x = x.double().clamp(-448, 448)
+    a = x.abs()
+    hi = torch.searchsorted(table, a).clamp(max=126)
+    lo = (hi - 1).clamp(min=0)
+    below, above = a - table[lo], table[hi] - a
+    take_lo = (below < above) | ((below == above) & (lo % 2 == 0))
+    code = torch.where(table[hi] == a, hi, torch.where(take_lo, lo, hi))
+    return (code | torch.where(x < 0, 128, 0)).to(torch.uint8)
+
+
+def test_online_fp8_quantizes_each_linear_with_one_scale(world, shared_dir):
+    """quantization="fp8": the linear weights are float8_e4m3fn (held as uint8 by a torch
+    without float8) with a float32 weight_scale [1] each: amax / 448 over the rank's fused
+    weight, every value times 1 / scale, rounded to the nearest code."""
+    tp = world.size
+    config = config_only(world, shared_dir)
+    ckpt = checkpoint(7)
+    bf16 = expected_shards(ckpt, tp, world.rank)
+    linear = [n for n in bf16 if n.endswith("proj.weight") and ".layers." in n]
+    assert linear, "the model has linear layers"
+    params = {n: torch.zeros(t.shape, dtype=torch.uint8 if n in linear else t.dtype) for n, t in bf16.items()}
+    params.update({n + "_scale": torch.zeros(1, dtype=torch.float32) for n in linear})
+    it = list(ckpt.items()) if world.rank == 0 else None
+    r = tpreload.reload_weights(params, config, world=world, weights_iterator=it, quantization="fp8", bucket_mb=0.01)
+    assert r.complete
+    for n in linear:
+        w = bf16[n].float()
+        scale = w.abs().max() / 448
+        assert torch.equal(params[n + "_scale"], scale.reshape(1)), n + "_scale"
+        assert torch.equal(params[n], e4m3_codes(w * (1 / scale))), n
+    others = {n: t for n, t in bf16.items() if n not in linear}
+    assert_holds({n: params[n] for n in others}, others, "unquantized")

@@ -87,16 +87,13 @@ Checkpoint moe_checkpoint() {
 void expect_attention(std::map<std::string, at::Tensor>& want, const Checkpoint& c,
                       const std::string& p, int tp, int r, bool o_quantized) {
   const auto& t = c.tensors;
-  const std::int64_t q_rows = kHeads * kHd / tp;
-  const std::int64_t kv_heads = std::max<std::int64_t>(1, kKv / tp);
-  const std::int64_t kv_first = tp >= kKv ? r / (tp / kKv) : r * kv_heads;
-  const std::int64_t kv_rows = kv_heads * kHd, kv_at = kv_first * kHd;
+  const auto [q_at, q_rows, kv_at, kv_rows] = testdata::attention_rows(kSizes, tp, r);
   const std::string a = p + "self_attn.";
   for (const char* leaf : {"weight", "weight_scale_inv"}) {
     const bool grid = std::string(leaf) != "weight";
     const std::int64_t unit = grid ? kN : 1, cols = grid ? blocks_k(kH) : kH;
     want[a + "qkv_proj." + leaf] =
-        at::cat({cut(t.at(a + "q_proj." + leaf), r * q_rows / unit, q_rows / unit, 0, cols),
+        at::cat({cut(t.at(a + "q_proj." + leaf), q_at / unit, q_rows / unit, 0, cols),
                  cut(t.at(a + "k_proj." + leaf), kv_at / unit, kv_rows / unit, 0, cols),
                  cut(t.at(a + "v_proj." + leaf), kv_at / unit, kv_rows / unit, 0, cols)});
   }

@@ -9,15 +9,20 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "../support/emulated_device.h"
 #include "../support/tiny_models.h"
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/comm/communicator.h"
 #include "tpreload/model/model.h"
+#include "tpreload/reload/reload.h"
 
 namespace tpreload::testdata {
 
@@ -114,6 +119,35 @@ inline Fp8TestCheckpoint fp8_moe_checkpoint(const Fp8Sizes& s,
   return c;
 }
 
+// The tests' own e4m3fn arithmetic, from the format's definition.
+
+// The value of a finite code: (-1)^s 2^(e - 7) (1 + m / 8), or m / 8 2^-6.
+inline float value_of(std::uint8_t c) {
+  const int e = (c >> 3) & 0xF, m = c & 7;
+  const float mag = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
+  return (c & 0x80) ? -mag : mag;
+}
+
+// The code nearest to x after clamping to +-448 (a NaN: +448), ties to the
+// code whose last mantissa bit is 0, found in the sorted table of magnitudes.
+inline std::uint8_t nearest_code(float x) {
+  static const std::vector<float> magnitudes = [] {
+    std::vector<float> v;
+    for (int c = 0; c < 0x7F; ++c) v.push_back(value_of(static_cast<std::uint8_t>(c)));
+    return v;
+  }();
+  if (std::isnan(x)) x = 448.0f;
+  x = std::min(448.0f, std::max(-448.0f, x));
+  const float a = std::fabs(x);
+  const auto hi = std::lower_bound(magnitudes.begin(), magnitudes.end(), a);
+  int code = static_cast<int>(hi - magnitudes.begin());
+  if (code > 0 && (code == 0x7F || *hi != a)) {
+    const float below = magnitudes[code - 1], above = code < 0x7F ? magnitudes[code] : INFINITY;
+    if (a - below < above - a || (a - below == above - a && (code - 1) % 2 == 0)) --code;
+  }
+  return static_cast<std::uint8_t>(code | (std::signbit(x) ? 0x80 : 0));
+}
+
 // Rows [a, a + n) and columns [b, b + m) of a 2-D tensor.
 inline at::Tensor cut(const at::Tensor& t, std::int64_t a, std::int64_t n, std::int64_t b,
                       std::int64_t m) {
@@ -140,6 +174,58 @@ inline void expect_shards(const TensorParallelModel& model,
                 same_bytes(got.contiguous().reshape({-1}).view(at::kByte),
                            t.contiguous().reshape({-1}).view(at::kByte)))
         << what << ": " << name << " " << got.sizes() << " vs the test's " << t.sizes();
+  }
+}
+
+// The rows tp rank r of tp holds of q ([q_at, q_at + q_rows)) and of its KV
+// head group ([kv_at, kv_at + kv_rows) of k and of v; a KV head replicated
+// where tp exceeds them).
+struct AttentionRows {
+  std::int64_t q_at, q_rows, kv_at, kv_rows;
+};
+inline AttentionRows attention_rows(const Fp8Sizes& s, int tp, int r) {
+  const std::int64_t q_rows = s.heads * s.head_dim / tp;
+  const std::int64_t kv_heads = std::max<std::int64_t>(1, s.kv_heads / tp);
+  const std::int64_t kv_first = tp >= s.kv_heads ? r / (tp / s.kv_heads) : r * kv_heads;
+  return {r * q_rows, q_rows, kv_first * s.head_dim, kv_heads * s.head_dim};
+}
+
+// Reloads `v1`, then each of `v2s`, into one model of `config` (tp 1) in every
+// mode: parameters in host or (emulated) device memory, broadcast or scatter,
+// atomic or not, buckets small enough to cut a layer. After each of `v2s` the
+// model holds `want`, complete, and `param` has not moved.
+inline void reload_in_every_mode(const ModelConfig& config, ModelOptions options,
+                                 const Fp8TestCheckpoint& v1,
+                                 const std::vector<const Fp8TestCheckpoint*>& v2s,
+                                 const std::map<std::string, at::Tensor>& want,
+                                 const std::string& param) {
+  for (const bool device : {false, true}) {
+    auto dev = device ? std::make_shared<testing::EmulatedDevice>() : nullptr;
+    options.device = dev;
+    TensorParallelModel model(config, options);
+    auto control = make_local_communicator();
+    for (const Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
+      for (const bool atomic : {false, true}) {
+        ReloadOptions o;
+        o.distribution = d;
+        o.atomic = atomic;
+        o.bucket_bytes = 3000;
+        auto data = make_communicator_transport(*control);
+        if (device) data = testing::make_emulated_device_transport(std::move(data), *dev);
+        auto s1 = v1.source();
+        reload_weights(model, *control, *data, s1.get(), o);
+        const void* before = model.parameter_for_reload(param).data_ptr();
+        const std::string what = std::string(device ? "device, " : "host, ") +
+                                 std::string(distribution_name(d)) + (atomic ? ", atomic" : "");
+        for (std::size_t i = 0; i < v2s.size(); ++i) {
+          auto s2 = v2s[i]->source();
+          const ReloadResult result = reload_weights(model, *control, *data, s2.get(), o);
+          EXPECT_TRUE(result.complete()) << what;
+          expect_shards(model, want, what + ", version 2 source " + std::to_string(i));
+        }
+        EXPECT_EQ(model.parameter_for_reload(param).data_ptr(), before) << what;
+      }
+    }
   }
 }
 

@@ -32,8 +32,6 @@
 namespace tpreload {
 namespace {
 
-using testing::EmulatedDevice;
-
 constexpr std::int64_t kH = 64, kHeads = 4, kKv = 2, kHd = 16, kInter = 96, kVocab = 128;
 constexpr std::int64_t kExperts = 4, kMoeInter = 32;
 
@@ -50,34 +48,8 @@ const char* kMoe = R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":64,
   "tie_word_embeddings":false,"quantization_config":{"quant_method":"fp8",
   "activation_scheme":"static"}})";
 
-// --- the test's own e4m3fn arithmetic ---------------------------------------
-
-// The value of a finite code: (-1)^s 2^(e - 7) (1 + m / 8), or m / 8 2^-6.
-float value_of(std::uint8_t c) {
-  const int e = (c >> 3) & 0xF, m = c & 7;
-  const float mag = e == 0 ? std::ldexp(m / 8.0f, -6) : std::ldexp(1.0f + m / 8.0f, e - 7);
-  return (c & 0x80) ? -mag : mag;
-}
-
-// The code nearest to x after clamping to +-448 (a NaN: +448), ties to the
-// code whose last mantissa bit is 0, found in the sorted table of magnitudes.
-std::uint8_t nearest_code(float x) {
-  static const std::vector<float> magnitudes = [] {
-    std::vector<float> v;
-    for (int c = 0; c < 0x7F; ++c) v.push_back(value_of(static_cast<std::uint8_t>(c)));
-    return v;
-  }();
-  if (std::isnan(x)) x = 448.0f;
-  x = std::min(448.0f, std::max(-448.0f, x));
-  const float a = std::fabs(x);
-  const auto hi = std::lower_bound(magnitudes.begin(), magnitudes.end(), a);
-  int code = static_cast<int>(hi - magnitudes.begin());
-  if (code > 0 && (code == 0x7F || *hi != a)) {
-    const float below = magnitudes[code - 1], above = code < 0x7F ? magnitudes[code] : INFINITY;
-    if (a - below < above - a || (a - below == above - a && (code - 1) % 2 == 0)) --code;
-  }
-  return static_cast<std::uint8_t>(code | (std::signbit(x) ? 0x80 : 0));
-}
+using testdata::nearest_code;
+using testdata::value_of;
 
 float to_half_and_back(float v) {
   return at::scalar_tensor(v, at::kFloat).to(at::kHalf).to(at::kFloat).item<float>();
@@ -158,13 +130,10 @@ void expect_fused(std::map<std::string, at::Tensor>& want, const Checkpoint& c,
 void expect_attention(std::map<std::string, at::Tensor>& want, const Checkpoint& c,
                       const std::string& p, int tp, int r, bool o_quantized) {
   const auto& t = c.tensors;
-  const std::int64_t q_rows = kHeads * kHd / tp;
-  const std::int64_t kv_heads = std::max<std::int64_t>(1, kKv / tp);
-  const std::int64_t kv_first = tp >= kKv ? r / (tp / kKv) : r * kv_heads;
-  const std::int64_t kv_rows = kv_heads * kHd, kv_at = kv_first * kHd;
+  const auto [q_at, q_rows, kv_at, kv_rows] = testdata::attention_rows(kSizes, tp, r);
   const std::string a = p + "self_attn.";
   expect_fused(want, c, a + "qkv_proj",
-               {{a + "q_proj", cut(t.at(a + "q_proj.weight"), r * q_rows, q_rows, 0, kH)},
+               {{a + "q_proj", cut(t.at(a + "q_proj.weight"), q_at, q_rows, 0, kH)},
                 {a + "k_proj", cut(t.at(a + "k_proj.weight"), kv_at, kv_rows, 0, kH)},
                 {a + "v_proj", cut(t.at(a + "v_proj.weight"), kv_at, kv_rows, 0, kH)}});
   const std::int64_t o_cols = kHeads * kHd / tp;
@@ -302,35 +271,8 @@ TEST(Fp8Tensor, AReloadProcessesEveryLayerInPlace) {
   Checkpoint v2 = moe_checkpoint();
   for (auto& [name, t] : v2.tensors)
     t = t.dim() == 0 ? t * 1.5 : t.flip({0}).contiguous();  // other bytes and scales
-  const auto want = expected_moe(v2, 1, 0, false);
-  for (const bool device : {false, true}) {
-    auto dev = device ? std::make_shared<EmulatedDevice>() : nullptr;
-    TensorParallelModel model(config(kMoe), rank(1, 0, false, dev));
-    auto control = make_local_communicator();
-    for (const Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
-      for (const bool atomic : {false, true}) {
-        ReloadOptions o;
-        o.distribution = d;
-        o.atomic = atomic;
-        o.bucket_bytes = 3000;  // (a layer over several buckets)
-        auto data = make_communicator_transport(*control);
-        if (device) data = testing::make_emulated_device_transport(std::move(data), *dev);
-        auto s1 = v1.source();
-        reload_weights(model, *control, *data, s1.get(), o);
-        const void* before =
-            model.parameter_for_reload("model.layers.0.mlp.experts.w13_weight").data_ptr();
-        auto s2 = v2.source();
-        const ReloadResult result = reload_weights(model, *control, *data, s2.get(), o);
-        const std::string what = std::string(device ? "device, " : "host, ") +
-                                 std::string(distribution_name(d)) + (atomic ? ", atomic" : "");
-        EXPECT_TRUE(result.complete()) << what;
-        expect_shards(model, want, what);
-        EXPECT_EQ(model.parameter_for_reload("model.layers.0.mlp.experts.w13_weight").data_ptr(),
-                  before)
-            << what;
-      }
-    }
-  }
+  testdata::reload_in_every_mode(config(kMoe), rank(1, 0), v1, {&v2}, expected_moe(v2, 1, 0, false),
+                                 "model.layers.0.mlp.experts.w13_weight");
 }
 
 // The dequantization rounds the scale to float16 before the product (PyTorch's

@@ -124,6 +124,13 @@ class EmulatedStream final : public DeviceStream {
     if (out) require_device(out, sizeof(float), "requantize_fp8 output scale");
     enqueue([=] { fp8::requantize_step(w, n, staged, from, first, count, out); });
   }
+  void quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale) override {
+    require_aligned(x, sizeof(float), "quantize_fp8 input");
+    if (n) require_device(x, n * sizeof(float), "quantize_fp8 input");
+    if (n) require_device(codes, n, "quantize_fp8 codes");
+    require_device(scale, sizeof(float), "quantize_fp8 scale");
+    enqueue([=] { fp8::quantize_step(x, n, codes, scale); });
+  }
   void crc32c_blocks(const void* src, std::uint64_t bytes, std::uint32_t* raw) override {
     if (bytes == 0) return;
     require_device(src, bytes, "crc32c source");

@@ -45,7 +45,7 @@ struct TensorInfo {
 struct KernelFormatInfo {
   int tp_size = 1;
   DType dtype = DType::kFloat32;  // dtype of the unquantized parameters
-  std::string quantization;       // "" or "int8"
+  std::string quantization;       // "" or a scheme of quantization_schemes()
   std::string config_json;        // the model config.json it was made for, verbatim
   bool expert_parallel = false;   // experts split whole over the ranks (MoE models)
 

@@ -73,6 +73,11 @@ class DeviceStream {
                               std::uint32_t from, std::uint32_t first, std::uint32_t count,
                               float* out) = 0;
 
+  // fp8::quantize_step (tpreload/core/float8.h) on device memory: n floats at x
+  // into n float8_e4m3fn codes and their one scale, amax / 448. The bytes equal
+  // the CPU's.
+  virtual void quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale) = 0;
+
   // The raw CRC-32C of every kCrc32cBlock-byte block of device memory
   // [src, src + bytes) (tpreload/core/crc32c.h; the last block may be shorter)
   // into `raw`, pinned host memory of crc32c_blocks(bytes) values, readable once

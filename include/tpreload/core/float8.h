@@ -128,4 +128,23 @@ TPRELOAD_HOST_DEVICE inline void requantize_step(std::uint8_t* w, std::uint64_t 
   for (std::uint64_t i = 0; i < n; ++i) w[i] = requantize_e4m3fn(w[i], scale_half, inverse);
 }
 
+// vLLM's dynamic per-tensor FP8 quantization (scaled_fp8_quant without a
+// scale) of n floats: the scale is amax / 448 (NaNs ignored, as fmaxf ignores
+// them; an all-zero input gives 0, and then every code +448, as vLLM's does),
+// each value times 1.0f / scale, clamped and rounded to nearest even.
+TPRELOAD_HOST_DEVICE inline float amax_scale(float amax) {
+  return amax / kE4M3Max;
+}
+TPRELOAD_HOST_DEVICE inline void quantize_step(const float* x, std::uint64_t n, std::uint8_t* codes,
+                                               float* scale) {
+  float amax = 0.0f;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const float a = x[i] < 0 ? -x[i] : x[i];
+    if (a > amax) amax = a;  // (a NaN compares false: ignored)
+  }
+  const float s = amax_scale(amax), inverse = 1.0f / s;
+  *scale = s;
+  for (std::uint64_t i = 0; i < n; ++i) codes[i] = to_e4m3fn(x[i] * inverse);
+}
+
 }  // namespace tpreload::fp8

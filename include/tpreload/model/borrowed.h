@@ -32,7 +32,7 @@ bool is_contiguous(const BorrowedTensor& t);
 struct BorrowedOptions {
   int tp_size = 1;
   int tp_rank = 0;
-  std::string quantization;      // "" or "int8"
+  std::string quantization;      // "" or a scheme of quantization_schemes()
   bool lora = false;             // linear layers named "<module>.base_layer.<leaf>"
   bool expert_parallel = false;  // MoE: whole experts per rank
 };

@@ -15,7 +15,7 @@ class WeightSource;
 
 struct ShardOptions {
   int tp_size = 1;
-  std::string quantization;      // "" or "int8"
+  std::string quantization;      // "" or a scheme of quantization_schemes()
   bool expert_parallel = false;  // MoE models: whole experts per rank
 };
 

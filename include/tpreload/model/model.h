@@ -25,6 +25,11 @@
 // column window), so checkpoint-format loads quantize rows as they arrive,
 // straight into the int8 storage: no staging, and the same bytes as quantizing
 // the whole shard afterwards.
+//
+// fp8. With quantization "fp8" (vLLM's online FP8), every decoder linear weight
+// and expert is float8_e4m3fn with float32 scales, quantized once its layer
+// arrived (docs/CHECKPOINTS.md, "Online FP8"). The forward pass decodes FP8
+// weights of every scheme with their scales.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -53,7 +58,7 @@ class WeightSource;
 struct ModelOptions {
   int tp_size = 1;
   int tp_rank = 0;
-  std::string quantization;  // "" or "int8"
+  std::string quantization;  // "" or a scheme of quantization_schemes() (core/quantization.h)
   bool lora = false;         // wrap the decoder linear layers with LoRA adapters
   std::int64_t lora_rank = 8;
   // Mixture-of-experts models: whole experts split over the tensor-parallel ranks
@@ -158,6 +163,7 @@ class TensorParallelModel : public ReloadTarget {
   at::Tensor allocate(const std::vector<std::int64_t>& shape, DType dtype);
   at::Tensor host_param(const std::string& name) const;
   at::Tensor weight_f32(const std::string& module) const;
+  at::Tensor param_f32(const std::string& name) const;
   at::Tensor linear(const at::Tensor& x, const std::string& module, bool add_bias = true) const;
   at::Tensor dense_mlp(const at::Tensor& y, const std::string& prefix,
                        const char* gate_up = "gate_up_proj", const char* down = "down_proj") const;

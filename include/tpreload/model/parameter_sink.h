@@ -15,9 +15,11 @@
 // (begin_load, mark_loaded): a stacked parameter counts as loaded once every
 // one of its shards (ParamSpec::shards) did.
 //
-// Per-tensor FP8 checkpoints: a scale write (WriteKind::kStageScale) lands in
-// the sink's staging, one float32 per shard of its parameter, and
-// process_layer() requantizes the layer's weights and writes its scales.
+// FP8 processing: a per-tensor FP8 checkpoint's scale write
+// (WriteKind::kStageScale) lands in the sink's staging, one float32 per shard
+// of its parameter, an online FP8 weight's rows (kStageRows) in a float32 copy
+// of the weight that lives until its layer is processed; process_layer()
+// requantizes or quantizes the layer's weights and writes their scales.
 //
 // Atomic reloads: begin_shadow() gives every parameter a second copy in the same
 // memory space (holding its current bytes) and sends every later write, zero and
@@ -170,6 +172,7 @@ class ParameterSink {
 
   void copy_all(const std::vector<ParamStorage>& from, const std::vector<ParamStorage>& to);
   void stage(const RowWrite& w, const ParamSpec& param, const std::byte* src);
+  void stage_rows(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   bool any_loaded(ParamSlot slot) const;
 
   const ShardingRules& rules_;
@@ -185,6 +188,9 @@ class ParameterSink {
   // space: slot s's shards at staging_ + staged_at_[s] floats.
   Buffer staging_;
   std::vector<std::uint64_t> staged_at_;
+  // Online FP8 weights' rows as float32 (ParamSpec::quantize_fp8), by slot:
+  // allocated by their first write, freed once their layer is processed.
+  std::vector<Buffer> staged_rows_;
   std::vector<ScaleStep> steps_;  // scale_steps(steps_rank_), made on first use
   int steps_rank_ = -1;
   std::vector<std::int64_t> processed_;  // layers processed since begin_load()

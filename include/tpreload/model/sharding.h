@@ -86,13 +86,24 @@ struct ParamSpec {
   // `shard` of the staging) and the layer's processing writes the parameter
   // (ShardingRules::scale_steps); a kernel-format load copies it.
   bool staged = false;
+  // Online FP8 (quantization "fp8"): a float8_e4m3fn weight whose checkpoint rows
+  // (bfloat16, float16 or float32) are staged as float32 and quantized once its
+  // layer arrived, into it and its weight_scale (scale_slot).
+  bool quantize_fp8 = false;
+
+  // Whether checkpoint rows of the model's floating dtype are quantized into it
+  // (int8, online FP8) rather than copied or converted.
+  bool quantized_on_load() const { return dtype == DType::kInt8 || quantize_fp8; }
 };
 
-// One step of processing a per-tensor FP8 layer on one rank, once its weights
-// and staged scales arrived: the largest of staged scales [first, first +
-// count) of parameter `scale` becomes row `out_row` of it; rows [row, row +
-// rows) of FP8 parameter `weight` (none: kNoSlot), quantized with staged scale
-// `from`, are requantized to it (fp8::requantize_e4m3fn).
+// One step of processing an FP8 layer on one rank, once its weights (and staged
+// scales) arrived. A per-tensor FP8 checkpoint's: the largest of staged scales
+// [first, first + count) of parameter `scale` becomes row `out_row` of it; rows
+// [row, row + rows) of FP8 parameter `weight` (none: kNoSlot), quantized with
+// staged scale `from`, are requantized to it (fp8::requantize_step). Online FP8's
+// (`quantize`): rows [row, row + rows) of the weight's staged float32 rows are
+// quantized into it with one scale, amax / 448, written to row `out_row` of
+// `scale` (fp8::quantize_step).
 struct ScaleStep {
   std::int64_t layer = -1;
   ParamSlot scale = kNoSlot;
@@ -101,6 +112,7 @@ struct ScaleStep {
   ParamSlot weight = kNoSlot;
   std::int64_t row = 0, rows = 0;
   std::uint32_t from = 0;
+  bool quantize = false;
 };
 
 // Where one checkpoint tensor goes on one rank.
@@ -145,8 +157,9 @@ class ShardingRules {
   // Throws ModelError when the config cannot be split tp_size ways (heads, KV
   // heads, intermediate size, experts or their intermediate size, Qwen2-MoE's
   // shared expert's intermediate size not divisible),
-  // or expert parallelism is asked of a dense model. `quantization` is "" or
-  // "int8" (decoder linear weights; experts stay in the model's dtype).
+  // or expert parallelism is asked of a dense model. `quantization` is "" or a
+  // scheme of quantization_schemes(): "int8" (decoder linear weights; experts
+  // stay in the model's dtype) or "fp8" (decoder linear weights and experts).
   ShardingRules(ModelConfig config, int tp_size, std::string quantization = "",
                 bool expert_parallel = false);
 
@@ -160,7 +173,9 @@ class ShardingRules {
   std::int64_t padded_vocab() const { return padded_vocab_; }
 
   // Every parameter a rank holds (same names and shapes on every rank), sorted by
-  // name. With int8, linear weights are int8 and each has a float32 weight_scale.
+  // name. With int8, linear weights are int8 and each has a float32 weight_scale
+  // (a row each); with fp8, linear weights and experts are float8_e4m3fn, each
+  // with a float32 weight_scale ([1], or one per expert).
   const std::vector<ParamSpec>& params() const { return params_; }
   const ParamSpec* find_param(const std::string& name) const;
   // The slot of `name`, also spelled with ".base_layer." (LoRA) or, for FusedMoE's
@@ -171,11 +186,12 @@ class ShardingRules {
   std::optional<Placement> place(const std::string& checkpoint_name, int tp_rank,
                                  SkipReason* why = nullptr) const;
 
-  // The processing of a per-tensor FP8 checkpoint on `tp_rank`, in layer order
-  // (vLLM's Fp8LinearMethod and Fp8MoEMethod, fp8_checkpoint.h): each linear's
-  // parts requantized to the largest of their scales, each expert's gate and up
-  // to the larger of theirs, the down projections' scales as they are, every
-  // input_scale the largest of its parts'. Empty for any other model.
+  // The FP8 processing on `tp_rank`, in layer order (vLLM's Fp8LinearMethod
+  // and Fp8MoEMethod, fp8_checkpoint.h). A per-tensor FP8 checkpoint: each
+  // linear's parts requantized to the largest of their scales, each expert's
+  // gate and up to the larger of theirs, the down projections' scales as they
+  // are, every input_scale the largest of its parts'. Online FP8: each linear
+  // weight quantized whole, each expert's w13 and w2 apart. Empty otherwise.
   std::vector<ScaleStep> scale_steps(int tp_rank) const;
 
   // The KV head group rank r holds (first KV head index) and how many.

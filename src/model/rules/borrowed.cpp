@@ -12,6 +12,12 @@
 namespace tpreload {
 namespace {
 
+// A tensor of `given` holds a parameter of `want`: the same dtype, or uint8
+// bytes for an FP8 one (a torch without float8 types holds FP8 as uint8).
+bool same_dtype(DType given, DType want) {
+  return given == want || (given == DType::kUInt8 && dtype_is_float8(want));
+}
+
 // N of "cuda:N".
 std::optional<int> cuda_ordinal(const std::string& device) {
   if (device.rfind("cuda:", 0) != 0 || device.size() == 5 || device.size() > 11)
@@ -63,7 +69,7 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
     if (twice.count(t->name)) problems.push_back("parameter '" + t->name + "' is given twice");
     const std::string dtype =
         t->unknown_dtype.empty() ? std::string(dtype_name(t->dtype)) : t->unknown_dtype;
-    if (t->shape != spec.shape || !t->unknown_dtype.empty() || t->dtype != spec.dtype)
+    if (t->shape != spec.shape || !t->unknown_dtype.empty() || !same_dtype(t->dtype, spec.dtype))
       problems.push_back(detail::concat("parameter '", t->name, "': expected ",
                                         shape_string(spec.shape), " ", dtype_name(spec.dtype),
                                         ", got ", shape_string(t->shape), " ", dtype));
@@ -109,8 +115,10 @@ BorrowedTarget::BorrowedTarget(ModelConfig config, BorrowedOptions options,
   }
   std::map<std::string, const BorrowedTensor*> by_name;
   for (const auto& t : tensors) by_name.emplace(t.name, &t);
-  for (const ParamSpec& spec : rules_.params())
+  for (const ParamSpec& spec : rules_.params()) {
     tensors_.push_back(*lookup(by_name, spec.name, options_.lora));
+    tensors_.back().dtype = spec.dtype;  // (uint8 bytes of an FP8 parameter: that FP8 dtype)
+  }
   if (!tensors_.empty()) device_name_ = tensors_.front().device;
 }
 

@@ -54,6 +54,7 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
     if (spec.staged) staged += spec.shards;
   }
   if (staged) staging_ = (device_ ? device_->memory() : host_allocator()).allocate(staged * 4);
+  staged_rows_.resize(storage_.size());
 }
 
 ParameterSink::~ParameterSink() {
@@ -78,7 +79,11 @@ void ParameterSink::begin_write(const RowWrite& w, const ParamSpec& param) {
   if (staged && !param.staged)
     raise<ModelError>("a staged scale write into parameter '", param.name,
                       "', which stages no scales");
-  if (staged) return;  // (the parameter is written when its layer is processed)
+  if (w.kind == WriteKind::kStageRows && !param.quantize_fp8)
+    raise<ModelError>("staged rows written into parameter '", param.name,
+                      "', which is not quantized to FP8 on load");
+  // (a staged parameter is written when its layer is processed)
+  if (staged || w.kind == WriteKind::kStageRows) return;
   touched_[w.slot] = true;
   if (w.kind == WriteKind::kQuantizeInt8) touched_[param.scale_slot] = true;
 }
@@ -102,6 +107,8 @@ void ParameterSink::write(const RowWrite& w, const std::byte* src) {
   begin_write(w, param);
   if (w.kind == WriteKind::kStageScale)
     stage(w, param, src);
+  else if (w.kind == WriteKind::kStageRows)
+    stage_rows(w, param, src);
   else if (device_)
     write_device(w, param, src);
   else
@@ -130,8 +137,25 @@ bool ParameterSink::any_loaded(ParamSlot slot) const {
   return false;
 }
 
+void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
+  const std::int64_t cols = static_cast<std::int64_t>(param_row_bytes(param.shape, param.dtype) /
+                                                      dtype_size(param.dtype));
+  Buffer& rows = staged_rows_[w.slot];
+  if (!rows)
+    rows = (device_ ? device_->memory() : host_allocator())
+               .allocate(static_cast<std::uint64_t>(param_rows(param.shape) * cols) * 4);
+  float* dst = reinterpret_cast<float*>(rows.data()) + w.dest_row * cols;
+  const std::byte* in = src + w.src_offset;
+  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
+  if (device_)
+    stream().convert(in, w.src_dtype, stride, dst, DType::kFloat32, w.rows, cols);
+  else
+    convert_rows(in, w.src_dtype, stride, dst, DType::kFloat32, w.rows, cols);
+}
+
 void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
-  if (!staging_) return;
+  const bool online = rules_.quantization() == "fp8";
+  if (!staging_ && !online) return;
   if (std::find(processed_.begin(), processed_.end(), layer) != processed_.end()) return;
   processed_.push_back(layer);
   if (steps_rank_ != tp_rank) {
@@ -140,40 +164,52 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
   }
   const auto& params = rules_.params();
   auto* staged = reinterpret_cast<float*>(staging_.data());
+  auto brought = [&](ParamSlot slot) {
+    return loaded(slot) ? Brought::kAll : any_loaded(slot) ? Brought::kPart : Brought::kNone;
+  };
   for (const ScaleStep& step : steps_) {
     if (step.layer != layer) continue;
     const bool weight = step.weight != kNoSlot;
-    auto brought = [&](ParamSlot slot) {
-      return loaded(slot) ? Brought::kAll : any_loaded(slot) ? Brought::kPart : Brought::kNone;
-    };
-    const Brought scale = brought(step.scale);
+    // (online FP8: the weight alone says what this load brought)
+    const Brought scale = step.quantize ? brought(step.weight) : brought(step.scale);
     const std::string problem =
         scale_step_problem(rules_, step, tp_rank, scale, weight ? brought(step.weight) : scale);
     if (!problem.empty()) raise<ModelError>(problem);
     if (scale == Brought::kNone) continue;  // (not in this load)
     const ParamSpec& w = weight ? params[step.weight] : params[step.scale];
-    const std::uint64_t width = param_row_bytes(w.shape, w.dtype);
+    const std::uint64_t width = param_row_bytes(w.shape, w.dtype);  // (1-byte codes: columns)
     auto* codes = weight ? reinterpret_cast<std::uint8_t*>(storage_[step.weight].data) +
                                static_cast<std::uint64_t>(step.row) * width
                          : nullptr;
     const std::uint64_t n = weight ? static_cast<std::uint64_t>(step.rows) * width : 0;
     auto* out = reinterpret_cast<float*>(storage_[step.scale].data) + step.out_row;
-    const float* from = staged + staged_at_[step.scale];
-    if (device_)
-      stream().requantize_fp8(codes, n, from, step.from, step.first, step.count, out);
-    else
-      fp8::requantize_step(codes, n, from, step.from, step.first, step.count, out);
+    if (step.quantize) {
+      const float* x = reinterpret_cast<const float*>(staged_rows_[step.weight].data()) +
+                       static_cast<std::uint64_t>(step.row) * width;
+      if (device_)
+        stream().quantize_fp8(x, n, codes, out);
+      else
+        fp8::quantize_step(x, n, codes, out);
+    } else {
+      const float* from = staged + staged_at_[step.scale];
+      if (device_)
+        stream().requantize_fp8(codes, n, from, step.from, step.first, step.count, out);
+      else
+        fp8::requantize_step(codes, n, from, step.from, step.first, step.count, out);
+    }
     touched_[step.scale] = true;
     if (weight) touched_[step.weight] = true;
   }
   flush();
+  for (const ScaleStep& step : steps_)  // (online FP8: the layer's float32 rows are done)
+    if (step.layer == layer && step.quantize) staged_rows_[step.weight].reset();
 }
 
 void ParameterSink::process_all(int tp_rank) {
-  if (!staging_) return;
   std::vector<std::int64_t> layers;
   for (const ParamSpec& spec : rules_.params())
-    if (spec.staged && std::find(layers.begin(), layers.end(), spec.layer) == layers.end())
+    if ((spec.staged || spec.quantize_fp8) &&
+        std::find(layers.begin(), layers.end(), spec.layer) == layers.end())
       layers.push_back(spec.layer);
   for (std::int64_t layer : layers) process_layer(layer, tp_rank);
 }

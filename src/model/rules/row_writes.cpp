@@ -9,6 +9,7 @@ namespace {
 
 WriteKind kind_for(const ParamSpec& param, DType src) {
   if (param.staged) return WriteKind::kStageScale;
+  if (param.quantize_fp8) return WriteKind::kStageRows;
   if (param.dtype == DType::kInt8 && src != DType::kInt8) return WriteKind::kQuantizeInt8;
   return src == param.dtype ? WriteKind::kCopy : WriteKind::kConvert;
 }

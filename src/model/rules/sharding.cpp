@@ -8,10 +8,20 @@
 #include "tpreload/checkpoint/row_split.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/quantization.h"
 #include "tpreload/model/fp8_checkpoint.h"
+#include "tpreload/model/row_writes.h"
 
 namespace tpreload {
 namespace {
+
+// The weights vLLM's online FP8 quantizes: every decoder linear projection and
+// expert (fp8_quantized_weight, nothing ignored).
+const Fp8Checkpoint kOnlineFp8 = [] {
+  Fp8Checkpoint f;
+  f.per_tensor = true;
+  return f;
+}();
 
 // "model.layers.0.self_attn.q_proj.weight" -> {"model.layers.0.self_attn.", "q_proj", "weight"}
 struct NameParts {
@@ -101,8 +111,9 @@ ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quanti
       quantization_(std::move(quantization)),
       expert_parallel_(expert_parallel) {
   if (tp_size_ < 1) raise<ModelError>("tensor-parallel size must be at least 1, got ", tp_size_);
-  if (!quantization_.empty() && quantization_ != "int8")
-    raise<ModelError>("unknown quantization '", quantization_, "' (supported: int8)");
+  if (!known_quantization(quantization_))
+    raise<ModelError>("unknown quantization '", quantization_,
+                      "' (supported: ", quantization_list(), ")");
   if (!quantization_.empty() && config_.fp8.quantized())
     raise<ModelError>("quantization ", quantization_, " of an FP8 checkpoint: its weights are ",
                       "already quantized (", config_.fp8.text(), ")");
@@ -364,15 +375,24 @@ void ShardingRules::build_params() {
       scale.from_checkpoint = false;
       params_.push_back(scale);
     }
+    if (quantization_ == "fp8" && fp8_quantized_weight(kOnlineFp8, name)) {
+      spec.dtype = DType::kFloat8E4M3;
+      spec.quantize_fp8 = true;
+      const bool expert =
+          rule.kind == ShardKind::kExpertGateUp || rule.kind == ShardKind::kExpertDown;
+      ParamSpec scale{
+          rule.param + "_scale", {expert ? experts : 1}, DType::kFloat32, rule.kind, spec.layer};
+      scale.from_checkpoint = false;
+      params_.push_back(scale);
+    }
     params_.push_back(spec);
   }
   std::sort(params_.begin(), params_.end(),
             [](const ParamSpec& a, const ParamSpec& b) { return a.name < b.name; });
   // Slots are positions in the sorted list: resolve the int8 scales and the rules.
   for (ParamSpec& spec : params_)
-    if (spec.dtype == DType::kInt8)
-      spec.scale_slot =
-          find_slot(split_name(spec.name).prefix + split_name(spec.name).module + ".weight_scale");
+    if (spec.dtype == DType::kInt8 || spec.quantize_fp8)
+      spec.scale_slot = find_slot(spec.name + "_scale");
   for (auto& [name, rule] : rules_) rule.slot = find_slot(rule.param);
 }
 
@@ -442,6 +462,11 @@ std::string scale_step_problem(const ShardingRules& rules, const ScaleStep& step
       (scale == Brought::kNone && weight == Brought::kNone))
     return "";
   const auto& params = rules.params();
+  if (step.quantize)
+    return detail::concat("online FP8 layer ", step.layer, " on tp rank ", tp_rank,
+                          ": this load brings only part of '", params[step.weight].name,
+                          "': a weight is quantized with one scale over all of it (each expert's "
+                          "over the expert), so a load must bring all of it or none");
   const ParamSlot part = scale != Brought::kAll ? step.scale : step.weight;
   const ParamSlot other = part == step.scale ? step.weight : step.scale;
   const bool none = (part == step.scale ? scale : weight) == Brought::kNone;
@@ -455,6 +480,20 @@ std::string scale_step_problem(const ShardingRules& rules, const ScaleStep& step
 
 std::vector<ScaleStep> ShardingRules::scale_steps(int tp_rank) const {
   std::vector<ScaleStep> steps;
+  if (quantization_ == "fp8") {  // online: whole weights, experts apart (same on every rank)
+    for (ParamSlot slot = 0; slot < params_.size(); ++slot) {
+      const ParamSpec& w = params_[slot];
+      if (!w.quantize_fp8) continue;
+      const std::int64_t experts = w.shape.size() == 3 ? w.shape[0] : 1;
+      const std::int64_t rows = param_rows(w.shape) / experts;
+      for (std::int64_t e = 0; e < experts; ++e) {
+        ScaleStep step{w.layer, w.scale_slot, 0, 0, e, slot, e * rows, rows};
+        step.quantize = true;
+        steps.push_back(step);
+      }
+    }
+    return steps;
+  }
   if (!config_.fp8.per_tensor) return steps;
   for (const auto& [name, rule] : rules_) {
     if (!rule.fp8_scale) continue;

@@ -8,13 +8,12 @@ namespace tpreload {
 namespace {
 
 // "" when `from` may land in a parameter of `to`, else why not.
-std::string dtype_problem(const std::string& who, DType from, DType to) {
-  const bool quantized =
-      to == DType::kInt8;  // checkpoint format: int8 weights are quantized on load
+// `quantized`: checkpoint rows quantized on load (ParamSpec::quantized_on_load).
+std::string dtype_problem(const std::string& who, DType from, DType to, bool quantized) {
   if (convertible(from, to, quantized)) return "";
   if (quantized)
-    return detail::concat(who,
-                          ": int8 quantization takes bfloat16, float16 or float32 weights, got ",
+    return detail::concat(who, ": ", dtype_name(to),
+                          " quantization takes bfloat16, float16 or float32 weights, got ",
                           dtype_name(from));
   return detail::concat(
       who, ": ", dtype_name(from), " values are not converted to ", dtype_name(to),
@@ -27,8 +26,8 @@ std::string dtype_problem(const std::string& who, DType from, DType to) {
 }  // namespace
 
 DType checkpoint_dtype(const ShardingRules& rules, ParamSlot slot) {
-  const DType param = rules.params().at(slot).dtype;
-  return param == DType::kInt8 ? rules.config().dtype : param;
+  const ParamSpec& param = rules.params().at(slot);
+  return param.quantized_on_load() ? rules.config().dtype : param.dtype;
 }
 
 std::vector<ReloadTarget::Stored> ReloadTarget::stored_parameters() const {
@@ -50,7 +49,8 @@ std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank, c
     return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_string(want), " ",
                           dtype_name(checkpoint_dtype(rules, pl.slot)), ", got ",
                           shape_string(shape), " ", dtype_name(dtype));
-  return dtype_problem(who, dtype, rules.params().at(pl.slot).dtype);
+  const ParamSpec& param = rules.params().at(pl.slot);
+  return dtype_problem(who, dtype, param.dtype, param.quantized_on_load());
 }
 
 std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const std::string& name,
@@ -68,7 +68,7 @@ std::string kernel_tensor_problem(const ShardingRules& rules, int tp_rank, const
     return dtype == spec.dtype ? ""
                                : detail::concat(who, ": expected ", dtype_name(spec.dtype),
                                                 " weights, got ", dtype_name(dtype));
-  return dtype_problem(who, dtype, spec.dtype);
+  return dtype_problem(who, dtype, spec.dtype, false);
 }
 
 }  // namespace tpreload
