@@ -31,6 +31,7 @@
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
+#include "tpreload/core/quantization.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/scenarios.h"
@@ -644,8 +645,11 @@ int main(int argc, char** argv) {
   app.add_option("--formats", o.formats, "checkpoint and/or kernel (separated by spaces)")
       ->check(CLI::IsMember({"checkpoint", "kernel"}))
       ->capture_default_str();
-  app.add_option("--quantizations", o.quantizations, "none and/or int8")
-      ->check(CLI::IsMember({"none", "int8"}))
+  std::vector<std::string> quantizations = {"none"};
+  for (const auto& q : quantization_schemes()) quantizations.push_back(q);
+  app.add_option("--quantizations", o.quantizations,
+                 "none and/or schemes (" + quantization_list() + "), separated by spaces")
+      ->check(CLI::IsMember(quantizations))
       ->capture_default_str();
   app.add_option("--distributions", o.distributions, "broadcast and/or scatter")
       ->check(CLI::IsMember({"broadcast", "scatter"}))

@@ -192,7 +192,8 @@ inline AttentionRows attention_rows(const Fp8Sizes& s, int tp, int r) {
 
 // Reloads `v1`, then each of `v2s`, into one model of `config` (tp 1) in every
 // mode: parameters in host or (emulated) device memory, broadcast or scatter,
-// atomic or not, buckets small enough to cut a layer. After each of `v2s` the
+// atomic or not, every rank reading its own slices, buckets small enough to
+// cut a layer. After each of `v2s` the
 // model holds `want`, complete, and `param` has not moved.
 inline void reload_in_every_mode(const ModelConfig& config, ModelOptions options,
                                  const Fp8TestCheckpoint& v1,
@@ -205,10 +206,12 @@ inline void reload_in_every_mode(const ModelConfig& config, ModelOptions options
     TensorParallelModel model(config, options);
     auto control = make_local_communicator();
     for (const Distribution d : {Distribution::kBroadcast, Distribution::kScatter}) {
-      for (const bool atomic : {false, true}) {
+      for (const int mode : {0, 1, 2}) {  // plain, atomic, every rank reading (direct writes)
+        const bool atomic = mode == 1;
         ReloadOptions o;
         o.distribution = d;
         o.atomic = atomic;
+        if (mode == 2) o.readers = Readers::kAll;
         o.bucket_bytes = 3000;
         auto data = make_communicator_transport(*control);
         if (device) data = testing::make_emulated_device_transport(std::move(data), *dev);
@@ -216,7 +219,10 @@ inline void reload_in_every_mode(const ModelConfig& config, ModelOptions options
         reload_weights(model, *control, *data, s1.get(), o);
         const void* before = model.parameter_for_reload(param).data_ptr();
         const std::string what = std::string(device ? "device, " : "host, ") +
-                                 std::string(distribution_name(d)) + (atomic ? ", atomic" : "");
+                                 std::string(distribution_name(d)) +
+                                 (atomic      ? ", atomic"
+                                  : mode == 2 ? ", readers all"
+                                              : "");
         for (std::size_t i = 0; i < v2s.size(); ++i) {
           auto s2 = v2s[i]->source();
           const ReloadResult result = reload_weights(model, *control, *data, s2.get(), o);

@@ -189,9 +189,11 @@ class ParameterSink {
   Buffer staging_;
   std::vector<std::uint64_t> staged_at_;
   // Online FP8 weights' rows as float32 (ParamSpec::quantize_fp8), by slot:
-  // allocated by their first write, freed once their layer is processed.
+  // taken by their first write, spare once their layer is processed (about two
+  // layers' worth, kept warm from one reload to the next).
   std::vector<Buffer> staged_rows_;
-  std::vector<ScaleStep> steps_;  // scale_steps(steps_rank_), made on first use
+  std::vector<Buffer> spare_rows_;  // processed layers' staged rows, reused by the next
+  std::vector<ScaleStep> steps_;    // scale_steps(steps_rank_), made on first use
   int steps_rank_ = -1;
   std::vector<std::int64_t> processed_;  // layers processed since begin_load()
   // Shard bits since begin_load(): slot s owns bits [first_bit_[s], first_bit_[s + 1]).
