@@ -250,6 +250,13 @@ const char* kFp8Model = R"({"architectures":["LlamaForCausalLM"],"hidden_size":5
   "head_dim":128,"vocab_size":1024,"torch_dtype":"bfloat16","quantization_config":{
   "quant_method":"fp8","activation_scheme":"dynamic","weight_block_size":[128,128]}})";
 
+// The same model as a per-tensor FP8 checkpoint with static activations: the
+// layers are requantized on the device (DeviceStream::requantize_fp8).
+const char* kFp8TensorModel = R"({"architectures":["LlamaForCausalLM"],"hidden_size":512,
+  "intermediate_size":1024,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+  "head_dim":128,"vocab_size":1024,"torch_dtype":"bfloat16","quantization_config":{
+  "quant_method":"fp8","activation_scheme":"static"}})";
+
 struct Planes {
   std::unique_ptr<Communicator> control = make_local_communicator();
   std::unique_ptr<DataTransport> host = make_communicator_transport(*control);
@@ -375,6 +382,13 @@ int run_checks(const Options& o) {
   const ModelConfig fp8_config = parse_model_config(kFp8Model, "the GPU check's FP8 model");
   const std::string fp8 = prepare_checkpoint(o.dir + "/fp8-block", fp8_config, std::nullopt);
   ok &= check_reloads(p, fp8_config, fp8, "FP8 block checkpoint", "", small);
+  // Per-tensor FP8 (requantized per layer) and online FP8 (quantized per
+  // layer): the device's FP8 kernels against the host's bytes.
+  const ModelConfig tensor_config =
+      parse_model_config(kFp8TensorModel, "the GPU check's per-tensor FP8 model");
+  const std::string tensor = prepare_checkpoint(o.dir + "/fp8-tensor", tensor_config, std::nullopt);
+  ok &= check_reloads(p, tensor_config, tensor, "FP8 per-tensor checkpoint", "", small);
+  ok &= check_reloads(p, config, bf16, "online FP8", "fp8", small);
   ok &= check_self_send_recv(p);
   if (!o.bench_scenario.empty()) bench_row(p, o, ro);
   std::cout << "\ngpu check: " << (ok ? "all checks passed" : "SOME CHECKS FAILED") << "\n";
