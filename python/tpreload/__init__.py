@@ -203,7 +203,8 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         temporaries.
     is_checkpoint_format: checkpoint format (through the weight loaders) or kernel
         format (already processed and sharded: copied by name).
-    quantization: None, "int8" or "fp8" (online FP8); lora, expert_parallel: the
+    quantization: None, "int8", "fp8" (online FP8, a scale per tensor) or
+        "fp8-block" (online FP8, a scale per 128 x 128 block); lora, expert_parallel: the
         model's layout.
     distribution: "scatter" (each rank gets its slice) or "broadcast".
     bucket_mb: bucket size in MiB; pipeline_depth: buckets in flight per rank

@@ -282,6 +282,11 @@ class CudaStream final : public DeviceStream {
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cuda::launch_quantize_fp8(x, n, codes, scale, stream_));
   }
+  void quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t block,
+                          std::uint8_t* codes, float* grid) override {
+    DeviceGuard guard(ordinal_);
+    CUDA_CHECK(cuda::launch_quantize_fp8_block(x, rows, cols, block, codes, grid, stream_));
+  }
   void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
                std::int64_t rows, std::int64_t cols) override {
     DeviceGuard guard(ordinal_);

@@ -99,7 +99,44 @@ __global__ void fp8_quantize(const float* x, std::uint64_t n, std::uint8_t* code
     codes[i] = fp8::to_e4m3fn(x[i] * inverse);
 }
 
+// One block of threads per tile (blockIdx.x its column, blockIdx.y its row):
+// the tile's amax (fp8::nan_max: a NaN is the amax, as torch.amax gives it),
+// its scale (fp8::block_scale), then its codes.
+__global__ void fp8_quantize_tiles(const float* x, std::int64_t rows, std::int64_t cols,
+                                   std::int64_t block, std::uint8_t* codes, float* grid) {
+  __shared__ float partial[kThreads];
+  const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * block;
+  const std::int64_t c0 = static_cast<std::int64_t>(blockIdx.x) * block;
+  const std::int64_t h = rows - r0 < block ? rows - r0 : block;
+  const std::int64_t w = cols - c0 < block ? cols - c0 : block;
+  float m = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < h * w; i += blockDim.x)
+    m = fp8::nan_max(fabsf(x[(r0 + i / w) * cols + c0 + i % w]), m);
+  partial[threadIdx.x] = m;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half)
+      partial[threadIdx.x] = fp8::nan_max(partial[threadIdx.x], partial[threadIdx.x + half]);
+    __syncthreads();
+  }
+  const float s = fp8::block_scale(partial[0]), inverse = 1.0f / s;
+  if (threadIdx.x == 0) grid[static_cast<std::int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = s;
+  for (std::int64_t i = threadIdx.x; i < h * w; i += blockDim.x) {
+    const std::int64_t at = (r0 + i / w) * cols + c0 + i % w;
+    codes[at] = fp8::cast_e4m3fn(x[at] * inverse);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols,
+                                      std::int64_t block, std::uint8_t* codes, float* grid,
+                                      cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const dim3 tiles(static_cast<unsigned>((cols + block - 1) / block),
+                   static_cast<unsigned>((rows + block - 1) / block));
+  return launch(fp8_quantize_tiles, tiles, kThreads, stream, x, rows, cols, block, codes, grid);
+}
 
 cudaError_t launch_quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale,
                                 cudaStream_t stream) {
@@ -138,6 +175,7 @@ cudaError_t load_quantize_int8() {
   cudaError_t rc = preload(quantize_rows<float>);
   if (rc == cudaSuccess) rc = preload(quantize_rows<std::uint16_t>);
   if (rc == cudaSuccess) rc = preload(requantize_fp8_codes);
+  if (rc == cudaSuccess) rc = preload(fp8_quantize_tiles);
   if (rc == cudaSuccess) rc = preload(fp8_amax);
   return rc != cudaSuccess ? rc : preload(fp8_quantize);
 }

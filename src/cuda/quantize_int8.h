@@ -42,6 +42,11 @@ cudaError_t launch_requantize_fp8(std::uint8_t* w, std::uint64_t n, const float*
 cudaError_t launch_quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale,
                                 cudaStream_t stream);
 
+// fp8::quantize_block_step on device memory: one block of threads per tile.
+cudaError_t launch_quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols,
+                                      std::int64_t block, std::uint8_t* codes, float* grid,
+                                      cudaStream_t stream);
+
 // Load each kernel's module now (launch.h: preload), one call per file.
 cudaError_t load_convert();
 cudaError_t load_crc32c();

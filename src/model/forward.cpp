@@ -15,6 +15,7 @@
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/float8.h"
+#include "tpreload/core/quantization.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/torch_dtype.h"
 
@@ -274,9 +275,12 @@ at::Tensor TensorParallelModel::param_f32(const std::string& name) const {
       table.index({w.contiguous().view(at::kByte).to(at::kLong)}).view(w.sizes());
   if (const at::Tensor grid = host_param(name + "_scale_inv"); grid.defined()) {
     const std::int64_t n = w.size(-2), k = w.size(-1), d = w.dim();
+    // (a checkpoint's blocks, or online fp8-block's)
+    const bool ckpt = config().fp8.blocks();
+    const std::int64_t online = online_fp8_block(options_.quantization);
     const at::Tensor full = grid.to(at::kFloat)
-                                .repeat_interleave(config().fp8.block_n, d - 2)
-                                .repeat_interleave(config().fp8.block_k, d - 1)
+                                .repeat_interleave(ckpt ? config().fp8.block_n : online, d - 2)
+                                .repeat_interleave(ckpt ? config().fp8.block_k : online, d - 1)
                                 .narrow(d - 2, 0, n)
                                 .narrow(d - 1, 0, k);
     return values * full;

@@ -52,10 +52,9 @@ TensorParallelModel::TensorParallelModel(ModelConfig config, ModelOptions option
                       options_.tp_size, ")");
   if (!options_.quantization.empty() && rules_.config().dtype != DType::kBFloat16 &&
       rules_.config().dtype != DType::kFloat16 && rules_.config().dtype != DType::kFloat32)
-    raise<ModelError>(
-        "int8 quantization needs bfloat16, float16 or float32 weights; the config's "
-        "dtype is ",
-        dtype_name(rules_.config().dtype));
+    raise<ModelError>("quantization ", options_.quantization,
+                      " needs bfloat16, float16 or float32 weights; the config's dtype is ",
+                      dtype_name(rules_.config().dtype));
   std::vector<ParamStorage> storage;
   for (const ParamSpec& spec : rules_.params()) {
     at::Tensor t = allocate(spec.shape, spec.dtype);

@@ -11,7 +11,10 @@
 //      checksummed on the device (the CRC-32C kernel receivers verify with);
 //  (e) the fingerprint pass (every parameter read back through pinned memory)
 //      and the device CRC-32C digest of every parameter (replica comparison's);
-//  (f) a block-scaled FP8 checkpoint (FP8 weights and float32 grids);
+//  (f) a block-scaled FP8 checkpoint (FP8 weights and float32 grids), a
+//      per-tensor FP8 checkpoint (the requantization kernel), online FP8 (the
+//      amax and quantization kernels) and online block FP8 from a float32
+//      checkpoint (the rounding to bfloat16 and the tile kernel);
 // each compared with the same reload into host memory, pointers unchanged; and
 // one bench row: the reload's GB/s against a plain pinned cudaMemcpy of the
 // same bytes, in the same run. Run by scripts/gpu_check.sh (docs/GPU.md).
@@ -389,6 +392,7 @@ int run_checks(const Options& o) {
   const std::string tensor = prepare_checkpoint(o.dir + "/fp8-tensor", tensor_config, std::nullopt);
   ok &= check_reloads(p, tensor_config, tensor, "FP8 per-tensor checkpoint", "", small);
   ok &= check_reloads(p, config, bf16, "online FP8", "fp8", small);
+  ok &= check_reloads(p, config, f32, "online FP8 blocks, float32 checkpoint", "fp8-block", small);
   ok &= check_self_send_recv(p);
   if (!o.bench_scenario.empty()) bench_row(p, o, ro);
   std::cout << "\ngpu check: " << (ok ? "all checks passed" : "SOME CHECKS FAILED") << "\n";

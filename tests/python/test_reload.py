@@ -472,17 +472,23 @@ def e4m3_codes(x):
     return (code | torch.where(x < 0, 128, 0)).to(torch.uint8)
 
 
+def online_fp8_case(world, shared_dir, seed):
+    """The config, a checkpoint, the rank's bfloat16 shards, the names of its linear
+    weights and parameters for them: FP8 weights as uint8 (a torch without float8)."""
+    config = config_only(world, shared_dir)
+    ckpt = checkpoint(seed)
+    bf16 = expected_shards(ckpt, world.size, world.rank)
+    linear = [n for n in bf16 if n.endswith("proj.weight") and ".layers." in n]
+    assert linear, "the model has linear layers"
+    params = {n: torch.zeros(t.shape, dtype=torch.uint8 if n in linear else t.dtype) for n, t in bf16.items()}
+    return config, ckpt, bf16, linear, params
+
+
 def test_online_fp8_quantizes_each_linear_with_one_scale(world, shared_dir):
     """quantization="fp8": the linear weights are float8_e4m3fn (held as uint8 by a torch
     without float8) with a float32 weight_scale [1] each: amax / 448 over the rank's fused
     weight, every value times 1 / scale, rounded to the nearest code."""
-    tp = world.size
-    config = config_only(world, shared_dir)
-    ckpt = checkpoint(7)
-    bf16 = expected_shards(ckpt, tp, world.rank)
-    linear = [n for n in bf16 if n.endswith("proj.weight") and ".layers." in n]
-    assert linear, "the model has linear layers"
-    params = {n: torch.zeros(t.shape, dtype=torch.uint8 if n in linear else t.dtype) for n, t in bf16.items()}
+    config, ckpt, bf16, linear, params = online_fp8_case(world, shared_dir, 7)
     params.update({n + "_scale": torch.zeros(1, dtype=torch.float32) for n in linear})
     it = list(ckpt.items()) if world.rank == 0 else None
     r = tpreload.reload_weights(params, config, world=world, weights_iterator=it, quantization="fp8", bucket_mb=0.01)
@@ -492,5 +498,34 @@ def test_online_fp8_quantizes_each_linear_with_one_scale(world, shared_dir):
         scale = w.abs().max() / 448
         assert torch.equal(params[n + "_scale"], scale.reshape(1)), n + "_scale"
         assert torch.equal(params[n], e4m3_codes(w * (1 / scale))), n
+    others = {n: t for n, t in bf16.items() if n not in linear}
+    assert_holds({n: params[n] for n in others}, others, "unquantized")
+
+
+def test_online_fp8_block_quantizes_each_linear_in_blocks(world, shared_dir):
+    """quantization="fp8-block": the linear weights are float8_e4m3fn with a float32
+    weight_scale_inv grid [ceil(N / 128), ceil(K / 128)] each: the rank's fused weight
+    zero-padded to whole 128 x 128 blocks, each block's amax (at least 1e-4) times the
+    float 1/448, every value times the reciprocal of its block's scale, nearest code."""
+    config, ckpt, bf16, linear, params = online_fp8_case(world, shared_dir, 9)
+
+    def blocks(t):
+        return [-(-d // 128) for d in t.shape]
+
+    params.update({n + "_scale_inv": torch.zeros(blocks(bf16[n]), dtype=torch.float32) for n in linear})
+    it = list(ckpt.items()) if world.rank == 0 else None
+    r = tpreload.reload_weights(params, config, world=world, weights_iterator=it, quantization="fp8-block",
+                                bucket_mb=0.01)
+    assert r.complete
+    for n in linear:
+        w = bf16[n].float()
+        (m, k), (bm, bk) = w.shape, blocks(w)
+        padded = torch.zeros(bm * 128, bk * 128)
+        padded[:m, :k] = w
+        view = padded.view(bm, 128, bk, 128)
+        scale = view.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-4) * (1 / 448)
+        scaled = (view * scale.reciprocal()).view(bm * 128, bk * 128)[:m, :k]
+        assert torch.equal(params[n + "_scale_inv"], scale.view(bm, bk)), n + "_scale_inv"
+        assert torch.equal(params[n], e4m3_codes(scaled)), n
     others = {n: t for n, t in bf16.items() if n not in linear}
     assert_holds({n: params[n] for n in others}, others, "unquantized")

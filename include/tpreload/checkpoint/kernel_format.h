@@ -4,7 +4,7 @@
 // Directory layout:
 //   kernel_format.json                 {"format": "tpreload-kernel", "version": 1,
 //                                        "tp_size": N, "dtype": "bfloat16",
-//                                        "quantization": null | "int8" | "fp8",
+//                                        "quantization": null | "int8" | "fp8" | "fp8-block",
 //                                        "expert_parallel": false | true (optional),
 //                                        "config": {...model config.json...}}
 //   rank-00000-of-0000N.safetensors    rank 0's parameters under their in-model names

@@ -78,6 +78,12 @@ class DeviceStream {
   // the CPU's.
   virtual void quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale) = 0;
 
+  // fp8::quantize_block_step on device memory: rows x cols floats at x into as
+  // many float8_e4m3fn codes and the ceil(rows / block) x ceil(cols / block)
+  // grid of their scales. The bytes equal the CPU's.
+  virtual void quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols,
+                                  std::int64_t block, std::uint8_t* codes, float* grid) = 0;
+
   // The raw CRC-32C of every kCrc32cBlock-byte block of device memory
   // [src, src + bytes) (tpreload/core/crc32c.h; the last block may be shorter)
   // into `raw`, pinned host memory of crc32c_blocks(bytes) values, readable once

@@ -172,4 +172,61 @@ TPRELOAD_HOST_DEVICE inline void quantize_step(const float* x, std::uint64_t n, 
   for (std::uint64_t k = 0; k < n; ++k) codes[k] = to_e4m3fn(x[k] * inverse);
 }
 
+// vLLM's online per-block FP8 (per_block_cast_to_fp8 of vllm/utils/deep_gemm.py
+// as PyTorch evaluates it on CUDA) of one block of a rank's fused weight: the
+// block's amax over |x| (a NaN among the values is the amax, as torch.amax
+// propagates it; the zero padding of a partial block changes nothing), at
+// least 1e-4 (clamp), times the float reciprocal of 448 (PyTorch multiplies a
+// CUDA tensor divided by a number by the number's reciprocal): that is the
+// scale; each value times 1.0f / scale, cast as PyTorch casts it (cast_e4m3fn).
+TPRELOAD_HOST_DEVICE inline float nan_max(float a, float b) {
+  return (a != a || a > b) ? a : b;
+}
+TPRELOAD_HOST_DEVICE inline float block_scale(float amax) {
+  const float a = amax < 1e-4f ? 1e-4f : amax;  // (NaN stays NaN)
+  return a * (1.0f / kE4M3Max);
+}
+
+// PyTorch's cast of a float to float8_e4m3fn (c10::Float8_e4m3fn), for values
+// that are NaN or within +-448 and a rounding: a NaN is the NaN code 0x7F with
+// its sign (vLLM's kernels clamp it to 448 instead), the rest as to_e4m3fn.
+TPRELOAD_HOST_DEVICE inline std::uint8_t cast_e4m3fn(float x) {
+  const std::uint32_t u = fbits::bits_of(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u)
+    return static_cast<std::uint8_t>(((u >> 24) & 0x80u) | 0x7Fu);
+  return to_e4m3fn(x);
+}
+
+// One block: rows x cols floats at x (row r at x + r * pitch), codes likewise
+// at `codes`; returns the scale.
+TPRELOAD_HOST_DEVICE inline float quantize_block(const float* x, std::int64_t rows,
+                                                 std::int64_t cols, std::int64_t pitch,
+                                                 std::uint8_t* codes) {
+  float m = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * pitch;
+    for (std::int64_t c = 0; c < cols; ++c) m = nan_max(row[c] < 0 ? -row[c] : row[c], m);
+  }
+  const float s = block_scale(m), inverse = 1.0f / s;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      codes[r * pitch + c] = cast_e4m3fn(x[r * pitch + c] * inverse);
+  return s;
+}
+
+// One online block-scaled FP8 step (ScaleStep::block in sharding.h): the rows x
+// cols floats at x, cut into block x block tiles from the first row and column
+// (the last ones partial), into rows x cols codes and the row-major grid of
+// ceil(rows / block) x ceil(cols / block) scales.
+TPRELOAD_HOST_DEVICE inline void quantize_block_step(const float* x, std::int64_t rows,
+                                                     std::int64_t cols, std::int64_t block,
+                                                     std::uint8_t* codes, float* grid) {
+  const std::int64_t grid_cols = (cols + block - 1) / block;
+  for (std::int64_t r = 0; r < rows; r += block)
+    for (std::int64_t c = 0; c < cols; c += block)
+      grid[r / block * grid_cols + c / block] =
+          quantize_block(x + r * cols + c, rows - r < block ? rows - r : block,
+                         cols - c < block ? cols - c : block, cols, codes + r * cols + c);
+}
+
 }  // namespace tpreload::fp8

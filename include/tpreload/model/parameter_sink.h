@@ -193,6 +193,7 @@ class ParameterSink {
   // layers' worth, kept warm from one reload to the next).
   std::vector<Buffer> staged_rows_;
   std::vector<Buffer> spare_rows_;  // processed layers' staged rows, reused by the next
+  Buffer round_scratch_;            // rows of another dtype rounded to the model's on their way in
   std::vector<ScaleStep> steps_;    // scale_steps(steps_rank_), made on first use
   int steps_rank_ = -1;
   std::vector<std::int64_t> processed_;  // layers processed since begin_load()

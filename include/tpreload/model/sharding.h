@@ -86,9 +86,10 @@ struct ParamSpec {
   // `shard` of the staging) and the layer's processing writes the parameter
   // (ShardingRules::scale_steps); a kernel-format load copies it.
   bool staged = false;
-  // Online FP8 (quantization "fp8"): a float8_e4m3fn weight whose checkpoint rows
-  // (bfloat16, float16 or float32) are staged as float32 and quantized once its
-  // layer arrived, into it and its weight_scale (scale_slot).
+  // Online FP8 (quantization "fp8" or "fp8-block"): a float8_e4m3fn weight whose
+  // checkpoint rows (bfloat16, float16 or float32) are staged as float32 (as the
+  // model's dtype holds them) and quantized once its layer arrived, into it and
+  // its weight_scale, or with blocks its weight_scale_inv grid (scale_slot).
   bool quantize_fp8 = false;
 
   // Whether checkpoint rows of the model's floating dtype are quantized into it
@@ -103,7 +104,9 @@ struct ParamSpec {
 // staged scale `from`, are requantized to it (fp8::requantize_step). Online FP8's
 // (`quantize`): rows [row, row + rows) of the weight's staged float32 rows are
 // quantized into it with one scale, amax / 448, written to row `out_row` of
-// `scale` (fp8::quantize_step).
+// `scale` (fp8::quantize_step); with `block` (online block-scaled FP8), in
+// block x block tiles, each tile's scale into the grid `scale` from its row
+// `out_row` on (fp8::quantize_block_step).
 struct ScaleStep {
   std::int64_t layer = -1;
   ParamSlot scale = kNoSlot;
@@ -113,6 +116,7 @@ struct ScaleStep {
   std::int64_t row = 0, rows = 0;
   std::uint32_t from = 0;
   bool quantize = false;
+  std::int64_t block = 0;
 };
 
 // Where one checkpoint tensor goes on one rank.
@@ -159,7 +163,8 @@ class ShardingRules {
   // shared expert's intermediate size not divisible),
   // or expert parallelism is asked of a dense model. `quantization` is "" or a
   // scheme of quantization_schemes(): "int8" (decoder linear weights; experts
-  // stay in the model's dtype) or "fp8" (decoder linear weights and experts).
+  // stay in the model's dtype), "fp8" or "fp8-block" (decoder linear weights
+  // and experts).
   ShardingRules(ModelConfig config, int tp_size, std::string quantization = "",
                 bool expert_parallel = false);
 

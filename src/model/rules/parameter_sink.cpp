@@ -8,6 +8,7 @@
 #include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/float8.h"
+#include "tpreload/core/quantization.h"
 #include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
 
@@ -156,15 +157,33 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
   }
   float* dst = reinterpret_cast<float*>(rows.data()) + w.dest_row * cols;
   const std::byte* in = src + w.src_offset;
-  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
-  if (device_)
-    stream().convert(in, w.src_dtype, stride, dst, DType::kFloat32, w.rows, cols);
-  else
-    convert_rows(in, w.src_dtype, stride, dst, DType::kFloat32, w.rows, cols);
+  std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
+  DType from = w.src_dtype;
+  auto convert = [&](const void* a, DType a_dtype, std::int64_t a_stride, void* b, DType b_dtype) {
+    if (device_)
+      stream().convert(a, a_dtype, a_stride, b, b_dtype, w.rows, cols);
+    else
+      convert_rows(a, a_dtype, a_stride, b, b_dtype, w.rows, cols);
+  };
+  // vLLM loads the values into a parameter of the model's dtype and quantizes
+  // that: values of another dtype are rounded to it first.
+  const DType model = rules_.config().dtype;
+  if (from != model && model != DType::kFloat32) {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(w.rows * cols) * dtype_size(model);
+    if (round_scratch_.size() < bytes) {
+      flush();  // (the stream may still read the smaller one)
+      round_scratch_ = (device_ ? device_->memory() : host_allocator()).allocate(bytes);
+    }
+    convert(in, from, stride, round_scratch_.data(), model);
+    in = round_scratch_.data();
+    from = model;
+    stride = cols;
+  }
+  convert(in, from, stride, dst, DType::kFloat32);
 }
 
 void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
-  const bool online = rules_.quantization() == "fp8";
+  const bool online = online_fp8(rules_.quantization());
   if (!staging_ && !online) return;
   if (std::find(processed_.begin(), processed_.end(), layer) != processed_.end()) return;
   processed_.push_back(layer);
@@ -192,11 +211,18 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
                                static_cast<std::uint64_t>(step.row) * width
                          : nullptr;
     const std::uint64_t n = weight ? static_cast<std::uint64_t>(step.rows) * width : 0;
-    auto* out = reinterpret_cast<float*>(storage_[step.scale].data) + step.out_row;
+    // (the scale's rows: one float each, or a grid's rows)
+    const std::uint64_t out_width = param_row_bytes(params[step.scale].shape, DType::kFloat32) / 4;
+    auto* out = reinterpret_cast<float*>(storage_[step.scale].data) + step.out_row * out_width;
     if (step.quantize) {
       const float* x = reinterpret_cast<const float*>(staged_rows_[step.weight].data()) +
                        static_cast<std::uint64_t>(step.row) * width;
-      if (device_)
+      const auto cols = static_cast<std::int64_t>(width);
+      if (step.block && device_)
+        stream().quantize_fp8_block(x, step.rows, cols, step.block, codes, out);
+      else if (step.block)
+        fp8::quantize_block_step(x, step.rows, cols, step.block, codes, out);
+      else if (device_)
         stream().quantize_fp8(x, n, codes, out);
       else
         fp8::quantize_step(x, n, codes, out);

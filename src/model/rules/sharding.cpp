@@ -23,6 +23,12 @@ const Fp8Checkpoint kOnlineFp8 = [] {
   return f;
 }();
 
+// Online FP8's scale of "<module>.weight": "_scale" (one per weight or expert)
+// or, with blocks, "_scale_inv" (a grid), as vLLM names them.
+const char* online_scale_suffix(const std::string& quantization) {
+  return online_fp8_block(quantization) ? "_scale_inv" : "_scale";
+}
+
 // "model.layers.0.self_attn.q_proj.weight" -> {"model.layers.0.self_attn.", "q_proj", "weight"}
 struct NameParts {
   std::string prefix, module, leaf;
@@ -375,13 +381,19 @@ void ShardingRules::build_params() {
       scale.from_checkpoint = false;
       params_.push_back(scale);
     }
-    if (quantization_ == "fp8" && fp8_quantized_weight(kOnlineFp8, name)) {
+    if (online_fp8(quantization_) && fp8_quantized_weight(kOnlineFp8, name)) {
       spec.dtype = DType::kFloat8E4M3;
       spec.quantize_fp8 = true;
       const bool expert =
           rule.kind == ShardKind::kExpertGateUp || rule.kind == ShardKind::kExpertDown;
-      ParamSpec scale{
-          rule.param + "_scale", {expert ? experts : 1}, DType::kFloat32, rule.kind, spec.layer};
+      ParamSpec scale{"", {expert ? experts : 1}, DType::kFloat32, rule.kind, spec.layer};
+      if (const std::int64_t b = online_fp8_block(quantization_)) {
+        // (a grid per expert, over the expert's rows)
+        scale.shape = spec.shape;
+        for (std::size_t d = scale.shape.size() - 2; d < scale.shape.size(); ++d)
+          scale.shape[d] = (scale.shape[d] + b - 1) / b;
+      }
+      scale.name = rule.param + online_scale_suffix(quantization_);
       scale.from_checkpoint = false;
       params_.push_back(scale);
     }
@@ -392,7 +404,8 @@ void ShardingRules::build_params() {
   // Slots are positions in the sorted list: resolve the int8 scales and the rules.
   for (ParamSpec& spec : params_)
     if (spec.dtype == DType::kInt8 || spec.quantize_fp8)
-      spec.scale_slot = find_slot(spec.name + "_scale");
+      spec.scale_slot = find_slot(
+          spec.name + (spec.quantize_fp8 ? online_scale_suffix(quantization_) : "_scale"));
   for (auto& [name, rule] : rules_) rule.slot = find_slot(rule.param);
 }
 
@@ -480,15 +493,19 @@ std::string scale_step_problem(const ShardingRules& rules, const ScaleStep& step
 
 std::vector<ScaleStep> ShardingRules::scale_steps(int tp_rank) const {
   std::vector<ScaleStep> steps;
-  if (quantization_ == "fp8") {  // online: whole weights, experts apart (same on every rank)
+  if (online_fp8(quantization_)) {  // whole weights, experts apart (same on every rank)
+    const std::int64_t block = online_fp8_block(quantization_);
     for (ParamSlot slot = 0; slot < params_.size(); ++slot) {
       const ParamSpec& w = params_[slot];
       if (!w.quantize_fp8) continue;
       const std::int64_t experts = w.shape.size() == 3 ? w.shape[0] : 1;
       const std::int64_t rows = param_rows(w.shape) / experts;
+      // (a grid's rows per expert; one scale per expert without blocks)
+      const std::int64_t grid_rows = block ? (rows + block - 1) / block : 1;
       for (std::int64_t e = 0; e < experts; ++e) {
-        ScaleStep step{w.layer, w.scale_slot, 0, 0, e, slot, e * rows, rows};
+        ScaleStep step{w.layer, w.scale_slot, 0, 0, e * grid_rows, slot, e * rows, rows};
         step.quantize = true;
+        step.block = block;
         steps.push_back(step);
       }
     }
