@@ -573,7 +573,8 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
     return out.str();
   };
   std::cout << "# targets (warm page cache, this machine)\n";
-  const bool large = o.scenario == "tinyllama" || o.scenario == "llama3-8b-4l";
+  const bool large =
+      o.scenario == "tinyllama" || o.scenario == "llama3-8b-4l" || o.scenario == "llama3-8b-4l-fp8";
   const bool scaled = world.size() == 2 || world.size() == 4;
   const Row* whole = nullptr;
   for (const Row& r : rows)
@@ -616,6 +617,13 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
     if (r.readers == "one")
       std::cout << "#   reader copies per byte sent <= 1 (the read), " << what << ": "
                 << verdict(r.bytes ? double(r.copied) / r.bytes : 0.0, 1.0) << "\n";
+    if (r.format == "checkpoint" && online_fp8(r.quantization))
+      for (const Row& none : rows)
+        if (none.format == "checkpoint" && none.quantization == "none" &&
+            none.distribution == r.distribution && none.readers == r.readers &&
+            none.bucket_mb == r.bucket_mb)
+          std::cout << "#   online " << r.quantization << " <= 1.3x the unquantized reload, "
+                    << r.distribution << ": " << verdict(r.seconds / none.seconds, 1.3) << "\n";
     if (r.format != "checkpoint" || r.quantization != "int8") continue;
     for (const Row& k : rows)
       if (k.format == "kernel" && k.quantization == "int8" && k.distribution == r.distribution &&
@@ -636,9 +644,10 @@ int main(int argc, char** argv) {
       "reload_bench: in-place reload time against the raw read + transport bound, per "
       "format, quantization, distribution and bucket size (run under mpirun)."};
   BenchOptions o;
-  app.add_option("--scenario", o.scenario,
-                 "tiny, tinyllama, llama3-8b-4l, qwen3-moe-2l or small-tensors")
-      ->capture_default_str();
+  std::string scenarios;
+  for (const std::string& name : scenario_names())
+    scenarios += (scenarios.empty() ? "" : ", ") + name;
+  app.add_option("--scenario", o.scenario, "one of " + scenarios)->capture_default_str();
   app.add_option("--dir", o.dir, "Where checkpoints are generated (reused when present)")
       ->capture_default_str();
   app.add_option("--tp", o.tp, "Tensor-parallel size (default: world size)");

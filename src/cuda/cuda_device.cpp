@@ -278,14 +278,16 @@ class CudaStream final : public DeviceStream {
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cuda::launch_requantize_fp8(w, n, staged, from, first, count, out, stream_));
   }
-  void quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale) override {
+  void quantize_fp8(const void* x, DType dtype, std::uint64_t n, std::uint8_t* codes,
+                    float* scale) override {
     DeviceGuard guard(ordinal_);
-    CUDA_CHECK(cuda::launch_quantize_fp8(x, n, codes, scale, stream_));
+    CUDA_CHECK(cuda::launch_quantize_fp8(x, float_of(dtype), n, codes, scale, stream_));
   }
-  void quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t block,
-                          std::uint8_t* codes, float* grid) override {
+  void quantize_fp8_block(const void* x, DType dtype, std::int64_t rows, std::int64_t cols,
+                          std::int64_t block, std::uint8_t* codes, float* grid) override {
     DeviceGuard guard(ordinal_);
-    CUDA_CHECK(cuda::launch_quantize_fp8_block(x, rows, cols, block, codes, grid, stream_));
+    CUDA_CHECK(cuda::launch_quantize_fp8_block(x, float_of(dtype), rows, cols, block, codes, grid,
+                                               stream_));
   }
   void convert(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
                std::int64_t rows, std::int64_t cols) override {

@@ -77,32 +77,35 @@ __global__ void requantize_fp8_codes(std::uint8_t* w, std::uint64_t n, const flo
 
 // Each block's amax over a grid-stride share, reduced in shared memory, then
 // divided by 448 and merged into *scale with an integer atomicMax (the bit
-// patterns of non-negative floats order as the floats do).
-__global__ void fp8_amax(const float* x, std::uint64_t n, float* scale) {
+// patterns of non-negative floats order as the floats do). T: the staged
+// values' type (float, fp8::Bf16Bits, fp8::HalfBits).
+template <typename T>
+__global__ void fp8_amax(const T* x, std::uint64_t n, float* scale) {
   __shared__ float partial[kThreads];
   float m = 0.0f;
   const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += step)
-    m = fmaxf(m, fabsf(x[i]));
+    m = fmaxf(m, fabsf(fp8::as_float(x[i])));
   const float amax = block_max(m, partial);
   if (threadIdx.x == 0)
     atomicMax(reinterpret_cast<int*>(scale), __float_as_int(fp8::amax_scale(amax)));
 }
 
-__global__ void fp8_quantize(const float* x, std::uint64_t n, std::uint8_t* codes,
-                             const float* scale) {
+template <typename T>
+__global__ void fp8_quantize(const T* x, std::uint64_t n, std::uint8_t* codes, const float* scale) {
   const float inverse = 1.0f / *scale;
   const std::uint64_t step = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   for (std::uint64_t i = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += step)
-    codes[i] = fp8::to_e4m3fn(x[i] * inverse);
+    codes[i] = fp8::to_e4m3fn(fp8::as_float(x[i]) * inverse);
 }
 
 // One block of threads per tile (blockIdx.x its column, blockIdx.y its row):
-// the tile's amax (fp8::nan_max: a NaN is the amax, as torch.amax gives it),
+// the tile's amax (fp8::nan_max: a NaN is the amax, as torch.amax makes it),
 // its scale (fp8::block_scale), then its codes.
-__global__ void fp8_quantize_tiles(const float* x, std::int64_t rows, std::int64_t cols,
+template <typename T>
+__global__ void fp8_quantize_tiles(const T* x, std::int64_t rows, std::int64_t cols,
                                    std::int64_t block, std::uint8_t* codes, float* grid) {
   __shared__ float partial[kThreads];
   const std::int64_t r0 = static_cast<std::int64_t>(blockIdx.y) * block;
@@ -111,7 +114,7 @@ __global__ void fp8_quantize_tiles(const float* x, std::int64_t rows, std::int64
   const std::int64_t w = cols - c0 < block ? cols - c0 : block;
   float m = 0.0f;
   for (std::int64_t i = threadIdx.x; i < h * w; i += blockDim.x)
-    m = fp8::nan_max(fabsf(x[(r0 + i / w) * cols + c0 + i % w]), m);
+    m = fp8::nan_max(fp8::magnitude(fp8::as_float(x[(r0 + i / w) * cols + c0 + i % w])), m);
   partial[threadIdx.x] = m;
   __syncthreads();
   for (int half = kThreads / 2; half > 0; half /= 2) {
@@ -123,31 +126,70 @@ __global__ void fp8_quantize_tiles(const float* x, std::int64_t rows, std::int64
   if (threadIdx.x == 0) grid[static_cast<std::int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = s;
   for (std::int64_t i = threadIdx.x; i < h * w; i += blockDim.x) {
     const std::int64_t at = (r0 + i / w) * cols + c0 + i % w;
-    codes[at] = fp8::cast_e4m3fn(x[at] * inverse);
+    codes[at] = fp8::cast_e4m3fn(fp8::as_float(x[at]) * inverse);
+  }
+}
+
+template <typename T>
+cudaError_t quantize_fp8_of(const T* x, std::uint64_t n, std::uint8_t* codes, float* scale,
+                            cudaStream_t stream) {
+  cudaError_t rc = cudaMemsetAsync(scale, 0, sizeof(float), stream);
+  if (rc != cudaSuccess) return rc;
+  const std::uint64_t want = (n + kThreads - 1) / kThreads;
+  const unsigned blocks = static_cast<unsigned>(want == 0 ? 1 : want < 65535 ? want : 65535);
+  rc = launch(fp8_amax<T>, blocks, kThreads, stream, x, n, scale);
+  if (rc != cudaSuccess) return rc;
+  return launch(fp8_quantize<T>, blocks, kThreads, stream, x, n, codes,
+                static_cast<const float*>(scale));
+}
+
+template <typename T>
+cudaError_t quantize_fp8_block_of(const T* x, std::int64_t rows, std::int64_t cols,
+                                  std::int64_t block, std::uint8_t* codes, float* grid,
+                                  cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  const dim3 tiles(static_cast<unsigned>((cols + block - 1) / block),
+                   static_cast<unsigned>((rows + block - 1) / block));
+  return launch(fp8_quantize_tiles<T>, tiles, kThreads, stream, x, rows, cols, block, codes, grid);
+}
+
+template <typename T>
+cudaError_t preload_fp8() {
+  cudaError_t rc = preload(fp8_amax<T>);
+  if (rc == cudaSuccess) rc = preload(fp8_quantize<T>);
+  if (rc == cudaSuccess) rc = preload(fp8_quantize_tiles<T>);
+  return rc;
+}
+
+// `f` called with x as the staged type of `dtype`.
+template <typename F>
+cudaError_t with_staged(const void* x, Float dtype, F f) {
+  switch (dtype) {
+    case Float::kFloat32:
+      return f(static_cast<const float*>(x));
+    case Float::kBFloat16:
+      return f(static_cast<const fp8::Bf16Bits*>(x));
+    case Float::kFloat16:
+      return f(static_cast<const fp8::HalfBits*>(x));
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
 }  // namespace
 
-cudaError_t launch_quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols,
-                                      std::int64_t block, std::uint8_t* codes, float* grid,
-                                      cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  const dim3 tiles(static_cast<unsigned>((cols + block - 1) / block),
-                   static_cast<unsigned>((rows + block - 1) / block));
-  return launch(fp8_quantize_tiles, tiles, kThreads, stream, x, rows, cols, block, codes, grid);
+cudaError_t launch_quantize_fp8_block(const void* x, Float dtype, std::int64_t rows,
+                                      std::int64_t cols, std::int64_t block, std::uint8_t* codes,
+                                      float* grid, cudaStream_t stream) {
+  return with_staged(x, dtype, [&](const auto* v) {
+    return quantize_fp8_block_of(v, rows, cols, block, codes, grid, stream);
+  });
 }
 
-cudaError_t launch_quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale,
-                                cudaStream_t stream) {
-  cudaError_t rc = cudaMemsetAsync(scale, 0, sizeof(float), stream);
-  if (rc != cudaSuccess) return rc;
-  const std::uint64_t want = (n + kThreads - 1) / kThreads;
-  const unsigned blocks = static_cast<unsigned>(want == 0 ? 1 : want < 65535 ? want : 65535);
-  rc = launch(fp8_amax, blocks, kThreads, stream, x, n, scale);
-  if (rc != cudaSuccess) return rc;
-  return launch(fp8_quantize, blocks, kThreads, stream, x, n, codes,
-                static_cast<const float*>(scale));
+cudaError_t launch_quantize_fp8(const void* x, Float dtype, std::uint64_t n, std::uint8_t* codes,
+                                float* scale, cudaStream_t stream) {
+  return with_staged(x, dtype,
+                     [&](const auto* v) { return quantize_fp8_of(v, n, codes, scale, stream); });
 }
 
 cudaError_t launch_requantize_fp8(std::uint8_t* w, std::uint64_t n, const float* staged,
@@ -175,9 +217,9 @@ cudaError_t load_quantize_int8() {
   cudaError_t rc = preload(quantize_rows<float>);
   if (rc == cudaSuccess) rc = preload(quantize_rows<std::uint16_t>);
   if (rc == cudaSuccess) rc = preload(requantize_fp8_codes);
-  if (rc == cudaSuccess) rc = preload(fp8_quantize_tiles);
-  if (rc == cudaSuccess) rc = preload(fp8_amax);
-  return rc != cudaSuccess ? rc : preload(fp8_quantize);
+  if (rc == cudaSuccess) rc = preload_fp8<float>();
+  if (rc == cudaSuccess) rc = preload_fp8<fp8::Bf16Bits>();
+  return rc != cudaSuccess ? rc : preload_fp8<fp8::HalfBits>();
 }
 
 }  // namespace tpreload::cuda

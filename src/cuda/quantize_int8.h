@@ -36,16 +36,17 @@ cudaError_t launch_requantize_fp8(std::uint8_t* w, std::uint64_t n, const float*
                                   std::uint32_t from, std::uint32_t first, std::uint32_t count,
                                   float* out, cudaStream_t stream);
 
-// fp8::quantize_step on device memory: the amax of n floats (a reduction into
-// *scale, zeroed first, as amax / 448 per block: division by 448 keeps the
-// order), then the codes with 1.0f / *scale. Enqueues on `stream`.
-cudaError_t launch_quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale,
-                                cudaStream_t stream);
+// fp8::quantize_step on device memory, of n values of `dtype` (float32,
+// bfloat16 or float16): the amax (a reduction into *scale, zeroed first, as
+// amax / 448 per block: division by 448 keeps the order), then the codes with
+// 1.0f / *scale. Enqueues on `stream`.
+cudaError_t launch_quantize_fp8(const void* x, Float dtype, std::uint64_t n, std::uint8_t* codes,
+                                float* scale, cudaStream_t stream);
 
 // fp8::quantize_block_step on device memory: one block of threads per tile.
-cudaError_t launch_quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols,
-                                      std::int64_t block, std::uint8_t* codes, float* grid,
-                                      cudaStream_t stream);
+cudaError_t launch_quantize_fp8_block(const void* x, Float dtype, std::int64_t rows,
+                                      std::int64_t cols, std::int64_t block, std::uint8_t* codes,
+                                      float* grid, cudaStream_t stream);
 
 // Load each kernel's module now (launch.h: preload), one call per file.
 cudaError_t load_convert();

@@ -757,7 +757,7 @@ detail::NodePlanes& node_planes(Communicator& world, DataTransport& data, const 
 }
 
 void reduce_figures(Communicator& world, ReloadResult& r, const detail::PipelineStats& stats,
-                    std::uint64_t read_bytes) {
+                    std::uint64_t read_bytes, std::uint64_t processing_bytes) {
   auto us = [](double s) { return static_cast<std::int64_t>(s * 1e6); };
   std::vector<std::int64_t> v = {us(r.seconds.total),
                                  us(r.seconds.read),
@@ -773,7 +773,8 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
                                  static_cast<std::int64_t>(stats.staging.total()),
                                  static_cast<std::int64_t>(stats.staging.host),
                                  static_cast<std::int64_t>(stats.staging.pinned),
-                                 static_cast<std::int64_t>(stats.staging.device)};
+                                 static_cast<std::int64_t>(stats.staging.device),
+                                 static_cast<std::int64_t>(processing_bytes)};
   allreduce_ints(world, v, IntOp::kMax);
   r.seconds = {v[0] / 1e6, v[1] / 1e6, v[2] / 1e6, v[3] / 1e6,
                v[4] / 1e6, v[5] / 1e6, v[6] / 1e6, v[7] / 1e6};
@@ -783,6 +784,7 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
   r.peak_staging_bytes = v[11];
   r.staging = {static_cast<std::uint64_t>(v[12]), static_cast<std::uint64_t>(v[13]),
                static_cast<std::uint64_t>(v[14])};
+  r.processing_staging_bytes = static_cast<std::uint64_t>(v[15]);
 }
 
 // This rank's objection to its options and planes, if any (the agreement names
@@ -980,7 +982,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   result.seconds.checksum = stats.checksum;
   result.seconds.total = since(start);
   const std::uint64_t read_bytes = reader && source ? source->bytes_read() - read_before : 0;
-  reduce_figures(world, result, stats, read_bytes);
+  reduce_figures(world, result, stats, read_bytes, sink.processing_staging_bytes());
   return result;
 }
 

@@ -108,6 +108,7 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
         {"checksum", r.seconds.checksum},
         {"prepare", r.seconds.prepare}}},
       {"peak_staging_bytes", r.peak_staging_bytes},
+      {"processing_staging_bytes", r.processing_staging_bytes},
       {"staging_bytes",
        {{"host", r.staging.host}, {"pinned_host", r.staging.pinned}, {"device", r.staging.device}}},
       {"parameter_memory", r.parameter_memory},
@@ -151,7 +152,11 @@ std::string summary_text(const ReloadResult& r) {
       << (r.transport.empty() ? "?" : r.transport) << " into "
       << (r.parameter_memory.empty() ? "?" : r.parameter_memory) << " memory\n  peak staging "
       << r.peak_staging_bytes << " bytes per rank (host " << r.staging.host << ", pinned "
-      << r.staging.pinned << ", device " << r.staging.device << "), "
+      << r.staging.pinned << ", device " << r.staging.device << ")"
+      << (r.processing_staging_bytes
+              ? ", FP8 processing " + std::to_string(r.processing_staging_bytes) + " bytes"
+              : std::string())
+      << ", "
       << (r.pipeline_depth > 0
               ? "pipeline depth " + std::to_string(r.pipeline_depth) + " on this rank"
               : std::string("no pipeline on this rank (no bucket buffers: each write read from the "

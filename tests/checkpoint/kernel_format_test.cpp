@@ -100,7 +100,7 @@ TEST(KernelFormat, BrokenDirectoriesNameTheProblem) {
   j["quantization"] = "fp4";
   test::write_file(json_path, j.dump());
   EXPECT_EQ(test::error_of([&] { read_kernel_format_info(dir.path()); }),
-            prefix + "'quantization' \"fp4\" is not null, \"int8\" or \"fp8\"");
+            prefix + "'quantization' \"fp4\" is not null, \"int8\", \"fp8\" or \"fp8-block\"");
   j["quantization"] = nullptr;
   j["tp_size"] = 0;
   test::write_file(json_path, j.dump());

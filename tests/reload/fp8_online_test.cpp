@@ -22,6 +22,7 @@
 #include "fp8_checkpoints.h"
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
+#include "tpreload/model/quantize.h"
 #include "tpreload/reload/reload.h"
 
 namespace tpreload {
@@ -87,10 +88,13 @@ std::pair<at::Tensor, at::Tensor> quantized(const at::Tensor& t, bool blocks) {
                                 .narrow(1, 0, n)
                                 .contiguous();
   const float* p = scaled.data_ptr<float>();
-  // (torch's cast: a NaN is the NaN code)
+  // (vLLM computes this on a GPU, whose arithmetic makes every NaN the
+  // canonical positive one, 0x7FFFFFFF: a NaN block's scale; torch casts it to
+  // the NaN code 0x7F)
   for (std::int64_t i = 0; i < x.numel(); ++i)
-    q[i] = std::isnan(p[i]) ? (std::signbit(p[i]) ? 0xFF : 0x7F) : testdata::nearest_code(p[i]);
-  return {codes, scale.view({pm, pn}).contiguous()};
+    q[i] = std::isnan(p[i]) ? 0x7F : testdata::nearest_code(p[i]);
+  const at::Tensor gpu_nan = at::full({}, 0x7FFFFFFF, at::kInt).view(at::kFloat);
+  return {codes, at::where(at::isnan(scale), gpu_nan, scale).view({pm, pn}).contiguous()};
 }
 
 // What a scheme makes of the test's checkpoints.
@@ -246,6 +250,113 @@ TEST(Fp8Online, BlocksOfZerosTinyValuesAndNaN) {
   EXPECT_GT(codes.narrow(0, 128, 128).narrow(1, 128, 64).max().item<int>(), 0);
   EXPECT_TRUE(std::isnan(grid[2][0].item<float>()));
   EXPECT_EQ(codes[293][0].item<int>(), 0x7F);
+}
+
+// The host's kernels at every instruction-set level this CPU has, of values
+// staged as float32, bfloat16 and float16, against the test's arithmetic: every tie between two
+// neighbouring codes (the midpoints, both signs; with amax 448 the per-tensor scale is 1), NaNs,
+// zeros, values below the floor, lengths and tiles that end inside a vector.
+TEST(Fp8Online, EveryKernelLevelGivesTheTestsBytes) {
+  std::vector<float> v;
+  for (int c = 0; c < 0x7E; ++c)
+    for (const float sign : {1.0f, -1.0f})
+      v.push_back(sign *
+                  (testdata::value_of(static_cast<std::uint8_t>(c)) +
+                   testdata::value_of(static_cast<std::uint8_t>(c + 1))) /
+                  2);
+  v.push_back(448.0f);
+  v.push_back(NAN);
+  v.push_back(-0.0f);
+  at::manual_seed(3);
+  const at::Tensor noise = at::randn({40 * 61 - static_cast<std::int64_t>(v.size())}) * 100;
+  v.insert(v.end(), noise.data_ptr<float>(), noise.data_ptr<float>() + noise.numel());
+  const at::Tensor flat = at::tensor(v);
+  // (as a 40 x 61 grid of 16 x 16 blocks: a zero block, a tiny one, a NaN's)
+  at::Tensor tiles = at::tensor(v).view({40, 61}).clone();
+  tiles.narrow(0, 16, 16).narrow(1, 0, 16).zero_();
+  tiles.narrow(0, 16, 16).narrow(1, 16, 16).mul_(1e-9);
+  for (const at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    // (the values as the staging of a model of that dtype holds them)
+    const at::Tensor flat_t = flat.to(type), tiles_t = tiles.to(type);
+    const DType dtype = type == at::kFloat      ? DType::kFloat32
+                        : type == at::kBFloat16 ? DType::kBFloat16
+                                                : DType::kFloat16;
+    const auto [codes, scale] = quantized(flat_t, false);
+    for (const QuantizeLevel level :
+         {QuantizeLevel::kBaseline, QuantizeLevel::kAvx2, QuantizeLevel::kAvx512}) {
+      if (!quantize_supports(level)) continue;
+      detail::ScopedQuantizeLevel use(level);
+      const std::string what =
+          std::string(quantize_level_name(level)) + ", " + std::string(dtype_name(dtype));
+      at::Tensor got = at::empty({flat.numel()}, at::kByte);
+      float got_scale = 0;
+      quantize_fp8_host(flat_t.data_ptr(), dtype, static_cast<std::uint64_t>(flat.numel()),
+                        got.data_ptr<std::uint8_t>(), &got_scale);
+      EXPECT_EQ(got_scale, scale.item<float>()) << what;
+      EXPECT_TRUE(at::equal(got, codes)) << what << ": per tensor";
+      for (const std::int64_t block : {16, 128}) {
+        // (the test's blocks are 128: a 16-block grid is the 128 one's
+        // arithmetic on each 16 x 16 piece, compared piece by piece)
+        at::Tensor got_codes = at::empty({40, 61}, at::kByte);
+        const std::int64_t gr = (40 + block - 1) / block, gc = (61 + block - 1) / block;
+        at::Tensor grid = at::empty({gr, gc}, at::kFloat);
+        quantize_fp8_blocks_host(tiles_t.data_ptr(), dtype, 40, 61, block,
+                                 got_codes.data_ptr<std::uint8_t>(), grid.data_ptr<float>());
+        for (std::int64_t r = 0; r < gr; ++r)
+          for (std::int64_t c = 0; c < gc; ++c) {
+            const at::Tensor piece = tiles_t.narrow(0, r * block, std::min(block, 40 - r * block))
+                                         .narrow(1, c * block, std::min(block, 61 - c * block));
+            const auto [want_codes, want_grid] = quantized(piece, true);
+            const at::Tensor got_piece =
+                got_codes.narrow(0, r * block, piece.size(0)).narrow(1, c * block, piece.size(1));
+            const float want_scale = want_grid.item<float>(), got_s = grid[r][c].item<float>();
+            EXPECT_TRUE(got_s == want_scale || (std::isnan(got_s) && std::isnan(want_scale)))
+                << what << ", block " << block << " (" << r << ", " << c << "): " << got_s
+                << " vs the test's " << want_scale;
+            EXPECT_TRUE(at::equal(got_piece.contiguous(), want_codes))
+                << what << ", block " << block << " (" << r << ", " << c << ")";
+          }
+      }
+    }
+  }
+}
+
+// A load that fails after staging part of a layer (layer 1's q_proj, 100
+// times larger, without its k_proj and v_proj) leaves nothing behind: the next
+// load's scales come from its own values alone.
+TEST(Fp8Online, ALoadThatFailedLeavesNoStagedAmaxBehind) {
+  const Checkpoint whole = dense_checkpoint();
+  Checkpoint part = whole;
+  part.tensors.erase("model.layers.1.self_attn.k_proj.weight");
+  part.tensors.erase("model.layers.1.self_attn.v_proj.weight");
+  auto& q = part.tensors.at("model.layers.1.self_attn.q_proj.weight");
+  q = (q.to(at::kFloat) * 100).to(at::kBFloat16);
+  for (const Scheme& s : {kPerTensor, kBlocks}) {
+    TensorParallelModel model(config(kDense), fp8(s, 1, 0));
+    auto bad = part.source();
+    EXPECT_THROW(model.load_weights(*bad), Error) << s.name;
+    auto good = whole.source();
+    model.load_weights(*good);
+    expect_shards(model, expected_dense(s, whole, 1, 0),
+                  std::string(s.name) + ", after a failed load");
+  }
+}
+
+// The report counts what the sink holds for the processing: after a reload of
+// the one-layer MoE model at tp 1, every quantized weight of the layer staged
+// in bfloat16 (2 bytes a value), kept for the next reload.
+TEST(Fp8Online, TheReportCountsTheStagedWeights) {
+  const Checkpoint c = testdata::fp8_moe_checkpoint(kSizes, add_bf16);
+  const std::int64_t qkv = (kHeads + 2 * kKv) * kHd * kH, o = kHeads * kHd * kH;
+  const std::int64_t experts = kExperts * (2 * kMoeInter * kH + kH * kMoeInter);
+  for (const Scheme& s : {kPerTensor, kBlocks}) {
+    TensorParallelModel model(config(kMoe), fp8(s, 1, 0));
+    auto control = make_local_communicator();
+    auto source = c.source();
+    const ReloadResult r = reload_weights(model, *control, source.get(), ReloadOptions{});
+    EXPECT_EQ(r.processing_staging_bytes, static_cast<std::uint64_t>((qkv + o + experts) * 2))
+        << s.name;
+  }
 }
 
 // Through the engine, twice, broadcast and scatter, atomic or not, host and

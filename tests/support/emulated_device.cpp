@@ -124,23 +124,24 @@ class EmulatedStream final : public DeviceStream {
     if (out) require_device(out, sizeof(float), "requantize_fp8 output scale");
     enqueue([=] { fp8::requantize_step(w, n, staged, from, first, count, out); });
   }
-  void quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale) override {
-    require_aligned(x, sizeof(float), "quantize_fp8 input");
-    if (n) require_device(x, n * sizeof(float), "quantize_fp8 input");
+  void quantize_fp8(const void* x, DType dtype, std::uint64_t n, std::uint8_t* codes,
+                    float* scale) override {
+    require_aligned(x, dtype_size(dtype), "quantize_fp8 input");
+    if (n) require_device(x, n * dtype_size(dtype), "quantize_fp8 input");
     if (n) require_device(codes, n, "quantize_fp8 codes");
     require_device(scale, sizeof(float), "quantize_fp8 scale");
-    enqueue([=] { fp8::quantize_step(x, n, codes, scale); });
+    enqueue([=] { quantize_fp8_host(x, dtype, n, codes, scale); });
   }
-  void quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols, std::int64_t block,
-                          std::uint8_t* codes, float* grid) override {
+  void quantize_fp8_block(const void* x, DType dtype, std::int64_t rows, std::int64_t cols,
+                          std::int64_t block, std::uint8_t* codes, float* grid) override {
     const auto n = static_cast<std::uint64_t>(rows * cols);
     const auto tiles =
         static_cast<std::uint64_t>(((rows + block - 1) / block) * ((cols + block - 1) / block));
-    require_aligned(x, sizeof(float), "quantize_fp8_block input");
-    if (n) require_device(x, n * sizeof(float), "quantize_fp8_block input");
+    require_aligned(x, dtype_size(dtype), "quantize_fp8_block input");
+    if (n) require_device(x, n * dtype_size(dtype), "quantize_fp8_block input");
     if (n) require_device(codes, n, "quantize_fp8_block codes");
     if (tiles) require_device(grid, tiles * sizeof(float), "quantize_fp8_block grid");
-    enqueue([=] { fp8::quantize_block_step(x, rows, cols, block, codes, grid); });
+    enqueue([=] { quantize_fp8_blocks_host(x, dtype, rows, cols, block, codes, grid); });
   }
   void crc32c_blocks(const void* src, std::uint64_t bytes, std::uint32_t* raw) override {
     if (bytes == 0) return;

@@ -73,15 +73,16 @@ class DeviceStream {
                               std::uint32_t from, std::uint32_t first, std::uint32_t count,
                               float* out) = 0;
 
-  // fp8::quantize_step (tpreload/core/float8.h) on device memory: n floats at x
-  // into n float8_e4m3fn codes and their one scale, amax / 448. The bytes equal
-  // the CPU's.
-  virtual void quantize_fp8(const float* x, std::uint64_t n, std::uint8_t* codes, float* scale) = 0;
+  // fp8::quantize_step (tpreload/core/float8.h) on device memory: n values at x,
+  // of `dtype` (float32, bfloat16 or float16), into n float8_e4m3fn codes and
+  // their one scale, amax / 448. The bytes equal the CPU's.
+  virtual void quantize_fp8(const void* x, DType dtype, std::uint64_t n, std::uint8_t* codes,
+                            float* scale) = 0;
 
-  // fp8::quantize_block_step on device memory: rows x cols floats at x into as
-  // many float8_e4m3fn codes and the ceil(rows / block) x ceil(cols / block)
-  // grid of their scales. The bytes equal the CPU's.
-  virtual void quantize_fp8_block(const float* x, std::int64_t rows, std::int64_t cols,
+  // fp8::quantize_block_step on device memory: rows x cols values at x, of
+  // `dtype`, into as many float8_e4m3fn codes and the ceil(rows / block) x
+  // ceil(cols / block) grid of their scales. The bytes equal the CPU's.
+  virtual void quantize_fp8_block(const void* x, DType dtype, std::int64_t rows, std::int64_t cols,
                                   std::int64_t block, std::uint8_t* codes, float* grid) = 0;
 
   // The raw CRC-32C of every kCrc32cBlock-byte block of device memory

@@ -140,36 +140,74 @@ TPRELOAD_HOST_DEVICE inline void requantize_step(std::uint8_t* w, std::uint64_t 
   const float m = largest(staged + first, count);
   if (out) *out = m;
   const float scale_half = fbits::from_half(fbits::to_half(staged[from])), inverse = 1.0f / m;
-  for (std::uint64_t i = 0; i < n; ++i) w[i] = requantize_e4m3fn(w[i], scale_half, inverse);
+  // (a code's new code depends on the code alone: a table of the 256, then a
+  // lookup per byte)
+  std::uint8_t table[256];
+  for (int c = 0; c < 256; ++c)
+    table[c] = requantize_e4m3fn(static_cast<std::uint8_t>(c), scale_half, inverse);
+  for (std::uint64_t i = 0; i < n; ++i) w[i] = table[w[i]];
 }
 
 // vLLM's dynamic per-tensor FP8 quantization (scaled_fp8_quant without a
-// scale) of n floats: the scale is amax / 448 (NaNs ignored, as fmaxf ignores
+// scale) of n values: the scale is amax / 448 (NaNs ignored, as fmaxf ignores
 // them; an all-zero input gives 0, and then every code +448, as vLLM's does),
 // each value times 1.0f / scale, clamped and rounded to nearest even.
 TPRELOAD_HOST_DEVICE inline float amax_scale(float amax) {
   return amax / kE4M3Max;
 }
-TPRELOAD_HOST_DEVICE inline void quantize_step(const float* x, std::uint64_t n, std::uint8_t* codes,
-                                               float* scale) {
+// Online FP8 stages a weight in the model's dtype: float32 values, or bfloat16
+// and float16 bit patterns (read exactly as floats).
+struct Bf16Bits {
+  std::uint16_t bits;
+};
+struct HalfBits {
+  std::uint16_t bits;
+};
+TPRELOAD_HOST_DEVICE inline float as_float(float v) {
+  return v;
+}
+TPRELOAD_HOST_DEVICE inline float as_float(Bf16Bits v) {
+  return fbits::from_bfloat16(v.bits);
+}
+TPRELOAD_HOST_DEVICE inline float as_float(HalfBits v) {
+  return fbits::from_half(v.bits);
+}
+
+// The largest |x| of n values, NaNs ignored.
+template <typename T>
+TPRELOAD_HOST_DEVICE inline float amax_of(const T* x, std::uint64_t n) {
   // (eight running maxima, so that the compares do not wait on each other; a
   // NaN compares false: ignored)
   float m[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   std::uint64_t i = 0;
   for (; i + 8 <= n; i += 8)
     for (int j = 0; j < 8; ++j) {
-      const float a = x[i + j] < 0 ? -x[i + j] : x[i + j];
+      const float v = as_float(x[i + j]), a = v < 0 ? -v : v;
       m[j] = a > m[j] ? a : m[j];
     }
   for (; i < n; ++i) {
-    const float a = x[i] < 0 ? -x[i] : x[i];
+    const float v = as_float(x[i]), a = v < 0 ? -v : v;
     m[0] = a > m[0] ? a : m[0];
   }
   float amax = m[0];
   for (int j = 1; j < 8; ++j) amax = m[j] > amax ? m[j] : amax;
+  return amax;
+}
+
+// quantize_step with the amax already known (the largest of the amaxes of the
+// values' parts, which is theirs).
+template <typename T>
+TPRELOAD_HOST_DEVICE inline void quantize_with_amax(const T* x, std::uint64_t n, float amax,
+                                                    std::uint8_t* codes, float* scale) {
   const float s = amax_scale(amax), inverse = 1.0f / s;
   *scale = s;
-  for (std::uint64_t k = 0; k < n; ++k) codes[k] = to_e4m3fn(x[k] * inverse);
+  for (std::uint64_t k = 0; k < n; ++k) codes[k] = to_e4m3fn(as_float(x[k]) * inverse);
+}
+
+template <typename T>
+TPRELOAD_HOST_DEVICE inline void quantize_step(const T* x, std::uint64_t n, std::uint8_t* codes,
+                                               float* scale) {
+  quantize_with_amax(x, n, amax_of(x, n), codes, scale);
 }
 
 // vLLM's online per-block FP8 (per_block_cast_to_fp8 of vllm/utils/deep_gemm.py
@@ -179,54 +217,72 @@ TPRELOAD_HOST_DEVICE inline void quantize_step(const float* x, std::uint64_t n, 
 // least 1e-4 (clamp), times the float reciprocal of 448 (PyTorch multiplies a
 // CUDA tensor divided by a number by the number's reciprocal): that is the
 // scale; each value times 1.0f / scale, cast as PyTorch casts it (cast_e4m3fn).
+// The larger of two magnitudes (sign bits clear) by their bit patterns: the
+// numbers' order, and a NaN above every number (of two NaNs, the larger
+// pattern), the same however a reduction is ordered.
 TPRELOAD_HOST_DEVICE inline float nan_max(float a, float b) {
-  return (a != a || a > b) ? a : b;
+  return fbits::bits_of(a) > fbits::bits_of(b) ? a : b;
 }
+TPRELOAD_HOST_DEVICE inline float magnitude(float x) {
+  return fbits::float_of(fbits::bits_of(x) & 0x7FFFFFFFu);
+}
+// (A NaN amax gives the NaN a GPU's arithmetic gives, the canonical
+// 0x7FFFFFFF, whatever the payload: vLLM runs this on CUDA.)
 TPRELOAD_HOST_DEVICE inline float block_scale(float amax) {
-  const float a = amax < 1e-4f ? 1e-4f : amax;  // (NaN stays NaN)
+  if (amax != amax) return fbits::float_of(0x7FFFFFFFu);
+  const float a = amax < 1e-4f ? 1e-4f : amax;
   return a * (1.0f / kE4M3Max);
 }
 
-// PyTorch's cast of a float to float8_e4m3fn (c10::Float8_e4m3fn), for values
-// that are NaN or within +-448 and a rounding: a NaN is the NaN code 0x7F with
-// its sign (vLLM's kernels clamp it to 448 instead), the rest as to_e4m3fn.
+// PyTorch's cast to float8_e4m3fn (c10::Float8_e4m3fn) of a product computed on
+// a GPU, for values that are NaN or within +-448 and a rounding: a NaN is the
+// NaN code 0x7F (the GPU's NaN is the canonical, positive one; vLLM's own
+// kernels clamp a NaN to 448 instead), the rest as to_e4m3fn.
 TPRELOAD_HOST_DEVICE inline std::uint8_t cast_e4m3fn(float x) {
-  const std::uint32_t u = fbits::bits_of(x);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-    return static_cast<std::uint8_t>(((u >> 24) & 0x80u) | 0x7Fu);
+  if (x != x) return 0x7Fu;
   return to_e4m3fn(x);
 }
 
-// One block: rows x cols floats at x (row r at x + r * pitch), codes likewise
+// One block: rows x cols values at x (row r at x + r * pitch), codes likewise
 // at `codes`; returns the scale.
-TPRELOAD_HOST_DEVICE inline float quantize_block(const float* x, std::int64_t rows,
-                                                 std::int64_t cols, std::int64_t pitch,
-                                                 std::uint8_t* codes) {
+template <typename T>
+TPRELOAD_HOST_DEVICE inline float quantize_block(const T* x, std::int64_t rows, std::int64_t cols,
+                                                 std::int64_t pitch, std::uint8_t* codes) {
   float m = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = x + r * pitch;
-    for (std::int64_t c = 0; c < cols; ++c) m = nan_max(row[c] < 0 ? -row[c] : row[c], m);
+    const T* row = x + r * pitch;
+    for (std::int64_t c = 0; c < cols; ++c) m = nan_max(magnitude(as_float(row[c])), m);
   }
   const float s = block_scale(m), inverse = 1.0f / s;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c)
-      codes[r * pitch + c] = cast_e4m3fn(x[r * pitch + c] * inverse);
+      codes[r * pitch + c] = cast_e4m3fn(as_float(x[r * pitch + c]) * inverse);
   return s;
 }
 
-// One online block-scaled FP8 step (ScaleStep::block in sharding.h): the rows x
-// cols floats at x, cut into block x block tiles from the first row and column
-// (the last ones partial), into rows x cols codes and the row-major grid of
-// ceil(rows / block) x ceil(cols / block) scales.
-TPRELOAD_HOST_DEVICE inline void quantize_block_step(const float* x, std::int64_t rows,
-                                                     std::int64_t cols, std::int64_t block,
-                                                     std::uint8_t* codes, float* grid) {
+// The rows x cols values at x cut into block x block tiles from the first row
+// and column (the last ones partial): tile(x, h, w, pitch, codes) quantizes one
+// and returns its scale, stored in the row-major grid of ceil(rows / block) x
+// ceil(cols / block).
+template <typename T, typename Tile>
+TPRELOAD_HOST_DEVICE inline void each_block(const T* x, std::int64_t rows, std::int64_t cols,
+                                            std::int64_t block, std::uint8_t* codes, float* grid,
+                                            Tile tile) {
   const std::int64_t grid_cols = (cols + block - 1) / block;
   for (std::int64_t r = 0; r < rows; r += block)
     for (std::int64_t c = 0; c < cols; c += block)
       grid[r / block * grid_cols + c / block] =
-          quantize_block(x + r * cols + c, rows - r < block ? rows - r : block,
-                         cols - c < block ? cols - c : block, cols, codes + r * cols + c);
+          tile(x + r * cols + c, rows - r < block ? rows - r : block,
+               cols - c < block ? cols - c : block, cols, codes + r * cols + c);
+}
+
+// One online block-scaled FP8 step (ScaleStep::block in sharding.h): each tile
+// by quantize_block.
+template <typename T>
+TPRELOAD_HOST_DEVICE inline void quantize_block_step(const T* x, std::int64_t rows,
+                                                     std::int64_t cols, std::int64_t block,
+                                                     std::uint8_t* codes, float* grid) {
+  each_block(x, rows, cols, block, codes, grid, &quantize_block<T>);
 }
 
 }  // namespace tpreload::fp8

@@ -17,8 +17,8 @@
 //
 // FP8 processing: a per-tensor FP8 checkpoint's scale write
 // (WriteKind::kStageScale) lands in the sink's staging, one float32 per shard
-// of its parameter, an online FP8 weight's rows (kStageRows) in a float32 copy
-// of the weight that lives until its layer is processed; process_layer()
+// of its parameter, an online FP8 weight's rows (kStageRows) in a copy of the
+// weight in the model's dtype that lives until its layer is processed; process_layer()
 // requantizes or quantizes the layer's weights and writes their scales.
 //
 // Atomic reloads: begin_shadow() gives every parameter a second copy in the same
@@ -85,6 +85,11 @@ class ParameterSink {
   // Wait until every write so far landed (device); no-op on the host. Throws
   // CommTimeoutError naming the device after `timeout`.
   void flush(std::chrono::milliseconds timeout = std::chrono::minutes(5));
+
+  // Bytes held for FP8 processing, in the sink's memory space: staged
+  // per-tensor scales and online FP8's staged weight rows (kept from one
+  // reload to the next, so also the most held at once).
+  std::uint64_t processing_staging_bytes() const;
 
   // --- processing ---
   // Processes decoder layer `layer` on tp rank `tp_rank` once its parts arrived
@@ -188,13 +193,16 @@ class ParameterSink {
   // space: slot s's shards at staging_ + staged_at_[s] floats.
   Buffer staging_;
   std::vector<std::uint64_t> staged_at_;
-  // Online FP8 weights' rows as float32 (ParamSpec::quantize_fp8), by slot:
+  // Online FP8 weights' rows in the model's dtype (ParamSpec::quantize_fp8), by slot:
   // taken by their first write, spare once their layer is processed (about two
   // layers' worth, kept warm from one reload to the next).
   std::vector<Buffer> staged_rows_;
   std::vector<Buffer> spare_rows_;  // processed layers' staged rows, reused by the next
-  Buffer round_scratch_;            // rows of another dtype rounded to the model's on their way in
-  std::vector<ScaleStep> steps_;    // scale_steps(steps_rank_), made on first use
+  // Per slot, per expert (one without experts): the amax of the staged rows so
+  // far, taken as they land (host memory, per-tensor online FP8).
+  std::vector<std::vector<float>> staged_amax_;
+  Buffer round_scratch_;          // rows of another dtype rounded to the model's on their way in
+  std::vector<ScaleStep> steps_;  // scale_steps(steps_rank_), made on first use
   int steps_rank_ = -1;
   std::vector<std::int64_t> processed_;  // layers processed since begin_load()
   // Shard bits since begin_load(): slot s owns bits [first_bit_[s], first_bit_[s + 1]).

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "tpreload/core/dtype.h"
+
 namespace tpreload {
 
 // `w` holds bfloat16 bit patterns.
@@ -23,6 +25,21 @@ void quantize_rows_f16(const std::uint16_t* w, std::int64_t rows, std::int64_t c
                        std::int64_t row_stride, std::int8_t* q, float* scale);
 void quantize_rows_f32(const float* w, std::int64_t rows, std::int64_t cols,
                        std::int64_t row_stride, std::int8_t* q, float* scale);
+
+// The host's online FP8 kernels: fp8::quantize_step and fp8::quantize_block_step
+// (tpreload/core/float8.h) of values staged as `dtype` (float32, bfloat16 or
+// float16) at the level below, the same bytes at every level
+// (src/model/rules/fp8_kernels.cpp).
+void quantize_fp8_host(const void* x, DType dtype, std::uint64_t n, std::uint8_t* codes,
+                       float* scale);
+// Its two halves: the amax of n values (fp8::amax_of, NaNs ignored), and the
+// codes and scale from an amax (fp8::quantize_with_amax): the amax of a weight
+// staged in parts is the largest of its parts' amaxes, taken as they land.
+float fp8_amax_host(const void* x, DType dtype, std::uint64_t n);
+void quantize_fp8_with_amax_host(const void* x, DType dtype, std::uint64_t n, float amax,
+                                 std::uint8_t* codes, float* scale);
+void quantize_fp8_blocks_host(const void* x, DType dtype, std::int64_t rows, std::int64_t cols,
+                              std::int64_t block, std::uint8_t* codes, float* grid);
 
 // The instruction-set level the kernels above are compiled for (x86-64 with
 // GCC: x86-64-v4 with AVX-512, x86-64-v3 with AVX2, and the baseline; elsewhere

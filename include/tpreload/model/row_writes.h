@@ -21,7 +21,7 @@ enum class WriteKind : std::uint8_t {
   kStageScale,    // a per-tensor FP8 scale into the staging of its parameter (ParamSpec::staged):
                   // row dest_row of the staging, converted to float32 where it is not
   kStageRows,     // floating rows of an online FP8 weight (ParamSpec::quantize_fp8) into its
-                  // float32 staging, quantized when its layer is processed
+                  // staging in the model's dtype, quantized when its layer is processed
 };
 
 // Rows [dest_row, dest_row + rows) of parameter `slot` (whole rows of the

@@ -218,8 +218,11 @@ struct ReloadResult {
   std::uint64_t bytes_copied_on_reader = 0;
   std::uint64_t peak_staging_bytes = 0;  // max over ranks of staging.total()
   StagingBytes staging;                  // per memory space, each the max over ranks
-  std::string transport;                 // the data plane's backend ("mpi", "nccl", ...)
-  std::string parameter_memory;          // "host" or the device's description
+  // Held by the parameters' sink for FP8 processing (ParameterSink::
+  // processing_staging_bytes), the max over ranks: not in peak_staging_bytes.
+  std::uint64_t processing_staging_bytes = 0;
+  std::string transport;         // the data plane's backend ("mpi", "nccl", ...)
+  std::string parameter_memory;  // "host" or the device's description
   std::size_t buckets = 0;
   PhaseSeconds seconds;  // max over ranks
 

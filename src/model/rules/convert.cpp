@@ -36,6 +36,21 @@ void each(const void* src, DType from, std::int64_t stride, std::int64_t rows, s
   }
 }
 
+// bfloat16 into float32, the staging of online FP8 and of every conversion of a
+// bfloat16 checkpoint: each value's bits moved up a half, a loop the compiler
+// vectorizes (at -O3: -O2's cost model leaves it scalar).
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
+#endif
+void bf16_rows_to_f32(const std::uint16_t* src, std::int64_t stride, std::uint32_t* dst,
+                      std::int64_t rows, std::int64_t cols) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::uint16_t* in = src + r * stride;
+    std::uint32_t* out = dst + r * cols;
+    for (std::int64_t c = 0; c < cols; ++c) out[c] = static_cast<std::uint32_t>(in[c]) << 16;
+  }
+}
+
 }  // namespace
 
 void convert_rows(const void* src, DType from, std::int64_t src_stride, void* dst, DType to,
@@ -50,6 +65,11 @@ void convert_rows(const void* src, DType from, std::int64_t src_stride, void* ds
       });
       break;
     case DType::kFloat32:
+      if (from == DType::kBFloat16) {
+        bf16_rows_to_f32(static_cast<const std::uint16_t*>(src), src_stride,
+                         static_cast<std::uint32_t*>(dst), rows, cols);
+        break;
+      }
       each(src, from, src_stride, rows, cols, [&](std::int64_t o, const void* row, std::int64_t c) {
         static_cast<float*>(dst)[o] = load(row, from, c);
       });

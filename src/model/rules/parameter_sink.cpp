@@ -56,6 +56,7 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
   }
   if (staged) staging_ = (device_ ? device_->memory() : host_allocator()).allocate(staged * 4);
   staged_rows_.resize(storage_.size());
+  staged_amax_.resize(storage_.size());
 }
 
 ParameterSink::~ParameterSink() {
@@ -138,14 +139,19 @@ bool ParameterSink::any_loaded(ParamSlot slot) const {
   return false;
 }
 
+// Online FP8: the rows in the model's dtype (vLLM loads them into a parameter
+// of that dtype, then quantizes it: values of another dtype are rounded to it
+// first), in the weight's staging buffer, until its layer is processed.
 void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
   const std::int64_t cols = static_cast<std::int64_t>(param_row_bytes(param.shape, param.dtype) /
                                                       dtype_size(param.dtype));
+  const DType model = rules_.config().dtype;
+  const std::uint64_t size = dtype_size(model);
   Buffer& rows = staged_rows_[w.slot];
   if (!rows) {
     // A spare one of this size if there is one: layers are alike, and fresh
     // memory costs its first touch (about 1.4 s per GB on these machines).
-    const std::uint64_t bytes = static_cast<std::uint64_t>(param_rows(param.shape) * cols) * 4;
+    const std::uint64_t bytes = static_cast<std::uint64_t>(param_rows(param.shape) * cols) * size;
     const auto spare = std::find_if(spare_rows_.begin(), spare_rows_.end(),
                                     [&](const Buffer& b) { return b.size() == bytes; });
     if (spare != spare_rows_.end()) {
@@ -154,32 +160,36 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
     } else {
       rows = (device_ ? device_->memory() : host_allocator()).allocate(bytes);
     }
+    staged_amax_[w.slot].assign(param.shape.size() == 3 ? param.shape[0] : 1, 0.0f);
   }
-  float* dst = reinterpret_cast<float*>(rows.data()) + w.dest_row * cols;
+  std::byte* dst = rows.data() + static_cast<std::uint64_t>(w.dest_row * cols) * size;
   const std::byte* in = src + w.src_offset;
-  std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
-  DType from = w.src_dtype;
-  auto convert = [&](const void* a, DType a_dtype, std::int64_t a_stride, void* b, DType b_dtype) {
-    if (device_)
-      stream().convert(a, a_dtype, a_stride, b, b_dtype, w.rows, cols);
+  const std::uint64_t width = static_cast<std::uint64_t>(cols) * size;
+  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
+  if (device_) {
+    if (w.src_dtype == model)
+      stream().copy_rows(dst, width, in, w.src_pitch, width, static_cast<std::uint64_t>(w.rows),
+                         CopyKind::kDeviceToDevice);
     else
-      convert_rows(a, a_dtype, a_stride, b, b_dtype, w.rows, cols);
-  };
-  // vLLM loads the values into a parameter of the model's dtype and quantizes
-  // that: values of another dtype are rounded to it first.
-  const DType model = rules_.config().dtype;
-  if (from != model && model != DType::kFloat32) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(w.rows * cols) * dtype_size(model);
-    if (round_scratch_.size() < bytes) {
-      flush();  // (the stream may still read the smaller one)
-      round_scratch_ = (device_ ? device_->memory() : host_allocator()).allocate(bytes);
-    }
-    convert(in, from, stride, round_scratch_.data(), model);
-    in = round_scratch_.data();
-    from = model;
-    stride = cols;
+      stream().convert(in, w.src_dtype, stride, dst, model, w.rows, cols);
+    return;
   }
-  convert(in, from, stride, dst, DType::kFloat32);
+  // On the host, a row at a time; per tensor, the amax of each row taken while
+  // it is in the cache, into its expert's (the weight's one without experts).
+  float* amax = online_fp8_block(rules_.quantization()) ? nullptr : staged_amax_[w.slot].data();
+  const std::int64_t per =
+      amax ? param_rows(param.shape) / static_cast<std::int64_t>(staged_amax_[w.slot].size()) : 1;
+  for (std::int64_t r = 0; r < w.rows; ++r) {
+    std::byte* row = dst + r * width;
+    if (w.src_dtype == model)
+      std::memcpy(row, in + r * w.src_pitch, width);
+    else
+      convert_rows(in + r * w.src_pitch, w.src_dtype, stride, row, model, 1, cols);
+    if (!amax) continue;
+    float& m = amax[(w.dest_row + r) / per];
+    const float a = fp8_amax_host(row, model, static_cast<std::uint64_t>(cols));
+    m = a > m ? a : m;  // (NaNs ignored, as in the amax)
+  }
 }
 
 void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
@@ -214,18 +224,20 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
     // (the scale's rows: one float each, or a grid's rows)
     const std::uint64_t out_width = param_row_bytes(params[step.scale].shape, DType::kFloat32) / 4;
     auto* out = reinterpret_cast<float*>(storage_[step.scale].data) + step.out_row * out_width;
-    if (step.quantize) {
-      const float* x = reinterpret_cast<const float*>(staged_rows_[step.weight].data()) +
-                       static_cast<std::uint64_t>(step.row) * width;
+    if (step.quantize) {  // (rows staged in the model's dtype)
+      const DType model = rules_.config().dtype;
+      const std::byte* x = staged_rows_[step.weight].data() +
+                           static_cast<std::uint64_t>(step.row) * width * dtype_size(model);
       const auto cols = static_cast<std::int64_t>(width);
       if (step.block && device_)
-        stream().quantize_fp8_block(x, step.rows, cols, step.block, codes, out);
+        stream().quantize_fp8_block(x, model, step.rows, cols, step.block, codes, out);
       else if (step.block)
-        fp8::quantize_block_step(x, step.rows, cols, step.block, codes, out);
+        quantize_fp8_blocks_host(x, model, step.rows, cols, step.block, codes, out);
       else if (device_)
-        stream().quantize_fp8(x, n, codes, out);
-      else
-        fp8::quantize_step(x, n, codes, out);
+        stream().quantize_fp8(x, model, n, codes, out);
+      else  // (the amax taken as the rows landed)
+        quantize_fp8_with_amax_host(x, model, n, staged_amax_[step.weight].at(step.out_row), codes,
+                                    out);
     } else {
       const float* from = staged + staged_at_[step.scale];
       if (device_)
@@ -333,9 +345,20 @@ void ParameterSink::flush(std::chrono::milliseconds timeout) {
     synchronize(*stream_, timeout, "writing parameters on " + device_->describe());
 }
 
+std::uint64_t ParameterSink::processing_staging_bytes() const {
+  std::uint64_t bytes = staging_.size();
+  for (const Buffer& b : staged_rows_) bytes += b.size();
+  for (const Buffer& b : spare_rows_) bytes += b.size();
+  return bytes;
+}
+
 void ParameterSink::begin_load() {
   std::fill(loaded_.begin(), loaded_.end(), 0);
   processed_.clear();
+  // (rows an earlier load staged and never processed, as a load that failed
+  // leaves them: spare, their amaxes started again when next taken)
+  for (Buffer& rows : staged_rows_)
+    if (rows) spare_rows_.push_back(std::move(rows));
   touched_.assign(storage_.size(), false);
   commit_began_ = false;
 }

@@ -19,6 +19,19 @@ const std::pair<const char*, const char*> kScenarios[] = {
      R"({"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,
       "num_hidden_layers":4,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
       "rope_theta":500000.0,"torch_dtype":"bfloat16"})"},
+    // The same as FP8 checkpoints (random codes and scales): block-scaled as
+    // DeepSeek-V3 and Qwen3-FP8 ship them, and per tensor with static
+    // activations (requantized per layer on load).
+    {"llama3-8b-4l-fp8",
+     R"({"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,
+      "num_hidden_layers":4,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
+      "rope_theta":500000.0,"torch_dtype":"bfloat16","quantization_config":{"quant_method":"fp8",
+      "activation_scheme":"dynamic","weight_block_size":[128,128]}})"},
+    {"llama3-8b-4l-fp8-tensor",
+     R"({"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,
+      "num_hidden_layers":4,"num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,
+      "rope_theta":500000.0,"torch_dtype":"bfloat16","quantization_config":{"quant_method":"fp8",
+      "activation_scheme":"static"}})"},
     // Qwen3-30B-A3B's shapes cut to 2 layers: 128 experts of moe_intermediate 768
     // per layer (768 expert tensors of 3 MiB), 3.7 GB in bfloat16.
     {"qwen3-moe-2l", R"({"architectures":["Qwen3MoeForCausalLM"],"hidden_size":2048,
@@ -38,8 +51,10 @@ const std::pair<const char*, const char*> kScenarios[] = {
 ModelConfig scenario_config(const std::string& name) {
   for (const auto& [key, json] : kScenarios)
     if (name == key) return parse_model_config(json, "scenario '" + name + "'");
-  raise<UsageError>("unknown scenario '", name,
-                    "' (tiny, tinyllama, llama3-8b-4l, qwen3-moe-2l, small-tensors)");
+  std::string known;
+  for (const auto& [key, json] : kScenarios)
+    known += (known.empty() ? "" : ", ") + std::string(key);
+  raise<UsageError>("unknown scenario '", name, "' (", known, ")");
 }
 
 std::vector<std::string> scenario_names() {
