@@ -17,7 +17,8 @@
 //      checkpoint (the rounding to bfloat16 and the tile kernel);
 // each compared with the same reload into host memory, pointers unchanged; and
 // one bench row: the reload's GB/s against a plain pinned cudaMemcpy of the
-// same bytes, in the same run. Run by scripts/gpu_check.sh (docs/GPU.md).
+// same bytes, in the same run, then the FP8 kernels' rates (GB/s of the bytes
+// each reads and writes). Run by scripts/gpu_check.sh (docs/GPU.md).
 //
 //   tpreload_gpu_check [--dir DIR] [--scenario tiny] [--bench-scenario tinyllama] [--iters 3]
 //   tpreload_gpu_check --probe
@@ -354,6 +355,55 @@ void bench_row(Planes& p, const Options& o, const ReloadOptions& ro) {
             << run.seconds / bound << "\n";
 }
 
+// The FP8 kernels' rates: 256 Mi bfloat16 values (normal, as weights are) into
+// codes per tensor (the amax pass, then the codes) and per 128 x 128 block,
+// and the per-tensor requantization of as many codes in place; each in GB/s
+// of the bytes it must read and write once (3 per value; 2 per code).
+void fp8_kernel_rates(Device& device, int iters) {
+  const std::uint64_t n = std::uint64_t{1} << 28, chunk = std::uint64_t{1} << 24;
+  const std::int64_t cols = 8192, rows = static_cast<std::int64_t>(n) / cols;
+  Buffer x = device.memory().allocate(n * 2);
+  Buffer codes = device.memory().allocate(n);
+  Buffer grid = device.memory().allocate(static_cast<std::uint64_t>((rows / 128) * (cols / 128)) *
+                                         sizeof(float));
+  Buffer host = device.pinned_memory().allocate(chunk * 2);
+  auto* values = reinterpret_cast<std::uint16_t*>(host.data());
+  std::uint32_t seed = 1;
+  for (std::uint64_t i = 0; i < chunk; ++i) {  // (an exponent near 1, any sign and mantissa)
+    seed = seed * 1664525u + 1013904223u;
+    values[i] = static_cast<std::uint16_t>(0x3C00u | ((seed >> 16) & 0x83FFu));
+  }
+  // (two staged scales for the requantization, from the first to the larger)
+  Buffer staged = device.pinned_memory().allocate(2 * sizeof(float));
+  const float scales[2] = {0.5f, 0.75f};
+  std::memcpy(staged.data(), scales, sizeof scales);
+  auto stream = device.make_stream();
+  for (std::uint64_t at = 0; at < n * 2; at += chunk * 2)
+    stream->copy(x.data() + at, host.data(), chunk * 2, CopyKind::kHostToDevice);
+  synchronize(*stream, std::chrono::minutes(1), "filling the FP8 kernels' input");
+  auto seconds = [&](const auto& enqueue) {
+    double total = 0;
+    for (int i = 0; i <= iters; ++i) {
+      const auto start = Clock::now();
+      enqueue();
+      synchronize(*stream, std::chrono::minutes(1), "timing an FP8 kernel");
+      if (i > 0) total += std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    return total / iters;
+  };
+  auto* g = reinterpret_cast<float*>(grid.data());
+  auto* c = reinterpret_cast<std::uint8_t*>(codes.data());
+  const double tensor = seconds([&] { stream->quantize_fp8(x.data(), DType::kBFloat16, n, c, g); });
+  const double block = seconds(
+      [&] { stream->quantize_fp8_block(x.data(), DType::kBFloat16, rows, cols, 128, c, g); });
+  stream->copy(grid.data(), staged.data(), 2 * sizeof(float), CopyKind::kHostToDevice);
+  const double requantize = seconds([&] { stream->requantize_fp8(c, n, g, 0, 0, 2, nullptr); });
+  const double gb = static_cast<double>(n) / 1e9;
+  std::cout << "fp8 kernels: 256 Mi bfloat16 values, per tensor " << 3 * gb / tensor
+            << " GB/s, per block " << 3 * gb / block << " GB/s; requantization of as many codes "
+            << 2 * gb / requantize << " GB/s\n";
+}
+
 int run_checks(const Options& o) {
   const CudaProbe probe = probe_cuda();
   std::cout << "probe: driver " << (probe.driver ? "yes" : "no") << " (version "
@@ -394,7 +444,10 @@ int run_checks(const Options& o) {
   ok &= check_reloads(p, config, bf16, "online FP8", "fp8", small);
   ok &= check_reloads(p, config, f32, "online FP8 blocks, float32 checkpoint", "fp8-block", small);
   ok &= check_self_send_recv(p);
-  if (!o.bench_scenario.empty()) bench_row(p, o, ro);
+  if (!o.bench_scenario.empty()) {
+    bench_row(p, o, ro);
+    fp8_kernel_rates(*p.device, o.iters);
+  }
   std::cout << "\ngpu check: " << (ok ? "all checks passed" : "SOME CHECKS FAILED") << "\n";
   return ok ? 0 : 2;
 }
