@@ -201,6 +201,27 @@ class ParameterSink {
   // Per slot, per expert (one without experts): the amax of the staged rows so
   // far, taken as they land (host memory, per-tensor online FP8).
   std::vector<std::vector<float>> staged_amax_;
+  // Online block FP8 on the host: a weight's rows in bands of `block` rows of
+  // one expert (the last of each expert fewer), band b a row of its grid.
+  struct Bands {
+    std::int64_t experts, per_expert, per_band_row, block;  // per_band_row: bands per expert
+    std::int64_t count() const { return experts * per_band_row; }
+    std::int64_t of_row(std::int64_t r) const {
+      return r / per_expert * per_band_row + r % per_expert / block;
+    }
+    std::int64_t first(std::int64_t band) const {
+      return band / per_band_row * per_expert + band % per_band_row * block;
+    }
+    std::int64_t end(std::int64_t band) const {
+      const std::int64_t f = first(band), expert_end = (band / per_band_row + 1) * per_expert;
+      return f + block < expert_end ? f + block : expert_end;
+    }
+  };
+  static Bands bands_of(const ParamSpec& param, std::int64_t block);
+  void quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band);
+  // Per slot, per band: rows staged so far in this load (a band is quantized
+  // when they reach its height).
+  std::vector<std::vector<std::int64_t>> band_rows_;
   Buffer round_scratch_;          // rows of another dtype rounded to the model's on their way in
   std::vector<ScaleStep> steps_;  // scale_steps(steps_rank_), made on first use
   int steps_rank_ = -1;

@@ -13,6 +13,13 @@
 #include "tpreload/model/quantize.h"
 
 namespace tpreload {
+
+ParameterSink::Bands ParameterSink::bands_of(const ParamSpec& param, std::int64_t block) {
+  const std::int64_t experts = param.shape.size() == 3 ? param.shape[0] : 1;
+  const std::int64_t per = param_rows(param.shape) / experts;
+  return {experts, per, (per + block - 1) / block, block};
+}
+
 namespace {
 
 std::uint64_t spec_bytes(const ParamSpec& spec) {
@@ -57,6 +64,7 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
   if (staged) staging_ = (device_ ? device_->memory() : host_allocator()).allocate(staged * 4);
   staged_rows_.resize(storage_.size());
   staged_amax_.resize(storage_.size());
+  band_rows_.resize(storage_.size());
 }
 
 ParameterSink::~ParameterSink() {
@@ -161,6 +169,8 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
       rows = (device_ ? device_->memory() : host_allocator()).allocate(bytes);
     }
     staged_amax_[w.slot].assign(param.shape.size() == 3 ? param.shape[0] : 1, 0.0f);
+    if (const std::int64_t block = online_fp8_block(rules_.quantization()))
+      band_rows_[w.slot].assign(bands_of(param, block).count(), 0);
   }
   std::byte* dst = rows.data() + static_cast<std::uint64_t>(w.dest_row * cols) * size;
   const std::byte* in = src + w.src_offset;
@@ -176,7 +186,8 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
   }
   // On the host, a row at a time; per tensor, the amax of each row taken while
   // it is in the cache, into its expert's (the weight's one without experts).
-  float* amax = online_fp8_block(rules_.quantization()) ? nullptr : staged_amax_[w.slot].data();
+  const std::int64_t block = online_fp8_block(rules_.quantization());
+  float* amax = block ? nullptr : staged_amax_[w.slot].data();
   const std::int64_t per =
       amax ? param_rows(param.shape) / static_cast<std::int64_t>(staged_amax_[w.slot].size()) : 1;
   for (std::int64_t r = 0; r < w.rows; ++r) {
@@ -190,6 +201,35 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
     const float a = fp8_amax_host(row, model, static_cast<std::uint64_t>(cols));
     m = a > m ? a : m;  // (NaNs ignored, as in the amax)
   }
+  if (!block) return;
+  // With blocks, a band of rows this write completed is quantized now, while
+  // its rows are in the cache; the rest when the layer is processed.
+  const Bands bands = bands_of(param, block);
+  auto& counts = band_rows_[w.slot];
+  for (std::int64_t r = w.dest_row; r < w.dest_row + w.rows;) {
+    const std::int64_t band = bands.of_row(r), end = std::min(bands.end(band), w.dest_row + w.rows);
+    counts[band] += end - r;
+    if (counts[band] == bands.end(band) - bands.first(band)) quantize_band(w.slot, bands, band);
+    r = end;
+  }
+}
+
+// Online block FP8 on the host: one band of a weight's staged rows into its
+// codes and its row of the grid (ScaleStep::block's arithmetic on those rows).
+void ParameterSink::quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band) {
+  const ParamSpec& param = rules_.params()[slot];
+  const ParamSpec& scale = rules_.params()[param.scale_slot];
+  const DType model = rules_.config().dtype;
+  const auto cols = static_cast<std::int64_t>(param_row_bytes(param.shape, param.dtype));
+  const std::int64_t first = bands.first(band);
+  const std::uint64_t grid_cols = param_row_bytes(scale.shape, DType::kFloat32) / 4;
+  quantize_fp8_blocks_host(
+      staged_rows_[slot].data() + static_cast<std::uint64_t>(first * cols) * dtype_size(model),
+      model, bands.end(band) - first, cols, bands.block,
+      reinterpret_cast<std::uint8_t*>(storage_[slot].data) + first * cols,
+      reinterpret_cast<float*>(storage_[param.scale_slot].data) + band * grid_cols);
+  touched_[slot] = true;
+  touched_[param.scale_slot] = true;
 }
 
 void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
@@ -231,8 +271,13 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
       const auto cols = static_cast<std::int64_t>(width);
       if (step.block && device_)
         stream().quantize_fp8_block(x, model, step.rows, cols, step.block, codes, out);
-      else if (step.block)
-        quantize_fp8_blocks_host(x, model, step.rows, cols, step.block, codes, out);
+      else if (step.block)  // (the bands not quantized as they landed)
+        for (std::int64_t b = 0; b * step.block < step.rows; ++b) {
+          const Bands bands = bands_of(params[step.weight], step.block);
+          const std::int64_t band = step.out_row + b;
+          if (band_rows_[step.weight][band] != bands.end(band) - bands.first(band))
+            quantize_band(step.weight, bands, band);
+        }
       else if (device_)
         stream().quantize_fp8(x, model, n, codes, out);
       else  // (the amax taken as the rows landed)
