@@ -26,10 +26,11 @@
 // straight into the int8 storage: no staging, and the same bytes as quantizing
 // the whole shard afterwards.
 //
-// fp8. With quantization "fp8" (vLLM's online FP8), every decoder linear weight
-// and expert is float8_e4m3fn with float32 scales, quantized once its layer
-// arrived (docs/CHECKPOINTS.md, "Online FP8"). The forward pass decodes FP8
-// weights of every scheme with their scales.
+// fp8, fp8-block. With quantization "fp8" or "fp8-block" (vLLM's online FP8,
+// a scale per weight or per 128 x 128 block), every decoder linear weight and
+// expert is float8_e4m3fn with float32 scales, quantized once its layer (with
+// blocks, each band of 128 rows) arrived (docs/CHECKPOINTS.md, "Online FP8").
+// The forward pass decodes FP8 weights of every scheme with their scales.
 #pragma once
 
 #include <ATen/core/Tensor.h>
