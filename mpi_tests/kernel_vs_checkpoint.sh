@@ -11,7 +11,8 @@
 # reloads requantize each fused layer, the kernel-format one copies the result),
 # qwen3-moe-fp8-online (a bfloat16 checkpoint quantized to FP8 on load, a scale
 # per weight), qwen3-moe-fp8-block-online (the same with a scale per 128 x 128
-# block; sizes whose shards end inside blocks).
+# block; sizes whose shards end inside blocks), phi3-fp8-block-online (the same
+# for a family whose checkpoint holds q/k/v and gate/up stacked).
 set -euo pipefail
 build=$1 np=$2 tp=$3 model=${4:-qwen2}
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -64,6 +65,14 @@ JSON
  "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 48,
  "vocab_size": 300, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 160,
  "mlp_only_layers": [1], "norm_topk_prob": true, "tie_word_embeddings": false, "dtype": "bfloat16"}
+JSON
+    quant=(--quantization fp8-block)
+    ;;
+  phi3-fp8-block-online)
+    cat > "$work/config.json" <<JSON
+{"architectures": ["Phi3ForCausalLM"], "hidden_size": 192, "intermediate_size": 320,
+ "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+ "vocab_size": 300, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}
 JSON
     quant=(--quantization fp8-block)
     ;;
