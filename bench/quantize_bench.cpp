@@ -5,7 +5,9 @@
 // five passes of each, in G elements/s, and in `wrong` how many of the three
 // outputs differ from the baseline level's (exit status 1 if any). Why the
 // kernels are built per level:
-// docs/PERFORMANCE.md, change 7.
+// docs/PERFORMANCE.md, change 7. Then the online FP8 kernels
+// (quantize_fp8_host, quantize_fp8_blocks_host) on the same bfloat16 values,
+// in ns per value, against the baseline level's bytes likewise.
 //   build/bench/quantize_bench
 #include <algorithm>
 #include <chrono>
@@ -86,6 +88,45 @@ int main() {
     wrong_levels += wrong ? 1 : 0;
     std::printf("%-10s %10.2f %10.2f %10.2f %6d\n", quantize_level_name(l), rates[0], rates[1],
                 rates[2], wrong);
+  }
+  // Online FP8 of the bfloat16 values (a layer's staged weight), per tensor
+  // (the amax pass, then the codes) and per 128 x 128 block.
+  std::printf("# online FP8, %lld x %lld bfloat16 values, best of 5, ns per value\n",
+              static_cast<long long>(kRows), static_cast<long long>(kCols));
+  std::printf("%-10s %10s %10s %6s\n", "level", "tensor", "block", "wrong");
+  const std::uint64_t n = bf16.size();
+  std::vector<std::uint8_t> base_codes[2];
+  std::vector<float> base_scales[2];
+  for (QuantizeLevel l : {QuantizeLevel::kBaseline, QuantizeLevel::kAvx2, QuantizeLevel::kAvx512}) {
+    if (!quantize_supports(l)) continue;
+    detail::ScopedQuantizeLevel use(l);
+    std::vector<std::uint8_t> codes[2] = {std::vector<std::uint8_t>(n, 1),
+                                          std::vector<std::uint8_t>(n, 1)};
+    std::vector<float> scales[2] = {
+        std::vector<float>(1), std::vector<float>(((kRows + 127) / 128) * ((kCols + 127) / 128))};
+    double ns[2] = {1e30, 1e30};
+    for (int pass = 0; pass < 5; ++pass) {
+      auto t = Clock::now();
+      quantize_fp8_host(bf16.data(), DType::kBFloat16, n, codes[0].data(), scales[0].data());
+      ns[0] = std::min(ns[0], std::chrono::duration<double, std::nano>(Clock::now() - t).count());
+      t = Clock::now();
+      quantize_fp8_blocks_host(bf16.data(), DType::kBFloat16, kRows, kCols, 128, codes[1].data(),
+                               scales[1].data());
+      ns[1] = std::min(ns[1], std::chrono::duration<double, std::nano>(Clock::now() - t).count());
+    }
+    int wrong = 0;
+    for (int k = 0; k < 2; ++k) {
+      if (l == QuantizeLevel::kBaseline) {
+        base_codes[k] = codes[k];
+        base_scales[k] = scales[k];
+      }
+      wrong += codes[k] == base_codes[k] && std::memcmp(scales[k].data(), base_scales[k].data(),
+                                                        scales[k].size() * sizeof(float)) == 0
+                   ? 0
+                   : 1;
+    }
+    wrong_levels += wrong ? 1 : 0;
+    std::printf("%-10s %10.3f %10.3f %6d\n", quantize_level_name(l), ns[0] / n, ns[1] / n, wrong);
   }
   return wrong_levels ? 1 : 0;
 }

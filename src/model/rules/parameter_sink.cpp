@@ -214,6 +214,14 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
   }
 }
 
+// The bands of a block step's expert that did not complete as they landed.
+void ParameterSink::quantize_bands_left(const ScaleStep& step) {
+  const Bands bands = bands_of(rules_.params()[step.weight], step.block);
+  for (std::int64_t band = step.out_row; band < step.out_row + bands.per_band_row; ++band)
+    if (band_rows_[step.weight][band] != bands.end(band) - bands.first(band))
+      quantize_band(step.weight, bands, band);
+}
+
 // Online block FP8 on the host: one band of a weight's staged rows into its
 // codes and its row of the grid (ScaleStep::block's arithmetic on those rows).
 void ParameterSink::quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band) {
@@ -272,12 +280,7 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
       if (step.block && device_)
         stream().quantize_fp8_block(x, model, step.rows, cols, step.block, codes, out);
       else if (step.block)  // (the bands not quantized as they landed)
-        for (std::int64_t b = 0; b * step.block < step.rows; ++b) {
-          const Bands bands = bands_of(params[step.weight], step.block);
-          const std::int64_t band = step.out_row + b;
-          if (band_rows_[step.weight][band] != bands.end(band) - bands.first(band))
-            quantize_band(step.weight, bands, band);
-        }
+        quantize_bands_left(step);
       else if (device_)
         stream().quantize_fp8(x, model, n, codes, out);
       else  // (the amax taken as the rows landed)
