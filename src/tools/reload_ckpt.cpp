@@ -225,13 +225,11 @@ CLI::App* add_generate(CLI::App& app, GenerateArgs& a) {
   auto* cmd = app.add_subcommand(
       "generate",
       "Write a Hugging Face-style checkpoint (the tensor names and shapes of any supported "
-      "architecture: Cohere, Cohere 2, ERNIE 4.5, EXAONE 4, Gemma, Gemma 2, Gemma 3, GLM-4, "
-      "GLM-4.5, "
-      "Granite, GraniteMoE, GraniteMoeShared, GraniteMoeHybrid, Llama, Mistral, Mixtral, OLMo 2, "
-      "OLMo 3, Phi-3, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE) for a config.json, with seeded random "
-      "values: "
-      "N(0, std) weights, 1 + noise for norm weights. Also writes config.json into the output "
-      "directory (with --dtype applied).");
+      "family: " +
+          model_family_names() +
+          ") for a config.json, with seeded random values: N(0, std) weights, 1 + noise for "
+          "norm weights. Also writes config.json into the output directory (with --dtype "
+          "applied).");
   cmd->add_option("--config", a.config, "config.json file (or a directory holding one)")
       ->required();
   cmd->add_option("--out", a.out, "Output directory (created if missing)")->required();

@@ -114,8 +114,10 @@ CLI::Validator number_check(bool positive, double max = 0, double unit_bytes = 0
 
 void add_options(CLI::App& app, RunnerOptions& o) {
   app.add_option("--model", o.model_dir,
-                 "Hugging Face-style model directory: config.json plus safetensors (one file or "
-                 "sharded with model.safetensors.index.json) or one HDF5 file");
+                 "Hugging Face-style model directory: config.json (of a family tpreload knows: " +
+                     model_family_names() +
+                     ") plus safetensors (one file or sharded with "
+                     "model.safetensors.index.json) or one HDF5 file");
   CLI::Option* weights =
       app.add_option("--weights", o.weights,
                      "Reload from this checkpoint directory or file (a kernel-format directory "

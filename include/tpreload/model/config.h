@@ -1,10 +1,7 @@
 // A Hugging Face config.json for the model families tpreload knows
-// (CohereForCausalLM, Cohere2ForCausalLM, Ernie4_5ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM,
-// Gemma3ForCausalLM, Glm4ForCausalLM, GraniteForCausalLM, GraniteMoeForCausalLM,
-// GraniteMoeSharedForCausalLM, GraniteMoeHybridForCausalLM, LlamaForCausalLM, Olmo2ForCausalLM,
-// Olmo3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, Phi3ForCausalLM, Qwen2ForCausalLM,
-// Qwen2MoeForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM), and the tensors a checkpoint for it
-// holds. No torch here: the checkpoint tool and the checkpoint layer's tests use it too.
+// (model_families(); each one a file under src/model/families/), and the
+// tensors a checkpoint for it holds. No torch here: the checkpoint tool and
+// the checkpoint layer's tests use it too.
 #pragma once
 
 #include <cstdint>
@@ -240,7 +237,17 @@ struct ModelConfig {
   bool sparse_layer(std::int64_t layer) const;
 };
 
-// "LlamaForCausalLM", ..., "Qwen3MoeForCausalLM".
+// A model family: config.json's architecture ("LlamaForCausalLM"), its name
+// as people write it ("Llama"), and the vLLM model file whose loading it
+// follows ("llama.py").
+struct ModelFamily {
+  std::string architecture, name, vllm_model;
+};
+// Every family, in the registry's order (src/model/families/registry.cpp).
+const std::vector<ModelFamily>& model_families();
+// Their names as a sentence: "Cohere, Cohere 2, ..., Qwen3 and Qwen3-MoE".
+std::string model_family_names();
+// Their architectures: "CohereForCausalLM", ..., "Qwen3MoeForCausalLM".
 const std::vector<std::string>& supported_architectures();
 
 // The norms of a decoder layer, as the checkpoint names them after
