@@ -4,14 +4,14 @@
 // memcpy of the same bytes beside it. Buffers are written before the clock
 // starts, as a live model's memory is warm. Prints the best of five passes of
 // each; a pass checksums 1 GiB (the table an eighth of it). Why the fold is the default where the
-// CPU has it: docs/PERFORMANCE.md, change 31.
+// CPU has it: docs/PERFORMANCE.md, "Why it is fast".
 // Then, where the CPU has the fold's instructions, the multiplier's ceiling on
 // a 256 KiB buffer: the fold's loop (two carry-less multiplies and an xor per
 // 16-byte lane) with 2, 4 and 8 accumulators of 512 bits and 4 and 8 of 256
 // bits, with a constant that folds nothing in particular (the rate, not a
 // CRC). The fold uses four of 512 bits.
 // Last, the CPU's method on pieces of an 8 MiB bucket, as a broadcast receiver
-// sums its own column windows of each row (docs/PERFORMANCE.md, change 39):
+// sums its own column windows of each row (docs/PERFORMANCE.md, "Why it is fast"):
 // whole 64 KiB blocks against half, a quarter and an eighth of 4 KiB rows and
 // half of 11 KiB rows, the rate counted over the bytes summed.
 //   build/bench/crc32c_bench

@@ -3,7 +3,7 @@
 // (the process's first touch), then to pread FILE into that buffer twice (the
 // first read is the kernel's first write into those pages). The benchmarks warm
 // their buffers by an untimed pass because the two reads differ here
-// (docs/PERFORMANCE.md, "A reader per node").
+// (docs/PERFORMANCE.md, "Readers").
 #include <fcntl.h>
 #include <unistd.h>
 

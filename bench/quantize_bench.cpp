@@ -5,7 +5,7 @@
 // five passes of each, in G elements/s, and in `wrong` how many of the three
 // outputs differ from the baseline level's (exit status 1 if any). Why the
 // kernels are built per level:
-// docs/PERFORMANCE.md, change 7. Then the online FP8 kernels
+// docs/PERFORMANCE.md, "Why it is fast". Then the online FP8 kernels
 // (quantize_fp8_host, quantize_fp8_blocks_host) on the same bfloat16 values,
 // in ns per value, against the baseline level's bytes likewise.
 //   build/bench/quantize_bench

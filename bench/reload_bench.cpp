@@ -228,7 +228,8 @@ double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* s
   };
   // Warm, as a live model's memory is: by one untimed pass, since here the
   // kernel's first write into a user page (a read landing there) costs more
-  // than the process's own first touch (docs/PERFORMANCE.md, "This machine").
+  // than the process's own first touch (docs/PERFORMANCE.md, "Component figures":
+  // first_touch_bench).
   pass();
   before_clock();  // (--cold: the files leave the page cache again)
   world.barrier();
@@ -632,8 +633,8 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
                   << verdict(r.seconds / k.seconds, 1.5) << "\n";
   }
   if (missed)
-    std::cout << "# why each missed target is missed on this machine, with the profile that "
-                 "shows it and the command behind each figure: docs/PERFORMANCE.md, Targets\n";
+    std::cout << "# every target, its latest figures and the command behind them: "
+                 "docs/PERFORMANCE.md, Targets\n";
   std::cout << std::flush;
 }
 

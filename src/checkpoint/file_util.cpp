@@ -124,7 +124,7 @@ constexpr std::size_t kMaxIov = 1024;  // Linux UIO_MAXIOV, POSIX IOV_MAX there
 // Runs of parts averaging under kSmallPart bytes are read whole into a bounce
 // buffer of kBounceBytes (it stays in L2) and copied out: the kernel's cost per
 // iovec makes a preadv of 32-byte parts 2.2x slower than that (docs/PERFORMANCE.md,
-// change 29).
+// "Why it is fast").
 constexpr std::size_t kBounceBytes = std::size_t{256} << 10;
 constexpr std::size_t kSmallPart = 512;
 

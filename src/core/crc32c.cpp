@@ -124,7 +124,7 @@ std::uint32_t raw_instruction(std::uint32_t crc, const unsigned char* p, std::ui
 
 // Folding with carry-less multiplies (VPCLMULQDQ on AVX-512 registers), twice
 // the crc32 instruction's rate on the CPUs that have it (measured in
-// docs/PERFORMANCE.md, change 31). A 128-bit lane holds a polynomial of degree
+// docs/PERFORMANCE.md, "Component figures"). A 128-bit lane holds a polynomial of degree
 // < 128, reflected as the bytes are (the lane's first byte holds its
 // highest-degree bits, in its low qword); the message so far is congruent,
 // modulo P, to that lane placed where it stands. Folding a lane forward by d bits

@@ -13,7 +13,7 @@ namespace {
 // Row-parallel windows narrower than this on average are cut out of full rows read
 // whole, and at most kNarrowRowsBytes of such rows per bucket (beyond, a request
 // per window): a preadv part costs the kernel about as much as 500 bytes of copy
-// (docs/PERFORMANCE.md, change 29).
+// (docs/PERFORMANCE.md, "Why it is fast").
 constexpr std::uint64_t kNarrowWindow = 512;
 constexpr std::uint64_t kNarrowRowsBytes = std::uint64_t{16} << 20;
 

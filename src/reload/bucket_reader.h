@@ -78,7 +78,7 @@ class BucketReader {
   // the bucket is read in steps of about kFilledStep bytes, so that each step is
   // still in the core's cache when `filled` sums it (a second pass over a whole
   // bucket reads it back from the shared cache, at a quarter of the rate on some
-  // CPUs: docs/PERFORMANCE.md, change 32). `region` is -1 for a broadcast
+  // CPUs: docs/PERFORMANCE.md, "Why it is fast"). `region` is -1 for a broadcast
   // bucket's bytes, else the world rank whose scatter region holds them. Each
   // region's spans come in order and tile it (a broadcast bucket: the bytes
   // returned), a region's bytes at the end of each step that read them, as far

@@ -34,9 +34,8 @@ class CorruptedBucket final : public CommError {
 // A broadcast bucket moved in device memory is summed in blocks of this many
 // bytes (a multiple of kCrc32cBlock, so that a device's raw block CRCs combine
 // into them): a receiver verifies only the blocks its writes read, not the whole
-// bucket it received (docs/PERFORMANCE.md, change 35). In host memory it is
-// summed in chains, exactly the bytes each tp rank reads (verify_chains.h,
-// change 39).
+// bucket it received (docs/PERFORMANCE.md, "Why it is fast"). In host memory it is
+// summed in chains, exactly the bytes each tp rank reads (verify_chains.h).
 constexpr std::uint64_t kVerifyBlock = std::uint64_t{64} << 10;
 static_assert(kVerifyBlock % kCrc32cBlock == 0, "verify blocks combine from device blocks");
 
@@ -767,7 +766,7 @@ void Pipeline::apply(Slot& slot) {
 // of full rows, a conversion, int8) reads its full rows a chunk at a time into
 // an aligned scratch buffer and writes from there. Reading the rows, even at tp
 // times the bytes for a window, cost less than copying out of a freshly opened
-// mapping (docs/PERFORMANCE.md, change 26).
+// mapping (docs/PERFORMANCE.md, "Why it is fast").
 void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std::byte* src,
                             bool direct, const std::vector<char>* placed) {
   auto start = Clock::now();

@@ -30,7 +30,7 @@ int run_mpi_program(int* argc, char*** argv, const std::string& log_level,
 // memory can stay higher after a peak (by what was freed), which is the point.
 // A reload of a 20,000-tensor checkpoint allocates its listing afresh when it
 // opens the files; where a page fault is dear that is a third of a small
-// reload (docs/PERFORMANCE.md, change 24). Process-wide, so the library never
+// reload (docs/PERFORMANCE.md, "Why it is fast"). Process-wide, so the library never
 // does it on its own: reload_runner does, the benchmark on request, and a
 // serving process may. glibc only; false when a setting was refused (or the C
 // library is not glibc).
