@@ -12,6 +12,7 @@
 #include "tpreload/core/log.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/torch_dtype.h"
+#include "tpreload/reference/forward.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
 #include "tpreload/runtime/program.h"
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
         source = make_in_memory_source(std::move(tensors));
       }
       const ReloadResult r = served.reload_from(world, ReloadOptions{}, source.get());
-      const at::Tensor logits = model.forward({3, 1, 4, 1, 5}, world);
+      const at::Tensor logits = reference_forward(model, {3, 1, 4, 1, 5}, world);
       if (world.rank() == 0)
         std::cout << "step " << step << ": " << summary_text(r)
                   << "  logits[0][0] = " << logits[0][0].item<float>() << ", cache generation "

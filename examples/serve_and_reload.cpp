@@ -25,6 +25,7 @@
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
 #include "tpreload/model/model.h"
+#include "tpreload/reference/forward.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
 #include "tpreload/runtime/data_plane.h"
@@ -65,7 +66,8 @@ std::string text(const Tokens& tokens) {
 Tokens generate(const TensorParallelModel& model, Communicator& world, Tokens prompt, int count) {
   Tokens out;
   for (int i = 0; i < count; ++i) {
-    const std::int64_t next = model.forward(prompt, world)[-1].argmax().item<std::int64_t>();
+    const std::int64_t next =
+        reference_forward(model, prompt, world)[-1].argmax().item<std::int64_t>();
     prompt.push_back(next);
     out.push_back(next);
   }

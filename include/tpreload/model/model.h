@@ -1,6 +1,7 @@
-// A tensor-parallel model on LibTorch (Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE):
+// A tensor-parallel model on LibTorch, of any family model_families() lists:
 // the parameters one rank holds under vLLM's in-model names, their weight
-// loaders, LoRA wrapping, int8 weight-only kernel format, and a CPU forward pass.
+// loaders, LoRA wrapping and int8 weight-only kernel format. (The reference
+// forward pass over these parameters is tpreload/reference/forward.h.)
 //
 // Names. Parameters are named as vLLM names them ("model.layers.0.self_attn.
 // qkv_proj.weight", "model.layers.0.mlp.gate_up_proj.weight", "lm_head.weight").
@@ -13,8 +14,8 @@
 // ParameterSink, so pointers, shapes, strides and dtypes never change. A tied LM
 // head is the embedding tensor itself. Parameters in the memory of a CUDA device
 // are CUDA tensors (their bytes are written by the sink, not by ATen, so a
-// LibTorch without CUDA can hold them too; the forward pass then needs a CUDA
-// LibTorch to read them back).
+// LibTorch without CUDA can hold them too; the reference forward pass then
+// needs a CUDA LibTorch to read them back).
 //
 // int8. With quantization "int8", every dense decoder linear weight is int8 (MoE
 // experts stay in the model's dtype) with a float32 weight_scale [rows], computed
@@ -30,7 +31,6 @@
 // a scale per weight or per 128 x 128 block), every decoder linear weight and
 // expert is float8_e4m3fn with float32 scales, quantized once its layer (with
 // blocks, each band of 128 rows) arrived (docs/CHECKPOINTS.md, "Online FP8").
-// The forward pass decodes FP8 weights of every scheme with their scales.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -52,7 +52,6 @@
 
 namespace tpreload {
 
-class Communicator;
 class Device;
 class WeightSource;
 
@@ -152,27 +151,12 @@ class TensorParallelModel : public ReloadTarget {
   std::set<std::string> load_weights(WeightSource& source,
                                      std::set<std::string>* skipped = nullptr);
 
-  // Logits [tokens, vocab_size] (float32, on the host) for one sequence.
-  // Collective over `tp_comm`, whose size and rank must equal tp_size and tp_rank.
-  at::Tensor forward(const std::vector<std::int64_t>& tokens, Communicator& tp_comm) const;
-
  private:
   // The dtype of the parameter in `slot` (float32 for kNoSlot: no FP8 reading).
   DType param_dtype(ParamSlot slot) const {
     return slot == kNoSlot ? DType::kFloat32 : rules_.params()[slot].dtype;
   }
   at::Tensor allocate(const std::vector<std::int64_t>& shape, DType dtype);
-  at::Tensor host_param(const std::string& name) const;
-  at::Tensor weight_f32(const std::string& module) const;
-  at::Tensor param_f32(const std::string& name) const;
-  at::Tensor linear(const at::Tensor& x, const std::string& module, bool add_bias = true) const;
-  at::Tensor dense_mlp(const at::Tensor& y, const std::string& prefix,
-                       const char* gate_up = "gate_up_proj", const char* down = "down_proj") const;
-  at::Tensor experts(const at::Tensor& y, const std::string& prefix) const;
-  // GLM-4.5's routing weights and chosen experts [tokens, num_experts_per_tok]
-  // from router logits, for the sparse block under `block` ("....mlp.").
-  std::pair<at::Tensor, at::Tensor> sigmoid_group_routing(const at::Tensor& logits,
-                                                          const std::string& block) const;
   // Run `writes` whose source is the host block `bytes` (staged on the device first).
   void apply_block(const std::vector<RowWrite>& writes, ConstBytes bytes);
   std::string storage_name(const std::string& name) const;

@@ -1,4 +1,5 @@
-// The tensor-parallel forward pass (CPU, float32 compute): embedding, RMSNorm
+// The reference forward pass (CPU, float32 compute) over a TensorParallelModel's
+// parameters: embedding, RMSNorm
 // (Cohere: LayerNorm), rotary attention with grouped-query heads (Gemma 2 and
 // 3, OLMo 3: sliding windows; the Gemmas: scaled, soft-capped; Granite: its
 // multipliers; OLMo: post-norms and whole-projection q/k norms; GLM-4, ERNIE
@@ -18,6 +19,7 @@
 #include "tpreload/core/quantization.h"
 #include "tpreload/model/model.h"
 #include "tpreload/model/torch_dtype.h"
+#include "tpreload/reference/forward.h"
 
 namespace tpreload {
 namespace {
@@ -240,15 +242,41 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return at::einsum("hts,shd->thd", {at::softmax(scores, -1), v});
 }
 
-}  // namespace
+// The forward pass over one model's parameters (read where they live: a
+// parameter in device memory is copied to the host as it is used).
+class Forward {
+ public:
+  explicit Forward(const TensorParallelModel& model) : model_(model) {}
+  at::Tensor run(const std::vector<std::int64_t>& tokens, Communicator& comm) const;
+
+ private:
+  const ModelConfig& config() const { return model_.config(); }
+  const ShardingRules& rules() const { return model_.rules(); }
+  int tp_rank() const { return model_.options().tp_rank; }
+  at::Tensor host_param(const std::string& name) const;
+  at::Tensor weight_f32(const std::string& module) const;
+  at::Tensor param_f32(const std::string& name) const;
+  at::Tensor linear(const at::Tensor& x, const std::string& module, bool add_bias = true) const;
+  at::Tensor dense_mlp(const at::Tensor& y, const std::string& prefix,
+                       const char* gate_up = "gate_up_proj", const char* down = "down_proj") const;
+  at::Tensor experts(const at::Tensor& y, const std::string& prefix) const;
+  // GLM-4.5's routing weights and chosen experts [tokens, num_experts_per_tok]
+  // from router logits, for the sparse block under `block` ("....mlp.").
+  std::pair<at::Tensor, at::Tensor> sigmoid_group_routing(const at::Tensor& logits,
+                                                          const std::string& block) const;
+
+  const TensorParallelModel& model_;
+  const ShardingRules& rules_ = model_.rules();
+  const ModelOptions& options_ = model_.options();
+};
 
 // A parameter on the host (a copy for parameters in CUDA memory); undefined if absent.
-at::Tensor TensorParallelModel::host_param(const std::string& name) const {
-  const at::Tensor t = parameter_for_reload(name);
+at::Tensor Forward::host_param(const std::string& name) const {
+  const at::Tensor t = model_.parameter_for_reload(name);
   return !t.defined() || t.device().is_cpu() ? t : t.to(at::kCPU);
 }
 
-at::Tensor TensorParallelModel::weight_f32(const std::string& module) const {
+at::Tensor Forward::weight_f32(const std::string& module) const {
   return param_f32(module + ".weight");
 }
 
@@ -256,7 +284,7 @@ at::Tensor TensorParallelModel::weight_f32(const std::string& module) const {
 // decoded (fp8::from_e4m3fn) times their scales: a block grid (weight_scale_inv,
 // each scale over its block of rows and columns), one scale per expert, or one
 // for the tensor (weight_scale: 0-dim, [1]); anything else converted.
-at::Tensor TensorParallelModel::param_f32(const std::string& name) const {
+at::Tensor Forward::param_f32(const std::string& name) const {
   const at::Tensor w = host_param(name);
   const ParamSpec* spec = rules().find_param(name);
   if (!spec || !dtype_is_float8(spec->dtype)) {
@@ -293,8 +321,7 @@ at::Tensor TensorParallelModel::param_f32(const std::string& name) const {
   return values * scale.to(at::kFloat).reshape({});
 }
 
-at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& module,
-                                       bool add_bias) const {
+at::Tensor Forward::linear(const at::Tensor& x, const std::string& module, bool add_bias) const {
   at::Tensor y = at::matmul(x, weight_f32(module).t());
   const at::Tensor bias = host_param(module + ".bias");
   if (bias.defined() && add_bias) y = y + bias.to(at::kFloat);
@@ -307,8 +334,8 @@ at::Tensor TensorParallelModel::linear(const at::Tensor& x, const std::string& m
 // Qwen2-MoE's "....mlp.shared_expert.", or Granite's "....shared_mlp." with
 // input_linear and output_linear): column-parallel `gate_up` (gate rows, then
 // up rows), row-parallel `down`; the sum over ranks is the MLP's output.
-at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string& p,
-                                          const char* gate_up_name, const char* down) const {
+at::Tensor Forward::dense_mlp(const at::Tensor& y, const std::string& p, const char* gate_up_name,
+                              const char* down) const {
   const at::Tensor gate_up = linear(y, p + gate_up_name);
   const std::int64_t inter = gate_up.size(1) / 2;
   // Row-parallel: down's (replicated) bias is added once, by tp rank 0.
@@ -325,7 +352,7 @@ at::Tensor TensorParallelModel::dense_mlp(const at::Tensor& y, const std::string
 // size; with expert parallelism whole experts. Qwen2-MoE adds its shared
 // expert (tensor-parallel like a dense MLP) scaled by sigmoid of the replicated
 // shared_expert_gate. Either way the sum over ranks is the block's output.
-at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& p) const {
+at::Tensor Forward::experts(const at::Tensor& y, const std::string& p) const {
   const ModelConfig& c = config();
   const std::string block = p + moe_names(c).module + ".";
   const at::Tensor logits = at::matmul(y, weight_f32(block + "gate").t());
@@ -367,8 +394,8 @@ at::Tensor TensorParallelModel::experts(const at::Tensor& y, const std::string& 
 // correction; the topk_group best groups kept; of their experts the
 // num_experts_per_tok best by score plus correction chosen; each weighted by its
 // score alone, renormalised with norm_topk_prob, times routed_scaling_factor.
-std::pair<at::Tensor, at::Tensor> TensorParallelModel::sigmoid_group_routing(
-    const at::Tensor& logits, const std::string& block) const {
+std::pair<at::Tensor, at::Tensor> Forward::sigmoid_group_routing(const at::Tensor& logits,
+                                                                 const std::string& block) const {
   const ModelConfig& c = config();
   const std::int64_t tokens = logits.size(0), per_group = c.num_experts / c.n_group;
   const at::Tensor scores = at::sigmoid(logits);
@@ -390,8 +417,7 @@ std::pair<at::Tensor, at::Tensor> TensorParallelModel::sigmoid_group_routing(
   return {weights * c.routed_scaling_factor, chosen};
 }
 
-at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
-                                        Communicator& comm) const {
+at::Tensor Forward::run(const std::vector<std::int64_t>& tokens, Communicator& comm) const {
   if (comm.size() != options_.tp_size || comm.rank() != options_.tp_rank)
     raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
@@ -498,6 +524,13 @@ at::Tensor TensorParallelModel::forward(const std::vector<std::int64_t>& tokens,
   return soft_cap(logits.narrow(1, 0, c.vocab_size) / c.logits_scaling * c.logit_scale,
                   c.final_logit_softcapping)
       .contiguous();
+}
+
+}  // namespace
+
+at::Tensor reference_forward(const TensorParallelModel& model,
+                             const std::vector<std::int64_t>& tokens, Communicator& tp_comm) {
+  return Forward(model).run(tokens, tp_comm);
 }
 
 }  // namespace tpreload
