@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export BUILD_DIR=${BUILD_DIR:-build}  # (setup.sh builds there)
-scripts/setup.sh
+TARGETS=reload_runner scripts/setup.sh  # (what the demo runs, and nothing else)
 NP=${NP:-4}
 launch/mpirun.sh "$NP" "$BUILD_DIR/reload_runner" --demo

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # Install what is missing (Debian 12), configure and build tpreload.
 #   scripts/setup.sh [extra cmake args...]
-# Environment: BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo), JOBS.
+# Environment: BUILD_DIR (default build), BUILD_TYPE (default RelWithDebInfo), JOBS,
+# TARGETS (default: everything; the demo builds reload_runner alone, and then
+# installs only what building it needs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+TARGETS=${TARGETS:-}
+# What configuring and building the libraries and programs needs (GoogleTest:
+# the configure step finds it whether or not the tests are built).
 PACKAGES=(cmake g++ make ccache pkg-config
           libtorch-dev libopenmpi-dev openmpi-bin libhdf5-dev libspdlog-dev libgtest-dev
-          nlohmann-json3-dev libcli11-dev zlib1g-dev python3-h5py python3-numpy
-          python3-dev pybind11-dev python3-torch python3-pytest
-          iproute2 slurm-wlm munge     # the multi-host and SLURM tests
-          clang libclang-rt-14-dev)    # the libFuzzer targets (scripts/fuzz.sh)
+          nlohmann-json3-dev libcli11-dev zlib1g-dev)
+if [ -z "$TARGETS" ]; then
+  PACKAGES+=(python3-h5py python3-numpy python3-dev pybind11-dev python3-torch python3-pytest
+             iproute2 slurm-wlm munge     # the multi-host and SLURM tests
+             clang libclang-rt-14-dev)    # the libFuzzer targets (scripts/fuzz.sh)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -37,5 +44,7 @@ start=$(date +%s)
 python=()
 [ -x /usr/bin/python3 ] && python=(-DPython3_EXECUTABLE=/usr/bin/python3)
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" "${python[@]}" "$@" >/dev/null
-cmake --build "$BUILD_DIR" -j "$JOBS"
-echo "setup: built $BUILD_DIR ($BUILD_TYPE) in $(( $(date +%s) - start )) s"
+target=()
+[ -n "$TARGETS" ] && target=(--target $TARGETS)
+cmake --build "$BUILD_DIR" -j "$JOBS" "${target[@]}"
+echo "setup: built ${TARGETS:-everything} in $BUILD_DIR ($BUILD_TYPE) in $(( $(date +%s) - start )) s"
