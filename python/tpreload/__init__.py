@@ -45,14 +45,21 @@ class World:
     exception that ends the program) may leave its peers waiting in a collective:
     then the exit ends the whole MPI job (MPI_Abort) instead of finalizing, as
     the C++ programs do. So does a tpreload error whose ``agreed`` is False that
-    ends another thread (a reload thread of a serving engine)."""
+    ends another thread (a reload thread of a serving engine).
 
-    def __init__(self):
+    timeout_s: the longest any collective may take on this rank (seconds, default
+    300) before it fails with CommTimeoutError and the job is ended. Set by the
+    process's first World; a later one asking for another raises UsageError."""
+
+    def __init__(self, timeout_s=None):
         global _default_world
         if _default_world is not None:
             self._native = _default_world._native
+            if timeout_s is not None and float(timeout_s) != self._native.timeout_s:
+                raise UsageError("this process's World has timeout_s=%g; a World with timeout_s=%g "
+                                 "cannot be made beside it" % (self._native.timeout_s, float(timeout_s)))
         else:
-            self._native = _tpreload.World()
+            self._native = _tpreload.World(float(300 if timeout_s is None else timeout_s))
             _default_world = self
             _atexit.register(self._native.finalize)
             native, previous = self._native, _sys.excepthook
@@ -79,6 +86,10 @@ class World:
         return self._native.rank
 
     @property
+    def timeout_s(self):
+        return self._native.timeout_s
+
+    @property
     def size(self):
         return self._native.size
 
@@ -103,6 +114,8 @@ class ReloadResult:
     ``skipped``: source tensors that have no parameter.
     ``seconds``: total, read, transfer, apply, finish, validate (max over ranks).
     ``bytes_transferred``, ``bytes_read``, ``buckets``, ``staging`` (bytes per memory space).
+    ``bytes_copied_on_reader``: bytes the reader read or copied into send buffers
+    (what ``zero_copy=True`` saves where a bucket is one run of the file).
     ``readers``: "one", "node" or "all" (who read the weights).
     ``rotated_broadcast_roots``: the node readers took turns at the broadcast
     buckets (``rotate_broadcast_roots=True``).
@@ -179,7 +192,8 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
                    is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
                    distribution="scatter", bucket_mb=8, pipeline_depth=0, reader_rank=0,
                    readers="one", ranks_per_node=0, rotate_broadcast_roots=False, transport="mpi", workspace=None,
-                   fingerprint=False, atomic=False, require_complete=False, checksums=True):
+                   fingerprint=False, atomic=False, require_complete=False, checksums=True,
+                   zero_copy=False, compare_replicas=True, read_timeout_s=300):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
     same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only,
     or every rank with ``readers="node"`` or ``"all"``).
@@ -235,6 +249,14 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
     checksums: the reader sends a CRC-32C of each rank's share of every bucket
         and each rank verifies it before applying (a mismatch: CommError on every
         rank); False skips both.
+    zero_copy: broadcast a bucket straight from the memory-mapped file where it is
+        one run of it (off by default: a freshly opened mapping is faulted in page
+        by page, slower than reading into the send buffer).
+    compare_replicas: with replicas (world larger than tp_size), ranks holding the
+        same tp rank compare a CRC-32C of every parameter after the reload; a
+        difference is a ValidationError on every rank. False skips it.
+    read_timeout_s: seconds (at least 1) a reading rank may take to fill one
+        bucket before the job is ended (a hung file system).
     fingerprint: also read every parameter back and CRC it (``fingerprint`` and
         ``crc32`` of the result); costs a pass over the model's memory.
 
@@ -271,6 +293,9 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         request.atomic = bool(atomic)
         request.require_complete = bool(require_complete)
         request.checksums = bool(checksums)
+        request.zero_copy = bool(zero_copy)
+        request.compare_replicas = bool(compare_replicas)
+        request.read_timeout_s = float(read_timeout_s)
         items = list(params.items() if hasattr(params, "items") else params)
         descriptors = [_describe(n, t) for n, t in items]
         _synchronize_cuda([t for _, t in items])

@@ -6,6 +6,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,6 +32,14 @@ using namespace tpreload;
 
 namespace {
 
+// The longest deadline Python may set, in seconds (a week: no wait is meant to
+// be longer, and milliseconds of it fit any clock).
+constexpr double kMaxSeconds = 7 * 24 * 3600;
+
+std::chrono::milliseconds milliseconds_of(double seconds) {
+  return std::chrono::milliseconds(std::llround(seconds * 1000));
+}
+
 // One call at a time, in any thread: MPI runs at MPI_THREAD_SERIALIZED, and a
 // reload uses its workspace's buffers, the World's planes and communicator
 // until it returns. Every call that touches them (collectives, Workspace
@@ -44,11 +54,17 @@ std::timed_mutex& calls_mutex() {
 // then finalizes it in finalize(), which the package registers with atexit).
 class World {
  public:
-  World() {
+  // `timeout_s`: the deadline of every collective (CommOptions::timeout).
+  explicit World(double timeout_s) : timeout_s_(timeout_s) {
+    if (!(timeout_s > 0 && timeout_s <= kMaxSeconds))  // (also NaN and inf)
+      raise<UsageError>("World: timeout_s must be in (0, ", kMaxSeconds, "], got ", timeout_s);
     mpi_ = std::make_unique<MpiRuntime>(nullptr, nullptr);
     init_logging(mpi_->world_rank(), mpi_->world_size(), "warn");
-    comm_ = MpiCommunicator::world();
+    CommOptions options;
+    options.timeout = milliseconds_of(timeout_s);
+    comm_ = MpiCommunicator::world(options);
   }
+  double timeout_s() const { return timeout_s_; }
   int rank() { return comm().rank(); }
   int size() { return comm().size(); }
   MpiCommunicator& comm() {
@@ -137,6 +153,7 @@ class World {
   }
 
  private:
+  double timeout_s_;
   std::unique_ptr<MpiRuntime> mpi_;
   std::unique_ptr<MpiCommunicator> comm_;
   std::map<std::string, DataPlane> planes_;
@@ -199,6 +216,8 @@ struct Request {
   bool fingerprint = false;
   bool atomic = false, require_complete = false;
   bool checksums = true;
+  bool zero_copy = false, compare_replicas = true;
+  double read_timeout_s = static_cast<double>(ReloadOptions{}.read_stall_timeout.count());
 };
 
 ReloadOptions reload_options(const Request& q) {
@@ -220,6 +239,11 @@ ReloadOptions reload_options(const Request& q) {
   o.atomic = q.atomic;
   o.require_complete = q.require_complete;
   o.checksums = q.checksums;
+  o.zero_copy = q.zero_copy;
+  o.compare_replicas = q.compare_replicas;
+  if (!(q.read_timeout_s >= 1 && q.read_timeout_s <= kMaxSeconds))
+    raise<UsageError>("read_timeout_s must be in [1, ", kMaxSeconds, "], got ", q.read_timeout_s);
+  o.read_stall_timeout = std::chrono::seconds(std::llround(q.read_timeout_s));
   return o;
 }
 
@@ -256,6 +280,7 @@ py::dict result_dict(const ReloadResult& r,
   d["parameter_memory"] = r.parameter_memory;
   d["bytes_read"] = r.bytes_read;
   d["bytes_transferred"] = r.bytes_transferred;
+  d["bytes_copied_on_reader"] = r.bytes_copied_on_reader;
   d["buckets"] = r.buckets;
   d["staging"] =
       py::dict(py::arg("host") = r.staging.host, py::arg("pinned_host") = r.staging.pinned,
@@ -407,7 +432,8 @@ PYBIND11_MODULE(_tpreload, m) {
   });
 
   py::class_<World>(m, "World")
-      .def(py::init<>())
+      .def(py::init<double>(), py::arg("timeout_s"))
+      .def_property_readonly("timeout_s", &World::timeout_s)
       .def_property_readonly("rank", &World::rank)
       .def_property_readonly("size", &World::size)
       .def("barrier", &World::barrier)
@@ -438,6 +464,9 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("atomic", &Request::atomic)
       .def_readwrite("require_complete", &Request::require_complete)
       .def_readwrite("checksums", &Request::checksums)
+      .def_readwrite("zero_copy", &Request::zero_copy)
+      .def_readwrite("compare_replicas", &Request::compare_replicas)
+      .def_readwrite("read_timeout_s", &Request::read_timeout_s)
       .def_readwrite("config", &Request::config)
       .def_readwrite("tp_size", &Request::tp_size)
       .def_readwrite("weights_path", &Request::weights_path)

@@ -302,7 +302,17 @@ def test_a_problem_on_one_rank_is_the_same_error_on_every_rank(world, shared_dir
     if world.size > 1:
         e = raised(transport="nccl" if world.rank == 0 else "mpi")
         assert isinstance(e, tpreload.UsageError) and "ranks disagree on the data plane's transport" in str(e)
+    # Options that change the collectives, set differently on the reader, reach
+    # the engine's agreement.
+    if world.size > 1:
+        for option, part, default in (("zero_copy", "zero-copy", False),
+                                      ("compare_replicas", "compare-replicas", True)):
+            e = raised(**{option: (not default) if world.rank == 0 else default})
+            assert isinstance(e, tpreload.UsageError) and "ranks disagree on %s" % part in str(e), str(e)
     # Nonsense options.
+    for seconds in (0, 0.5, float("nan"), 1e9):
+        e = raised(read_timeout_s=seconds)
+        assert isinstance(e, tpreload.UsageError) and "read_timeout_s must be in [1, " in str(e), str(e)
     assert isinstance(raised(bucket_mb=float("inf")), tpreload.UsageError)
     assert isinstance(raised(distribution="gossip"), tpreload.UsageError)
 
@@ -413,6 +423,35 @@ def test_checksums_can_be_turned_off_and_cost_nothing_then(world, shared_dir):
         assert_holds(params, expected_shards(ckpt, tp, world.rank), "checksums=%s" % checksums)
         if not checksums:
             assert r.seconds["checksum"] == 0
+
+
+def test_zero_copy_broadcasts_from_the_mapping_with_the_same_bytes(world, shared_dir):
+    tp = world.size
+    ckpt = checkpoint(17)
+    if world.rank == 0:
+        write_model_dir(os.path.join(shared_dir, "m"), ckpt)
+    world.barrier()
+    copied = {}
+    for zero_copy in (False, True):
+        params = zeros_like_shards(world, tp)
+        r = tpreload.reload_weights(params, os.path.join(shared_dir, "m"), world=world, distribution="broadcast",
+                                    zero_copy=zero_copy, read_timeout_s=5, bucket_mb=0.01)
+        assert r.complete
+        assert_holds(params, expected_shards(ckpt, tp, world.rank), "zero_copy=%s" % zero_copy)
+        copied[zero_copy] = r.bytes_copied_on_reader
+    # Without it the reader copies every byte into its send buffers; with it the
+    # buckets that are one run of the file are sent from the mapping.
+    assert copied[False] >= sum(t.numel() * t.element_size() for t in ckpt.values()), copied
+    assert copied[True] < copied[False] / 2, copied
+
+
+def test_the_world_keeps_the_timeout_it_was_made_with(world):
+    assert world.timeout_s == 300  # (the default the docstring gives)
+    assert tpreload.World().timeout_s == world.timeout_s
+    assert tpreload.World(timeout_s=300).timeout_s == 300
+    with pytest.raises(tpreload.UsageError) as error:
+        tpreload.World(timeout_s=60)
+    assert "timeout_s=300" in str(error.value) and "timeout_s=60" in str(error.value)
 
 
 def test_a_workspace_released_in_another_thread_waits_for_the_reload_using_it(world, shared_dir):
