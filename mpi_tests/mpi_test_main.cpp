@@ -46,6 +46,12 @@ Communicator& world() {
 MpiCommunicator& mpi_world() {
   return *g_world;
 }
+int world_size() {
+  return g_world->size();
+}
+void on_every_rank(void (*body)()) {
+  body();
+}
 
 }  // namespace tpreload::mpitest
 

@@ -22,6 +22,15 @@ Communicator& world();
 // The same world as MPI's, for what only MPI offers (its data transport).
 MpiCommunicator& mpi_world();
 
+// The world's size, also outside a test (where the threads binary has no
+// world() on the calling thread).
+int world_size();
+
+// Runs a test's body on every rank: under mpirun this process's rank runs it;
+// in the threads binary (threads_test_main.cpp) every rank does, each on its
+// own thread of the one process, world() being that rank's communicator.
+void on_every_rank(void (*body)());
+
 // Whether every rank holds the same `text` (its length and hash, min against max
 // over the world). COLLECTIVE.
 inline bool same_on_every_rank(const std::string& text) {
@@ -68,7 +77,7 @@ class WorldSizeDivides : public ::testing::Environment {
  public:
   WorldSizeDivides(int divides, std::string why) : divides_(divides), why_(std::move(why)) {}
   void SetUp() override {
-    const int n = world().size();
+    const int n = world_size();
     if (divides_ % n == 0) return;
     std::string sizes;
     for (int k = 1; k <= divides_; ++k)
@@ -91,6 +100,15 @@ class WorldSizeDivides : public ::testing::Environment {
   [[maybe_unused]] static ::testing::Environment* const tpreload_world_size_environment = \
       ::testing::AddGlobalTestEnvironment(new ::tpreload::mpitest::WorldSizeDivides(      \
           8, "the tiny models' 8 attention heads are split tp = world size ways"))
+
+// A test that every rank of the world runs (on_every_rank()): as processes
+// under mpirun, or as threads of one process. Its body follows, as TEST's does.
+#define TPRELOAD_RANKS_TEST(suite, name)                             \
+  static void suite##_##name##_on_a_rank();                          \
+  TEST(suite, name) {                                                \
+    ::tpreload::mpitest::on_every_rank(&suite##_##name##_on_a_rank); \
+  }                                                                  \
+  static void suite##_##name##_on_a_rank()
 
 // Skip the test (on every rank alike) when the world has fewer than n ranks.
 #define TPRELOAD_REQUIRE_RANKS(n)                                      \

@@ -222,22 +222,22 @@ void run_checkpoint_matrix(const std::string& config_name, const Variant& setup)
   }
 }
 
-TEST(Reload, CheckpointFormatEverySourceAndDistribution) {
+TPRELOAD_RANKS_TEST(Reload, CheckpointFormatEverySourceAndDistribution) {
   run_checkpoint_matrix("llama_gqa", {world().size(), "", false});
 }
 
-TEST(Reload, TwoReplicasOfHalfTheWorld) {
+TPRELOAD_RANKS_TEST(Reload, TwoReplicasOfHalfTheWorld) {
   TPRELOAD_REQUIRE_RANKS(2);
   run_checkpoint_matrix("qwen2_tied", {world().size() / 2, "", false});
 }
 
-TEST(Reload, Int8AndLoraModels) {
+TPRELOAD_RANKS_TEST(Reload, Int8AndLoraModels) {
   run_checkpoint_matrix("mistral_mqa", {world().size(), "int8", true});
 }
 
 // Qwen3 (q/k norms, head_dim from the config) and Qwen3-MoE with tensor-parallel
 // experts and with expert parallelism, over every source kind.
-TEST(Reload, Qwen3DenseAndMoe) {
+TPRELOAD_RANKS_TEST(Reload, Qwen3DenseAndMoe) {
   run_checkpoint_matrix("qwen3_dense", {world().size(), "", false});
   run_checkpoint_matrix("qwen3_moe", {world().size(), "", false});
   run_checkpoint_matrix("qwen3_moe", {world().size(), "", false, true});
@@ -245,14 +245,14 @@ TEST(Reload, Qwen3DenseAndMoe) {
 
 // Mixtral (the experts under block_sparse_moe, as w1/w3/w2, in every layer) and
 // Qwen2-MoE (a tensor-parallel shared expert beside them).
-TEST(Reload, MixtralAndQwen2MoeWithTensorParallelExpertsAndExpertParallelism) {
+TPRELOAD_RANKS_TEST(Reload, MixtralAndQwen2MoeWithTensorParallelExpertsAndExpertParallelism) {
   run_checkpoint_matrix("mixtral", {world().size(), "", false});
   run_checkpoint_matrix("mixtral", {world().size(), "int8", false, true});
   run_checkpoint_matrix("qwen2_moe", {world().size(), "", false});
   run_checkpoint_matrix("qwen2_moe", {world().size(), "int8", false, true});
 }
 
-TEST(Reload, MoeExpertParallelInTwoReplicas) {
+TPRELOAD_RANKS_TEST(Reload, MoeExpertParallelInTwoReplicas) {
   TPRELOAD_REQUIRE_RANKS(2);
   run_checkpoint_matrix("qwen3_moe", {world().size() / 2, "", false, true});
   run_checkpoint_matrix("qwen2_moe", {world().size() / 2, "", false, true});
@@ -263,7 +263,7 @@ TEST(Reload, MoeExpertParallelInTwoReplicas) {
 // GraniteMoE: Mixtral's experts, which its checkpoint stacks in three 3-D
 // tensors a layer (input_linear, output_linear, router.layer), taken apart by
 // rows of their last dimension from every source, by every reader mode.
-TEST(Reload, GraniteMoeFromItsStackedExperts) {
+TPRELOAD_RANKS_TEST(Reload, GraniteMoeFromItsStackedExperts) {
   run_checkpoint_matrix("granite_moe", {world().size(), "", false});
   run_checkpoint_matrix("granite_moe", {world().size(), "int8", false, true});
 }
@@ -274,7 +274,7 @@ TEST(Reload, GraniteMoeFromItsStackedExperts) {
 // without rotary) and alone (GraniteMoeHybrid as granite-4.0-micro, with
 // attention biases); plain, int8 (the shared MLP's two weights quantized, the
 // experts not) and with expert parallelism.
-TEST(Reload, GraniteSharedMlpBesideExpertsAndAlone) {
+TPRELOAD_RANKS_TEST(Reload, GraniteSharedMlpBesideExpertsAndAlone) {
   run_checkpoint_matrix("granite_moe_shared", {world().size(), "", false});
   run_checkpoint_matrix("granite_moe_shared", {world().size(), "int8", false, true});
   run_checkpoint_matrix("granite_hybrid", {world().size(), "", false});
@@ -285,7 +285,7 @@ TEST(Reload, GraniteSharedMlpBesideExpertsAndAlone) {
 // GLM-4.5: a dense layer, then sparse ones whose router and score correction
 // are float32 parameters filled from the bfloat16 checkpoint, with shared
 // experts; plain, and int8 with expert parallelism.
-TEST(Reload, Glm4MoeFloat32RouterAndSharedExperts) {
+TPRELOAD_RANKS_TEST(Reload, Glm4MoeFloat32RouterAndSharedExperts) {
   run_checkpoint_matrix("glm4_moe", {world().size(), "", false});
   run_checkpoint_matrix("glm4_moe", {world().size(), "int8", false, true});
   // The next-token-prediction layer GLM-4.5 checkpoints carry (layer
@@ -316,7 +316,7 @@ TEST(Reload, Glm4MoeFloat32RouterAndSharedExperts) {
 // Phi-3: q/k/v stacked in self_attn.qkv_proj and gate/up in mlp.gate_up_proj in
 // every source kind, cut into the parts the loaders take as the source is
 // listed; plain, and int8 with LoRA.
-TEST(Reload, Phi3StackedTensorsFromEverySourceAndDistribution) {
+TPRELOAD_RANKS_TEST(Reload, Phi3StackedTensorsFromEverySourceAndDistribution) {
   run_checkpoint_matrix("phi3", {world().size(), "", false});
   run_checkpoint_matrix("phi3", {world().size(), "int8", true});
 }
@@ -324,7 +324,7 @@ TEST(Reload, Phi3StackedTensorsFromEverySourceAndDistribution) {
 // A stacked tensor with rows its config does not give is refused on every rank
 // alike, naming the file, the tensor and the parts, before any write; the same
 // weights as separate tensors load as the stacked ones do.
-TEST(Reload, Phi3StackedTensorWithOtherRowsIsRefusedAndSeparateTensorsLoad) {
+TPRELOAD_RANKS_TEST(Reload, Phi3StackedTensorWithOtherRowsIsRefusedAndSeparateTensorsLoad) {
   SharedDir dir;
   const ModelConfig config = testdata::tiny_config("phi3");
   const auto v1 = testdata::random_checkpoint(config, 100),
@@ -375,7 +375,7 @@ TEST(Reload, Phi3StackedTensorWithOtherRowsIsRefusedAndSeparateTensorsLoad) {
   }
 }
 
-TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
+TPRELOAD_RANKS_TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
   SharedDir dir;
   for (const auto& [name, setup] : std::vector<std::pair<std::string, Variant>>{
            {"llama_gqa", {world().size(), "", false}},
@@ -416,7 +416,7 @@ TEST(Reload, KernelFormatFromShardsMadeByTheLoaders) {
   }
 }
 
-TEST(Reload, NotLoadedNamesAreExactlyTheMissingOnes) {
+TPRELOAD_RANKS_TEST(Reload, NotLoadedNamesAreExactlyTheMissingOnes) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   auto ckpt = testdata::random_checkpoint(config, 400);
   ckpt.erase("model.layers.1.self_attn.v_proj.weight");
@@ -435,7 +435,7 @@ TEST(Reload, NotLoadedNamesAreExactlyTheMissingOnes) {
                                                  "model.layers.0.self_attn.rotary_emb.inv_freq"}));
 }
 
-TEST(Reload, BadShapeFailsPreflightOnEveryRankAndWritesNothing) {
+TPRELOAD_RANKS_TEST(Reload, BadShapeFailsPreflightOnEveryRankAndWritesNothing) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   auto good = testdata::random_checkpoint(config, 500),
        bad = testdata::random_checkpoint(config, 501);
@@ -461,7 +461,7 @@ TEST(Reload, BadShapeFailsPreflightOnEveryRankAndWritesNothing) {
 // The workspace keeps the plan for the next reload of the same listing: new bytes
 // under the same names, shapes and offsets load through it; anything that changes
 // the listing or the options plans afresh; a plan refused by preflight is not kept.
-TEST(Reload, WorkspaceReusesThePlanOnlyForTheSameListingAndOptions) {
+TPRELOAD_RANKS_TEST(Reload, WorkspaceReusesThePlanOnlyForTheSameListingAndOptions) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto v1 = testdata::random_checkpoint(config, 510),
              v2 = testdata::random_checkpoint(config, 511);
@@ -506,7 +506,7 @@ TEST(Reload, WorkspaceReusesThePlanOnlyForTheSameListingAndOptions) {
 // workspace kept, on every rank that opens them (no header parsed again); new
 // bytes under the same headers load through it; files whose headers changed
 // are listed again.
-TEST(Reload, ReopenedFilesTakeTheKeptListingWhileTheirHeadersAreUnchanged) {
+TPRELOAD_RANKS_TEST(Reload, ReopenedFilesTakeTheKeptListingWhileTheirHeadersAreUnchanged) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto v1 = testdata::random_checkpoint(config, 520),
              v2 = testdata::random_checkpoint(config, 521);
@@ -591,6 +591,7 @@ class ByHostName final : public Communicator {
   }
 };
 
+#ifndef TPRELOAD_RANKS_AS_THREADS  // (MPI's own grouping of a host's ranks)
 // A reader per node: the ranks of one host form a node (MPI's shared-memory
 // domains and the host-name default agree with the host names gathered here),
 // the reader rank first on its node; ranks_per_node makes blocks of world ranks
@@ -646,8 +647,9 @@ TEST(Reload, ReadersNodeGroupsTheRanksOfAHost) {
   for (int r = me / 2 * 2; r < std::min(n, me / 2 * 2 + 2); ++r) block.push_back(r);
   expect_node(block, "nodes of 2 ranks");
 }
+#endif
 
-TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
+TPRELOAD_RANKS_TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   TensorParallelModel model(config, options_for({world().size(), "", false}));
   ReloadableModel served(model, {"/nonexistent/tpreload/model", "", ""});
@@ -665,7 +667,7 @@ TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
 // Only the rank that opens the weights needs a path: the others may be given
 // none (and keep their location). A reader with neither a path nor a location
 // is the same CheckpointError on every rank, naming it.
-TEST(Reload, OnlyTheRanksThatOpenTheWeightsNeedAPath) {
+TPRELOAD_RANKS_TEST(Reload, OnlyTheRanksThatOpenTheWeightsNeedAPath) {
   SharedDir dir;
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 610);
@@ -702,7 +704,7 @@ TEST(Reload, OnlyTheRanksThatOpenTheWeightsNeedAPath) {
 // ranks received nothing. The error is agreed, so the invalidation callbacks run
 // on every rank (a callback may itself be collective), each told its own
 // parameters that may have changed: none on those ranks.
-TEST(Reload, AfterAnAgreedFailureTheCallbacksRunOnEveryRankWhenAnyRankWrote) {
+TPRELOAD_RANKS_TEST(Reload, AfterAnAgreedFailureTheCallbacksRunOnEveryRankWhenAnyRankWrote) {
   TPRELOAD_REQUIRE_RANKS(4);
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 620);
@@ -736,7 +738,7 @@ TEST(Reload, AfterAnAgreedFailureTheCallbacksRunOnEveryRankWhenAnyRankWrote) {
   }
 }
 
-TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {
+TPRELOAD_RANKS_TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {
   SharedDir dir;
   const ModelConfig config = testdata::tiny_config("qwen2_tied");
   const auto ckpt = testdata::random_checkpoint(config, 600);
@@ -760,7 +762,7 @@ TEST(Reload, ReloadFromANewPathMovesTheModelThereAndRunsCallbacks) {
 }
 
 // Extra memory per rank is O(bucket), not O(model): a model ~100x the bucket.
-TEST(Reload, StagingStaysBoundedByTheBucketNotTheModel) {
+TPRELOAD_RANKS_TEST(Reload, StagingStaysBoundedByTheBucketNotTheModel) {
   const ModelConfig config = parse_model_config(R"({"architectures":["LlamaForCausalLM"],
     "hidden_size":256,"intermediate_size":1024,"num_hidden_layers":16,"num_attention_heads":8,
     "num_key_value_heads":8,"vocab_size":2000,"torch_dtype":"bfloat16"})",
@@ -796,7 +798,7 @@ TEST(Reload, StagingStaysBoundedByTheBucketNotTheModel) {
 // Every depth gives the same bytes, and ranks with different explicit depths
 // reload together (ranks that differ on whether the depth is chosen:
 // Integrity.RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer).
-TEST(Reload, PipelineDepthIsChosenPerRankAndNeverChangesTheBytes) {
+TPRELOAD_RANKS_TEST(Reload, PipelineDepthIsChosenPerRankAndNeverChangesTheBytes) {
   const std::vector<std::string> hosts = host_names();
   const auto on_host = static_cast<long>(
       std::count(hosts.begin(), hosts.end(), hosts[static_cast<std::size_t>(world().rank())]));
@@ -867,7 +869,7 @@ class FailingSource final : public WeightSource {
   bool views_;
 };
 
-TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
+TPRELOAD_RANKS_TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 700);
   const int last = world().size() - 1;
@@ -946,7 +948,7 @@ TEST(Reload, FailedReadRaisesTheSameErrorOnEveryRank) {
 // broadcast buckets in turn, so that together they read what the one reader
 // reads, each a part of it, and every rank ends with the same weights; a read
 // that fails on whichever reader's turn it was is the same error on every rank.
-TEST(Reload, RotatedBroadcastRootsShareTheReadsAndAgreeOnAFailure) {
+TPRELOAD_RANKS_TEST(Reload, RotatedBroadcastRootsShareTheReadsAndAgreeOnAFailure) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 720);
   const Variant setup{world().size(), "", false};
@@ -1044,7 +1046,7 @@ class UnopenedSource final : public WeightSource {
   }
 };
 
-TEST(Reload, ANodeThatCannotReadIsServedByAnotherNodesReader) {
+TPRELOAD_RANKS_TEST(Reload, ANodeThatCannotReadIsServedByAnotherNodesReader) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 730);
   const Variant setup{world().size(), "", false};
@@ -1140,7 +1142,7 @@ TEST(Reload, ANodeThatCannotReadIsServedByAnotherNodesReader) {
 // Every rank reading, a source whose every read fails, through views too (the
 // first view a reload takes, to choose its path, fails as well): the same error
 // on every rank, naming the failing rank.
-TEST(Reload, ReadersAllWithASourceThatFailsFromItsFirstByte) {
+TPRELOAD_RANKS_TEST(Reload, ReadersAllWithASourceThatFailsFromItsFirstByte) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 705);
   const int last = world().size() - 1;
@@ -1164,7 +1166,7 @@ TEST(Reload, ReadersAllWithASourceThatFailsFromItsFirstByte) {
 
 // Every rank reading: a rank whose checkpoint lists differently (here one tensor
 // fewer) stops every rank before anything is read, naming the rank.
-TEST(Reload, ReadersAllRefusesARankThatSeesOtherFiles) {
+TPRELOAD_RANKS_TEST(Reload, ReadersAllRefusesARankThatSeesOtherFiles) {
   TPRELOAD_REQUIRE_RANKS(2);
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto ckpt = testdata::random_checkpoint(config, 710);
@@ -1230,6 +1232,7 @@ TEST(Reload, ReadersAllRefusesARankThatSeesOtherFiles) {
   }
 }
 
+#ifndef TPRELOAD_RANKS_AS_THREADS  // (run under mpirun by ctest)
 // Run on its own by ctest: rank 1 never joins; the others must time out.
 TEST(Reload, DISABLED_RankOneNeverJoins) {
   TPRELOAD_REQUIRE_RANKS(2);
@@ -1243,6 +1246,7 @@ TEST(Reload, DISABLED_RankOneNeverJoins) {
   auto source = world().rank() == 0 ? testdata::memory_source(ckpt) : nullptr;
   reload_weights(model, world(), source.get(), ReloadOptions{});
 }
+#endif
 
 }  // namespace
 }  // namespace tpreload
@@ -1265,7 +1269,7 @@ std::string routed_spelling(const std::string& name) {
 // with ".base_layer.", as a LoRA-wrapped trainer names them, and the experts of
 // layer 2 as newer vLLM's RoutedExperts nests them), in float32 where the
 // model is bfloat16; every rank gets its own, converted, by name.
-TEST(Reload, KernelFormatTensorsFromMemory) {
+TPRELOAD_RANKS_TEST(Reload, KernelFormatTensorsFromMemory) {
   for (bool expert_parallel : {false, true}) {
     const ModelConfig config = testdata::tiny_config("qwen3_moe");
     const int tp = world().size();
@@ -1316,7 +1320,7 @@ TEST(Reload, KernelFormatTensorsFromMemory) {
 // A kernel-format parameter given twice for one tp rank, under its own name and
 // under another spelling that resolves to it (RoutedExperts here), is refused in
 // preflight on every rank, naming both; the model keeps the last reload's bytes.
-TEST(Reload, AKernelParameterGivenTwiceIsRefusedBeforeAnyWrite) {
+TPRELOAD_RANKS_TEST(Reload, AKernelParameterGivenTwiceIsRefusedBeforeAnyWrite) {
   const ModelConfig config = testdata::tiny_config("qwen3_moe");
   const int tp = world().size(), last = tp - 1;
   const std::string w2 = "model.layers.2.mlp.experts.w2_weight";
@@ -1369,7 +1373,7 @@ TEST(Reload, AKernelParameterGivenTwiceIsRefusedBeforeAnyWrite) {
 
 // A float32 checkpoint into a bfloat16 model lands with the bytes of
 // Tensor.to(bfloat16); an integer tensor is refused in preflight, on every rank.
-TEST(Reload, FloatingCheckpointsAreConvertedAndIntegersRefused) {
+TPRELOAD_RANKS_TEST(Reload, FloatingCheckpointsAreConvertedAndIntegersRefused) {
   const ModelConfig config = testdata::tiny_config("qwen3_dense");
   std::map<std::string, at::Tensor> f32, want;
   for (const auto& [name, t] : testdata::random_checkpoint(config, 1500)) {

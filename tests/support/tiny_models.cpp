@@ -1,5 +1,7 @@
 #include "tiny_models.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -210,12 +212,14 @@ ModelConfig tiny_config(const std::string& name) {
   return parse_model_config(json, name);
 }
 
+// (a generator of its own, not the process's: ranks as threads draw the same
+// checkpoint at once; the same values as at::manual_seed(seed) gives)
 std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config, std::uint64_t seed) {
-  at::manual_seed(seed);
+  at::Generator generator = at::detail::createCPUGenerator(seed);
   std::map<std::string, at::Tensor> tensors;
   for (const auto& spec : checkpoint_tensor_specs(config)) {
     const bool norm = spec.name.find("norm") != std::string::npos;
-    at::Tensor t = at::randn(spec.shape, at::kFloat) * (norm ? 0.1 : 0.2);
+    at::Tensor t = at::randn(spec.shape, generator, at::kFloat) * (norm ? 0.1 : 0.2);
     if (norm) t = t + 1.0;
     tensors[spec.name] = t.to(dtype_to_torch(config.dtype)).contiguous();
   }

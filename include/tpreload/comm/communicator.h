@@ -115,6 +115,14 @@ std::vector<std::string> host_names(Communicator& comm);
 // or a local copy.
 std::unique_ptr<Communicator> make_local_communicator();
 
+// Ranks as threads of one process: `size` communicators of one group, the r-th
+// for the thread that plays rank r (each collective returns once every rank's
+// thread has made it, or fails on every rank after `options.timeout`; split()
+// makes groups of threads too). Tests and embeddings that run ranks as threads
+// move their data over them with make_communicator_transport().
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int size,
+                                                                     CommOptions options = {});
+
 // Convenience wrappers over the vector forms.
 inline void allreduce_bits(Communicator& comm, std::vector<std::uint64_t>& words, BitOp op) {
   comm.allreduce_bits(words.data(), words.size(), op);
