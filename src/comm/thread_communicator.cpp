@@ -20,7 +20,6 @@ namespace {
 // What one rank brings to the collective in progress.
 struct Post {
   const void* in = nullptr;  // its send (root) or input buffer
-  void* out = nullptr;       // its receive buffer
   std::uint64_t bytes = 0;   // its buffer's length, or element count
   int root = -1;             // the root it names
   int color = 0, key = 0;    // split
@@ -55,7 +54,6 @@ class ThreadCommunicator final : public Communicator {
     check_root(what, root);
     Post p;
     p.in = buffer.data;
-    p.out = buffer.data;
     p.bytes = buffer.size;
     p.root = root;
     post(what, p);
@@ -78,7 +76,6 @@ class ThreadCommunicator final : public Communicator {
                                     rank_ == root);
     Post p;
     p.in = send.data;
-    p.out = recv.data;
     p.bytes = recv.size;
     p.root = root;
     p.ranges = &ranges;
