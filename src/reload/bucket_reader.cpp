@@ -47,9 +47,8 @@ std::vector<char> alone(std::vector<Interval> v, std::size_t owners) {
 
 }  // namespace
 
-std::vector<OwnPlacements> place_own_writes(const Plan& plan,
-                                            const std::vector<BucketApply>& applies,
-                                            const std::vector<ParamSpec>& params, int world_rank) {
+std::vector<DirectReads> place_own_writes(const Plan& plan, const std::vector<BucketApply>& applies,
+                                          const std::vector<ParamSpec>& params, int world_rank) {
   // Writes numbered across buckets (first[b] + i); the rows each writes (an
   // int8 write's scales too) and each zeroing (owner: none) on one list.
   std::vector<std::size_t> first(applies.size() + 1, 0);
@@ -72,7 +71,7 @@ std::vector<OwnPlacements> place_own_writes(const Plan& plan,
                       static_cast<std::uint64_t>(z.row_end), writes});
   }
   const std::vector<char> sole = alone(std::move(rows), writes);
-  std::vector<OwnPlacements> placements(plan.buckets.size());
+  std::vector<DirectReads> reads(plan.buckets.size());
   std::vector<Interval> sources;
   for (std::size_t b = 0; b < plan.buckets.size() && b < applies.size(); ++b) {
     const Bucket& bucket = plan.buckets[b];
@@ -87,7 +86,7 @@ std::vector<OwnPlacements> place_own_writes(const Plan& plan,
       if (end > w.src_offset) sources.push_back({0, w.src_offset, end, i});
     }
     const std::vector<char> read_alone = alone(sources, apply.writes.size());
-    OwnPlacements& out = placements[b];
+    DirectReads& out = reads[b];
     out.placed.assign(apply.writes.size(), 0);
     for (const Interval& src : sources) {  // (in write order; the spans sorted below)
       const RowWrite& w = apply.writes[src.owner];
@@ -101,9 +100,9 @@ std::vector<OwnPlacements> place_own_writes(const Plan& plan,
       out.placed[src.owner] = 1;
     }
     std::sort(out.spans.begin(), out.spans.end(),
-              [](const Placement& x, const Placement& y) { return x.begin < y.begin; });
+              [](const DirectSpan& x, const DirectSpan& y) { return x.begin < y.begin; });
   }
-  return placements;
+  return reads;
 }
 
 template <typename Each>
@@ -114,14 +113,14 @@ void BucketReader::locate(const Bucket& bucket, std::byte* send, int w, std::uin
     each(region + at, n);
     return;
   }
-  const std::vector<Placement>& spans = *placed_.spans;
+  const std::vector<DirectSpan>& spans = *placed_.spans;
   const std::uint64_t end = at + n;
-  // The first placement that ends after `at`: the one the last call ended in
+  // The first span that ends after `at`: the one the last call ended in
   // when it still does (a piece's rows come in order), else searched for.
   auto s = spans.begin() + static_cast<std::ptrdiff_t>(std::min(placed_hint_, spans.size()));
   if (s == spans.end() || s->end <= at || (s != spans.begin() && std::prev(s)->end > at))
     s = std::upper_bound(spans.begin(), spans.end(), at,
-                         [](std::uint64_t a, const Placement& p) { return a < p.end; });
+                         [](std::uint64_t a, const DirectSpan& p) { return a < p.end; });
   placed_hint_ = static_cast<std::size_t>(s - spans.begin());
   while (at < end) {
     if (s == spans.end() || s->begin >= end) {

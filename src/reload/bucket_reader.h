@@ -24,7 +24,7 @@ namespace tpreload::detail {
 // Bytes [begin, end) of a scatter region (offsets as the region's writes count
 // them) placed in parameter `slot`'s storage at byte `offset` instead of the
 // send buffer.
-struct Placement {
+struct DirectSpan {
   std::uint64_t begin = 0, end = 0;
   ParamSlot slot = kNoSlot;
   std::uint64_t offset = 0;
@@ -35,7 +35,7 @@ struct Placement {
 // bytes outside the spans go to the send buffer as usual.
 struct Placed {
   int world_rank = -1;
-  const std::vector<Placement>* spans = nullptr;
+  const std::vector<DirectSpan>* spans = nullptr;
   std::byte* const* storage = nullptr;
 };
 
@@ -46,17 +46,16 @@ struct Placed {
 // no other write of the bucket reads (a tensor two parameters took stays in
 // the send buffer) and whose rows no other write or zeroing of any bucket
 // touches (a placed write can land before an earlier bucket is applied), as
-// placements, with which writes they are (`placed`, per write: the apply
+// direct spans, with which writes they are (`placed`, per write: the apply
 // skips those). Their rows change while the bucket is read, before anything
 // is sent: a caller counts them as written (ParameterSink::count_placed) once a
 // read of the bucket began. Pure: kept with the plan.
-struct OwnPlacements {
-  std::vector<Placement> spans;
+struct DirectReads {
+  std::vector<DirectSpan> spans;
   std::vector<char> placed;
 };
-std::vector<OwnPlacements> place_own_writes(const Plan& plan,
-                                            const std::vector<BucketApply>& applies,
-                                            const std::vector<ParamSpec>& params, int world_rank);
+std::vector<DirectReads> place_own_writes(const Plan& plan, const std::vector<BucketApply>& applies,
+                                          const std::vector<ParamSpec>& params, int world_rank);
 
 class BucketReader {
  public:
@@ -93,7 +92,7 @@ class BucketReader {
   static constexpr std::uint64_t kFilledStep = std::uint64_t{512} << 10;
   //
   // `placed`, where given, puts bytes of one rank's scatter region elsewhere:
-  // they are read or copied straight to their placement (bytes of that region
+  // they are read or copied straight to their direct span (bytes of that region
   // other ranks repeat are copied from there), never into `send`, and not
   // handed to `filled`.
   ConstBytes fill(std::size_t index, std::byte* send, const Filled& filled = {},
@@ -111,7 +110,7 @@ class BucketReader {
   ConstBytes fill_ranks(std::size_t index, const std::vector<int>& ranks, std::byte* send,
                         const Filled& filled = {}, Placed placed = {});
 
-  // Bytes read or copied into send buffers (or their placements) so far.
+  // Bytes read or copied into send buffers (or their direct spans) so far.
   std::uint64_t bytes_copied() const { return copied_; }
 
  private:
@@ -201,7 +200,7 @@ class BucketReader {
   };
   std::vector<Requested> requested_;
   Placed placed_;                // the scatter fill in progress's
-  std::size_t placed_hint_ = 0;  // the placement locate() last started from
+  std::size_t placed_hint_ = 0;  // the span locate() last started from
   std::vector<bool> laid_out_;   // per planned tensor: its layout is in order_, width_
   std::vector<int> order_;       // planned tensors x tp_size
   std::vector<std::uint64_t> width_;

@@ -268,7 +268,7 @@ class Pipeline {
   const std::vector<BucketApply>& direct_applies_;
   // Per scatter bucket, this rank's writes it reads straight into the
   // parameters when it reads the bucket (CachedPlan::own).
-  const std::vector<OwnPlacements>& own_;
+  const std::vector<DirectReads>& own_;
   const std::vector<ChainLayout>& chains_;  // CachedPlan::chains and chains_read
   const std::vector<std::vector<char>>& chains_read_;
   const std::vector<std::vector<char>>& chains_checked_;
@@ -307,7 +307,7 @@ class Pipeline {
   bool placed_in_fill(std::size_t bucket) const {
     return bucket < placing_.size() && placing_[bucket] != kNotPlaced;
   }
-  // (Only scatter buckets have placements; a rotated root sends broadcast buckets only.)
+  // (Only scatter buckets have direct spans; a rotated root sends broadcast buckets only.)
   Placed placed(std::size_t bucket) const {
     if (storage_.empty() || bucket >= own_.size() || own_[bucket].spans.empty()) return {};
     return {rank_, &own_[bucket].spans, storage_.data()};

@@ -52,7 +52,7 @@ struct CachedPlan {
   // Per bucket, on a rank that may read for others (the reader rank; any rank
   // with Readers::kNode), this rank's writes it reads straight into its
   // parameters when it reads a scatter bucket with host parameters.
-  std::vector<OwnPlacements> own;
+  std::vector<DirectReads> own;
   // With checksums, per bucket (broadcast ones; empty for scatter): which of
   // its bytes each tp rank reads, as the reader sums them (verify_chains.h);
   // the chains this rank's writes read, which it verifies; and the chains any

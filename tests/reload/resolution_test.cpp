@@ -72,8 +72,8 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(
   constexpr std::byte kMarker{0xA5};
   std::uint64_t placed_bytes = 0;
   const int per_node = ranks_per_node > 0 ? ranks_per_node : o.world_size;
-  // Per node, the rank placed and its placements (kept with the plan, as the pipeline's).
-  std::map<int, std::pair<int, std::vector<detail::OwnPlacements>>> placing;
+  // Per node, the rank placed and its direct reads (kept with the plan, as the pipeline's).
+  std::map<int, std::pair<int, std::vector<detail::DirectReads>>> placing;
   for (int node = 0; place != Place::kNone && node < o.world_size; node += per_node) {
     const int w = place == Place::kFirst ? node : std::min(o.world_size, node + per_node) - 1;
     placing[node] = {w, detail::place_own_writes(plan, applies[w], models[w]->rules().params(), w)};
@@ -84,9 +84,9 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(
       for (int w = node; w < std::min(o.world_size, node + per_node); ++w) ranks.push_back(w);
       const Bucket& bucket = plan.buckets[b];
       const int placed_rank = placing.count(node) ? placing[node].first : -1;
-      const detail::OwnPlacements no_placements;
-      const detail::OwnPlacements& own =
-          placed_rank >= 0 ? placing[node].second.at(b) : no_placements;
+      const detail::DirectReads no_direct_reads;
+      const detail::DirectReads& own =
+          placed_rank >= 0 ? placing[node].second.at(b) : no_direct_reads;
       std::vector<std::byte*> storage;
       if (placed_rank >= 0) {
         const ParameterSink& sink = models[placed_rank]->sink();
@@ -98,7 +98,7 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(
       const ConstBytes bytes = ranks_per_node > 0
                                    ? reader.fill_ranks(b, ranks, send.data(), {}, placed)
                                    : reader.fill(b, send.data(), {}, placed);
-      for (const detail::Placement& p : own.spans) {
+      for (const detail::DirectSpan& p : own.spans) {
         placed_bytes += p.end - p.begin;
         const std::byte* region = send.data() + bucket.ranges[placed_rank].offset;
         EXPECT_TRUE(std::all_of(region + p.begin, region + p.end,
@@ -289,7 +289,7 @@ TEST(Resolution, SummedAsReadEveryRegionInOrderWithItsFinalBytes) {
           // are as without it (a replica of the reader copies from its rows).
           struct Reader {
             std::unique_ptr<TensorParallelModel> model;
-            std::vector<detail::OwnPlacements> own;
+            std::vector<detail::DirectReads> own;
             std::vector<std::byte*> storage;
           };
           std::map<int, Reader> readers;
@@ -328,7 +328,7 @@ TEST(Resolution, SummedAsReadEveryRegionInOrderWithItsFinalBytes) {
               if (place) {
                 const Reader& r = readers.at(node);
                 placed = {node, &r.own.at(b).spans, r.storage.data()};
-                for (const detail::Placement& p : r.own.at(b).spans)
+                for (const detail::DirectSpan& p : r.own.at(b).spans)
                   placed_bytes += p.end - p.begin;
               }
               const ConstBytes got = per_node

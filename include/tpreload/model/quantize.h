@@ -29,7 +29,7 @@ void quantize_rows_f32(const float* w, std::int64_t rows, std::int64_t cols,
 // The host's online FP8 kernels: fp8::quantize_step and fp8::quantize_block_step
 // (tpreload/core/float8.h) of values staged as `dtype` (float32, bfloat16 or
 // float16) at the level below, the same bytes at every level
-// (src/model/rules/fp8_kernels.cpp).
+// (src/model/quantization/fp8_kernels.cpp).
 void quantize_fp8_host(const void* x, DType dtype, std::uint64_t n, std::uint8_t* codes,
                        float* scale);
 // Its two halves: the amax of n values (fp8::amax_of, NaNs ignored), and the

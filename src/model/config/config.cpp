@@ -11,7 +11,7 @@
 #include "../../core/json_depth.h"
 #include "../families/family.h"
 #include "../families/keys.h"
-#include "fp8_config.h"
+#include "../quantization/fp8_config.h"
 #include "tpreload/core/error.h"
 
 namespace tpreload {
