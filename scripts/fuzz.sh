@@ -32,16 +32,23 @@ lib_sources=("$root"/src/core/*.cpp  # (every core source: the layer is small an
              "$root"/src/reload/metadata.cpp)
 newest_header=$(find "$root/include" "$root/src" -name '*.h' -printf '%T@\n' | sort -n | tail -1)
 objects=()
+compiles=()  # (JOBS at a time: the objects are independent)
+mkdir -p "$out/obj"
 for src in "${lib_sources[@]}"; do
   obj="$out/obj/$(basename "$src" .cpp).o"
   objects+=("$obj")
-  mkdir -p "$out/obj"
   if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] ||
      awk -v h="$newest_header" -v o="$(stat -c %Y "$obj")" 'BEGIN { exit !(h > o) }'; then
+    while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-$(nproc)}" ]; do sleep 0.2; done
     echo "fuzz: compiling $(basename "$src")"
+    rm -f "$obj"  # (a failed compile leaves none, and the check below sees it)
     "$cxx" "${flags[@]/-fsanitize=fuzzer,address,undefined/-fsanitize=fuzzer-no-link,address,undefined}" \
-      -c "$src" -o "$obj"
+      -c "$src" -o "$obj" &
+    compiles+=("$!")
   fi
+done
+for pid in "${compiles[@]}"; do
+  wait "$pid" || { echo "fuzz: a library object failed to compile" >&2; exit 1; }
 done
 for t in "${targets[@]}"; do
   bin="$out/${t}_fuzz"
