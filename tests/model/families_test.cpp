@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "../support/tiny_models.h"
 #include "tpreload/core/error.h"
@@ -45,6 +47,33 @@ TEST(Families, EveryFamilyHasATinyConfig) {
   for (const char* name : testdata::kTinyConfigs)
     covered.insert(testdata::tiny_config(name).architecture);
   EXPECT_EQ(covered, registered());
+}
+
+// The layout's list of checkpoint tensors (checkpoint_tensor_specs) is the
+// Hugging Face checkpoint's, as the tests write it from each family's modules
+// (testdata::hf_checkpoint_tensors): a tensor the layout forgets, invents or
+// shapes otherwise is named here, for every tiny config.
+TEST(Families, TheLayoutListsTheHuggingFaceCheckpointOfEveryTinyConfig) {
+  for (const char* name : testdata::kTinyConfigs) {
+    const ModelConfig config = testdata::tiny_config(name);
+    std::map<std::string, std::vector<std::int64_t>> hf, layout;
+    for (const auto& [tensor, shape] : testdata::hf_checkpoint_tensors(config))
+      EXPECT_TRUE(hf.emplace(tensor, shape).second) << name << ": " << tensor << " twice";
+    for (const CheckpointTensorSpec& spec : checkpoint_tensor_specs(config))
+      EXPECT_TRUE(layout.emplace(spec.name, spec.shape).second)
+          << name << ": " << spec.name << " twice in the layout";
+    for (const auto& [tensor, shape] : hf) {
+      const auto it = layout.find(tensor);
+      if (it == layout.end())
+        ADD_FAILURE() << name << ": the layout lacks " << tensor;
+      else
+        EXPECT_EQ(it->second, shape) << name << ": " << tensor;
+    }
+    for (const auto& [tensor, shape] : layout)
+      EXPECT_TRUE(hf.count(tensor)) << name << ": the layout lists " << tensor
+                                    << ", which the Hugging Face checkpoint does not hold";
+    EXPECT_GT(hf.size(), 5u) << name;
+  }
 }
 
 // The first column of the table headed "Architecture" in docs/FAMILIES.md.

@@ -217,11 +217,11 @@ ModelConfig tiny_config(const std::string& name) {
 std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config, std::uint64_t seed) {
   at::Generator generator = at::detail::createCPUGenerator(seed);
   std::map<std::string, at::Tensor> tensors;
-  for (const auto& spec : checkpoint_tensor_specs(config)) {
-    const bool norm = spec.name.find("norm") != std::string::npos;
-    at::Tensor t = at::randn(spec.shape, generator, at::kFloat) * (norm ? 0.1 : 0.2);
+  for (const auto& [name, shape] : hf_checkpoint_tensors(config)) {
+    const bool norm = name.find("norm") != std::string::npos;
+    at::Tensor t = at::randn(shape, generator, at::kFloat) * (norm ? 0.1 : 0.2);
     if (norm) t = t + 1.0;
-    tensors[spec.name] = t.to(dtype_to_torch(config.dtype)).contiguous();
+    tensors[name] = t.to(dtype_to_torch(config.dtype)).contiguous();
   }
   return tensors;
 }
@@ -755,6 +755,121 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
 }
 
 }  // namespace
+
+CheckpointTensors hf_checkpoint_tensors(const ModelConfig& c) {
+  if (c.fp8.quantized())
+    throw std::invalid_argument("hf_checkpoint_tensors lists unquantized checkpoints; " +
+                                c.architecture + "'s config is FP8");
+  const Reading rd = read_config(c);
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  const auto size = [&](const char* key) {
+    return j.contains(key) && j[key].is_number() ? j[key].get<std::int64_t>() : 0;
+  };
+  const std::string& a = c.architecture;
+  const std::int64_t h = rd.hidden, hd = rd.head_dim, q = rd.heads * hd, kv = rd.kv_heads * hd;
+  const std::int64_t inter = size("intermediate_size"), si = shared_mlp_size(c);
+  CheckpointTensors out = {{"model.embed_tokens.weight", {rd.vocab, h}}};
+  const auto add = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    out.push_back({name, std::move(shape)});
+  };
+  // An MLP of intermediate size `n` under `m` (gate_proj, up_proj, down_proj;
+  // Phi-3's and GLM-4's gate and up stacked in gate_up_proj), biased with mlp_bias.
+  const auto mlp = [&](const std::string& m, std::int64_t n, bool bias) {
+    if (a == "Phi3ForCausalLM" || glm4(c)) {
+      add(m + "gate_up_proj.weight", {2 * n, h});
+      if (bias) add(m + "gate_up_proj.bias", {2 * n});
+    } else {
+      add(m + "gate_proj.weight", {n, h});
+      add(m + "up_proj.weight", {n, h});
+      if (bias) {
+        add(m + "gate_proj.bias", {n});
+        add(m + "up_proj.bias", {n});
+      }
+    }
+    add(m + "down_proj.weight", {h, n});
+    if (bias) add(m + "down_proj.bias", {h});
+  };
+  for (std::int64_t l = 0; l < rd.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    // The decoder layer's norms (Cohere's LayerNorm has a weight only).
+    std::vector<const char*> norms = {"input_layernorm", "post_attention_layernorm"};
+    if (cohere(c))  // (attention and MLP on one normed input)
+      norms = {"input_layernorm"};
+    else if (post_norms(c))  // (OLMo 2/3, EXAONE 4: no input norms)
+      norms = {"post_attention_layernorm", "post_feedforward_layernorm"};
+    else if (a == "Gemma2ForCausalLM" || gemma3(c))
+      norms = {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+               "post_feedforward_layernorm"};
+    else if (glm4(c))
+      norms = {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
+               "post_mlp_layernorm"};
+    for (const char* norm : norms) add(p + norm + ".weight", {h});
+    // Attention: q, k, v (Phi-3's stacked in qkv_proj), o.
+    const std::string at = p + "self_attn.";
+    if (a == "Phi3ForCausalLM") {
+      add(at + "qkv_proj.weight", {q + 2 * kv, h});
+      if (rd.qkv_bias) add(at + "qkv_proj.bias", {q + 2 * kv});
+    } else {
+      add(at + "q_proj.weight", {q, h});
+      add(at + "k_proj.weight", {kv, h});
+      add(at + "v_proj.weight", {kv, h});
+      if (rd.qkv_bias) {
+        add(at + "q_proj.bias", {q});
+        add(at + "k_proj.bias", {kv});
+        add(at + "v_proj.bias", {kv});
+      }
+    }
+    add(at + "o_proj.weight", {h, q});
+    if (rd.o_bias) add(at + "o_proj.bias", {h});
+    if (cohere_qk_norms(c)) {  // (CohereLayerNorm of (heads, head_dim))
+      add(at + "q_norm.weight", {rd.heads, hd});
+      add(at + "k_norm.weight", {rd.kv_heads, hd});
+    } else if (olmo(c)) {  // (over the whole projection)
+      add(at + "q_norm.weight", {q});
+      add(at + "k_norm.weight", {kv});
+    } else if (qk_norms(c)) {  // (one head's)
+      add(at + "q_norm.weight", {hd});
+      add(at + "k_norm.weight", {hd});
+    }
+    // Granite's shared MLP: gate and up stacked in input_linear.
+    if (si > 0) {
+      add(p + "shared_mlp.input_linear.weight", {2 * si, h});
+      add(p + "shared_mlp.output_linear.weight", {h, si});
+    }
+    if (!sparse(c, rd, l)) {
+      if (si == 0) mlp(p + "mlp.", inter, rd.mlp_bias);
+      continue;
+    }
+    const std::int64_t e = rd.experts;
+    if (a.rfind("Granite", 0) == 0) {  // (GraniteMoeMoE: every expert in three tensors)
+      add(p + "block_sparse_moe.input_linear.weight", {e, 2 * inter, h});
+      add(p + "block_sparse_moe.output_linear.weight", {e, h, inter});
+      add(p + "block_sparse_moe.router.layer.weight", {e, h});
+      continue;
+    }
+    const ExpertNames n = expert_names(c);
+    // (Mixtral's experts are intermediate_size wide; the Qwens' and GLM-4.5's
+    // moe_intermediate_size)
+    const std::int64_t mi = mixtral(c) ? inter : size("moe_intermediate_size");
+    add(p + n.block + "gate.weight", {e, h});
+    if (glm4_moe(c)) add(p + "mlp.gate.e_score_correction_bias", {e});
+    for (std::int64_t x = 0; x < e; ++x) {
+      const std::string ex = p + n.block + "experts." + std::to_string(x) + ".";
+      add(ex + n.gate + ".weight", {mi, h});
+      add(ex + n.up + ".weight", {mi, h});
+      add(ex + n.down + ".weight", {h, mi});
+    }
+    if (const std::int64_t shared = size("shared_expert_intermediate_size"); shared > 0) {
+      mlp(p + "mlp.shared_expert.", shared, false);  // (Qwen2-MoE's, with its sigmoid gate)
+      add(p + "mlp.shared_expert_gate.weight", {1, h});
+    }
+    if (glm4_moe(c) && size("n_shared_experts") > 0)
+      mlp(p + "mlp.shared_experts.", size("n_shared_experts") * mi, false);
+  }
+  add("model.norm.weight", {h});
+  if (!rd.tied) add("lm_head.weight", {rd.vocab, h});
+  return out;
+}
 
 // Where a GraniteMoE stacked tensor's layer prefix ends (at
 // "block_sparse_moe."), or npos for any other name.

@@ -5,8 +5,11 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/model/config.h"
@@ -91,9 +94,17 @@ inline const char* const kTinyConfigs[] = {"llama_gqa",      "qwen2_tied",
                                            "granite_moe",    "granite_moe_shared",
                                            "granite_hybrid", "granite_hybrid_moe"};
 
-// Every checkpoint tensor for `config` (names from checkpoint_tensor_specs: Phi-3's
-// and GraniteMoE's stacked), with
-// values drawn from a generator seeded by `seed`, in the config's dtype.
+// Every tensor of `config`'s Hugging Face checkpoint, name and shape, in the
+// order of the modeling module tree: written here per family from the
+// Hugging Face modules (Phi-3's q/k/v and gate/up stacked, GLM-4's gate/up,
+// the Granite lines' experts and shared MLP) and sizes read from the config's
+// JSON, not from checkpoint_tensor_specs (families_test checks that one
+// against this list). Unquantized checkpoints only.
+using CheckpointTensors = std::vector<std::pair<std::string, std::vector<std::int64_t>>>;
+CheckpointTensors hf_checkpoint_tensors(const ModelConfig& config);
+
+// Every tensor of hf_checkpoint_tensors(config), with values drawn from a
+// generator seeded by `seed`, in the config's dtype.
 std::map<std::string, at::Tensor> random_checkpoint(const ModelConfig& config, std::uint64_t seed);
 
 }  // namespace tpreload::testdata
