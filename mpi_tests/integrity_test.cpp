@@ -329,10 +329,11 @@ TEST(Integrity, ReplicasThatDifferAfterAReloadFailItOnEveryRank) {
 }
 
 // Ranks whose options or configs differ are told which before any transfer.
-// Every field of the config is compared on its own, and the error names those
-// that differ, with which ranks hold which value: one the forward pass alone
-// reads, and one that shapes the parameters (whose layout then differs too,
-// and is shown by its first parameter that differs).
+// Every field of the config that shapes the weights is compared on its own,
+// and the error names those that differ, with which ranks hold which value:
+// one that changes no parameter's shape (the family), and one that does (whose
+// layout then differs too, and is shown by its first parameter that differs).
+// A field only a forward pass reads is not compared (Reliability/Matrix).
 TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer) {
   TPRELOAD_REQUIRE_RANKS(2);
   const Versions v;
@@ -344,8 +345,7 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
   const auto same_options = [](ReloadOptions&) {};
   const auto same_config = [](ModelConfig&) {};
   // Which ranks hold which value: the last rank's own, and every other rank's
-  // (llama_gqa's rms_norm_eps is 1e-5, its final_logit_softcapping 0, its
-  // intermediate_size 96).
+  // (llama_gqa's intermediate_size is 96).
   const int n = world().size();
   const std::string first = n == 2 ? "rank 0" : "ranks 0-" + std::to_string(n - 2);
   const std::string last = "rank " + std::to_string(n - 1);
@@ -380,21 +380,24 @@ TEST(Integrity, RanksThatDisagreeOnOptionsOrConfigsAreToldWhichBeforeAnyTransfer
        "the same); nothing was reloaded; by rank: whether the pipeline depth is chosen per rank: "
        "true on " +
            first + ", false on " + last},
-      {same_options, [](ModelConfig& c) { c.rms_norm_eps *= 2; },
-       "ranks disagree on the model config's rms_norm_eps (every rank must pass the same); "
-       "nothing was reloaded; by rank: the model config's rms_norm_eps: 1e-05 on " +
-           first + ", 2e-05 on " + last},
+      {same_options,
+       [](ModelConfig& c) {
+         c.architecture = "MistralForCausalLM";  // (Mistral's layout: Llama's)
+         c.rms_norm_eps *= 2;                    // (not compared)
+       },
+       "ranks disagree on the model config's architectures (every rank must pass the same); "
+       "nothing was reloaded; by rank: the model config's architectures: 'LlamaForCausalLM' "
+       "on " +
+           first + ", 'MistralForCausalLM' on " + last},
       {same_options,
        [](ModelConfig& c) {
          c.intermediate_size *= 2;
          c.final_logit_softcapping = 30;
        },
-       "ranks disagree on the model config's intermediate_size, the model config's "
-       "final_logit_softcapping, the model's parameters (names, shapes, dtypes, splits, layers, "
-       "shards) (every rank must pass the same); nothing was reloaded; by rank: the model "
-       "config's intermediate_size: 96 on " +
-           first + ", 192 on " + last + "; the model config's final_logit_softcapping: 0.0 on " +
-           first + ", 30.0 on " + last +
+       "ranks disagree on the model config's intermediate_size, the model's parameters "
+       "(names, shapes, dtypes, splits, layers, shards) (every rank must pass the same); "
+       "nothing was reloaded; by rank: the model config's intermediate_size: 96 on " +
+           first + ", 192 on " + last +
            "; the model's parameters (names, shapes, dtypes, splits, layers, shards): one value "
            "on " +
            first + ", another on " + last +

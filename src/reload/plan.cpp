@@ -234,7 +234,8 @@ void check_kernel_model(const SourceMetadata& md, const ShardingRules& rules) {
   } catch (const ModelError& e) {
     raise<ValidationError>("kernel-format source (", md.description, "): ", e.what());
   }
-  std::vector<std::string> differences = config_differences(made_for, model);
+  std::vector<std::string> differences =
+      config_differences(made_for, model, ConfigFields::kWeights);
   if (md.kernel->dtype != model.dtype)
     differences.push_back(
         detail::concat("dtype ", dtype_name(md.kernel->dtype), " vs ", dtype_name(model.dtype)));

@@ -162,9 +162,9 @@ const char* shard_kind_text(ShardKind kind) {
 }
 
 // What must be identical on every rank, each part hashed on its own so that a
-// disagreement can be named: every field of the model's config (config_fields:
-// those that shape the parameters and those only the forward pass reads, where
-// a rank that differed would serve other logits from the same weights), the
+// disagreement can be named: the fields of the model's config that shape the
+// weights (config_fields; those only a forward pass reads change no byte a
+// reload writes, and are the serving engine's to agree on), the
 // rest of the parameter layout (quantization, LoRA, expert parallelism, and per
 // parameter its shape, dtype, kind, layer and stacked shards), the data plane,
 // whose transfers every rank must post alike, and every option that changes
@@ -173,7 +173,7 @@ std::vector<AgreedValue> agreement_parts(const ReloadTarget& model, const Reload
                                          const DataTransport& data) {
   std::vector<AgreedValue> parts;
   for (const ConfigField& f : config_fields(model.rules().config()))
-    parts.emplace_back("the model config's " + f.name, f.value);
+    if (f.weights) parts.emplace_back("the model config's " + f.name, f.value);
   const ShardingRules& rules = model.rules();
   parts.insert(parts.end(), {{"the quantization", rules.quantization().empty()
                                                       ? std::string_view("none")

@@ -93,8 +93,9 @@ TEST(Config, Qwen3MoeKeysAsHuggingFaceWritesThem) {
 // A model's directory from what names its config: the directory itself, or the
 // one holding the config file.
 // Every field of ModelConfig but its text, changed alone, is named by
-// config_differences (which the kernel-format shards and the ranks' agreement
-// compare), as config.json names it, with both values.
+// config_differences, as config.json names it, with both values; and by its
+// kWeights half (which the kernel-format shards and the ranks' agreement
+// compare) unless only a forward pass reads it.
 TEST(Config, EveryFieldChangedAloneIsNamed) {
   const ModelConfig base;
   struct Change {
@@ -188,11 +189,49 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
          c.fp8.ignored = {"lm_head"};
        }},
   };
+  // The fields only a forward pass reads: a difference changes no parameter
+  // and no byte a checkpoint puts in one, so a reload does not compare them
+  // (ConfigFields::kWeights).
+  const std::set<std::string> forward_only = {"rms_norm_eps",
+                                              "rope_theta",
+                                              "rope_scaling",
+                                              "partial_rotary_factor",
+                                              "interleaved rotary",
+                                              "hidden_activation",
+                                              "Gemma-style normalization",
+                                              "query_pre_attn_scalar",
+                                              "attn_logit_softcapping",
+                                              "final_logit_softcapping",
+                                              "sliding_window",
+                                              "sliding_layers",
+                                              "the sliding layers' rope_theta",
+                                              "the sliding layers' rope scaling",
+                                              "embedding_multiplier",
+                                              "attention_multiplier",
+                                              "residual_multiplier",
+                                              "logits_scaling",
+                                              "logit_scale",
+                                              "mean-centred norms (LayerNorm)",
+                                              "full layers without rotary",
+                                              "num_experts_per_tok",
+                                              "norm_topk_prob",
+                                              "n_group",
+                                              "topk_group",
+                                              "routed_scaling_factor"};
+  std::size_t forward_tried = 0;
   for (const Change& change : changes) {
     ModelConfig changed = base;
     change.edit(changed);
     EXPECT_EQ(config_differences(base, changed), std::vector<std::string>{change.difference});
+    const bool forward = std::any_of(forward_only.begin(), forward_only.end(), [&](auto& f) {
+      return change.difference.rfind(f + " ", 0) == 0;
+    });
+    forward_tried += forward;
+    EXPECT_EQ(config_differences(base, changed, ConfigFields::kWeights),
+              forward ? std::vector<std::string>{} : std::vector<std::string>{change.difference})
+        << change.difference;
   }
+  EXPECT_EQ(forward_tried, forward_only.size());
   for (const ConfigField& field : config_fields(base))
     EXPECT_TRUE(
         std::any_of(changes.begin(), changes.end(),

@@ -427,14 +427,22 @@ TEST(Plan, KernelShardsMadeForAnotherConfigOrDtypeAreRejected) {
     "hidden_size":64,"intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":8,
     "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16","_name_or_path":"x"})"};
   EXPECT_NO_THROW(make_plan(md, rules, kernel));
-  // Another model with the same tp size: every differing field named.
+  // Settings only a forward pass reads (rotary, norm epsilon) change no byte
+  // of the shards: accepted.
   md.kernel->config_json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,
+    "intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":8,
+    "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16","rope_theta":500000.0,
+    "rope_scaling":{"rope_type":"linear","factor":2.0},"rms_norm_eps":1e-3})";
+  EXPECT_NO_THROW(make_plan(md, rules, kernel));
+  // Another model with the same tp size: every differing field that shapes
+  // the weights named, and no other.
+  md.kernel->config_json = R"({"architectures":["MistralForCausalLM"],"hidden_size":64,
     "intermediate_size":128,"num_hidden_layers":3,"num_attention_heads":8,
     "num_key_value_heads":2,"vocab_size":100,"torch_dtype":"bfloat16","rope_theta":500000.0})";
   EXPECT_EQ(test_error([&] { make_plan(md, rules, kernel); }),
             "kernel-format source (shards) was made for another model (its kernel_format.json "
-            "vs the model's config): intermediate_size 128 vs 96, rope_theta 500000.0 vs "
-            "10000.0; nothing was reloaded");
+            "vs the model's config): architectures 'MistralForCausalLM' vs 'LlamaForCausalLM', "
+            "intermediate_size 128 vs 96; nothing was reloaded");
   // The directory's dtype.
   md.kernel = KernelFormatInfo{2, DType::kFloat16, "", c.json};
   EXPECT_EQ(test_error([&] { make_plan(md, rules, kernel); }),

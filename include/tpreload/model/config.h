@@ -289,12 +289,17 @@ std::string model_directory(const std::string& path);
 // Serialise to config.json text (the fields above, Hugging Face spelling).
 std::string model_config_to_json(const ModelConfig& config);
 
-// One field of a ModelConfig: its name (config.json's key where it has one)
-// and its value as text ("'LlamaForCausalLM'", "true", "2048", "1e-05",
-// "[0,2]", a rope scaling's canonical text or "none", a dtype's name).
+// One field of a ModelConfig: its name (config.json's key where it has one),
+// its value as text ("'LlamaForCausalLM'", "true", "2048", "1e-05", "[0,2]", a
+// rope scaling's canonical text or "none", a dtype's name), and whether it
+// shapes the weights: a difference changes which parameters there are, their
+// shapes or dtypes, or the bytes a checkpoint puts in them (false: only a
+// forward pass reads it: norm epsilons, rotary, scaling, soft caps, windows,
+// routing).
 struct ConfigField {
   std::string name;
   std::string value;
+  bool weights = true;
 };
 
 // Every field of `config` but its json, in a fixed order: the one list that
@@ -303,13 +308,35 @@ struct ConfigField {
 // there (config.cpp).
 std::vector<ConfigField> config_fields(const ModelConfig& config);
 
-// Every field of config_fields in which `a` and `b` differ, as
-// "hidden_size 2048 vs 1024" (a's value first); empty when they describe the same
-// model. The text of the configs (names, paths, fields tpreload does not read)
-// does not count.
-std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b);
+// Every field of config_fields (kWeights: those that shape the weights) in
+// which `a` and `b` differ, as "hidden_size 2048 vs 1024" (a's value first);
+// empty when they describe the same model. The text of the configs (names,
+// paths, fields tpreload does not read) does not count. A reload compares the
+// weights' fields only (the ranks' agreement, a kernel-format source's
+// config): a rotary or scaling setting changes no byte it writes.
+enum class ConfigFields { kAll, kWeights };
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b,
+                                            ConfigFields which = ConfigFields::kAll);
 
-// A tensor a Hugging Face checkpoint for the config holds.
+// How a parameter is split over the tensor-parallel ranks (vLLM's layers):
+// kReplicated whole on every rank; kColumn by rows (ColumnParallelLinear and
+// its merged forms); kRow by columns (RowParallelLinear); kVocab by rows of the
+// padded vocabulary (VocabParallelEmbedding, ParallelLMHead); kExpertGateUp and
+// kExpertDown a FusedMoE's w13 and w2 (each expert's rows or columns, or whole
+// experts with expert parallelism); kHeads a per-head norm's weights ([heads,
+// head_dim], QkNorm::kPerHead) along dim 0 by head as q's and k's rows are:
+// q_norm's heads evenly, k_norm's the KV heads the rank's k holds (one
+// replicated head when tp exceeds them).
+enum class ShardKind { kReplicated, kColumn, kRow, kVocab, kExpertGateUp, kExpertDown, kHeads };
+
+// Which logical shard of its fused parameter a checkpoint tensor is: the
+// whole of it, q, k or v of qkv_proj (or of a per-head q/k norm), gate or up
+// of gate_up_proj (an expert's of w13), an expert's down of w2.
+enum class ShardRole : std::uint8_t { kWhole, kQ, kK, kV, kGate, kUp, kDown };
+
+// A tensor a Hugging Face checkpoint for the config holds, and what it feeds
+// (its role: as the weight loaders take it, loader_tensor_specs(); a stacked
+// tensor's own entry in checkpoint_tensor_specs() has none, its parts do).
 struct CheckpointTensorSpec {
   std::string name;
   std::vector<std::int64_t> shape;
@@ -321,6 +348,14 @@ struct CheckpointTensorSpec {
   // float8_e4m3fn weights and float32 scales, which load into parameters of
   // their own dtype).
   std::optional<DType> dtype{};
+  // The parameter it loads into ("": its own name; "...qkv_proj.weight",
+  // "...gate_up_proj.bias", "...experts.w13_weight", Granite's
+  // "...shared_mlp.input_linear.weight"), which shard of it, how that
+  // parameter is split, and an expert's number (-1: no expert).
+  std::string param{};
+  ShardRole role = ShardRole::kWhole;
+  ShardKind kind = ShardKind::kReplicated;
+  std::int64_t expert = -1;
 };
 
 // Every tensor of a checkpoint for `config`, in Hugging Face naming and order:

@@ -50,11 +50,6 @@ class WeightSource;
 
 inline constexpr std::int64_t kVocabPadding = 64;
 
-// kHeads: a per-head norm's weights ([heads, head_dim], QkNorm::kPerHead) split
-// along dim 0 by head as q's and k's rows are: q_norm's heads evenly, k_norm's
-// the KV heads the rank's k holds (one replicated head when tp exceeds them).
-enum class ShardKind { kReplicated, kColumn, kRow, kVocab, kExpertGateUp, kExpertDown, kHeads };
-
 // The two forms weights arrive in: checkpoint format (Hugging Face tensors, through
 // the weight loaders and post-load processing) or kernel format (already processed
 // and sharded per tensor-parallel rank, copied straight into the parameters).
@@ -205,7 +200,7 @@ class ShardingRules {
 
  private:
   // What a checkpoint tensor is to its parameter.
-  enum class Role : std::uint8_t { kWhole, kQ, kK, kV, kGate, kUp, kDown };
+  using Role = ShardRole;
   struct Rule {
     std::string param;
     Role role = Role::kWhole;
@@ -221,8 +216,6 @@ class ShardingRules {
     std::vector<std::int64_t> weight_shape{};
   };
   const Rule* find_rule(const std::string& checkpoint_name) const;
-  Rule rule_for(const std::string& name, const std::vector<std::int64_t>& shape,
-                const std::map<std::string, std::string>& stacked_in) const;
   void check_fp8_blocks() const;
   void place_rule(const Rule& rule, int tp_rank, Placement& pl) const;
   void to_blocks(const Rule& rule, Placement& pl) const;

@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 #include <type_traits>
 
 #include "../../core/json_depth.h"
@@ -377,19 +378,50 @@ RowSplit stacked_shared_mlp(const ModelConfig& c, const std::string& p) {
           {}};
 }
 
-// `split`'s parts (as the loaders take them), or the stacked tensor (as the
+// `split`'s parts (as the loaders take them: column-parallel shards of the
+// split's name, each its role of `roles`), or the stacked tensor (as the
 // checkpoint holds it): rows of `columns` (a bias: 0, one value per row).
 void push_stacked(std::vector<CheckpointTensorSpec>& specs, const RowSplit& split,
-                  std::int64_t columns, bool stacked) {
+                  std::int64_t columns, bool stacked, std::initializer_list<ShardRole> roles) {
   auto shape = [&](std::int64_t rows) {
     return columns > 0 ? std::vector<std::int64_t>{rows, columns} : std::vector<std::int64_t>{rows};
   };
   std::int64_t rows = 0;
+  auto role = roles.begin();
   for (const RowPart& part : split.parts) {
-    if (!stacked) specs.push_back({part.name, shape(part.rows)});
+    if (!stacked) {
+      CheckpointTensorSpec spec{part.name, shape(part.rows)};
+      spec.param = split.name;
+      spec.role = *role;
+      spec.kind = ShardKind::kColumn;
+      specs.push_back(std::move(spec));
+    }
+    ++role;
     rows += part.rows;
   }
   if (stacked) specs.push_back({split.name, shape(rows)});
+}
+
+// A tensor loaded whole (kReplicated), or split `kind` as its own parameter.
+CheckpointTensorSpec split_as(std::string name, std::vector<std::int64_t> shape, ShardKind kind,
+                              std::optional<DType> param_dtype = std::nullopt) {
+  CheckpointTensorSpec spec{std::move(name), std::move(shape), param_dtype};
+  spec.kind = kind;
+  return spec;
+}
+
+// Expert `e`'s gate, up or down projection of a FusedMoE whose experts are
+// under `experts` ("model.layers.3.mlp.experts."): a shard of its w13_weight
+// or w2_weight.
+CheckpointTensorSpec expert_part(std::string name, std::vector<std::int64_t> shape,
+                                 const std::string& experts, std::int64_t e, ShardRole role) {
+  CheckpointTensorSpec spec{std::move(name), std::move(shape)};
+  const bool down = role == ShardRole::kDown;
+  spec.param = experts + (down ? "w2_weight" : "w13_weight");
+  spec.role = role;
+  spec.kind = down ? ShardKind::kExpertDown : ShardKind::kExpertGateUp;
+  spec.expert = e;
+  return spec;
 }
 
 // An FP8 checkpoint's tensors: each quantized weight float8_e4m3fn (and so its
@@ -410,9 +442,20 @@ std::vector<CheckpointTensorSpec> with_fp8_scales(const Fp8Checkpoint& fp8,
 }
 
 std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::Stacked stacked) {
+  using R = ShardRole;
   const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
                      inter = c.intermediate_size;
-  std::vector<CheckpointTensorSpec> specs = {{"model.embed_tokens.weight", {c.vocab_size, h}}};
+  std::vector<CheckpointTensorSpec> specs = {
+      split_as("model.embed_tokens.weight", {c.vocab_size, h}, ShardKind::kVocab)};
+  // A gate/up/down MLP of `n` under `m` whose gate and up no checkpoint stacks
+  // (a shared expert's): gate_up_proj's two shards, down_proj by columns.
+  auto apart_mlp = [&](const std::string& m, std::int64_t n) {
+    push_stacked(
+        specs,
+        {m + "gate_up_proj.weight", {{m + "gate_proj.weight", n}, {m + "up_proj.weight", n}}}, h,
+        false, {R::kGate, R::kUp});
+    specs.push_back(split_as(m + "down_proj.weight", {h, n}, ShardKind::kRow));
+  };
   for (std::int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const LayerNorms norms = layer_norms(c);
@@ -422,14 +465,16 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::S
     push_norm(norms.attention_in);
     const bool qkv = stacked == families::Stacked::kQkvAndGateUp,
                gate_up = qkv || stacked == families::Stacked::kGateUp;
-    push_stacked(specs, stacked_qkv(c, p, "weight"), h, qkv);
-    if (c.attention_bias) push_stacked(specs, stacked_qkv(c, p, "bias"), 0, qkv);
-    specs.push_back({p + "self_attn.o_proj.weight", {h, q}});
+    push_stacked(specs, stacked_qkv(c, p, "weight"), h, qkv, {R::kQ, R::kK, R::kV});
+    if (c.attention_bias)
+      push_stacked(specs, stacked_qkv(c, p, "bias"), 0, qkv, {R::kQ, R::kK, R::kV});
+    specs.push_back(split_as(p + "self_attn.o_proj.weight", {h, q}, ShardKind::kRow));
     // (vLLM's Qwen2 and Qwen3 attention has no o_proj bias: Hugging Face's Qwen3
     // would take one, no released Qwen3 checkpoint has it, and vLLM could not
-    // load it.)
+    // load it. A row-parallel layer's bias is whole on every rank.)
     if (c.o_proj_bias) specs.push_back({p + "self_attn.o_proj.bias", {h}});
-    // (QkNorm: one weight for every head, the whole projection's, or each head's)
+    // (QkNorm: one weight for every head, the whole projection's, or each
+    // head's, split by head as q's and k's rows)
     const std::int64_t hd = c.head_dim, heads = c.num_attention_heads,
                        kv_heads = c.num_key_value_heads;
     if (c.qk_norm == QkNorm::kShared) {
@@ -439,14 +484,20 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::S
       specs.push_back({p + "self_attn.q_norm.weight", {heads * hd}});
       specs.push_back({p + "self_attn.k_norm.weight", {kv_heads * hd}});
     } else if (c.qk_norm == QkNorm::kPerHead) {
-      specs.push_back({p + "self_attn.q_norm.weight", {heads, hd}});
-      specs.push_back({p + "self_attn.k_norm.weight", {kv_heads, hd}});
+      for (const auto& [name, rows, role] :
+           {std::tuple{"q_norm", heads, R::kQ}, std::tuple{"k_norm", kv_heads, R::kK}}) {
+        CheckpointTensorSpec spec =
+            split_as(p + "self_attn." + name + ".weight", {rows, hd}, ShardKind::kHeads);
+        spec.role = role;
+        specs.push_back(std::move(spec));
+      }
     }
     for (const std::string* name : {&norms.attention_out, &norms.mlp_in, &norms.mlp_out})
       push_norm(*name);
     if (const std::int64_t si = c.shared_mlp_intermediate_size; si > 0) {  // (Granite's)
-      push_stacked(specs, stacked_shared_mlp(c, p), h, stacked == families::Stacked::kExperts);
-      specs.push_back({p + "shared_mlp.output_linear.weight", {h, si}});
+      push_stacked(specs, stacked_shared_mlp(c, p), h, stacked == families::Stacked::kExperts,
+                   {R::kGate, R::kUp});
+      specs.push_back(split_as(p + "shared_mlp.output_linear.weight", {h, si}, ShardKind::kRow));
     }
     if (c.sparse_layer(l) && stacked == families::Stacked::kExperts) {  // (GraniteMoE's)
       for (const RowSplit& split : stacked_experts(c, p))
@@ -459,39 +510,37 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::S
       // (GLM-4.5's router and score correction: float32 parameters)
       const std::optional<DType> router_dtype =
           c.sigmoid_routing ? std::optional<DType>(DType::kFloat32) : std::nullopt;
-      specs.push_back({p + names.module + ".gate.weight", {c.num_experts, h}, router_dtype});
+      const std::string m = p + names.module + ".";
+      specs.push_back({m + "gate.weight", {c.num_experts, h}, router_dtype});
       if (c.sigmoid_routing)
-        specs.push_back(
-            {p + names.module + ".gate.e_score_correction_bias", {c.num_experts}, router_dtype});
+        specs.push_back({m + "gate.e_score_correction_bias", {c.num_experts}, router_dtype});
       for (std::int64_t e = 0; e < c.num_experts; ++e) {
-        const std::string x = p + names.module + ".experts." + std::to_string(e) + ".";
-        specs.push_back({x + names.gate + ".weight", {mi, h}});
-        specs.push_back({x + names.up + ".weight", {mi, h}});
-        specs.push_back({x + names.down + ".weight", {h, mi}});
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        specs.push_back(
+            expert_part(x + names.gate + ".weight", {mi, h}, m + "experts.", e, R::kGate));
+        specs.push_back(expert_part(x + names.up + ".weight", {mi, h}, m + "experts.", e, R::kUp));
+        specs.push_back(
+            expert_part(x + names.down + ".weight", {h, mi}, m + "experts.", e, R::kDown));
       }
       if (const std::int64_t si = c.shared_expert_intermediate_size; si > 0) {
-        specs.push_back({p + "mlp.shared_expert.gate_proj.weight", {si, h}});
-        specs.push_back({p + "mlp.shared_expert.up_proj.weight", {si, h}});
-        specs.push_back({p + "mlp.shared_expert.down_proj.weight", {h, si}});
+        apart_mlp(p + "mlp.shared_expert.", si);
         specs.push_back({p + "mlp.shared_expert_gate.weight", {1, h}});
       }
-      if (const std::int64_t si = c.shared_experts_intermediate_size; si > 0) {  // (GLM-4.5's)
-        specs.push_back({p + "mlp.shared_experts.gate_proj.weight", {si, h}});
-        specs.push_back({p + "mlp.shared_experts.up_proj.weight", {si, h}});
-        specs.push_back({p + "mlp.shared_experts.down_proj.weight", {h, si}});
-      }
+      if (const std::int64_t si = c.shared_experts_intermediate_size; si > 0)  // (GLM-4.5's)
+        apart_mlp(p + "mlp.shared_experts.", si);
       continue;
     }
     if (c.shared_mlp_intermediate_size > 0) continue;  // (the layer's whole MLP)
-    push_stacked(specs, stacked_gate_up(c, p, "weight"), h, gate_up);
-    specs.push_back({p + "mlp.down_proj.weight", {h, inter}});
+    push_stacked(specs, stacked_gate_up(c, p, "weight"), h, gate_up, {R::kGate, R::kUp});
+    specs.push_back(split_as(p + "mlp.down_proj.weight", {h, inter}, ShardKind::kRow));
     if (c.mlp_bias) {
-      push_stacked(specs, stacked_gate_up(c, p, "bias"), 0, gate_up);
+      push_stacked(specs, stacked_gate_up(c, p, "bias"), 0, gate_up, {R::kGate, R::kUp});
       specs.push_back({p + "mlp.down_proj.bias", {h}});
     }
   }
   specs.push_back({"model.norm.weight", {h}});
-  if (!c.tie_word_embeddings) specs.push_back({"lm_head.weight", {c.vocab_size, h}});
+  if (!c.tie_word_embeddings)
+    specs.push_back(split_as("lm_head.weight", {c.vocab_size, h}, ShardKind::kVocab));
   if (c.fp8.quantized()) return with_fp8_scales(c.fp8, std::move(specs));
   return specs;
 }
@@ -539,7 +588,14 @@ static_assert(sizeof(ModelConfig) == 944,
 
 std::vector<ConfigField> config_fields(const ModelConfig& c) {
   std::vector<ConfigField> out;
-  auto field = [&](const char* name, const auto& value) { out.push_back({name, show(value)}); };
+  // (field: a difference changes the parameters or the bytes they hold;
+  // forward: only what a forward pass computes with them)
+  auto field = [&](const char* name, const auto& value) {
+    out.push_back({name, show(value), true});
+  };
+  auto forward = [&](const char* name, const auto& value) {
+    out.push_back({name, show(value), false});
+  };
   auto scaling = [](const RopeScaling& s) { return s.json.empty() ? std::string("none") : s.json; };
   field("architectures", c.architecture);
   field("hidden_size", c.hidden_size);
@@ -549,57 +605,58 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("num_key_value_heads", c.num_key_value_heads);
   field("head_dim", c.head_dim);
   field("vocab_size", c.vocab_size);
-  field(c.layer_norm ? "layer_norm_eps" : "rms_norm_eps", c.rms_norm_eps);
-  field("rope_theta", c.rope_theta);
-  field("rope_scaling", scaling(c.rope_scaling));
-  field("partial_rotary_factor", c.partial_rotary_factor);
-  field("interleaved rotary", c.rope_interleaved);
+  forward(c.layer_norm ? "layer_norm_eps" : "rms_norm_eps", c.rms_norm_eps);
+  forward("rope_theta", c.rope_theta);
+  forward("rope_scaling", scaling(c.rope_scaling));
+  forward("partial_rotary_factor", c.partial_rotary_factor);
+  forward("interleaved rotary", c.rope_interleaved);
   field("tie_word_embeddings", c.tie_word_embeddings);
-  field("hidden_activation", std::string(activation_name(c.activation)));
-  field("Gemma-style normalization", c.gemma_normalization);
+  forward("hidden_activation", std::string(activation_name(c.activation)));
+  forward("Gemma-style normalization", c.gemma_normalization);
   field("norm layout", norm_layout_name(c.norm_layout));
-  field("query_pre_attn_scalar", c.query_pre_attn_scalar);
-  field("attn_logit_softcapping", c.attn_logit_softcapping);
-  field("final_logit_softcapping", c.final_logit_softcapping);
-  field("sliding_window", c.sliding_window);
-  field("sliding_layers", c.sliding_layers);
-  field("the sliding layers' rope_theta", c.sliding_rope_theta);
-  field("the sliding layers' rope scaling", scaling(c.sliding_rope_scaling));
-  field("embedding_multiplier", c.embedding_multiplier);
-  field("attention_multiplier", c.attention_multiplier);
-  field("residual_multiplier", c.residual_multiplier);
-  field("logits_scaling", c.logits_scaling);
-  field("logit_scale", c.logit_scale);
-  field("mean-centred norms (LayerNorm)", c.layer_norm);
-  field("full layers without rotary", c.nope_full_layers);
+  forward("query_pre_attn_scalar", c.query_pre_attn_scalar);
+  forward("attn_logit_softcapping", c.attn_logit_softcapping);
+  forward("final_logit_softcapping", c.final_logit_softcapping);
+  forward("sliding_window", c.sliding_window);
+  forward("sliding_layers", c.sliding_layers);
+  forward("the sliding layers' rope_theta", c.sliding_rope_theta);
+  forward("the sliding layers' rope scaling", scaling(c.sliding_rope_scaling));
+  forward("embedding_multiplier", c.embedding_multiplier);
+  forward("attention_multiplier", c.attention_multiplier);
+  forward("residual_multiplier", c.residual_multiplier);
+  forward("logits_scaling", c.logits_scaling);
+  forward("logit_scale", c.logit_scale);
+  forward("mean-centred norms (LayerNorm)", c.layer_norm);
+  forward("full layers without rotary", c.nope_full_layers);
   field("attention_bias", c.attention_bias);
   field("o_proj_bias", c.o_proj_bias);
   field("mlp_bias", c.mlp_bias);
   field("q/k norms", std::string(qk_norm_name(c.qk_norm)));
   field("num_experts", c.num_experts);
-  field("num_experts_per_tok", c.num_experts_per_tok);
+  forward("num_experts_per_tok", c.num_experts_per_tok);
   field("moe_intermediate_size", c.moe_intermediate_size);
   field("decoder_sparse_step", c.decoder_sparse_step);
   field("mlp_only_layers", c.mlp_only_layers);
-  field("norm_topk_prob", c.norm_topk_prob);
+  forward("norm_topk_prob", c.norm_topk_prob);
   field("shared_expert_intermediate_size", c.shared_expert_intermediate_size);
   field("shared_intermediate_size", c.shared_mlp_intermediate_size);
   field("first_k_dense_replace", c.first_k_dense_replace);
   field("sigmoid routing with e_score_correction_bias", c.sigmoid_routing);
-  field("n_group", c.n_group);
-  field("topk_group", c.topk_group);
-  field("routed_scaling_factor", c.routed_scaling_factor);
+  forward("n_group", c.n_group);
+  forward("topk_group", c.topk_group);
+  forward("routed_scaling_factor", c.routed_scaling_factor);
   field("n_shared_experts x moe_intermediate_size", c.shared_experts_intermediate_size);
   field("torch_dtype", c.dtype);
   field("quantization_config", c.fp8.text());
   return out;
 }
 
-std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b) {
+std::vector<std::string> config_differences(const ModelConfig& a, const ModelConfig& b,
+                                            ConfigFields which) {
   const std::vector<ConfigField> x = config_fields(a), y = config_fields(b);
   std::vector<std::string> out;
   for (std::size_t i = 0; i < x.size(); ++i)
-    if (x[i].value != y[i].value)
+    if ((which == ConfigFields::kAll || x[i].weights) && x[i].value != y[i].value)
       out.push_back(detail::concat(x[i].name, " ", x[i].value, " vs ", y[i].value));
   return out;
 }

@@ -180,90 +180,26 @@ std::int64_t ShardingRules::local_moe_intermediate() const {
                           : config_.moe_intermediate_size / tp_size_;
 }
 
-namespace {
-
-// "model.layers.3.mlp.experts.17.up_proj.weight" -> {"model.layers.3.mlp.experts.", 17,
-// up}, with the module and projection names of `names` (moe_names).
-struct ExpertName {
-  std::string prefix;
-  std::int64_t expert = -1;
-  bool gate = false, up = false, down = false;
-};
-
-std::optional<ExpertName> parse_expert(const std::string& name, const MoeNames& names) {
-  const std::string experts = "." + names.module + ".experts.";
-  const auto at = name.find(experts);
-  if (at == std::string::npos) return std::nullopt;
-  std::size_t i = at + experts.size();
-  if (i >= name.size() || !std::isdigit(static_cast<unsigned char>(name[i]))) return std::nullopt;
-  ExpertName out{name.substr(0, i), 0};
-  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])); ++i)
-    out.expert = out.expert * 10 + (name[i] - '0');
-  const auto rest = name.substr(i);
-  out.gate = rest == "." + names.gate + ".weight";
-  out.up = rest == "." + names.up + ".weight";
-  out.down = rest == "." + names.down + ".weight";
-  if (!out.gate && !out.up && !out.down) return std::nullopt;
-  return out;
-}
-
-}  // namespace
-
-// The rule of checkpoint tensor `name` of `shape` (a part the loader view lists
-// -> the stacked tensor the checkpoint holds in `stacked_in`).
-ShardingRules::Rule ShardingRules::rule_for(
-    const std::string& name, const std::vector<std::int64_t>& shape,
-    const std::map<std::string, std::string>& stacked_in) const {
-  const MoeNames names = moe_names(config_);
-  const NameParts p = split_name(name);
-  Rule rule{name, Role::kWhole, ShardKind::kReplicated, shape};
-  if (const auto e = parse_expert(name, names)) {
-    rule = {e->prefix + (e->down ? "w2_weight" : "w13_weight"),
-            e->down   ? Role::kDown
-            : e->gate ? Role::kGate
-                      : Role::kUp,
-            e->down ? ShardKind::kExpertDown : ShardKind::kExpertGateUp, shape};
-    rule.expert = e->expert;
-  } else if (p.module == "embed_tokens" || name == "lm_head.weight") {
-    rule.kind = ShardKind::kVocab;
-  } else if (p.module == "q_proj" || p.module == "k_proj" || p.module == "v_proj") {
-    const Role role = p.module == "q_proj" ? Role::kQ : p.module == "k_proj" ? Role::kK : Role::kV;
-    rule = {p.prefix + "qkv_proj." + p.leaf, role, ShardKind::kColumn, shape};
-  } else if (p.module == "gate_proj" || p.module == "up_proj") {
-    // vLLM's MergedColumnParallelLinear: gate_up_proj, or where the checkpoint
-    // stacks the two, the stacked tensor's name.
-    const auto stacked = stacked_in.find(name);
-    rule = {stacked != stacked_in.end() ? stacked->second : p.prefix + "gate_up_proj." + p.leaf,
-            p.module == "gate_proj" ? Role::kGate : Role::kUp, ShardKind::kColumn, shape};
-  } else if ((p.module == "o_proj" || p.module == "down_proj" || p.module == "output_linear") &&
-             p.leaf == "weight") {  // (output_linear: Granite's shared MLP)
-    rule.kind = ShardKind::kRow;
-  } else if ((p.module == "q_norm" || p.module == "k_norm") &&
-             config_.qk_norm == QkNorm::kPerHead) {
-    rule.kind = ShardKind::kHeads;
-    rule.role = p.module == "q_norm" ? Role::kQ : Role::kK;
-  }
-  return rule;
-}
-
 void ShardingRules::build_rules() {
-  // A part the loader view lists -> the stacked tensor the checkpoint holds, which
-  // is vLLM's fused parameter's name (Phi-3's gate_up_proj, Granite's
-  // shared_mlp.input_linear).
-  std::map<std::string, std::string> stacked_in;
-  for (const RowSplit& split : stacked_checkpoint_tensors(config_))
-    for (const RowPart& part : split.parts) stacked_in.emplace(part.name, split.name);
+  // What each tensor the loaders take feeds, as the layout says (its fused
+  // parameter, its shard of it, how that is split); an FP8 scale is placed as
+  // its weight, in the weight's fused parameter's scale.
   const std::vector<CheckpointTensorSpec> specs = loader_tensor_specs(config_);
-  std::map<std::string, std::vector<std::int64_t>> shapes;
-  for (const auto& spec : specs) shapes.emplace(spec.name, spec.shape);
+  std::map<std::string, const CheckpointTensorSpec*> by_name;
+  for (const auto& spec : specs) by_name.emplace(spec.name, &spec);
+  auto rule_of = [](const CheckpointTensorSpec& spec) {
+    Rule rule{spec.param.empty() ? spec.name : spec.param, spec.role, spec.kind, spec.shape};
+    rule.expert = spec.expert;
+    return rule;
+  };
   for (const auto& spec : specs) {
     const auto scale = fp8_weight_of_scale(spec.name);
+    const auto weight = scale ? by_name.find(scale->first) : by_name.end();
     Rule rule;
-    if (scale && shapes.count(scale->first)) {
-      // An FP8 scale: its weight's rule, for the weight's fused parameter's
-      // scale ("...qkv_proj.weight_scale_inv", "...experts.w13_weight_scale",
-      // "...gate_up_proj.input_scale").
-      rule = rule_for(scale->first, shapes.at(scale->first), stacked_in);
+    if (weight != by_name.end()) {
+      // ("...qkv_proj.weight_scale_inv", "...experts.w13_weight_scale",
+      // "...gate_up_proj.input_scale")
+      rule = rule_of(*weight->second);
       const std::string leaf = fp8_scale_leaf(scale->second);  // (the param ends in "weight")
       rule.param = rule.param.substr(0, rule.param.size() - 6) +
                    (scale->second == Fp8Scale::kInput ? leaf : "weight" + leaf.substr(6));
@@ -271,7 +207,7 @@ void ShardingRules::build_rules() {
       rule.weight_shape = rule.source_shape;
       rule.source_shape = spec.shape;
     } else {
-      rule = rule_for(spec.name, spec.shape, stacked_in);
+      rule = rule_of(spec);
     }
     rule.param_dtype = spec.param_dtype;
     rules_.emplace_back(spec.name, rule);
