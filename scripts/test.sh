@@ -15,12 +15,17 @@ elif [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
   echo "test.sh: a CUDA toolkit is installed but the build has TPRELOAD_CUDA off" >&2
   exit 1
 fi
-ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900
+# The single-process unit tests (labelled by their layer) a core each; then the
+# rest (ranks under mpirun or as threads, programs, fuzzing) one at a time, as
+# their deadlines assume.
+units='^(core|comm|checkpoint|model|reload|runtime)$'
+ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}" -L "$units"
+ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 -LE "$units"
 # The checkpoint readers again under AddressSanitizer + UBSan (broken-file corpus):
 # a second build dir holding only the checkpoint test binary.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPRELOAD_ASAN=ON -DTPRELOAD_CUDA=OFF >/dev/null
 cmake --build build-asan -j "${JOBS:-$(nproc)}" --target checkpoint_tests
-ctest --test-dir build-asan -L checkpoint --output-on-failure --timeout 900
+ctest --test-dir build-asan -L checkpoint --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}"
 # The GPU check's bundle, built as a GPU machine will run it (docs/GPU.md), and
 # its run rehearsed here: every library found, and without a GPU exit 1 in < 5 s.
 if grep -q '^TPRELOAD_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
