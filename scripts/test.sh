@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
+mark=$start
+# (each phase's seconds, for docs/BUILD.md)
+phase() { echo "test.sh: $1 in $(( $(date +%s) - mark )) s"; mark=$(date +%s); }
 export BUILD_DIR=${BUILD_DIR:-build}  # (setup.sh builds there)
 scripts/setup.sh
 . scripts/mpi_env.sh
@@ -21,11 +24,13 @@ fi
 units='^(core|comm|checkpoint|model|reload|runtime)$'
 ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}" -L "$units"
 ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 -LE "$units"
+phase "build and ctest"
 # The checkpoint readers again under AddressSanitizer + UBSan (broken-file corpus):
 # a second build dir holding only the checkpoint test binary.
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPRELOAD_ASAN=ON -DTPRELOAD_CUDA=OFF >/dev/null
 cmake --build build-asan -j "${JOBS:-$(nproc)}" --target checkpoint_tests
 ctest --test-dir build-asan -L checkpoint --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}"
+phase "the ASan build and run"
 # The GPU check's bundle, built as a GPU machine will run it (docs/GPU.md), and
 # its run rehearsed here: every library found, and without a GPU exit 1 in < 5 s.
 if grep -q '^TPRELOAD_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
@@ -36,5 +41,6 @@ if grep -q '^TPRELOAD_CUDA:BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
   else
     scripts/gpu_check.sh rehearse
   fi
+  phase "the GPU check's bundle"
 fi
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"
