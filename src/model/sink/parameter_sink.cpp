@@ -312,12 +312,30 @@ void ParameterSink::process_all(int tp_rank) {
   for (std::int64_t layer : layers) process_layer(layer, tp_rank);
 }
 
-void ParameterSink::write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
+namespace {
+
+// Where a row write's rows go and come from: the parameter's row width in
+// bytes, its first row, the source's first row, and the columns and source
+// stride in elements.
+struct WriteRows {
+  std::uint64_t width;
+  std::byte* dst;
+  const std::byte* in;
+  std::int64_t cols, stride;
+};
+
+WriteRows rows_of(const RowWrite& w, const ParamSpec& param, std::byte* storage,
+                  const std::byte* src) {
   const std::uint64_t width = param_row_bytes(param.shape, param.dtype);
-  std::byte* dst = storage_[w.slot].data + static_cast<std::uint64_t>(w.dest_row) * width;
-  const std::byte* in = src + w.src_offset;
-  const std::int64_t cols = static_cast<std::int64_t>(width / dtype_size(param.dtype));
-  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
+  return {width, storage + static_cast<std::uint64_t>(w.dest_row) * width, src + w.src_offset,
+          static_cast<std::int64_t>(width / dtype_size(param.dtype)),
+          static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype))};
+}
+
+}  // namespace
+
+void ParameterSink::write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
+  const auto [width, dst, in, cols, stride] = rows_of(w, param, storage_[w.slot].data, src);
   if (w.kind == WriteKind::kCopy) {
     if (w.src_pitch == width) {
       std::memcpy(dst, in, static_cast<std::uint64_t>(w.rows) * width);
@@ -351,11 +369,7 @@ void ParameterSink::write_host(const RowWrite& w, const ParamSpec& param, const 
 }
 
 void ParameterSink::write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
-  const std::uint64_t width = param_row_bytes(param.shape, param.dtype);
-  std::byte* dst = storage_[w.slot].data + static_cast<std::uint64_t>(w.dest_row) * width;
-  const std::byte* in = src + w.src_offset;
-  const std::int64_t cols = static_cast<std::int64_t>(width / dtype_size(param.dtype));
-  const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
+  const auto [width, dst, in, cols, stride] = rows_of(w, param, storage_[w.slot].data, src);
   if (w.kind == WriteKind::kCopy) {
     if (w.src_pitch == width)
       stream().copy(dst, in, static_cast<std::uint64_t>(w.rows) * width, CopyKind::kDeviceToDevice);
