@@ -135,24 +135,20 @@ TPRELOAD_AVX512 float amax_avx512(const T* x, std::uint64_t n) {
     m1 = _mm512_max_ps(_mm512_and_ps(load16(x + i + 16), abs_mask), m1);
   }
   float amax = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
-  for (; i < n; ++i) {
-    const float v = fp8::as_float(x[i]), a = v < 0 ? -v : v;
-    amax = a > amax ? a : amax;
-  }
-  return amax;
+  const float tail = fp8::amax_of(x + i, n - i);
+  return tail > amax ? tail : amax;
 }
 
 template <typename T>
 TPRELOAD_AVX512 void encode_avx512(const T* x, std::uint64_t n, float amax, std::uint8_t* codes,
                                    float* scale) {
-  const float s = fp8::amax_scale(amax), inverse = 1.0f / s;
-  *scale = s;
+  const float inverse = 1.0f / fp8::amax_scale(amax);
   const __m512 inv = _mm512_set1_ps(inverse);
   std::uint64_t k = 0;
   for (; k + 16 <= n; k += 16)
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + k),
                      encode16(_mm512_mul_ps(load16(x + k), inv), false));
-  for (; k < n; ++k) codes[k] = fp8::to_e4m3fn(fp8::as_float(x[k]) * inverse);
+  fp8::quantize_with_amax(x + k, n - k, amax, codes + k, scale);  // (the tail; the scale)
 }
 
 template <typename T>
@@ -168,22 +164,18 @@ TPRELOAD_AVX2 float amax_avx2(const T* x, std::uint64_t n) {
   _mm256_store_ps(lanes, _mm256_max_ps(m0, m1));
   float amax = 0;
   for (const float l : lanes) amax = l > amax ? l : amax;
-  for (; i < n; ++i) {
-    const float v = fp8::as_float(x[i]), a = v < 0 ? -v : v;
-    amax = a > amax ? a : amax;
-  }
-  return amax;
+  const float tail = fp8::amax_of(x + i, n - i);
+  return tail > amax ? tail : amax;
 }
 
 template <typename T>
 TPRELOAD_AVX2 void encode_avx2(const T* x, std::uint64_t n, float amax, std::uint8_t* codes,
                                float* scale) {
-  const float s = fp8::amax_scale(amax), inverse = 1.0f / s;
-  *scale = s;
+  const float inverse = 1.0f / fp8::amax_scale(amax);
   const __m256 inv = _mm256_set1_ps(inverse);
   std::uint64_t k = 0;
   for (; k + 8 <= n; k += 8) encode8(_mm256_mul_ps(load8(x + k), inv), false, codes + k);
-  for (; k < n; ++k) codes[k] = fp8::to_e4m3fn(fp8::as_float(x[k]) * inverse);
+  fp8::quantize_with_amax(x + k, n - k, amax, codes + k, scale);  // (the tail; the scale)
 }
 
 // fp8::quantize_block_step, a tile at a time: the tile's amax as the largest
