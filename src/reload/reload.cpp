@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "agreement.h"
 #include "pipeline.h"
 #include "sync.h"
 #include "tpreload/checkpoint/weight_source.h"
@@ -129,114 +130,6 @@ int chosen_pipeline_depth(Communicator& world, const ReloadOptions& o) {
       e, detail::concat("; ", touched.size(), " of ", sink.rules().params().size(),
                         " parameters had been written ", where,
                         " and may hold a mix of old and new weights: ", name_list(touched, 8)));
-}
-
-// FNV-1a's step on a whole word (a value), and on a text's bytes then its length.
-std::uint64_t fnv(std::uint64_t h, std::uint64_t v) {
-  return (h ^ v) * kFnvPrime;
-}
-
-std::uint64_t fnv(std::uint64_t h, const std::string& s) {
-  return fnv(fnv1a(s, h), s.size());
-}
-
-// How a parameter is split, as an error shows it.
-const char* shard_kind_text(ShardKind kind) {
-  switch (kind) {
-    case ShardKind::kReplicated:
-      return "replicated";
-    case ShardKind::kColumn:
-      return "column-parallel";
-    case ShardKind::kRow:
-      return "row-parallel";
-    case ShardKind::kVocab:
-      return "vocab-parallel";
-    case ShardKind::kExpertGateUp:
-      return "experts' gate/up";
-    case ShardKind::kExpertDown:
-      return "experts' down";
-    case ShardKind::kHeads:
-      return "split by heads";
-  }
-  return "?";
-}
-
-// What must be identical on every rank, each part hashed on its own so that a
-// disagreement can be named: the fields of the model's config that shape the
-// weights (config_fields; those only a forward pass reads change no byte a
-// reload writes, and are the serving engine's to agree on), the
-// rest of the parameter layout (quantization, LoRA, expert parallelism, and per
-// parameter its shape, dtype, kind, layer and stacked shards), the data plane,
-// whose transfers every rank must post alike, and every option that changes
-// the plan or the sequence of collectives.
-std::vector<AgreedValue> agreement_parts(const ReloadTarget& model, const ReloadOptions& o,
-                                         const DataTransport& data) {
-  std::vector<AgreedValue> parts;
-  for (const ConfigField& f : config_fields(model.rules().config()))
-    if (f.weights) parts.emplace_back("the model config's " + f.name, f.value);
-  const ShardingRules& rules = model.rules();
-  parts.insert(parts.end(), {{"the quantization", rules.quantization().empty()
-                                                      ? std::string_view("none")
-                                                      : std::string_view(rules.quantization())},
-                             {"LoRA", model.lora()},
-                             {"expert parallelism", rules.expert_parallel()}});
-  std::uint64_t layout = kFnvOffsetBasis;
-  for (const ParamSpec& p : rules.params()) {
-    layout = fnv(layout, p.name);
-    for (auto d : p.shape) layout = fnv(layout, static_cast<std::uint64_t>(d));
-    layout = fnv(
-        fnv(fnv(layout, static_cast<std::uint64_t>(p.dtype)), static_cast<std::uint64_t>(p.kind)),
-        static_cast<std::uint64_t>(p.layer));
-    layout = fnv(layout, static_cast<std::uint64_t>(p.shards));
-  }
-  // (each parameter's text, built only where the hashes differ, holds all of it)
-  parts.push_back(AgreedValue::opaque_hash(
-      "the model's parameters (names, shapes, dtypes, splits, layers, shards)", layout,
-      [&rules] {
-        std::vector<std::string> items;
-        for (const ParamSpec& p : rules.params())
-          items.push_back(detail::concat(
-              p.name, " ", shape_string(p.shape), " ", dtype_name(p.dtype), ", ",
-              shard_kind_text(p.kind), ", ",
-              p.layer < 0 ? std::string("outside the layers") : detail::concat("layer ", p.layer),
-              ", ", p.shards, p.shards == 1 ? " shard" : " shards"));
-        return items;
-      },
-      "parameter"));
-  parts.insert(parts.end(),
-               {{"the tp size", model.rules().tp_size()},
-                {"the data plane (transport, memory space)",
-                 data.backend() + ", " + std::string(memory_kind_name(data.memory()))},
-                {"the format", format_name(o.format)},
-                {"the distribution", distribution_name(o.distribution)},
-                {"the bucket size", o.bucket_bytes},
-                {"the scattered replicated bytes", o.scatter_replicated_bytes},
-                {"the reader rank", o.reader_rank},
-                {"the readers", readers_name(o.readers)},
-                {"the ranks per node", o.ranks_per_node},
-                {"the broadcast roots (rotated or not)", o.rotate_broadcast_roots},
-                {"zero-copy", o.zero_copy},
-                {"atomic", o.atomic},
-                {"require-complete", o.require_complete},
-                {"checksums", o.checksums},
-                // (explicit depths may differ: only the automatic choice is collective)
-                {"whether the pipeline depth is chosen per rank", o.pipeline_depth == 0},
-                {"compare-replicas", o.compare_replicas}});
-  return parts;
-}
-
-// COLLECTIVE, and the first call of a reload: ranks whose models or options
-// differ would compute different plans or post different collectives, so every
-// rank stops here alike, told which parts differ. Returns a fingerprint of all
-// of them (a kept plan is keyed by it).
-std::int64_t check_ranks_agree(Communicator& world, const ReloadTarget& model,
-                               const ReloadOptions& options, const DataTransport& data) {
-  const auto parts = agreement_parts(model, options, data);
-  agree_on_values<UsageError>(world, parts,
-                              " (every rank must pass the same); nothing was reloaded");
-  std::uint64_t all = kFnvOffsetBasis;
-  for (const AgreedValue& part : parts) all = fnv(all, part.value);
-  return static_cast<std::int64_t>(all >> 1);
 }
 
 // COLLECTIVE. Which chains of each broadcast bucket some rank checks
@@ -528,9 +421,9 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
                          readers_name(options.readers), " every rank must open the same files");
     agree_on_problem<CheckpointError>(world, differs, "comparing the ranks' listings");
   }
-  std::uint64_t key = fnv(fnv(static_cast<std::uint64_t>(listing[0]), listing[1]),
-                          static_cast<std::uint64_t>(fingerprint));
-  key = fnv(fnv(fnv(key, world.size()), world.rank()), model.tp_rank());
+  std::uint64_t key = fnv1a_word(fnv1a_word(static_cast<std::uint64_t>(listing[0]), listing[1]),
+                                 static_cast<std::uint64_t>(fingerprint));
+  key = fnv1a_word(fnv1a_word(fnv1a_word(key, world.size()), world.rank()), model.tp_rank());
   // The hash picks the plan; the reader, which holds both listings, compared
   // them field by field above, so that no listing can pass for another.
   std::int64_t all_cached = cached && cached->key == key;
@@ -846,7 +739,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   sink.begin_load();  // from here, what this reload writes is tracked
   agree_on_problem<UsageError>(world, local_problem(options, world, data, model),
                                "checking the reload options and planes (nothing was reloaded)");
-  const std::int64_t fingerprint = check_ranks_agree(world, model, options, data);
+  const std::int64_t fingerprint = detail::check_ranks_agree(world, model, options, data);
   ReloadOptions chosen = options;  // (the pipeline depth: the option, or chosen here)
   chosen.pipeline_depth = chosen_pipeline_depth(world, options);
   const bool reader = opens_source(options, world.rank());

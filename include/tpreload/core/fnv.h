@@ -28,4 +28,13 @@ inline std::uint64_t fnv1a(std::string_view text, std::uint64_t so_far = kFnvOff
   return fnv1a_bytes(text.data(), text.size(), so_far);
 }
 
+// FNV-1a's step on a whole 64-bit word (a value, not its bytes), and on a text:
+// its bytes, then its length (so that "ab" + "c" and "a" + "bc" differ).
+inline std::uint64_t fnv1a_word(std::uint64_t so_far, std::uint64_t value) {
+  return (so_far ^ value) * kFnvPrime;
+}
+inline std::uint64_t fnv1a_word(std::uint64_t so_far, std::string_view text) {
+  return fnv1a_word(fnv1a(text, so_far), text.size());
+}
+
 }  // namespace tpreload
