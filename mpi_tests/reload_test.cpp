@@ -341,6 +341,33 @@ TPRELOAD_RANKS_TEST(Reload, Glm4MoeFloat32RouterAndSharedExperts) {
   expect_params(model, expected_params(config, setup, with_mtp), "with the MTP layer");
 }
 
+// DeepSeek-V3 (q_a_proj and kv_a_proj_with_mqa merged into the replicated
+// fused_qkv_a_proj, q_b_proj and kv_b_proj split by heads, a dense layer, then
+// routed experts, shared ones and a float32 score correction) tensor- and
+// expert-parallel; DeepSeek-V2-Lite (q_proj, kv_a_proj_with_mqa replicated
+// alone, experts every second layer) plain and int8. The MTP layer a V3
+// checkpoint carries is reported skipped.
+TPRELOAD_RANKS_TEST(Reload, DeepSeekMultiHeadLatentAttentionAndExperts) {
+  run_checkpoint_matrix("deepseek_v3", {world().size(), "", false});
+  run_checkpoint_matrix("deepseek_v3", {world().size(), "", false, true});
+  run_checkpoint_matrix("deepseek_v2_lite", {world().size(), "", false});
+  run_checkpoint_matrix("deepseek_v2_lite", {world().size(), "int8", false});
+  const ModelConfig config = testdata::tiny_config("deepseek_v3");
+  auto with_mtp = testdata::random_checkpoint(config, 301);
+  const std::string mtp = "model.layers." + std::to_string(config.num_hidden_layers) + ".";
+  with_mtp[mtp + "eh_proj.weight"] = at::ones({config.hidden_size, 2 * config.hidden_size});
+  with_mtp[mtp + "self_attn.kv_b_proj.weight"] = at::ones({4, 4});
+  const Variant setup{world().size(), "", false};
+  TensorParallelModel model(config, options_for(setup));
+  const ReloadResult r = reload_from(model, "", &with_mtp, ReloadOptions{});
+  EXPECT_TRUE(r.complete());
+  EXPECT_EQ(r.skipped,
+            (std::vector<std::string>{mtp + "eh_proj.weight", mtp + "self_attn.kv_b_proj.weight"}));
+  with_mtp.erase(mtp + "eh_proj.weight");
+  with_mtp.erase(mtp + "self_attn.kv_b_proj.weight");
+  expect_params(model, expected_params(config, setup, with_mtp), "with the MTP layer");
+}
+
 // Phi-3: q/k/v stacked in self_attn.qkv_proj and gate/up in mlp.gate_up_proj in
 // every source kind, cut into the parts the loaders take as the source is
 // listed; plain, and int8 with LoRA.

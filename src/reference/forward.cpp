@@ -422,6 +422,10 @@ at::Tensor Forward::run(const std::vector<std::int64_t>& tokens, Communicator& c
     raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
+  if (c.kv_lora_rank > 0)  // (before any collective)
+    raise<ModelError>("forward: ", c.architecture,
+                      "'s multi-head latent attention has no forward pass here yet; its "
+                      "weights reload, the reference forward pass does not compute them");
   // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart.
   const std::int64_t rotary = rotary_dims(c);
   const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary, c.rope_interleaved);

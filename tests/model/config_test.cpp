@@ -174,13 +174,19 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
       {"shared_intermediate_size 0 vs 8",
        [](ModelConfig& c) { c.shared_mlp_intermediate_size = 8; }},
       {"first_k_dense_replace 0 vs 3", [](ModelConfig& c) { c.first_k_dense_replace = 3; }},
-      {"sigmoid routing with e_score_correction_bias false vs true",
-       [](ModelConfig& c) { c.sigmoid_routing = true; }},
+      {"float32 router false vs true", [](ModelConfig& c) { c.float32_router = true; }},
+      {"e_score_correction_bias false vs true", [](ModelConfig& c) { c.score_correction = true; }},
+      {"sigmoid routing false vs true", [](ModelConfig& c) { c.sigmoid_routing = true; }},
       {"n_group 1 vs 8", [](ModelConfig& c) { c.n_group = 8; }},
       {"topk_group 1 vs 4", [](ModelConfig& c) { c.topk_group = 4; }},
       {"routed_scaling_factor 1.0 vs 2.5", [](ModelConfig& c) { c.routed_scaling_factor = 2.5; }},
       {"n_shared_experts x moe_intermediate_size 0 vs 1536",
        [](ModelConfig& c) { c.shared_experts_intermediate_size = 1536; }},
+      {"q_lora_rank 0 vs 1536", [](ModelConfig& c) { c.q_lora_rank = 1536; }},
+      {"kv_lora_rank 0 vs 512", [](ModelConfig& c) { c.kv_lora_rank = 512; }},
+      {"qk_nope_head_dim 0 vs 128", [](ModelConfig& c) { c.qk_nope_head_dim = 128; }},
+      {"qk_rope_head_dim 0 vs 64", [](ModelConfig& c) { c.qk_rope_head_dim = 64; }},
+      {"v_head_dim 0 vs 128", [](ModelConfig& c) { c.v_head_dim = 128; }},
       {"torch_dtype float32 vs bfloat16", [](ModelConfig& c) { c.dtype = DType::kBFloat16; }},
       {"quantization_config 'none' vs 'fp8, weight_block_size [128, 64], ignored [lm_head]'",
        [](ModelConfig& c) {
@@ -215,6 +221,7 @@ TEST(Config, EveryFieldChangedAloneIsNamed) {
                                               "full layers without rotary",
                                               "num_experts_per_tok",
                                               "norm_topk_prob",
+                                              "sigmoid routing",
                                               "n_group",
                                               "topk_group",
                                               "routed_scaling_factor"};
@@ -1990,7 +1997,7 @@ TEST(Config, WrongConfigsNameTheirField) {
   EXPECT_NE(
       error_of(R"({"architectures":["GPT2LMHeadModel"]})")
           .find("architecture 'GPT2LMHeadModel' is not supported (supported: CohereForCausalLM, "
-                "Cohere2ForCausalLM, "
+                "Cohere2ForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, "
                 "Ernie4_5ForCausalLM, "
                 "Exaone4ForCausalLM, "
                 "GemmaForCausalLM, "

@@ -180,13 +180,12 @@ TEST(Int8, CheckpointFormatQuantizesEachRankShardPerRow) {
         const std::string what =
             std::string(family) + " tp " + std::to_string(tp) + " rank " + std::to_string(rank);
         TensorParallelModel model(config, opts(tp, rank, "int8"));
-        const at::Tensor qkv =
-            model.parameter_for_reload("model.layers.0.self_attn.qkv_proj.weight");
-        void* storage = qkv.data_ptr();
+        const at::Tensor o = model.parameter_for_reload("model.layers.0.self_attn.o_proj.weight");
+        void* storage = o.data_ptr();
         auto source = memory_source(ckpt);
         const auto loaded = model.load_weights(*source);
         EXPECT_EQ(loaded.size(), model.expected_names(WeightFormat::kCheckpoint).size()) << what;
-        EXPECT_EQ(qkv.data_ptr(), storage) << what;
+        EXPECT_EQ(o.data_ptr(), storage) << what;
         std::size_t quantized = 0;
         const auto want = expected_shards(config, ckpt, tp, rank);
         ASSERT_FALSE(want.empty());
@@ -396,6 +395,10 @@ TEST(Forward, SingleRankMatchesTheReference) {
     TensorParallelModel model(config, opts(1, 0));
     auto source = memory_source(ckpt);
     model.load_weights(*source);
+    if (config.kv_lora_rank > 0) {  // (no forward pass of MLA yet: refused, not wrong)
+      EXPECT_THROW(reference_forward(model, tokens, *comm), ModelError) << name;
+      continue;
+    }
     const at::Tensor got = reference_forward(model, tokens, *comm);
     const at::Tensor want = testdata::reference_logits(config, ckpt, tokens);
     ASSERT_EQ(got.sizes(), want.sizes()) << name;

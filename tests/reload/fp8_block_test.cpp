@@ -133,26 +133,8 @@ std::map<std::string, at::Tensor> expected_dense(const Checkpoint& c, int tp, in
 std::map<std::string, at::Tensor> expected_moe(const Checkpoint& c, int tp, int r, bool ep) {
   std::map<std::string, at::Tensor> want;
   expect_attention(want, c, "model.layers.0.", tp, r, true);
-  const auto& t = c.tensors;
-  const std::string x = "model.layers.0.mlp.experts.";
-  const std::int64_t local = ep ? kExperts / tp : kExperts, inter = ep ? kMoeInter : kMoeInter / tp;
-  const std::int64_t first = ep ? r * local : 0, at_row = ep ? 0 : r * inter;
-  std::vector<at::Tensor> w13, w13s, w2, w2s;
-  for (std::int64_t e = first; e < first + local; ++e) {
-    const std::string n = x + std::to_string(e) + ".";
-    w13.push_back(at::cat({cut(t.at(n + "gate_proj.weight"), at_row, inter, 0, kH),
-                           cut(t.at(n + "up_proj.weight"), at_row, inter, 0, kH)}));
-    w13s.push_back(at::cat(
-        {cut(t.at(n + "gate_proj.weight_scale_inv"), at_row / kN, inter / kN, 0, blocks_k(kH)),
-         cut(t.at(n + "up_proj.weight_scale_inv"), at_row / kN, inter / kN, 0, blocks_k(kH))}));
-    w2.push_back(cut(t.at(n + "down_proj.weight"), 0, kH, at_row, inter));
-    w2s.push_back(
-        cut(t.at(n + "down_proj.weight_scale_inv"), 0, blocks_n(kH), at_row / kK, inter / kK));
-  }
-  want[x + "w13_weight"] = at::stack(w13);
-  want[x + "w13_weight_scale_inv"] = at::stack(w13s);
-  want[x + "w2_weight"] = at::stack(w2);
-  want[x + "w2_weight_scale_inv"] = at::stack(w2s);
+  testdata::expect_block_experts(want, c.tensors, "model.layers.0.mlp.experts.", kExperts,
+                                 kMoeInter, kH, kN, kK, tp, r, ep);
   return want;
 }
 

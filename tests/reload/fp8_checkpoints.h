@@ -154,6 +154,39 @@ inline at::Tensor cut(const at::Tensor& t, std::int64_t a, std::int64_t n, std::
   return t.slice(0, a, a + n).slice(1, b, b + m);
 }
 
+// FusedMoE's experts under `x` ("...mlp.experts.") on rank r of tp, with
+// their block grids (blocks of block_n rows and block_k columns): w13
+// [E_local, 2 I_local, hidden] (each expert's gate rows, then up rows), w2
+// [E_local, hidden, I_local]. Tensor-parallel experts: every expert, the rank's
+// rows (gate/up) and columns (down); expert parallelism: the rank's experts whole.
+inline void expect_block_experts(std::map<std::string, at::Tensor>& want,
+                                 const std::map<std::string, at::Tensor>& t, const std::string& x,
+                                 std::int64_t experts, std::int64_t moe_inter, std::int64_t hidden,
+                                 std::int64_t block_n, std::int64_t block_k, int tp, int r,
+                                 bool ep) {
+  const std::int64_t local = ep ? experts / tp : experts, inter = ep ? moe_inter : moe_inter / tp;
+  const std::int64_t first = ep ? r * local : 0, at_row = ep ? 0 : r * inter;
+  const std::int64_t hidden_blocks = (hidden + block_k - 1) / block_k,
+                     hidden_rows = (hidden + block_n - 1) / block_n;
+  std::vector<at::Tensor> w13, w13s, w2, w2s;
+  for (std::int64_t e = first; e < first + local; ++e) {
+    const std::string n = x + std::to_string(e) + ".";
+    w13.push_back(at::cat({cut(t.at(n + "gate_proj.weight"), at_row, inter, 0, hidden),
+                           cut(t.at(n + "up_proj.weight"), at_row, inter, 0, hidden)}));
+    w13s.push_back(at::cat({cut(t.at(n + "gate_proj.weight_scale_inv"), at_row / block_n,
+                                inter / block_n, 0, hidden_blocks),
+                            cut(t.at(n + "up_proj.weight_scale_inv"), at_row / block_n,
+                                inter / block_n, 0, hidden_blocks)}));
+    w2.push_back(cut(t.at(n + "down_proj.weight"), 0, hidden, at_row, inter));
+    w2s.push_back(cut(t.at(n + "down_proj.weight_scale_inv"), 0, hidden_rows, at_row / block_k,
+                      inter / block_k));
+  }
+  want[x + "w13_weight"] = at::stack(w13);
+  want[x + "w13_weight_scale_inv"] = at::stack(w13s);
+  want[x + "w2_weight"] = at::stack(w2);
+  want[x + "w2_weight_scale_inv"] = at::stack(w2s);
+}
+
 inline ModelOptions tp_rank_options(int tp, int r, bool ep = false,
                                     std::shared_ptr<Device> device = nullptr) {
   ModelOptions o;

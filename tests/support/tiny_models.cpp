@@ -203,6 +203,34 @@ ModelConfig tiny_config(const std::string& name) {
       "position_embedding_type":"nope","embedding_multiplier":2.0,"attention_multiplier":0.5,
       "residual_multiplier":0.5,"logits_scaling":4.0,"attention_bias":false,"hidden_act":"silu",
       "tie_word_embeddings":false,"rms_norm_eps":1e-05,"torch_dtype":"bfloat16"})";
+  else if (name == "deepseek_v3")  // DeepSeek-V3's form: q through q_lora_rank 32 (merged with
+    // kv_a_proj_with_mqa in fused_qkv_a_proj), 8 heads of 16 + 8 rotary dims, v of 16;
+    // layer 0 dense, layers 1-2 with 8 experts of 16 and a shared one, noaux_tc routing
+    // (a float32 e_score_correction_bias); an MTP layer the model does not read
+    json = R"({"architectures":["DeepseekV3ForCausalLM"],"hidden_size":64,
+      "intermediate_size":96,"num_hidden_layers":3,"num_attention_heads":8,
+      "num_key_value_heads":8,"vocab_size":120,"q_lora_rank":32,"kv_lora_rank":16,
+      "qk_nope_head_dim":16,"qk_rope_head_dim":8,"v_head_dim":16,"n_routed_experts":8,
+      "num_experts_per_tok":2,"moe_intermediate_size":16,"n_shared_experts":1,
+      "first_k_dense_replace":1,"moe_layer_freq":1,"n_group":2,"topk_group":1,
+      "topk_method":"noaux_tc","scoring_func":"sigmoid","routed_scaling_factor":2.5,
+      "norm_topk_prob":true,"num_nextn_predict_layers":1,"rms_norm_eps":1e-06,
+      "rope_theta":10000,"rope_scaling":{"type":"yarn","factor":40,"beta_fast":32,
+      "beta_slow":1,"mscale":1.0,"mscale_all_dim":1.0,"original_max_position_embeddings":4096},
+      "hidden_act":"silu","tie_word_embeddings":false,"torch_dtype":"bfloat16"})";
+  else if (name == "deepseek_v2_lite")  // DeepSeek-V2-Lite's form: q straight from the
+    // hidden state (q_lora_rank null), kv_a_proj_with_mqa replicated; layer 0 dense, then
+    // experts every second layer (moe_layer_freq 2: layer 2 only), two shared ones, greedy
+    // softmax routing (no score correction)
+    json = R"({"architectures":["DeepseekV2ForCausalLM"],"hidden_size":64,
+      "intermediate_size":80,"num_hidden_layers":3,"num_attention_heads":8,
+      "num_key_value_heads":8,"vocab_size":110,"q_lora_rank":null,"kv_lora_rank":16,
+      "qk_nope_head_dim":8,"qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":8,
+      "num_experts_per_tok":2,"moe_intermediate_size":16,"n_shared_experts":2,
+      "first_k_dense_replace":1,"moe_layer_freq":2,"topk_method":"greedy",
+      "scoring_func":"softmax","n_group":1,"topk_group":1,"routed_scaling_factor":1.0,
+      "norm_topk_prob":false,"rms_norm_eps":1e-06,"rope_theta":10000,"hidden_act":"silu",
+      "tie_word_embeddings":false,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
     json = R"({"architectures":["LlamaForCausalLM"],"hidden_size":256,"intermediate_size":1024,
       "num_hidden_layers":1,"num_attention_heads":8,"num_key_value_heads":8,"vocab_size":512,
@@ -329,6 +357,14 @@ bool glm4(const ModelConfig& c) {
 // shared experts; the router and its score correction float32 parameters.
 bool glm4_moe(const ModelConfig& c) {
   return c.architecture == "Glm4MoeForCausalLM";
+}
+
+// DeepSeek-V2 and V3 (vLLM's deepseek_v2.py): multi-head latent attention
+// (mla_expected), dense layers before first_k_dense_replace, then experts on
+// every moe_layer_freq-th layer, with shared experts and, for topk_method
+// noaux_tc, a float32 e_score_correction_bias; the router in the model's dtype.
+bool deepseek(const ModelConfig& c) {
+  return c.architecture == "DeepseekV2ForCausalLM" || c.architecture == "DeepseekV3ForCausalLM";
 }
 
 // Cohere (vLLM's commandr.py; CohereConfig's defaults): LayerNorm without
@@ -684,6 +720,11 @@ bool sparse(const ModelConfig& c, const Reading& r, std::int64_t layer) {
   if (mixtral(c)) return nlohmann::json::parse(c.json).value("num_local_experts", 8) > 0;
   if (glm4_moe(c))
     return layer >= nlohmann::json::parse(c.json).at("first_k_dense_replace").get<std::int64_t>();
+  if (deepseek(c)) {
+    const nlohmann::json j = nlohmann::json::parse(c.json);
+    return r.experts > 0 && layer >= j.at("first_k_dense_replace").get<std::int64_t>() &&
+           layer % j.at("moe_layer_freq").get<std::int64_t>() == 0;
+  }
   if (c.architecture != "Qwen3MoeForCausalLM" && c.architecture != "Qwen2MoeForCausalLM")
     return false;
   if (std::find(r.mlp_only.begin(), r.mlp_only.end(), layer) != r.mlp_only.end()) return false;
@@ -747,6 +788,12 @@ void expected_experts(const ModelConfig& c, const std::map<std::string, at::Tens
         ckpt.at(p + "mlp.gate.e_score_correction_bias").to(at::kFloat);
     expected_mlp(ckpt, p + "mlp.shared_experts.", tp, r, out);
   }
+  if (deepseek(c)) {  // the router in the model's dtype, its correction (noaux_tc) in float32
+    const std::string correction = p + "mlp.gate.e_score_correction_bias";
+    if (ckpt.count(correction)) out[correction] = ckpt.at(correction).to(at::kFloat);
+    if (ckpt.count(p + "mlp.shared_experts.gate_proj.weight"))
+      expected_mlp(ckpt, p + "mlp.shared_experts.", tp, r, out);
+  }
   // Qwen2-MoE's shared expert: split as a dense MLP whatever the experts do;
   // its gate replicated.
   if (!ckpt.count(p + "mlp.shared_expert_gate.weight")) return;
@@ -804,9 +851,25 @@ CheckpointTensors hf_checkpoint_tensors(const ModelConfig& c) {
       norms = {"input_layernorm", "post_self_attn_layernorm", "post_attention_layernorm",
                "post_mlp_layernorm"};
     for (const char* norm : norms) add(p + norm + ".weight", {h});
-    // Attention: q, k, v (Phi-3's stacked in qkv_proj), o.
+    // Attention: q, k, v (Phi-3's stacked in qkv_proj), o; DeepSeek's MLA
+    // (DeepseekV2Attention's modules).
     const std::string at = p + "self_attn.";
-    if (a == "Phi3ForCausalLM") {
+    if (deepseek(c)) {
+      const std::int64_t nope = size("qk_nope_head_dim"), rope = size("qk_rope_head_dim"),
+                         v = size("v_head_dim"), kv_lora = size("kv_lora_rank"),
+                         q_lora = size("q_lora_rank");
+      if (q_lora > 0) {
+        add(at + "q_a_proj.weight", {q_lora, h});
+        add(at + "q_a_layernorm.weight", {q_lora});
+        add(at + "q_b_proj.weight", {rd.heads * (nope + rope), q_lora});
+      } else {
+        add(at + "q_proj.weight", {rd.heads * (nope + rope), h});
+      }
+      add(at + "kv_a_proj_with_mqa.weight", {kv_lora + rope, h});
+      add(at + "kv_a_layernorm.weight", {kv_lora});
+      add(at + "kv_b_proj.weight", {rd.heads * (nope + v), kv_lora});
+      add(at + "o_proj.weight", {h, rd.heads * v});
+    } else if (a == "Phi3ForCausalLM") {
       add(at + "qkv_proj.weight", {q + 2 * kv, h});
       if (rd.qkv_bias) add(at + "qkv_proj.bias", {q + 2 * kv});
     } else {
@@ -819,7 +882,7 @@ CheckpointTensors hf_checkpoint_tensors(const ModelConfig& c) {
         add(at + "v_proj.bias", {kv});
       }
     }
-    add(at + "o_proj.weight", {h, q});
+    if (!deepseek(c)) add(at + "o_proj.weight", {h, q});  // (MLA's above)
     if (rd.o_bias) add(at + "o_proj.bias", {h});
     if (cohere_qk_norms(c)) {  // (CohereLayerNorm of (heads, head_dim))
       add(at + "q_norm.weight", {rd.heads, hd});
@@ -852,7 +915,8 @@ CheckpointTensors hf_checkpoint_tensors(const ModelConfig& c) {
     // moe_intermediate_size)
     const std::int64_t mi = mixtral(c) ? inter : size("moe_intermediate_size");
     add(p + n.block + "gate.weight", {e, h});
-    if (glm4_moe(c)) add(p + "mlp.gate.e_score_correction_bias", {e});
+    if (glm4_moe(c) || (deepseek(c) && j.value("topk_method", "") == "noaux_tc"))
+      add(p + "mlp.gate.e_score_correction_bias", {e});
     for (std::int64_t x = 0; x < e; ++x) {
       const std::string ex = p + n.block + "experts." + std::to_string(x) + ".";
       add(ex + n.gate + ".weight", {mi, h});
@@ -863,7 +927,7 @@ CheckpointTensors hf_checkpoint_tensors(const ModelConfig& c) {
       mlp(p + "mlp.shared_expert.", shared, false);  // (Qwen2-MoE's, with its sigmoid gate)
       add(p + "mlp.shared_expert_gate.weight", {1, h});
     }
-    if (glm4_moe(c) && size("n_shared_experts") > 0)
+    if ((glm4_moe(c) || deepseek(c)) && size("n_shared_experts") > 0)
       mlp(p + "mlp.shared_experts.", size("n_shared_experts") * mi, false);
   }
   add("model.norm.weight", {h});
@@ -933,16 +997,79 @@ std::map<std::string, at::Tensor> unstacked(const ModelConfig& c,
   return out;
 }
 
+namespace {
+
+// q/k/v (into qkv_proj: q's heads r of tp, the KV heads rank r holds), o_proj's
+// columns r of tp, and the q/k norms of layer prefix `p` on rank r.
+void regular_attention(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                       const std::string& p, int tp, int r,
+                       std::map<std::string, at::Tensor>& out) {
+  const Reading rd = read_config(c);
+  const std::int64_t hd = rd.head_dim, ql = rd.heads / tp * hd, nkv = rd.kv_heads;
+  // KV heads of rank r: one replicated head when tp >= nkv, else nkv/tp of them.
+  const std::int64_t kv_first = tp >= nkv ? r * nkv / tp : r * (nkv / tp);
+  const std::int64_t kv_count = tp >= nkv ? 1 : nkv / tp;
+  for (std::string leaf : {"weight", "bias"}) {
+    const std::string q = p + "self_attn.q_proj." + leaf;
+    if (!ckpt.count(q)) continue;
+    out[p + "self_attn.qkv_proj." + leaf] =
+        at::cat({rows(ckpt.at(q), r * ql, ql),
+                 rows(ckpt.at(p + "self_attn.k_proj." + leaf), kv_first * hd, kv_count * hd),
+                 rows(ckpt.at(p + "self_attn.v_proj." + leaf), kv_first * hd, kv_count * hd)});
+  }
+  if (ckpt.count(p + "self_attn.o_proj.bias"))  // row-parallel bias: replicated
+    out[p + "self_attn.o_proj.bias"] = ckpt.at(p + "self_attn.o_proj.bias");
+  out[p + "self_attn.o_proj.weight"] =
+      ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
+  if (cohere_qk_norms(c)) {  // (each head's own rows: the heads q's and k's rows hold)
+    out[p + "self_attn.q_norm.weight"] =
+        rows(ckpt.at(p + "self_attn.q_norm.weight"), r * ql / hd, ql / hd);
+    out[p + "self_attn.k_norm.weight"] =
+        rows(ckpt.at(p + "self_attn.k_norm.weight"), kv_first, kv_count);
+  } else if (qk_norms(c)) {
+    for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
+      out[p + norm] = ckpt.at(p + norm);
+  }
+}
+
+// DeepSeek's MLA of attention prefix `a` on rank r, read from the config's
+// JSON: q_a_proj's rows then kv_a_proj_with_mqa's in the replicated
+// fused_qkv_a_proj (q_lora_rank set) or kv_a_proj_with_mqa alone; q_b_proj's
+// (or q_proj's) heads r of tp, each qk_nope_head_dim + qk_rope_head_dim rows;
+// kv_b_proj's heads r of tp, each qk_nope_head_dim + v_head_dim rows; o_proj's
+// columns of those heads, v_head_dim each; the norms whole.
+void mla_expected(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                  const std::string& a, int tp, int r, std::map<std::string, at::Tensor>& out) {
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  const std::int64_t heads = j.at("num_attention_heads").get<std::int64_t>() / tp;
+  const std::int64_t qk =
+      j.at("qk_nope_head_dim").get<std::int64_t>() + j.at("qk_rope_head_dim").get<std::int64_t>();
+  const std::int64_t kv =
+      j.at("qk_nope_head_dim").get<std::int64_t>() + j.at("v_head_dim").get<std::int64_t>();
+  const std::int64_t v = j.at("v_head_dim").get<std::int64_t>();
+  if (!j.at("q_lora_rank").is_null()) {
+    out[a + "fused_qkv_a_proj.weight"] =
+        at::cat({ckpt.at(a + "q_a_proj.weight"), ckpt.at(a + "kv_a_proj_with_mqa.weight")});
+    out[a + "q_a_layernorm.weight"] = ckpt.at(a + "q_a_layernorm.weight");
+    out[a + "q_b_proj.weight"] = rows(ckpt.at(a + "q_b_proj.weight"), r * heads * qk, heads * qk);
+  } else {
+    out[a + "q_proj.weight"] = rows(ckpt.at(a + "q_proj.weight"), r * heads * qk, heads * qk);
+    out[a + "kv_a_proj_with_mqa.weight"] = ckpt.at(a + "kv_a_proj_with_mqa.weight");
+  }
+  out[a + "kv_a_layernorm.weight"] = ckpt.at(a + "kv_a_layernorm.weight");
+  out[a + "kv_b_proj.weight"] = rows(ckpt.at(a + "kv_b_proj.weight"), r * heads * kv, heads * kv);
+  out[a + "o_proj.weight"] =
+      ckpt.at(a + "o_proj.weight").slice(1, r * heads * v, (r + 1) * heads * v);
+}
+
+}  // namespace
+
 std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
                                                   const std::map<std::string, at::Tensor>& stacked,
                                                   int tp, int r, bool expert_parallel) {
   const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   std::map<std::string, at::Tensor> out;
   const Reading rd = read_config(c);
-  const std::int64_t hd = rd.head_dim, ql = rd.heads / tp * hd, nkv = rd.kv_heads;
-  // KV heads of rank r: one replicated head when tp >= nkv, else nkv/tp of them.
-  const std::int64_t kv_first = tp >= nkv ? r * nkv / tp : r * (nkv / tp);
-  const std::int64_t kv_count = tp >= nkv ? 1 : nkv / tp;
   out["model.embed_tokens.weight"] =
       vocab_shard(ckpt.at("model.embed_tokens.weight"), rd.vocab, tp, r);
   if (!rd.tied) out["lm_head.weight"] = vocab_shard(ckpt.at("lm_head.weight"), rd.vocab, tp, r);
@@ -955,26 +1082,10 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& c,
                              "post_self_attn_layernorm.weight",  // (GLM-4's)
                              "post_mlp_layernorm.weight"})
       if (ckpt.count(p + norm)) out[p + norm] = ckpt.at(p + norm);
-    for (std::string leaf : {"weight", "bias"}) {
-      const std::string q = p + "self_attn.q_proj." + leaf;
-      if (!ckpt.count(q)) continue;
-      out[p + "self_attn.qkv_proj." + leaf] =
-          at::cat({rows(ckpt.at(q), r * ql, ql),
-                   rows(ckpt.at(p + "self_attn.k_proj." + leaf), kv_first * hd, kv_count * hd),
-                   rows(ckpt.at(p + "self_attn.v_proj." + leaf), kv_first * hd, kv_count * hd)});
-    }
-    if (ckpt.count(p + "self_attn.o_proj.bias"))  // row-parallel bias: replicated
-      out[p + "self_attn.o_proj.bias"] = ckpt.at(p + "self_attn.o_proj.bias");
-    out[p + "self_attn.o_proj.weight"] =
-        ckpt.at(p + "self_attn.o_proj.weight").slice(1, r * ql, r * ql + ql);
-    if (cohere_qk_norms(c)) {  // (each head's own rows: the heads q's and k's rows hold)
-      out[p + "self_attn.q_norm.weight"] =
-          rows(ckpt.at(p + "self_attn.q_norm.weight"), r * ql / hd, ql / hd);
-      out[p + "self_attn.k_norm.weight"] =
-          rows(ckpt.at(p + "self_attn.k_norm.weight"), kv_first, kv_count);
-    } else if (qk_norms(c)) {
-      for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
-        out[p + norm] = ckpt.at(p + norm);
+    if (deepseek(c)) {
+      mla_expected(c, ckpt, p + "self_attn.", tp, r, out);
+    } else {
+      regular_attention(c, ckpt, p, tp, r, out);
     }
     // Granite's shared MLP: split as a dense MLP whatever the experts do
     // (gate's and up's rows r of tp stacked into input_linear, output_linear's
@@ -1233,6 +1344,9 @@ at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::
 
 at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at::Tensor>& stacked,
                             const std::vector<std::int64_t>& tokens) {
+  if (deepseek(c))
+    throw std::invalid_argument("the reference computes no multi-head latent attention (" +
+                                c.architecture + ")");
   const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   const Reading rd = read_config(c);
   const std::int64_t n = tokens.size(), hd = rd.head_dim, nh = rd.heads, nkv = rd.kv_heads;
@@ -1374,9 +1488,11 @@ void quantize_reference(const at::Tensor& shard, at::Tensor& q, at::Tensor& scal
 bool int8_linear(const std::string& param) {
   if (param.rfind("model.layers.", 0) != 0) return false;
   // (the dense MLP's and, as vLLM quantizes them, Qwen2-MoE's shared expert's
-  // and Granite's shared MLP's)
+  // and Granite's shared MLP's; DeepSeek's column-parallel q and kv_b, not the
+  // replicated fused_qkv_a_proj)
   for (const char* leaf :
        {".self_attn.qkv_proj.weight", ".self_attn.o_proj.weight", ".gate_up_proj.weight",
+        ".self_attn.q_proj.weight", ".self_attn.q_b_proj.weight", ".self_attn.kv_b_proj.weight",
         ".down_proj.weight", ".shared_mlp.input_linear.weight", ".shared_mlp.output_linear.weight"})
     if (param.size() > std::strlen(leaf) &&
         param.compare(param.size() - std::strlen(leaf), std::strlen(leaf), leaf) == 0)

@@ -76,6 +76,15 @@ namespace tpreload::testdata {
 // 2, renormalised) in every layer, held as the checkpoint stacks them:
 // block_sparse_moe.input_linear [8, 32, 64], output_linear [8, 64, 16],
 // router.layer [8, 64]; tied, vocab 105),
+// "deepseek_v3" (DeepSeek-V3: multi-head latent attention with q_lora_rank 32,
+// q_a_proj and kv_a_proj_with_mqa merged into the replicated fused_qkv_a_proj;
+// layer 0 dense, layers 1-2 with 8 experts of 16 and a shared one, noaux_tc
+// routing with its float32 score correction; an MTP layer in its config),
+// "deepseek_v2_lite" (DeepSeek-V2-Lite: q_proj straight from the hidden state,
+// kv_a_proj_with_mqa replicated alone; experts on layer 2 only (moe_layer_freq
+// 2), two shared; greedy routing, no score correction). The reference forward
+// pass computes no multi-head latent attention: reference_logits throws for
+// both.
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);
@@ -92,7 +101,8 @@ inline const char* const kTinyConfigs[] = {"llama_gqa",      "qwen2_tied",
                                            "cohere2",        "cohere_plus",
                                            "exaone4",        "exaone4_full",
                                            "granite_moe",    "granite_moe_shared",
-                                           "granite_hybrid", "granite_hybrid_moe"};
+                                           "granite_hybrid", "granite_hybrid_moe",
+                                           "deepseek_v3",    "deepseek_v2_lite"};
 
 // Every tensor of `config`'s Hugging Face checkpoint, name and shape, in the
 // order of the modeling module tree: written here per family from the

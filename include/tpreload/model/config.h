@@ -205,17 +205,33 @@ struct ModelConfig {
   // whose two best scores plus e_score_correction_bias sum highest, picks the
   // num_experts_per_tok best there by score plus bias, and weights them by
   // their scores alone (renormalised with norm_topk_prob) times
-  // routed_scaling_factor. The router weight and e_score_correction_bias are
-  // float32 parameters whatever the model's dtype (vLLM's nn.Linear of
-  // float32). Every sparse layer also has shared experts (mlp.shared_experts,
-  // a SwiGLU MLP of n_shared_experts x moe_intermediate_size, no gate): this
-  // size, 0 for none.
+  // routed_scaling_factor. Its router weight is a float32 parameter whatever
+  // the model's dtype (float32_router: vLLM's nn.Linear of float32), beside a
+  // float32 e_score_correction_bias (score_correction; DeepSeek-V3's with
+  // topk_method noaux_tc, whose router weight is in the model's dtype). Every
+  // sparse layer also has shared experts (mlp.shared_experts, a SwiGLU MLP of
+  // n_shared_experts x moe_intermediate_size, no gate): this size, 0 for none.
   std::int64_t first_k_dense_replace = 0;
+  bool float32_router = false;
+  bool score_correction = false;
   bool sigmoid_routing = false;
   std::int64_t n_group = 1;
   std::int64_t topk_group = 1;
   double routed_scaling_factor = 1;
   std::int64_t shared_experts_intermediate_size = 0;
+  // Multi-head latent attention (DeepSeek-V2 and V3; vLLM's deepseek_v2.py),
+  // where kv_lora_rank > 0: q from the hidden state through q_proj (q_lora_rank
+  // 0) or through q_a_proj, q_a_layernorm and q_b_proj (q_lora_rank rows), each
+  // head's qk_nope_head_dim + qk_rope_head_dim; kv_a_proj_with_mqa's
+  // kv_lora_rank + qk_rope_head_dim rows, kv_a_layernorm over the first
+  // kv_lora_rank, kv_b_proj [heads x (qk_nope_head_dim + v_head_dim),
+  // kv_lora_rank] and o_proj [hidden, heads x v_head_dim]. head_dim is
+  // qk_nope_head_dim + qk_rope_head_dim and num_key_value_heads the heads.
+  std::int64_t q_lora_rank = 0;
+  std::int64_t kv_lora_rank = 0;
+  std::int64_t qk_nope_head_dim = 0;
+  std::int64_t qk_rope_head_dim = 0;
+  std::int64_t v_head_dim = 0;
   DType dtype = DType::kFloat32;  // `torch_dtype` (or `dtype`)
   // A block-scaled FP8 checkpoint (`quantization_config`; fp8_checkpoint.h):
   // its quantized weights are float8_e4m3fn beside float32 scales, loaded into

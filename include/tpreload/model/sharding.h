@@ -12,6 +12,9 @@
 //    KV head is replicated: rank r holds KV head r / (tp / num_kv_heads);
 //  - merged column: gate_up_proj = [gate shard; up shard] (Granite's shared MLP:
 //    shared_mlp.input_linear, its output_linear row-parallel);
+//  - merged replicated: DeepSeek's fused_qkv_a_proj = [q_a_proj; kv_a_proj_with_mqa]
+//    whole on every rank; its q_b_proj (or q_proj) and kv_b_proj column-parallel
+//    alone, o_proj row-parallel;
 //  - vocab-parallel (embed_tokens, lm_head): vocab padded up to a multiple of 64,
 //    split evenly; rows past the real vocab are zero;
 //  - RMSNorm weights (and the q_norm/k_norm of one weight for every head,
@@ -214,6 +217,13 @@ class ShardingRules {
     // as the staged scale of its weight's shard.
     std::optional<Fp8Scale> fp8_scale{};
     std::vector<std::int64_t> weight_shape{};
+    // A part of a replicated parameter merged from several (MergedReplicatedLinear:
+    // DeepSeek's fused_qkv_a_proj): its shard, the rows before it, and the
+    // parameter's rows and shards (0: not merged).
+    std::uint32_t merged_shard = 0;
+    std::int64_t merged_row = 0;
+    std::int64_t merged_rows = 0;
+    std::uint32_t merged_shards = 0;
   };
   const Rule* find_rule(const std::string& checkpoint_name) const;
   void check_fp8_blocks() const;

@@ -12,6 +12,7 @@
 #include "../../core/json_depth.h"
 #include "../families/family.h"
 #include "../families/keys.h"
+#include "../families/layout.h"
 #include "../quantization/fp8_config.h"
 #include "tpreload/core/error.h"
 
@@ -325,7 +326,30 @@ std::string model_config_to_json(const ModelConfig& c) {
   return j.dump(2);
 }
 
+namespace layout {
+
+CheckpointTensorSpec split_as(std::string name, std::vector<std::int64_t> shape, ShardKind kind,
+                              std::optional<DType> param_dtype) {
+  CheckpointTensorSpec spec{std::move(name), std::move(shape), param_dtype};
+  spec.kind = kind;
+  return spec;
+}
+
+void push_merged_replicated(std::vector<CheckpointTensorSpec>& specs, const std::string& param,
+                            std::initializer_list<std::pair<std::string, std::int64_t>> parts,
+                            std::int64_t columns) {
+  for (const auto& [name, rows] : parts) {
+    CheckpointTensorSpec spec{name, {rows, columns}};
+    spec.param = param;
+    specs.push_back(std::move(spec));
+  }
+}
+
+}  // namespace layout
+
 namespace {
+
+using layout::split_as;
 
 // A stacked tensor of layer prefix `p`, with `leaf` "weight" or "bias", and its
 // parts (stacked_checkpoint_tensors()).
@@ -402,14 +426,6 @@ void push_stacked(std::vector<CheckpointTensorSpec>& specs, const RowSplit& spli
   if (stacked) specs.push_back({split.name, shape(rows)});
 }
 
-// A tensor loaded whole (kReplicated), or split `kind` as its own parameter.
-CheckpointTensorSpec split_as(std::string name, std::vector<std::int64_t> shape, ShardKind kind,
-                              std::optional<DType> param_dtype = std::nullopt) {
-  CheckpointTensorSpec spec{std::move(name), std::move(shape), param_dtype};
-  spec.kind = kind;
-  return spec;
-}
-
 // Expert `e`'s gate, up or down projection of a FusedMoE whose experts are
 // under `experts` ("model.layers.3.mlp.experts."): a shard of its w13_weight
 // or w2_weight.
@@ -441,10 +457,45 @@ std::vector<CheckpointTensorSpec> with_fp8_scales(const Fp8Checkpoint& fp8,
   return out;
 }
 
+// The attention of layer prefix `p` as most families have it: q/k/v_proj
+// (stacked in qkv_proj where the checkpoint stacks them, `qkv`), o_proj, their
+// biases and the q/k norms the config names.
+void attention_specs(const ModelConfig& c, const std::string& p, bool qkv,
+                     std::vector<CheckpointTensorSpec>& specs) {
+  using R = ShardRole;
+  const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim;
+  push_stacked(specs, stacked_qkv(c, p, "weight"), h, qkv, {R::kQ, R::kK, R::kV});
+  if (c.attention_bias)
+    push_stacked(specs, stacked_qkv(c, p, "bias"), 0, qkv, {R::kQ, R::kK, R::kV});
+  specs.push_back(split_as(p + "self_attn.o_proj.weight", {h, q}, ShardKind::kRow));
+  // (vLLM's Qwen2 and Qwen3 attention has no o_proj bias: Hugging Face's Qwen3
+  // would take one, no released Qwen3 checkpoint has it, and vLLM could not
+  // load it. A row-parallel layer's bias is whole on every rank.)
+  if (c.o_proj_bias) specs.push_back({p + "self_attn.o_proj.bias", {h}});
+  // (QkNorm: one weight for every head, the whole projection's, or each
+  // head's, split by head as q's and k's rows)
+  const std::int64_t hd = c.head_dim, heads = c.num_attention_heads,
+                     kv_heads = c.num_key_value_heads;
+  if (c.qk_norm == QkNorm::kShared) {
+    specs.push_back({p + "self_attn.q_norm.weight", {hd}});
+    specs.push_back({p + "self_attn.k_norm.weight", {hd}});
+  } else if (c.qk_norm == QkNorm::kWhole) {
+    specs.push_back({p + "self_attn.q_norm.weight", {heads * hd}});
+    specs.push_back({p + "self_attn.k_norm.weight", {kv_heads * hd}});
+  } else if (c.qk_norm == QkNorm::kPerHead) {
+    for (const auto& [name, rows, role] :
+         {std::tuple{"q_norm", heads, R::kQ}, std::tuple{"k_norm", kv_heads, R::kK}}) {
+      CheckpointTensorSpec spec =
+          split_as(p + "self_attn." + name + ".weight", {rows, hd}, ShardKind::kHeads);
+      spec.role = role;
+      specs.push_back(std::move(spec));
+    }
+  }
+}
+
 std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::Stacked stacked) {
   using R = ShardRole;
-  const std::int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
-                     inter = c.intermediate_size;
+  const std::int64_t h = c.hidden_size, inter = c.intermediate_size;
   std::vector<CheckpointTensorSpec> specs = {
       split_as("model.embed_tokens.weight", {c.vocab_size, h}, ShardKind::kVocab)};
   // A gate/up/down MLP of `n` under `m` whose gate and up no checkpoint stacks
@@ -465,32 +516,10 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::S
     push_norm(norms.attention_in);
     const bool qkv = stacked == families::Stacked::kQkvAndGateUp,
                gate_up = qkv || stacked == families::Stacked::kGateUp;
-    push_stacked(specs, stacked_qkv(c, p, "weight"), h, qkv, {R::kQ, R::kK, R::kV});
-    if (c.attention_bias)
-      push_stacked(specs, stacked_qkv(c, p, "bias"), 0, qkv, {R::kQ, R::kK, R::kV});
-    specs.push_back(split_as(p + "self_attn.o_proj.weight", {h, q}, ShardKind::kRow));
-    // (vLLM's Qwen2 and Qwen3 attention has no o_proj bias: Hugging Face's Qwen3
-    // would take one, no released Qwen3 checkpoint has it, and vLLM could not
-    // load it. A row-parallel layer's bias is whole on every rank.)
-    if (c.o_proj_bias) specs.push_back({p + "self_attn.o_proj.bias", {h}});
-    // (QkNorm: one weight for every head, the whole projection's, or each
-    // head's, split by head as q's and k's rows)
-    const std::int64_t hd = c.head_dim, heads = c.num_attention_heads,
-                       kv_heads = c.num_key_value_heads;
-    if (c.qk_norm == QkNorm::kShared) {
-      specs.push_back({p + "self_attn.q_norm.weight", {hd}});
-      specs.push_back({p + "self_attn.k_norm.weight", {hd}});
-    } else if (c.qk_norm == QkNorm::kWhole) {
-      specs.push_back({p + "self_attn.q_norm.weight", {heads * hd}});
-      specs.push_back({p + "self_attn.k_norm.weight", {kv_heads * hd}});
-    } else if (c.qk_norm == QkNorm::kPerHead) {
-      for (const auto& [name, rows, role] :
-           {std::tuple{"q_norm", heads, R::kQ}, std::tuple{"k_norm", kv_heads, R::kK}}) {
-        CheckpointTensorSpec spec =
-            split_as(p + "self_attn." + name + ".weight", {rows, hd}, ShardKind::kHeads);
-        spec.role = role;
-        specs.push_back(std::move(spec));
-      }
+    if (const auto attention = families::of(c).attention) {
+      attention(c, p, specs);
+    } else {
+      attention_specs(c, p, qkv, specs);
     }
     for (const std::string* name : {&norms.attention_out, &norms.mlp_in, &norms.mlp_out})
       push_norm(*name);
@@ -507,13 +536,13 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::S
     if (c.sparse_layer(l)) {
       const std::int64_t mi = c.moe_intermediate_size;
       const MoeNames names = moe_names(c);
-      // (GLM-4.5's router and score correction: float32 parameters)
+      // (GLM-4.5's router and the score corrections: float32 parameters)
       const std::optional<DType> router_dtype =
-          c.sigmoid_routing ? std::optional<DType>(DType::kFloat32) : std::nullopt;
+          c.float32_router ? std::optional<DType>(DType::kFloat32) : std::nullopt;
       const std::string m = p + names.module + ".";
       specs.push_back({m + "gate.weight", {c.num_experts, h}, router_dtype});
-      if (c.sigmoid_routing)
-        specs.push_back({m + "gate.e_score_correction_bias", {c.num_experts}, router_dtype});
+      if (c.score_correction)
+        specs.push_back({m + "gate.e_score_correction_bias", {c.num_experts}, DType::kFloat32});
       for (std::int64_t e = 0; e < c.num_experts; ++e) {
         const std::string x = m + "experts." + std::to_string(e) + ".";
         specs.push_back(
@@ -526,7 +555,8 @@ std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::S
         apart_mlp(p + "mlp.shared_expert.", si);
         specs.push_back({p + "mlp.shared_expert_gate.weight", {1, h}});
       }
-      if (const std::int64_t si = c.shared_experts_intermediate_size; si > 0)  // (GLM-4.5's)
+      if (const std::int64_t si = c.shared_experts_intermediate_size;
+          si > 0)  // (GLM-4.5's, DeepSeek's)
         apart_mlp(p + "mlp.shared_experts.", si);
       continue;
     }
@@ -582,7 +612,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
     !defined(_GLIBCXX_DEBUG)
-static_assert(sizeof(ModelConfig) == 944,
+static_assert(sizeof(ModelConfig) == 984,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 
@@ -641,11 +671,18 @@ std::vector<ConfigField> config_fields(const ModelConfig& c) {
   field("shared_expert_intermediate_size", c.shared_expert_intermediate_size);
   field("shared_intermediate_size", c.shared_mlp_intermediate_size);
   field("first_k_dense_replace", c.first_k_dense_replace);
-  field("sigmoid routing with e_score_correction_bias", c.sigmoid_routing);
+  field("float32 router", c.float32_router);
+  field("e_score_correction_bias", c.score_correction);
+  forward("sigmoid routing", c.sigmoid_routing);
   forward("n_group", c.n_group);
   forward("topk_group", c.topk_group);
   forward("routed_scaling_factor", c.routed_scaling_factor);
   field("n_shared_experts x moe_intermediate_size", c.shared_experts_intermediate_size);
+  field("q_lora_rank", c.q_lora_rank);
+  field("kv_lora_rank", c.kv_lora_rank);
+  field("qk_nope_head_dim", c.qk_nope_head_dim);
+  field("qk_rope_head_dim", c.qk_rope_head_dim);
+  field("v_head_dim", c.v_head_dim);
   field("torch_dtype", c.dtype);
   field("quantization_config", c.fp8.text());
   return out;

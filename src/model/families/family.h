@@ -93,6 +93,11 @@ struct Family {
   // The family's own keys written into `j`, over the common ones, so that
   // parsing the text gives `c` back. Null: none.
   void (*write)(const ModelConfig& c, json& j) = nullptr;
+  // The attention tensors of the decoder layer whose names start with `prefix`
+  // ("model.layers.3."), where the family's are not q/k/v/o_proj (layout.h);
+  // null: those (with the biases and q/k norms the config names).
+  void (*attention)(const ModelConfig& c, const std::string& prefix,
+                    std::vector<CheckpointTensorSpec>& specs) = nullptr;
 };
 
 // Every family, in registry.cpp's order.

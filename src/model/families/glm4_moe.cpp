@@ -44,7 +44,7 @@ void parse_glm4_moe(const json& j, const std::string& origin, ModelConfig& c) {
   c.topk_group = positive_int(j, "topk_group", origin);
   c.routed_scaling_factor = positive_number(j, "routed_scaling_factor", 1, origin);
   c.norm_topk_prob = !j.contains("norm_topk_prob") || flag(j, "norm_topk_prob", origin);
-  c.sigmoid_routing = true;
+  c.sigmoid_routing = c.float32_router = c.score_correction = true;
   if (flag(j, "use_qk_norm", origin)) c.qk_norm = QkNorm::kShared;
   if (c.num_experts % c.n_group != 0)
     raise<ModelError>(origin, ": n_routed_experts ", c.num_experts,

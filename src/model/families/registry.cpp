@@ -6,6 +6,8 @@
 #define TPRELOAD_FAMILIES(X) \
   X(cohere)                  \
   X(cohere2)                 \
+  X(deepseek_v2)             \
+  X(deepseek_v3)             \
   X(ernie45)                 \
   X(exaone4)                 \
   X(gemma)                   \

@@ -16,10 +16,12 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 
 // The linear projections vLLM's FP8 method quantizes, by module name (Mixtral's
-// experts' w1, w3, w2 too); routers ("gate", "shared_expert_gate") are not.
+// experts' w1, w3, w2 too; DeepSeek's MLA projections); routers ("gate",
+// "shared_expert_gate") are not.
 bool linear_projection(const std::string& module) {
-  static const char* const kNames[] = {"q_proj",  "k_proj",    "v_proj", "o_proj", "gate_proj",
-                                       "up_proj", "down_proj", "w1",     "w2",     "w3"};
+  static const char* const kNames[] = {
+      "q_proj", "k_proj", "v_proj", "o_proj",   "gate_proj", "up_proj",   "down_proj",
+      "w1",     "w2",     "w3",     "q_a_proj", "q_b_proj",  "kv_b_proj", "kv_a_proj_with_mqa"};
   return std::any_of(std::begin(kNames), std::end(kNames),
                      [&](const char* n) { return module == n; });
 }

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "tpreload/checkpoint/row_split.h"
 #include "tpreload/checkpoint/weight_source.h"
@@ -187,9 +188,22 @@ void ShardingRules::build_rules() {
   const std::vector<CheckpointTensorSpec> specs = loader_tensor_specs(config_);
   std::map<std::string, const CheckpointTensorSpec*> by_name;
   for (const auto& spec : specs) by_name.emplace(spec.name, &spec);
-  auto rule_of = [](const CheckpointTensorSpec& spec) {
+  // (a replicated parameter merged from parts: its rows and shards, and each
+  // part's shard and the rows before it, in the layout's order)
+  std::map<std::string, std::pair<std::uint32_t, std::int64_t>> merged, part;
+  for (const auto& spec : specs)
+    if (spec.kind == ShardKind::kReplicated && !spec.param.empty() && spec.param != spec.name) {
+      auto& [shards, rows] = merged[spec.param];
+      part[spec.name] = {shards++, rows};
+      rows += spec.shape[0];
+    }
+  auto rule_of = [&](const CheckpointTensorSpec& spec) {
     Rule rule{spec.param.empty() ? spec.name : spec.param, spec.role, spec.kind, spec.shape};
     rule.expert = spec.expert;
+    if (const auto at = part.find(spec.name); at != part.end()) {
+      std::tie(rule.merged_shard, rule.merged_row) = at->second;
+      std::tie(rule.merged_shards, rule.merged_rows) = merged.at(rule.param);
+    }
     return rule;
   };
   for (const auto& spec : specs) {
@@ -259,6 +273,8 @@ void ShardingRules::check_fp8_blocks() const {
       need(local_moe_intermediate(), fp8.block_n, "the rows per rank of " + of);
     else if (rule.kind == ShardKind::kExpertDown && !expert_parallel_ && tp_size_ > 1)
       need(local_moe_intermediate(), fp8.block_k, "the columns per rank of " + of);
+    else if (rule.merged_shards > 0 && rule.merged_shard + 1 < rule.merged_shards)
+      need(w[0], fp8.block_n, "the rows of " + of + " (a part of a merged replicated layer)");
   }
 }
 
@@ -292,6 +308,11 @@ void ShardingRules::build_params() {
     if (rule.kind == ShardKind::kExpertDown) {
       spec.shape = {experts, c.hidden_size, expert_inter};
       spec.shards = static_cast<std::uint32_t>(experts);
+    }
+    if (rule.kind == ShardKind::kColumn && rule.role == Role::kWhole) spec.shape[0] /= tp_size_;
+    if (rule.merged_shards > 0) {
+      spec.shape[0] = rule.merged_rows;
+      spec.shards = rule.merged_shards;
     }
     if (rule.kind == ShardKind::kRow) spec.shape[1] /= tp_size_;
     if (rule.fp8_scale == Fp8Scale::kGrid) {
@@ -508,6 +529,9 @@ void ShardingRules::place_rule(const Rule& r, int tp_rank, Placement& pl) const 
     place_column(*rule, tp_rank, pl);
   } else if (rule->kind == ShardKind::kExpertGateUp || rule->kind == ShardKind::kExpertDown) {
     place_expert(*rule, tp_rank, pl);
+  } else if (rule->merged_shards > 0) {  // (whole, at the rows of the parts before it)
+    pl.shard = rule->merged_shard;
+    pl.dest_row = rule->merged_row;
   }
 }
 
@@ -532,8 +556,8 @@ void ShardingRules::to_blocks(const Rule& rule, Placement& pl) const {
   // e x (its grid's rows), every other at its weight's row over the block.
   if (rule.kind == ShardKind::kExpertDown)
     pl.dest_row = pl.dest_row / config_.hidden_size * rule.source_shape[rows_dim];
-  else
-    pl.dest_row /= bn;
+  else  // (a merged replicated part's: the rows before it round up, as vLLM's)
+    pl.dest_row = (pl.dest_row + bn - 1) / bn;
 }
 
 void ShardingRules::place_column(const Rule& rule, int tp_rank, Placement& pl) const {
