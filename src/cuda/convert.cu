@@ -3,6 +3,7 @@
 #include "launch.h"
 #include "quantize_int8.h"
 #include "tpreload/core/float_bits.h"
+#include "tpreload/core/head_rows.h"
 
 namespace tpreload::cuda {
 namespace {
@@ -45,7 +46,22 @@ __global__ void convert_rows(const void* src, Float from, std::int64_t src_strid
   }
 }
 
+__global__ void head_rows_kernel(HeadRows a) {
+  const std::int64_t n = a.elements();
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    head_rows_element(a, i);
+}
+
 }  // namespace
+
+cudaError_t launch_head_rows(const HeadRows& a, cudaStream_t stream) {
+  const std::int64_t n = a.elements();
+  if (n <= 0) return cudaSuccess;
+  const std::int64_t blocks = (n + 255) / 256;
+  return launch(head_rows_kernel, static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32),
+                256, stream, a);
+}
 
 cudaError_t launch_convert(const void* src, Float from, std::int64_t src_stride, void* dst,
                            Float to, std::int64_t rows, std::int64_t cols, cudaStream_t stream) {
@@ -57,7 +73,8 @@ cudaError_t launch_convert(const void* src, Float from, std::int64_t src_stride,
 }
 
 cudaError_t load_convert() {
-  return preload(convert_rows);
+  const cudaError_t rc = preload(convert_rows);
+  return rc == cudaSuccess ? preload(head_rows_kernel) : rc;
 }
 
 }  // namespace tpreload::cuda

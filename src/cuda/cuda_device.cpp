@@ -295,6 +295,10 @@ class CudaStream final : public DeviceStream {
     CUDA_CHECK(cuda::launch_convert(src, float_of(from), src_stride, dst, float_of(to), rows, cols,
                                     stream_));
   }
+  void head_rows(const HeadRows& a) override {
+    DeviceGuard guard(ordinal_);
+    CUDA_CHECK(cuda::launch_head_rows(a, stream_));
+  }
   void crc32c_blocks(const void* src, std::uint64_t bytes, std::uint32_t* raw) override {
     DeviceGuard guard(ordinal_);
     CUDA_CHECK(cuda::launch_crc32c_blocks(src, bytes, raw, stream_));

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "tpreload/core/head_rows.h"
+
 namespace tpreload::cuda {
 
 enum class QuantizeSource : int { kBFloat16 = 0, kFloat16 = 1, kFloat32 = 2 };
@@ -18,6 +20,10 @@ enum class Float : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3
 // `src_stride` elements apart, into contiguous rows. Enqueues on `stream`.
 cudaError_t launch_convert(const void* src, Float from, std::int64_t src_stride, void* dst,
                            Float to, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
+
+// head_rows_element (tpreload/core/head_rows.h) for every element of `a`, on
+// device memory. Enqueues on `stream`.
+cudaError_t launch_head_rows(const HeadRows& a, cudaStream_t stream);
 
 // Raw CRC-32C of every kCrc32cBlock-byte block of [src, src + bytes) into `raw`
 // (pinned host memory, written by the device). Enqueues on `stream`.

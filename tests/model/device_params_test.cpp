@@ -52,7 +52,9 @@ TEST(DeviceParams, EveryRankLoadsTheIndependentSlices) {
         for (const auto& [param, want] : testdata::expected_shards(config, ckpt, tp, rank)) {
           EXPECT_TRUE(testdata::same_bytes(model.parameter_for_reload(param), want))
               << name << " tp " << tp << " rank " << rank << " " << param;
-          EXPECT_EQ(loaded.count(param), 1u) << param;
+          // (a derived parameter is computed, not loaded: DeepSeek's W_UK_T)
+          EXPECT_EQ(loaded.count(param), model.rules().find_param(param)->from_checkpoint ? 1u : 0u)
+              << param;
         }
       }
     }

@@ -16,6 +16,7 @@
 
 #include "fp8_checkpoints.h"
 #include "tpreload/comm/communicator.h"
+#include "tpreload/core/error.h"
 #include "tpreload/model/model.h"
 #include "tpreload/reload/reload.h"
 
@@ -108,8 +109,20 @@ void expect_mlp(std::map<std::string, at::Tensor>& want, const Checkpoint& c, co
       cut(t.at(m + "down_proj.weight_scale_inv"), 0, blocks(kH), r * rows / kB, rows / kB);
 }
 
+// FP8 codes as float32 (the tests' own decoding) times each one's block scale.
+at::Tensor dequantized(const at::Tensor& codes, const at::Tensor& grid) {
+  std::vector<float> table;
+  for (int code = 0; code < 256; ++code)
+    table.push_back(testdata::value_of(static_cast<std::uint8_t>(code)));
+  const at::Tensor values = at::tensor(table).index_select(0, codes.reshape({-1}).to(at::kLong));
+  const at::Tensor scales = grid.repeat_interleave(kB, 0).repeat_interleave(kB, 1);
+  return values.reshape(codes.sizes()) *
+         scales.slice(0, 0, codes.size(0)).slice(1, 0, codes.size(1));
+}
+
 std::map<std::string, at::Tensor> expected(const Checkpoint& c, int tp, int r, bool ep) {
   std::map<std::string, at::Tensor> want;
+  const ModelConfig config = parse_model_config(kConfig, "the test's config");
   const auto& t = c.tensors;
   const std::int64_t heads = kHeads / tp;
   for (int l = 0; l < 2; ++l) {
@@ -129,6 +142,11 @@ std::map<std::string, at::Tensor> expected(const Checkpoint& c, int tp, int r, b
         cut(t.at(a + "kv_b_proj.weight"), r * kv_rows, kv_rows, 0, kKvLora);
     want[a + "kv_b_proj.weight_scale_inv"] =
         cut(t.at(a + "kv_b_proj.weight_scale_inv"), r * kv_rows / kB, kv_rows / kB, 0, 1);
+    // W_UK_T and W_UV from the rank's kv_b_proj, dequantized in float32 (vLLM's
+    // scaled_dequantize), rounded to bfloat16.
+    testdata::mla_absorbed(
+        config, dequantized(want[a + "kv_b_proj.weight"], want[a + "kv_b_proj.weight_scale_inv"]),
+        a, tp, want);
     want[a + "o_proj.weight"] = cut(t.at(a + "o_proj.weight"), 0, kH, r * o_cols, o_cols);
     want[a + "o_proj.weight_scale_inv"] =
         cut(t.at(a + "o_proj.weight_scale_inv"), 0, blocks(kH), r * o_cols / kB, blocks(o_cols));
@@ -183,6 +201,58 @@ TEST(Fp8DeepSeek, AReloadReplacesEveryWeightAndGridInPlace) {
   const ReloadResult r = reload_weights(model, *control, source.get(), ReloadOptions{});
   EXPECT_TRUE(r.complete());
   EXPECT_EQ(r.skipped, std::vector<std::string>{"model.layers.2.eh_proj.weight"});
+}
+
+// A load that brings kv_b_proj without its scale grid cannot derive W_UK_T and
+// W_UV from it: refused, naming both.
+TEST(Fp8DeepSeek, AWeightWithoutItsGridDerivesNothing) {
+  const ModelConfig config = parse_model_config(kConfig, "the test's config");
+  Checkpoint part = checkpoint(1);
+  const std::string kv_b = "model.layers.0.self_attn.kv_b_proj.";
+  for (auto it = part.tensors.begin(); it != part.tensors.end();)
+    it = it->first == kv_b + "weight" ? std::next(it) : part.tensors.erase(it);
+  TensorParallelModel model(config, testdata::tp_rank_options(1, 0));
+  auto source = part.source();
+  try {
+    model.load_weights(*source);
+    ADD_FAILURE() << "a weight without its grid was processed";
+  } catch (const ModelError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("all of '" + kv_b + "weight' and none of '" + kv_b + "weight_scale_inv'"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("W_UK_T' is computed from all of them"), std::string::npos) << what;
+  }
+}
+
+// Online FP8 (a bfloat16 checkpoint into an FP8 model, per tensor and in
+// blocks): W_UK_T and W_UV come from kv_b_proj as quantized on the rank, its
+// codes times their scale, not from the checkpoint's bfloat16 values.
+TEST(Fp8DeepSeek, OnlineFp8DerivesFromTheQuantizedWeights) {
+  const ModelConfig config = testdata::tiny_config("deepseek_v3");
+  const auto ckpt = testdata::random_checkpoint(config, 17);
+  for (const char* scheme : {"fp8", "fp8-block"}) {
+    ModelOptions o = testdata::tp_rank_options(2, 1);
+    o.quantization = scheme;
+    TensorParallelModel model(config, o);
+    auto source = testdata::memory_source(ckpt);
+    model.load_weights(*source);
+    const std::string a = "model.layers.1.self_attn.";
+    const at::Tensor codes = model.parameter_for_reload(a + "kv_b_proj.weight").view(at::kByte);
+    const at::Tensor scale = std::string(scheme) == "fp8"
+                                 ? model.parameter_for_reload(a + "kv_b_proj.weight_scale")
+                                       .reshape({1, 1})
+                                       .expand({blocks(codes.size(0)), blocks(codes.size(1))})
+                                 : model.parameter_for_reload(a + "kv_b_proj.weight_scale_inv");
+    std::map<std::string, at::Tensor> want;
+    testdata::mla_absorbed(config, dequantized(codes, scale), a, 2, want);
+    ASSERT_EQ(want.size(), 2u);
+    testdata::expect_shards(model, want, scheme);
+    EXPECT_FALSE(
+        testdata::same_bytes(want.begin()->second,
+                             testdata::expected_shards(config, ckpt, 2, 1).at(want.begin()->first)))
+        << scheme << ": quantization must show in the derived matrices";
+  }
 }
 
 }  // namespace

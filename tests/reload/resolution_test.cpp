@@ -119,6 +119,9 @@ std::vector<std::unique_ptr<TensorParallelModel>> simulate(
   if (place != Place::kNone && o.distribution == Distribution::kScatter) {
     EXPECT_GT(placed_bytes, 0u);
   }
+  // (the processing a reload runs per layer: DeepSeek's derived matrices)
+  if (o.format == WeightFormat::kCheckpoint)
+    for (auto& m : models) m->sink().process_all(m->options().tp_rank);
   return models;
 }
 

@@ -143,6 +143,15 @@ class EmulatedStream final : public DeviceStream {
     if (tiles) require_device(grid, tiles * sizeof(float), "quantize_fp8_block grid");
     enqueue([=] { quantize_fp8_blocks_host(x, dtype, rows, cols, block, codes, grid); });
   }
+  void head_rows(const HeadRows& a) override {
+    const auto n = static_cast<std::uint64_t>(a.elements());
+    if (n == 0) return;
+    const auto w_rows = static_cast<std::uint64_t>(a.heads * a.head_rows);
+    require_device(a.w, w_rows * a.cols * dtype_size(a.w_dtype), "head_rows weight");
+    require_device(a.out, n * dtype_size(a.out_dtype), "head_rows output");
+    if (a.scale_kind != HeadRows::Scale::kNone) require_device(a.scale, 4, "head_rows scales");
+    enqueue([a] { head_rows_host(a); });
+  }
   void crc32c_blocks(const void* src, std::uint64_t bytes, std::uint32_t* raw) override {
     if (bytes == 0) return;
     require_device(src, bytes, "crc32c source");

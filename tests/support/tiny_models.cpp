@@ -1032,6 +1032,22 @@ void regular_attention(const ModelConfig& c, const std::map<std::string, at::Ten
   }
 }
 
+}  // namespace
+
+void mla_absorbed(const ModelConfig& c, const at::Tensor& kv_b, const std::string& a, int tp,
+                  std::map<std::string, at::Tensor>& out) {
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  const std::int64_t heads = j.at("num_attention_heads").get<std::int64_t>() / tp;
+  const std::int64_t nope = j.at("qk_nope_head_dim").get<std::int64_t>(),
+                     v = j.at("v_head_dim").get<std::int64_t>();
+  const at::Tensor per_head = kv_b.to(read_config(c).dtype).reshape({heads, nope + v, -1});
+  out[a + "mla_attn.mla_attn.W_UK_T"] = per_head.slice(1, 0, nope).contiguous();
+  out[a + "mla_attn.mla_attn.W_UV"] =
+      per_head.slice(1, nope, nope + v).transpose(1, 2).contiguous();
+}
+
+namespace {
+
 // DeepSeek's MLA of attention prefix `a` on rank r, read from the config's
 // JSON: q_a_proj's rows then kv_a_proj_with_mqa's in the replicated
 // fused_qkv_a_proj (q_lora_rank set) or kv_a_proj_with_mqa alone; q_b_proj's
@@ -1058,6 +1074,7 @@ void mla_expected(const ModelConfig& c, const std::map<std::string, at::Tensor>&
   }
   out[a + "kv_a_layernorm.weight"] = ckpt.at(a + "kv_a_layernorm.weight");
   out[a + "kv_b_proj.weight"] = rows(ckpt.at(a + "kv_b_proj.weight"), r * heads * kv, heads * kv);
+  mla_absorbed(c, out[a + "kv_b_proj.weight"], a, tp, out);
   out[a + "o_proj.weight"] =
       ckpt.at(a + "o_proj.weight").slice(1, r * heads * v, (r + 1) * heads * v);
 }
@@ -1503,7 +1520,7 @@ bool int8_linear(const std::string& param) {
 std::map<std::string, at::Tensor> expected_int8_shards(
     const ModelConfig& config, const std::map<std::string, at::Tensor>& ckpt, int tp_size,
     int tp_rank) {
-  std::map<std::string, at::Tensor> out;
+  std::map<std::string, at::Tensor> out, deferred;
   for (const auto& [param, shard] : expected_shards(config, ckpt, tp_size, tp_rank)) {
     if (!int8_linear(param)) {
       out[param] = shard;
@@ -1513,7 +1530,14 @@ std::map<std::string, at::Tensor> expected_int8_shards(
     quantize_reference(shard, q, scale);
     out[param] = q;
     out[param + "_scale"] = scale;
+    // (DeepSeek's absorbed matrices: from kv_b_proj as int8 holds it, q x its row scale)
+    const std::string kv_b = "kv_b_proj.weight";
+    if (param.size() > kv_b.size() &&
+        param.compare(param.size() - kv_b.size(), kv_b.size(), kv_b) == 0)
+      mla_absorbed(config, q.to(at::kFloat) * scale.unsqueeze(1),
+                   param.substr(0, param.size() - kv_b.size()), tp_size, deferred);
   }
+  for (auto& [param, t] : deferred) out[param] = t;
   return out;
 }
 

@@ -151,6 +151,15 @@ std::map<std::string, at::Tensor> expected_shards(const ModelConfig& config,
                                                   int tp_size, int tp_rank,
                                                   bool expert_parallel = false);
 
+// DeepSeek's absorbed MLA matrices on a rank of tp, as vLLM's MLA backends
+// compute them from the rank's kv_b_proj `kv_b` [heads x (qk_nope + v),
+// kv_lora_rank] (already dequantized, any floating dtype): the values rounded to
+// the model's dtype, viewed per head; W_UK_T [heads, qk_nope, kv_lora_rank] its
+// first qk_nope rows, W_UV [heads, kv_lora_rank, v] its next v rows
+// transposed; into out under attention prefix `a` ("...self_attn.").
+void mla_absorbed(const ModelConfig& config, const at::Tensor& kv_b, const std::string& a, int tp,
+                  std::map<std::string, at::Tensor>& out);
+
 // Per-row int8 quantization written out element by element, as the spec
 // (tpreload/model/quantize.h) states it: scale = max|w| / 127 (1 for a zero
 // row), q = clamp(nearbyint(w / scale), -127, 127).

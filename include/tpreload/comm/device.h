@@ -22,6 +22,7 @@
 #include "tpreload/comm/memory.h"
 #include "tpreload/core/dtype.h"
 #include "tpreload/core/error.h"
+#include "tpreload/core/head_rows.h"
 
 namespace tpreload {
 
@@ -84,6 +85,10 @@ class DeviceStream {
   // ceil(cols / block) grid of their scales. The bytes equal the CPU's.
   virtual void quantize_fp8_block(const void* x, DType dtype, std::int64_t rows, std::int64_t cols,
                                   std::int64_t block, std::uint8_t* codes, float* grid) = 0;
+
+  // head_rows_element (tpreload/core/head_rows.h) for every element of `a`, whose
+  // weight, scales and output are in device memory. The bytes equal the CPU's.
+  virtual void head_rows(const HeadRows& a) = 0;
 
   // The raw CRC-32C of every kCrc32cBlock-byte block of device memory
   // [src, src + bytes) (tpreload/core/crc32c.h; the last block may be shorter)

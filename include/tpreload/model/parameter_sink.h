@@ -99,6 +99,9 @@ class ParameterSink {
   // ModelError naming the parameter when this load brought a step's weight or
   // scales only in part (a fused weight is requantized to the largest of all
   // its parts' scales).
+  // Then the family's post-reload steps of the layer (ShardingRules::
+  // derived_steps) whose weight this load brought, from all of it (ModelError
+  // naming both parameters when it brought part of the weight or its scale).
   void process_layer(std::int64_t layer, int tp_rank);
   // Every layer process_layer has not processed since begin_load().
   void process_all(int tp_rank);
@@ -179,6 +182,8 @@ class ParameterSink {
   void stage(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   void stage_rows(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   bool any_loaded(ParamSlot slot) const;
+  Brought brought(ParamSlot slot) const;
+  void derive_layer(std::int64_t layer, int tp_rank);
 
   const ShardingRules& rules_;
   std::vector<ParamStorage> storage_;  // where writes go: the parameters, or the shadow

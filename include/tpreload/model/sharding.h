@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "tpreload/core/dtype.h"
+#include "tpreload/core/head_rows.h"
 #include "tpreload/model/config.h"
 #include "tpreload/model/fp8_checkpoint.h"
 
@@ -70,8 +71,10 @@ struct ParamSpec {
   std::vector<std::int64_t> shape;  // local shape on this rank
   DType dtype = DType::kFloat32;
   ShardKind kind = ShardKind::kReplicated;
-  std::int64_t layer = -1;      // decoder layer index, -1 outside the layers
-  bool from_checkpoint = true;  // false for derived params (int8 weight_scale)
+  std::int64_t layer = -1;  // decoder layer index, -1 outside the layers
+  // false for parameters no checkpoint holds: int8 and online FP8 scales, a
+  // family's derived parameters (DerivedStep)
+  bool from_checkpoint = true;
   // How many checkpoint tensors fill it (vLLM's shard ids): 3 for qkv_proj (q, k,
   // v), 2 for gate_up_proj (gate, up), 2 x E_local for experts.w13_weight (gate,
   // up of each local expert), E_local for experts.w2_weight, 1 otherwise. It
@@ -115,6 +118,19 @@ struct ScaleStep {
   std::uint32_t from = 0;
   bool quantize = false;
   std::int64_t block = 0;
+};
+
+// A parameter a family computes on every rank from a loaded weight after each
+// checkpoint-format load (its post-reload step; DeepSeek's MLA: W_UK_T and W_UV
+// from kv_b_proj, as vLLM's process_weights_after_loading computes them):
+// `window` (tpreload/core/head_rows.h: its geometry, scale kind and blocks;
+// no pointers) of parameter `from`, times `scale`'s values (a grid; one per
+// row: int8; one: per-tensor FP8), into `out`, in the model's dtype. A
+// kernel-format load copies `out` as any other parameter.
+struct DerivedStep {
+  std::int64_t layer = -1;
+  ParamSlot out = kNoSlot, from = kNoSlot, scale = kNoSlot;
+  HeadRows window;
 };
 
 // Where one checkpoint tensor goes on one rank.
@@ -197,6 +213,9 @@ class ShardingRules {
   // weight quantized whole, each expert's w13 and w2 apart. Empty otherwise.
   std::vector<ScaleStep> scale_steps(int tp_rank) const;
 
+  // The family's post-reload steps, in layer order (the same on every rank).
+  const std::vector<DerivedStep>& derived_steps() const { return derived_; }
+
   // The KV head group rank r holds (first KV head index) and how many.
   std::int64_t kv_heads_per_rank() const;
   std::int64_t kv_head_start(int tp_rank) const;
@@ -231,6 +250,7 @@ class ShardingRules {
   void to_blocks(const Rule& rule, Placement& pl) const;
   void build_rules();
   void build_params();
+  void build_derived();
   void place_column(const Rule& rule, int tp_rank, Placement& pl) const;
   void place_expert(const Rule& rule, int tp_rank, Placement& pl) const;
 
@@ -241,6 +261,7 @@ class ShardingRules {
   std::int64_t padded_vocab_;
   std::vector<std::pair<std::string, Rule>> rules_;  // sorted by checkpoint name
   std::vector<ParamSpec> params_;
+  std::vector<DerivedStep> derived_;
 };
 
 // What a checkpoint-format load reads of `source`: the source with the

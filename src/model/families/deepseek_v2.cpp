@@ -164,12 +164,33 @@ void mla_attention(const ModelConfig& c, const std::string& p,
   specs.push_back(split_as(a + "o_proj.weight", {h, heads * c.v_head_dim}, ShardKind::kRow));
 }
 
+// vLLM's MLA backends' absorbed matrices (MLACommonImpl.process_weights_after_
+// loading), from the rank's kv_b_proj [heads x (qk_nope + v), kv_lora_rank]
+// dequantized: W_UK_T [heads, qk_nope, kv_lora_rank], each head's first qk_nope
+// rows; W_UV [heads, kv_lora_rank, v], its next v rows transposed.
+std::vector<DerivedParam> mla_derived(const ModelConfig& c, std::int64_t layer, int tp_size) {
+  const std::string a = "model.layers." + std::to_string(layer) + ".self_attn.",
+                    at = a + "mla_attn.mla_attn.";
+  DerivedParam uk{at + "W_UK_T", a + "kv_b_proj.weight", {}}, uv{at + "W_UV", uk.from, {}};
+  for (HeadRows* w : {&uk.window, &uv.window}) {
+    w->heads = c.num_attention_heads / tp_size;
+    w->head_rows = c.qk_nope_head_dim + c.v_head_dim;
+    w->cols = c.kv_lora_rank;
+  }
+  uk.window.rows = c.qk_nope_head_dim;
+  uv.window.first = c.qk_nope_head_dim;
+  uv.window.rows = c.v_head_dim;
+  uv.window.transpose = true;
+  return {uk, uv};
+}
+
 Family deepseek(const char* architecture, const char* name) {
   Family f;
   f.architecture = architecture;
   f.name = name;
   f.vllm_model = "deepseek_v2.py";
   f.attention = mla_attention;
+  f.derived = mla_derived;
   f.write = write_deepseek;
   return f;
 }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tpreload/core/head_rows.h"
 #include "tpreload/model/config.h"
 
 namespace tpreload::families {
@@ -63,6 +64,15 @@ struct Keys {
   const json& per_type;
 };
 
+// A parameter of a decoder layer that the family computes from a loaded
+// weight after each load (DerivedStep in sharding.h): `window`'s geometry
+// (heads, head_rows, first, rows, cols, transpose; core/head_rows.h) of `from`
+// on the rank, in the model's dtype.
+struct DerivedParam {
+  std::string name, from;
+  HeadRows window;
+};
+
 struct Family {
   const char* architecture = "";  // config.json's "architectures"[0]
   const char* name = "";          // as people write it: "Llama", "Qwen3-MoE"
@@ -98,6 +108,10 @@ struct Family {
   // null: those (with the biases and q/k norms the config names).
   void (*attention)(const ModelConfig& c, const std::string& prefix,
                     std::vector<CheckpointTensorSpec>& specs) = nullptr;
+  // The parameters of decoder layer `layer` it derives on a rank of tp_size
+  // (its post-reload step); null: none.
+  std::vector<DerivedParam> (*derived)(const ModelConfig& c, std::int64_t layer,
+                                       int tp_size) = nullptr;
 };
 
 // Every family, in registry.cpp's order.

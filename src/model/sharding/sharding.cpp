@@ -6,6 +6,7 @@
 #include <set>
 #include <tuple>
 
+#include "../families/family.h"
 #include "tpreload/checkpoint/row_split.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/error.h"
@@ -356,6 +357,19 @@ void ShardingRules::build_params() {
     }
     params_.push_back(spec);
   }
+  // The family's derived parameters: split by heads as their weight is.
+  if (const auto derived = families::of(c).derived)
+    for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
+      for (const families::DerivedParam& d : derived(c, l, tp_size_)) {
+        const HeadRows& w = d.window;
+        ParamSpec spec{d.name,
+                       {w.heads, w.transpose ? w.cols : w.rows, w.transpose ? w.rows : w.cols},
+                       c.dtype,
+                       ShardKind::kColumn,
+                       l};
+        spec.from_checkpoint = false;
+        params_.push_back(std::move(spec));
+      }
   std::sort(params_.begin(), params_.end(),
             [](const ParamSpec& a, const ParamSpec& b) { return a.name < b.name; });
   // Slots are positions in the sorted list: resolve the int8 scales and the rules.
@@ -364,6 +378,43 @@ void ShardingRules::build_params() {
       spec.scale_slot = find_slot(
           spec.name + (spec.quantize_fp8 ? online_scale_suffix(quantization_) : "_scale"));
   for (auto& [name, rule] : rules_) rule.slot = find_slot(rule.param);
+  build_derived();
+}
+
+// Each derived parameter's step: its weight's slot, and the scale that
+// dequantizes it (int8's rows, online FP8's, or an FP8 checkpoint's grid or
+// per-tensor scale).
+void ShardingRules::build_derived() {
+  const auto derived = families::of(config_).derived;
+  if (!derived) return;
+  for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l)
+    for (const families::DerivedParam& d : derived(config_, l, tp_size_)) {
+      DerivedStep step{l, find_slot(d.name), find_slot(d.from), kNoSlot, d.window};
+      if (step.out == kNoSlot || step.from == kNoSlot)
+        raise<ModelError>("derived parameter '", d.name, "' of '", d.from, "': no such parameter");
+      const ParamSpec& w = params_[step.from];
+      const std::string base = d.from.substr(0, d.from.size() - 6);  // (without "weight")
+      HeadRows& window = step.window;
+      if (w.dtype == DType::kInt8) {
+        step.scale = w.scale_slot;
+        window.scale_kind = HeadRows::Scale::kRow;
+      } else if (w.quantize_fp8) {
+        step.scale = w.scale_slot;
+        window.block_n = window.block_k = online_fp8_block(quantization_);
+        window.scale_kind = window.block_n ? HeadRows::Scale::kBlocks : HeadRows::Scale::kTensor;
+      } else if (w.dtype == DType::kFloat8E4M3 && config_.fp8.blocks()) {
+        step.scale = find_slot(base + "weight_scale_inv");
+        window.scale_kind = HeadRows::Scale::kBlocks;
+        window.block_n = config_.fp8.block_n;
+        window.block_k = config_.fp8.block_k;
+      } else if (w.dtype == DType::kFloat8E4M3) {
+        step.scale = find_slot(base + "weight_scale");
+        window.scale_kind = HeadRows::Scale::kTensor;
+      }
+      if (window.scale_kind != HeadRows::Scale::kNone && step.scale == kNoSlot)
+        raise<ModelError>("derived parameter '", d.name, "': '", d.from, "' has no scale");
+      derived_.push_back(step);
+    }
 }
 
 ParamSlot ShardingRules::find_slot(const std::string& name) const {

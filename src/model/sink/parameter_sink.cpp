@@ -242,7 +242,7 @@ void ParameterSink::quantize_band(ParamSlot slot, const Bands& bands, std::int64
 
 void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
   const bool online = online_fp8(rules_.quantization());
-  if (!staging_ && !online) return;
+  if (!staging_ && !online && rules_.derived_steps().empty()) return;
   if (std::find(processed_.begin(), processed_.end(), layer) != processed_.end()) return;
   processed_.push_back(layer);
   if (steps_rank_ != tp_rank) {
@@ -251,9 +251,6 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
   }
   const auto& params = rules_.params();
   auto* staged = reinterpret_cast<float*>(staging_.data());
-  auto brought = [&](ParamSlot slot) {
-    return loaded(slot) ? Brought::kAll : any_loaded(slot) ? Brought::kPart : Brought::kNone;
-  };
   for (const ScaleStep& step : steps_) {
     if (step.layer != layer) continue;
     const bool weight = step.weight != kNoSlot;
@@ -296,11 +293,58 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
     touched_[step.scale] = true;
     if (weight) touched_[step.weight] = true;
   }
+  derive_layer(layer, tp_rank);  // (from the weights as processed above)
   flush();
   // (online FP8: the layer's float32 rows are done; kept for the next layer's)
   for (const ScaleStep& step : steps_)
     if (step.layer == layer && step.quantize && staged_rows_[step.weight])
       spare_rows_.push_back(std::move(staged_rows_[step.weight]));
+}
+
+Brought ParameterSink::brought(ParamSlot slot) const {
+  return loaded(slot) ? Brought::kAll : any_loaded(slot) ? Brought::kPart : Brought::kNone;
+}
+
+// The family's post-reload steps of `layer` (ShardingRules::derived_steps)
+// whose weight this load brought, each from all of it and its scale.
+void ParameterSink::derive_layer(std::int64_t layer, int tp_rank) {
+  const auto& params = rules_.params();
+  for (const DerivedStep& d : rules_.derived_steps()) {
+    if (d.layer != layer) continue;
+    const Brought weight = brought(d.from);
+    // (a scale no checkpoint holds comes with its weight: int8's, online FP8's)
+    const Brought scale =
+        d.scale == kNoSlot || !params[d.scale].from_checkpoint ? weight : brought(d.scale);
+    if (weight == Brought::kNone && scale == Brought::kNone) continue;
+    if (weight != Brought::kAll || scale != Brought::kAll) {
+      auto part = [](Brought b) {
+        return b == Brought::kAll    ? "all of '"
+               : b == Brought::kPart ? "only part of '"
+                                     : "none of '";
+      };
+      raise<ModelError>("layer ", layer, " on tp rank ", tp_rank, ": this load brings ",
+                        part(weight), params[d.from].name, "'",
+                        d.scale == kNoSlot
+                            ? std::string()
+                            : detail::concat(" and ", part(scale), params[d.scale].name, "'"),
+                        ": '", params[d.out].name,
+                        "' is computed from all of them, so a load must bring all of them or none");
+    }
+    HeadRows a = d.window;  // (the geometry; the bytes are this sink's)
+    a.w = storage_[d.from].data;
+    a.w_dtype = params[d.from].dtype;
+    if (d.scale != kNoSlot) {
+      a.scale = reinterpret_cast<const float*>(storage_[d.scale].data);
+      a.grid_cols = params[d.scale].shape.empty() ? 1 : params[d.scale].shape.back();
+    }
+    a.out = storage_[d.out].data;
+    a.out_dtype = params[d.out].dtype;
+    if (device_)
+      stream().head_rows(a);
+    else
+      head_rows_host(a);
+    touched_[d.out] = true;
+  }
 }
 
 void ParameterSink::process_all(int tp_rank) {
@@ -309,6 +353,8 @@ void ParameterSink::process_all(int tp_rank) {
     if ((spec.staged || spec.quantize_fp8) &&
         std::find(layers.begin(), layers.end(), spec.layer) == layers.end())
       layers.push_back(spec.layer);
+  for (const DerivedStep& d : rules_.derived_steps())
+    if (std::find(layers.begin(), layers.end(), d.layer) == layers.end()) layers.push_back(d.layer);
   for (std::int64_t layer : layers) process_layer(layer, tp_rank);
 }
 
