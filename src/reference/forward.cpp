@@ -1,5 +1,5 @@
 // The reference forward pass (CPU, float32 compute) over a TensorParallelModel's
-// parameters: embedding, RMSNorm
+// parameters: embedding, RMSNorm, DeepSeek's multi-head latent attention,
 // (Cohere: LayerNorm), rotary attention with grouped-query heads (Gemma 2 and
 // 3, OLMo 3: sliding windows; the Gemmas: scaled, soft-capped; Granite: its
 // multipliers; OLMo: post-norms and whole-projection q/k norms; GLM-4, ERNIE
@@ -264,6 +264,12 @@ class Forward {
   // from router logits, for the sparse block under `block` ("....mlp.").
   std::pair<at::Tensor, at::Tensor> sigmoid_group_routing(const at::Tensor& logits,
                                                           const std::string& block) const;
+  // DeepSeek's rope (its yarn magnitude) and attention scale, from `rope`.
+  std::pair<Rope, double> mla_rope(Rope rope) const;
+  // The rank's heads of multi-head latent attention of layer prefix `p`, before
+  // o_proj's sum over the group.
+  at::Tensor mla_attention(const at::Tensor& x, const std::string& p, const Rope& rope,
+                           double scale) const;
 
   const TensorParallelModel& model_;
   const ShardingRules& rules_ = model_.rules();
@@ -360,8 +366,20 @@ at::Tensor Forward::experts(const at::Tensor& y, const std::string& p) const {
   if (c.sigmoid_routing) {
     std::tie(weights, chosen) = sigmoid_group_routing(logits, block);
   } else {
-    std::tie(weights, chosen) = at::topk(at::softmax(logits, -1), c.num_experts_per_tok, -1);
+    at::Tensor probs = at::softmax(logits, -1);
+    if (c.n_group > 1) {  // (DeepSeek-V2's group_limited_greedy: groups rated by their best)
+      const std::int64_t tokens = probs.size(0), per_group = c.num_experts / c.n_group;
+      const at::Tensor best = std::get<0>(probs.view({tokens, c.n_group, per_group}).max(-1));
+      const at::Tensor kept = at::zeros({tokens, c.n_group}, at::kBool)
+                                  .scatter_(1, std::get<1>(at::topk(best, c.topk_group, -1)), true)
+                                  .unsqueeze(-1)
+                                  .expand({tokens, c.n_group, per_group})
+                                  .reshape({tokens, c.num_experts});
+      probs = probs.masked_fill(kept.logical_not(), 0);
+    }
+    std::tie(weights, chosen) = at::topk(probs, c.num_experts_per_tok, -1);
     if (c.norm_topk_prob) weights = weights / weights.sum(-1, /*keepdim=*/true);
+    weights = weights * c.routed_scaling_factor;  // (DeepSeek-V2's; 1 for the others)
   }
   const at::Tensor w13 = param_f32(block + "experts.w13_weight");
   const at::Tensor w2 = param_f32(block + "experts.w2_weight");
@@ -417,22 +435,74 @@ std::pair<at::Tensor, at::Tensor> Forward::sigmoid_group_routing(const at::Tenso
   return {weights * c.routed_scaling_factor, chosen};
 }
 
+// vLLM's DeepseekScalingRotaryEmbedding (which deepseek_v2.py takes for
+// "yarn"): yarn's frequencies, cos and sin times m(mscale) / m(mscale_all_dim)
+// x attn_factor rather than yarn's own magnitude; the scores scaled by
+// (qk_nope + qk_rope)^-1/2 x m(mscale_all_dim)^2, m(x) = 0.1 x ln(factor) + 1.
+std::pair<Rope, double> Forward::mla_rope(Rope rope) const {
+  const ModelConfig& c = config();
+  const RopeScaling& s = c.rope_scaling;
+  double scale = 1 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  if (s.type != "yarn") return {rope, scale};
+  auto m = [&](double x) { return s.factor <= 1 ? 1.0 : 0.1 * x * std::log(s.factor) + 1; };
+  rope.scale = m(s.mscale) / m(s.mscale_all_dim) * s.attn_factor;
+  return {rope, scale * m(s.mscale_all_dim) * m(s.mscale_all_dim)};
+}
+
+// As vLLM's MLA decode computes it: q's rotary-free part taken into the latent
+// space through W_UK_T (the derived parameter), scored against the normed
+// latent c_kv, and q's rotary part against the one rotary key every head
+// shares; the weighted latents brought out through W_UV; o_proj's columns of
+// the rank's heads.
+at::Tensor Forward::mla_attention(const at::Tensor& x, const std::string& p, const Rope& rope,
+                                  double scale) const {
+  const ModelConfig& c = config();
+  const std::int64_t n = x.size(0), heads = c.num_attention_heads / options_.tp_size;
+  const std::int64_t nope = c.qk_nope_head_dim, pe = c.qk_rope_head_dim, lora = c.kv_lora_rank;
+  const std::string a = p + "self_attn.", m = a + "mla_attn.mla_attn.";
+  at::Tensor q, kv_a;
+  if (c.q_lora_rank > 0) {
+    const at::Tensor fused = linear(x, a + "fused_qkv_a_proj");
+    q = linear(
+        rms_norm(fused.narrow(1, 0, c.q_lora_rank), host_param(a + "q_a_layernorm.weight"), c),
+        a + "q_b_proj");
+    kv_a = fused.narrow(1, c.q_lora_rank, lora + pe);
+  } else {
+    q = linear(x, a + "q_proj");
+    kv_a = linear(x, a + "kv_a_proj_with_mqa");
+  }
+  q = q.reshape({n, heads, nope + pe});
+  const at::Tensor latent =
+      rms_norm(kv_a.narrow(1, 0, lora), host_param(a + "kv_a_layernorm.weight"), c);
+  const at::Tensor k_pe = apply_rope(kv_a.narrow(1, lora, pe).reshape({n, 1, pe}), rope).squeeze(1);
+  const at::Tensor q_pe = apply_rope(q.narrow(2, nope, pe), rope);
+  const at::Tensor q_latent =
+      at::einsum("thp,hpl->thl", {q.narrow(2, 0, nope), param_f32(m + "W_UK_T")});
+  at::Tensor scores =
+      (at::einsum("thl,sl->hts", {q_latent, latent}) + at::einsum("thr,sr->hts", {q_pe, k_pe})) *
+      scale;
+  const at::Tensor later = at::ones({n, n}, at::kBool).triu(1);
+  scores = scores.masked_fill(later, -std::numeric_limits<float>::infinity());
+  const at::Tensor out_latent = at::einsum("hts,sl->thl", {at::softmax(scores, -1), latent});
+  const at::Tensor out = at::einsum("thl,hlv->thv", {out_latent, param_f32(m + "W_UV")});
+  return linear(out.reshape({n, heads * c.v_head_dim}), a + "o_proj", /*add_bias=*/false);
+}
+
 at::Tensor Forward::run(const std::vector<std::int64_t>& tokens, Communicator& comm) const {
   if (comm.size() != options_.tp_size || comm.rank() != options_.tp_rank)
     raise<UsageError>("forward: communicator is rank ", comm.rank(), "/", comm.size(),
                       " but the model is tp rank ", options_.tp_rank, "/", options_.tp_size);
   const ModelConfig& c = config();
-  if (c.kv_lora_rank > 0)  // (before any collective)
-    raise<ModelError>("forward: ", c.architecture,
-                      "'s multi-head latent attention has no forward pass here yet; its "
-                      "weights reload, the reference forward pass does not compute them");
-  // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart.
-  const std::int64_t rotary = rotary_dims(c);
+  // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart;
+  // MLA turns qk_rope_head_dim of each head (mla_rope).
+  const bool mla = c.kv_lora_rank > 0;
+  const std::int64_t rotary = mla ? c.qk_rope_head_dim : rotary_dims(c);
   const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary, c.rope_interleaved);
   const Rope sliding_rope =
       c.sliding_rope_theta > 0
           ? rope_of(c.sliding_rope_theta, c.sliding_rope_scaling, rotary, c.rope_interleaved)
           : rope;
+  const auto [mla_turn, mla_scale] = mla ? mla_rope(rope) : std::pair<Rope, double>{rope, 1.0};
   const int tp = options_.tp_size, rank = options_.tp_rank;
   const std::int64_t per_vocab = rules_.padded_vocab() / tp, vocab_start = rank * per_vocab;
   const at::Tensor ids = at::tensor(tokens, at::kLong);
@@ -470,37 +540,42 @@ at::Tensor Forward::run(const std::vector<std::int64_t>& tokens, Communicator& c
       return name.empty() ? x : rms_norm(x, host_param(p + name + ".weight"), c);
     };
     const at::Tensor x = norm(h, norms.attention_in);
-    const at::Tensor qkv = linear(x, p + "self_attn.qkv_proj");
     const std::int64_t n = static_cast<std::int64_t>(tokens.size());
-    at::Tensor q = qkv.narrow(1, 0, q_heads * hd), k = qkv.narrow(1, q_heads * hd, kv_heads * hd);
-    if (c.qk_norm == QkNorm::kWhole) {  // OLMo: over all heads of q and of k, across the group
-      q = rms_norm_split(q, host_param(p + "self_attn.q_norm.weight"), rank * q_heads * hd,
-                         c.num_attention_heads * hd, 1, c, comm);
-      k = rms_norm_split(k, host_param(p + "self_attn.k_norm.weight"),
-                         rules_.kv_head_start(rank) * hd, c.num_key_value_heads * hd,
-                         tp * kv_heads / c.num_key_value_heads, c, comm);
+    at::Tensor attn;
+    if (mla) {
+      attn = mla_attention(x, p, mla_turn, mla_scale);
+    } else {
+      const at::Tensor qkv = linear(x, p + "self_attn.qkv_proj");
+      at::Tensor q = qkv.narrow(1, 0, q_heads * hd), k = qkv.narrow(1, q_heads * hd, kv_heads * hd);
+      if (c.qk_norm == QkNorm::kWhole) {  // OLMo: over all heads of q and of k, across the group
+        q = rms_norm_split(q, host_param(p + "self_attn.q_norm.weight"), rank * q_heads * hd,
+                           c.num_attention_heads * hd, 1, c, comm);
+        k = rms_norm_split(k, host_param(p + "self_attn.k_norm.weight"),
+                           rules_.kv_head_start(rank) * hd, c.num_key_value_heads * hd,
+                           tp * kv_heads / c.num_key_value_heads, c, comm);
+      }
+      q = q.reshape({n, q_heads, hd});
+      k = k.reshape({n, kv_heads, hd});
+      at::Tensor v =
+          qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
+      // Over each head, before rotary: by one weight (Qwen3, Gemma 3, EXAONE 4) or
+      // by each head's own, the rank's heads' rows (Command R+'s LayerNorm)
+      if (c.qk_norm == QkNorm::kShared || c.qk_norm == QkNorm::kPerHead) {
+        q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c);
+        k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c);
+      }
+      const Rope& turn = c.sliding_type(l) ? sliding_rope : rope;
+      if (!c.nope_full_layers || c.sliding_type(l)) {  // (Cohere 2's full layers: no rotary)
+        q = apply_rope(q, turn);
+        k = apply_rope(k, turn);
+      }
+      k = k.index_select(1, kv_index);
+      v = v.index_select(1, kv_index);
+      // Row-parallel: partial products are summed over the group, then the
+      // (replicated) bias is added once.
+      attn = linear(causal_attention(q, k, v, c, l).reshape({n, q_heads * hd}),
+                    p + "self_attn.o_proj", /*add_bias=*/false);
     }
-    q = q.reshape({n, q_heads, hd});
-    k = k.reshape({n, kv_heads, hd});
-    at::Tensor v =
-        qkv.narrow(1, (q_heads + kv_heads) * hd, kv_heads * hd).reshape({n, kv_heads, hd});
-    // Over each head, before rotary: by one weight (Qwen3, Gemma 3, EXAONE 4) or
-    // by each head's own, the rank's heads' rows (Command R+'s LayerNorm)
-    if (c.qk_norm == QkNorm::kShared || c.qk_norm == QkNorm::kPerHead) {
-      q = rms_norm(q, host_param(p + "self_attn.q_norm.weight"), c);
-      k = rms_norm(k, host_param(p + "self_attn.k_norm.weight"), c);
-    }
-    const Rope& turn = c.sliding_type(l) ? sliding_rope : rope;
-    if (!c.nope_full_layers || c.sliding_type(l)) {  // (Cohere 2's full layers: no rotary)
-      q = apply_rope(q, turn);
-      k = apply_rope(k, turn);
-    }
-    k = k.index_select(1, kv_index);
-    v = v.index_select(1, kv_index);
-    // Row-parallel: partial products are summed over the group, then the
-    // (replicated) bias is added once.
-    at::Tensor attn = linear(causal_attention(q, k, v, c, l).reshape({n, q_heads * hd}),
-                             p + "self_attn.o_proj", /*add_bias=*/false);
     allreduce_sum(attn, comm);
     const at::Tensor o_bias = host_param(p + "self_attn.o_proj.bias");
     if (o_bias.defined()) attn = attn + o_bias.to(at::kFloat);

@@ -39,7 +39,7 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
     } else {
       bool sliced = false, everywhere = true;
       for (int r = 0; r < o.tp_size; ++r) {
-        auto pl = rules.place(info.name, r);
+        auto pl = rules.place(info.name, r, nullptr, /*names=*/r == 0);
         if (!pl) break;
         sliced = sliced || pl->source_dim >= 0;
         everywhere = everywhere && pl->held;

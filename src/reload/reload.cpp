@@ -181,7 +181,7 @@ std::optional<std::string> preflight_problem(const Plan& plan, const SourceMetad
     } else if (t.held_by(model.tp_rank())) {
       problem =
           checkpoint_tensor_problem(model.rules(), model.tp_rank(), t.placements[model.tp_rank()],
-                                    info.shape, info.dtype, false);
+                                    info.shape, info.dtype, false, info.name);
     }
     if (!problem.empty()) return problem + " (in " + info.file + ")";
   }

@@ -399,10 +399,6 @@ TEST(Forward, SingleRankMatchesTheReference) {
     TensorParallelModel model(config, opts(1, 0));
     auto source = memory_source(ckpt);
     model.load_weights(*source);
-    if (config.kv_lora_rank > 0) {  // (no forward pass of MLA yet: refused, not wrong)
-      EXPECT_THROW(reference_forward(model, tokens, *comm), ModelError) << name;
-      continue;
-    }
     const at::Tensor got = reference_forward(model, tokens, *comm);
     const at::Tensor want = testdata::reference_logits(config, ckpt, tokens);
     ASSERT_EQ(got.sizes(), want.sizes()) << name;

@@ -220,15 +220,16 @@ ModelConfig tiny_config(const std::string& name) {
       "hidden_act":"silu","tie_word_embeddings":false,"torch_dtype":"bfloat16"})";
   else if (name == "deepseek_v2_lite")  // DeepSeek-V2-Lite's form: q straight from the
     // hidden state (q_lora_rank null), kv_a_proj_with_mqa replicated; layer 0 dense, then
-    // experts every second layer (moe_layer_freq 2: layer 2 only), two shared ones, greedy
-    // softmax routing (no score correction)
+    // experts every second layer (moe_layer_freq 2: layer 2 only), two shared ones, softmax
+    // routing in the best of 2 groups (DeepSeek-V2's group_limited_greedy; no score
+    // correction), weights x 2
     json = R"({"architectures":["DeepseekV2ForCausalLM"],"hidden_size":64,
       "intermediate_size":80,"num_hidden_layers":3,"num_attention_heads":8,
       "num_key_value_heads":8,"vocab_size":110,"q_lora_rank":null,"kv_lora_rank":16,
       "qk_nope_head_dim":8,"qk_rope_head_dim":8,"v_head_dim":8,"n_routed_experts":8,
       "num_experts_per_tok":2,"moe_intermediate_size":16,"n_shared_experts":2,
-      "first_k_dense_replace":1,"moe_layer_freq":2,"topk_method":"greedy",
-      "scoring_func":"softmax","n_group":1,"topk_group":1,"routed_scaling_factor":1.0,
+      "first_k_dense_replace":1,"moe_layer_freq":2,"topk_method":"group_limited_greedy",
+      "scoring_func":"softmax","n_group":2,"topk_group":1,"routed_scaling_factor":2.0,
       "norm_topk_prob":false,"rms_norm_eps":1e-06,"rope_theta":10000,"hidden_act":"silu",
       "tie_word_embeddings":false,"torch_dtype":"bfloat16"})";
   else if (name == "llama_wide")  // tensors of 128-512 KiB: many 64 KiB blocks per bucket
@@ -409,6 +410,7 @@ struct Rotary {
   bool apply_yarn_scaling = true, truncate = true;
   std::vector<double> short_factor, long_factor;
   double short_mscale = 0, long_mscale = 0, alpha = 0;
+  double mscale = 1, mscale_all_dim = 0;  // (DeepSeek's yarn; vLLM's defaults)
 };
 
 // What the reference computes with, read from the config's JSON here rather
@@ -552,6 +554,8 @@ Reading read_config(const ModelConfig& c) {
   setting("short_mscale", s.short_mscale);
   setting("long_mscale", s.long_mscale);
   setting("alpha", s.alpha);
+  setting("mscale", s.mscale);
+  setting("mscale_all_dim", s.mscale_all_dim);
   // Experts: Mixtral's lines' num_local_experts, the Qwens' num_experts,
   // GLM-4.5's n_routed_experts.
   for (const char* key : {"num_local_experts", "num_experts", "n_routed_experts"})
@@ -1230,14 +1234,15 @@ double rope_magnitude(const Rotary& s) {
 // dimensions pass through. Dimension i turns with its partner: i + d/2 (or
 // i - d/2), or where `interleaved`, its neighbour i ^ 1 (GPT-J's pairs).
 at::Tensor rope(const at::Tensor& x, const Rotary& rotary,  // x: [heads, tokens, head_dim]
-                double share, bool interleaved) {
+                double share, bool interleaved, double magnitude = -1) {
+  if (magnitude < 0) magnitude = rope_magnitude(rotary);
   const std::int64_t t = x.size(1), d = static_cast<std::int64_t>(x.size(2) * share);
   std::vector<double> cos_v(t * d), sin_v(t * d);
   for (std::int64_t pos = 0; pos < t; ++pos)
     for (std::int64_t i = 0; i < d; ++i) {
       const double freq = rope_frequency(rotary, interleaved ? i / 2 : i % (d / 2), d);
-      cos_v[pos * d + i] = rope_magnitude(rotary) * std::cos(pos * freq);
-      sin_v[pos * d + i] = rope_magnitude(rotary) * std::sin(pos * freq);
+      cos_v[pos * d + i] = magnitude * std::cos(pos * freq);
+      sin_v[pos * d + i] = magnitude * std::sin(pos * freq);
     }
   const at::Tensor cos = at::tensor(cos_v).reshape({t, d}), sin = at::tensor(sin_v).reshape({t, d});
   const at::Tensor turned = x.slice(2, 0, d);
@@ -1357,13 +1362,131 @@ at::Tensor glm4_moe_block(const ModelConfig& c, const std::map<std::string, at::
   return out;
 }
 
+// DeepSeek-V2's softmax routing (topk_method greedy or group_limited_greedy,
+// vLLM's grouped_topk without a correction), token by token, with the config's
+// keys read here: groups of n_routed_experts / n_group rated by their best
+// probability, the topk_group best kept, there the num_experts_per_tok most
+// probable, weighted by their probabilities (renormalised with norm_topk_prob)
+// times routed_scaling_factor; plus the shared experts where n_shared_experts.
+at::Tensor deepseek_softmax_block(const ModelConfig& c,
+                                  const std::map<std::string, at::Tensor>& ckpt,
+                                  const std::string& p, const at::Tensor& y) {
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  const std::int64_t experts = j.at("n_routed_experts"), groups = j.at("n_group"),
+                     kept_groups = j.at("topk_group"), top = j.at("num_experts_per_tok");
+  const double scale = j.at("routed_scaling_factor");
+  const std::int64_t per_group = experts / groups;
+  const at::Tensor probs = at::matmul(y, f32(ckpt, p + "mlp.gate.weight").t()).softmax(-1);
+  const std::string shared = p + "mlp.shared_experts.";
+  at::Tensor out = at::zeros_like(y);
+  for (std::int64_t t = 0; t < y.size(0); ++t) {
+    std::vector<std::pair<double, std::int64_t>> rating;  // (-best, group)
+    for (std::int64_t g = 0; g < groups; ++g) {
+      double best = 0;
+      for (std::int64_t e = g * per_group; e < (g + 1) * per_group; ++e)
+        best = std::max(best, probs[t][e].item<double>());
+      rating.push_back({-best, g});
+    }
+    std::sort(rating.begin(), rating.end());
+    std::vector<std::pair<double, std::int64_t>> candidates;  // (-probability, expert)
+    for (std::int64_t k = 0; k < kept_groups; ++k)
+      for (std::int64_t e = rating[k].second * per_group; e < (rating[k].second + 1) * per_group;
+           ++e)
+        candidates.push_back({-probs[t][e].item<double>(), e});
+    std::sort(candidates.begin(), candidates.end());
+    double sum = 0;
+    for (std::int64_t k = 0; k < top; ++k) sum -= candidates[k].first;
+    const bool renormalise = j.value("norm_topk_prob", false);
+    const at::Tensor row = y[t].unsqueeze(0);
+    for (std::int64_t k = 0; k < top; ++k) {
+      const std::int64_t e = candidates[k].second;
+      const double w = -candidates[k].first / (renormalise ? sum : 1) * scale;
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      out[t] +=
+          (swiglu(c, ckpt, row, x + "gate_proj", x + "up_proj", x + "down_proj") * w).squeeze(0);
+    }
+    if (ckpt.count(shared + "gate_proj.weight"))
+      out[t] += swiglu(c, ckpt, row, shared + "gate_proj", shared + "up_proj", shared + "down_proj")
+                    .squeeze(0);
+  }
+  return out;
+}
+
+// DeepSeek-V2 and V3 as Hugging Face's DeepseekV3Attention computes them (in
+// float64, from the checkpoint's kv_b_proj, not through absorbed matrices):
+// q through q_a_proj, q_a_layernorm and q_b_proj (or q_proj), each head's
+// qk_nope dims and qk_rope dims; the compressed kv_a_proj_with_mqa's first
+// kv_lora_rank values normed and through kv_b_proj into each head's k_nope and
+// v, its last qk_rope values the rotary key all heads share; rotary on
+// interleaved pairs, yarn's frequencies with DeepSeek's magnitude m(mscale) /
+// m(mscale_all_dim) (m(x) = 0.1 x ln(factor) + 1), scores scaled by (qk_nope +
+// qk_rope)^-1/2 x m(mscale_all_dim)^2; dense layers, then routed experts
+// (noaux_tc: glm4_moe_block's sigmoid groups with the correction; else
+// deepseek_softmax_block) with shared experts.
+at::Tensor deepseek_logits(const ModelConfig& c, const std::map<std::string, at::Tensor>& ckpt,
+                           const std::vector<std::int64_t>& tokens) {
+  const nlohmann::json j = nlohmann::json::parse(c.json);
+  const Reading rd = read_config(c);
+  const std::int64_t n = tokens.size(), heads = rd.heads, nope = j.at("qk_nope_head_dim"),
+                     pe = j.at("qk_rope_head_dim"), v = j.at("v_head_dim"),
+                     lora = j.at("kv_lora_rank");
+  const Rotary& r = rd.rotary;
+  double magnitude = 1, scale = 1 / std::sqrt(static_cast<double>(nope + pe));
+  if (r.type == "yarn") {
+    auto m = [&](double x) { return r.factor <= 1 ? 1 : 0.1 * x * std::log(r.factor) + 1; };
+    magnitude = m(r.mscale) / m(r.mscale_all_dim) * r.attn_factor;
+    scale *= m(r.mscale_all_dim) * m(r.mscale_all_dim);
+  } else if (r.type != "default") {
+    throw std::invalid_argument("the reference turns DeepSeek's yarn or default rotary only");
+  }
+  at::Tensor h = f32(ckpt, "model.embed_tokens.weight").index_select(0, at::tensor(tokens));
+  for (std::int64_t l = 0; l < rd.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".", a = p + "self_attn.";
+    const at::Tensor x = norm(h, f32(ckpt, p + "input_layernorm.weight"), c, rd.eps);
+    const at::Tensor q = (j.at("q_lora_rank").is_null()
+                              ? linear_ref(ckpt, x, a + "q_proj")
+                              : linear_ref(ckpt,
+                                           norm(linear_ref(ckpt, x, a + "q_a_proj"),
+                                                f32(ckpt, a + "q_a_layernorm.weight"), c, rd.eps),
+                                           a + "q_b_proj"))
+                             .reshape({n, heads, nope + pe})
+                             .permute({1, 0, 2});  // [heads, tokens, qk]
+    const at::Tensor kv_a = linear_ref(ckpt, x, a + "kv_a_proj_with_mqa");
+    const at::Tensor kv =
+        linear_ref(ckpt,
+                   norm(kv_a.slice(1, 0, lora), f32(ckpt, a + "kv_a_layernorm.weight"), c, rd.eps),
+                   a + "kv_b_proj")
+            .reshape({n, heads, nope + v})
+            .permute({1, 0, 2});  // [heads, tokens, nope + v]
+    const at::Tensor q_pe = rope(q.slice(2, nope, nope + pe), r, 1, true, magnitude);
+    const at::Tensor k_pe =
+        rope(kv_a.slice(1, lora, lora + pe).unsqueeze(0), r, 1, true, magnitude);
+    at::Tensor scores = (at::matmul(q.slice(2, 0, nope), kv.slice(2, 0, nope).transpose(1, 2)) +
+                         at::matmul(q_pe, k_pe.transpose(1, 2))) *
+                        scale;
+    scores = scores.masked_fill(at::ones({n, n}, at::kBool).triu(1),
+                                -std::numeric_limits<double>::infinity());
+    const at::Tensor attn = at::matmul(scores.softmax(-1), kv.slice(2, nope, nope + v))
+                                .permute({1, 0, 2})
+                                .reshape({n, heads * v});
+    h = h + linear_ref(ckpt, attn, a + "o_proj");
+    const at::Tensor y = norm(h, f32(ckpt, p + "post_attention_layernorm.weight"), c, rd.eps);
+    if (!sparse(c, rd, l))
+      h = h + swiglu(c, ckpt, y, p + "mlp.gate_proj", p + "mlp.up_proj", p + "mlp.down_proj");
+    else if (j.value("topk_method", "") == "noaux_tc")
+      h = h + glm4_moe_block(c, ckpt, p, y);
+    else
+      h = h + deepseek_softmax_block(c, ckpt, p, y);
+  }
+  h = norm(h, f32(ckpt, "model.norm.weight"), c, rd.eps);
+  return at::matmul(h, f32(ckpt, "lm_head.weight").t()).to(at::kFloat);
+}
+
 }  // namespace
 
 at::Tensor reference_logits(const ModelConfig& c, const std::map<std::string, at::Tensor>& stacked,
                             const std::vector<std::int64_t>& tokens) {
-  if (deepseek(c))
-    throw std::invalid_argument("the reference computes no multi-head latent attention (" +
-                                c.architecture + ")");
+  if (deepseek(c)) return deepseek_logits(c, stacked, tokens);
   const std::map<std::string, at::Tensor> ckpt = unstacked(c, stacked);
   const Reading rd = read_config(c);
   const std::int64_t n = tokens.size(), hd = rd.head_dim, nh = rd.heads, nkv = rd.kv_heads;

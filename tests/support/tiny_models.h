@@ -77,14 +77,13 @@ namespace tpreload::testdata {
 // block_sparse_moe.input_linear [8, 32, 64], output_linear [8, 64, 16],
 // router.layer [8, 64]; tied, vocab 105),
 // "deepseek_v3" (DeepSeek-V3: multi-head latent attention with q_lora_rank 32,
-// q_a_proj and kv_a_proj_with_mqa merged into the replicated fused_qkv_a_proj;
-// layer 0 dense, layers 1-2 with 8 experts of 16 and a shared one, noaux_tc
-// routing with its float32 score correction; an MTP layer in its config),
-// "deepseek_v2_lite" (DeepSeek-V2-Lite: q_proj straight from the hidden state,
-// kv_a_proj_with_mqa replicated alone; experts on layer 2 only (moe_layer_freq
-// 2), two shared; greedy routing, no score correction). The reference forward
-// pass computes no multi-head latent attention: reference_logits throws for
-// both.
+// q_a_proj and kv_a_proj_with_mqa merged into the replicated fused_qkv_a_proj,
+// yarn rotary; layer 0 dense, layers 1-2 with 8 experts of 16 and a shared one,
+// noaux_tc routing with its float32 score correction; an MTP layer in its
+// config), "deepseek_v2_lite" (DeepSeek-V2-Lite: q_proj straight from the hidden
+// state, kv_a_proj_with_mqa replicated alone, no rotary scaling; experts on
+// layer 2 only (moe_layer_freq 2), two shared; softmax routing in the best of
+// two groups, weights x 2),
 // "llama_wide" (hidden 256, one layer: tensors of 128-512 KiB, for tests that
 // need buckets of many 64 KiB verify blocks; not in kTinyConfigs).
 ModelConfig tiny_config(const std::string& name);

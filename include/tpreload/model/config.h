@@ -58,6 +58,11 @@ struct RopeScaling {
   double max_position_embeddings = 0;
   double short_mscale = 0, long_mscale = 0;
   double alpha = 0;  // dynamic's alternative to factor
+  // DeepSeek's yarn (vLLM's DeepseekScalingRotaryEmbedding, which the MLA
+  // families take for "yarn"): cos and sin times m(mscale) / m(mscale_all_dim)
+  // x attn_factor, the attention scores times m(mscale_all_dim)^2, where m(x) =
+  // 0.1 x ln(factor) + 1 (1 for a factor up to 1); vLLM's defaults.
+  double mscale = 1, mscale_all_dim = 0;
   // Every setting but rope_theta (keys sorted, numbers as doubles, `type` as
   // `rope_type`): what ranks and kernel-format shards compare; "" for none.
   std::string json;

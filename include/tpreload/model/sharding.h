@@ -202,8 +202,11 @@ class ShardingRules {
   ParamSlot find_slot(const std::string& name) const;
 
   // Placement of a checkpoint tensor on `tp_rank`, or nullopt with the reason.
+  // Without `names` its checkpoint_name and param are left empty (a plan keeps
+  // them for rank 0 only: two strings per tensor and rank were most of a large
+  // plan's memory).
   std::optional<Placement> place(const std::string& checkpoint_name, int tp_rank,
-                                 SkipReason* why = nullptr) const;
+                                 SkipReason* why = nullptr, bool names = true) const;
 
   // The FP8 processing on `tp_rank`, in layer order (vLLM's Fp8LinearMethod
   // and Fp8MoEMethod, fp8_checkpoint.h). A per-tensor FP8 checkpoint: each

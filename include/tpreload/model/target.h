@@ -51,10 +51,12 @@ class ReloadTarget {
 // actual shape and dtype. Floating dtypes other than the parameter's are fine
 // (converted on load); integer ones are not; int8 (quantized) parameters take
 // bfloat16, float16 or float32. `presliced`: the tensor is the rank's slice.
+// `name`: the tensor's, where the placement carries none (a plan's, but rank
+// 0's: ShardingRules::place without names).
 std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank,
                                       const Placement& placement,
                                       const std::vector<std::int64_t>& shape, DType dtype,
-                                      bool presliced);
+                                      bool presliced, const std::string& name = "");
 // The dtype a checkpoint tensor for parameter `slot` is said to be expected in:
 // the parameter's (GLM-4.5's router float32 in a bfloat16 model), or for an int8
 // (quantized) parameter the model's.

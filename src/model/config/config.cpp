@@ -445,14 +445,18 @@ CheckpointTensorSpec expert_part(std::string name, std::vector<std::int64_t> sha
 std::vector<CheckpointTensorSpec> with_fp8_scales(const Fp8Checkpoint& fp8,
                                                   std::vector<CheckpointTensorSpec> specs) {
   std::vector<CheckpointTensorSpec> out;
+  out.reserve(2 * specs.size());
   for (CheckpointTensorSpec& spec : specs) {
-    const bool quantized = fp8_quantized_weight(fp8, spec.name);
-    if (quantized) spec.dtype = spec.param_dtype = DType::kFloat8E4M3;
-    out.push_back(spec);
-    if (!quantized) continue;
-    for (const auto& [name, kind] : fp8_scales_of(fp8, spec.name))
-      out.push_back(
-          {name, fp8_scale_shape(fp8, kind, spec.shape), DType::kFloat32, DType::kFloat32});
+    if (!fp8_quantized_weight(fp8, spec.name)) {
+      out.push_back(std::move(spec));
+      continue;
+    }
+    spec.dtype = spec.param_dtype = DType::kFloat8E4M3;
+    const auto scales = fp8_scales_of(fp8, spec.name);
+    const std::vector<std::int64_t> shape = spec.shape;
+    out.push_back(std::move(spec));
+    for (const auto& [name, kind] : scales)
+      out.push_back({name, fp8_scale_shape(fp8, kind, shape), DType::kFloat32, DType::kFloat32});
   }
   return out;
 }
@@ -496,8 +500,10 @@ void attention_specs(const ModelConfig& c, const std::string& p, bool qkv,
 std::vector<CheckpointTensorSpec> tensor_specs(const ModelConfig& c, families::Stacked stacked) {
   using R = ShardRole;
   const std::int64_t h = c.hidden_size, inter = c.intermediate_size;
-  std::vector<CheckpointTensorSpec> specs = {
-      split_as("model.embed_tokens.weight", {c.vocab_size, h}, ShardKind::kVocab)};
+  std::vector<CheckpointTensorSpec> specs;
+  // (about a layer's attention, norms and MLP, and every expert's three)
+  specs.reserve(static_cast<std::size_t>(4 + c.num_hidden_layers * (24 + 3 * c.num_experts)));
+  specs.push_back(split_as("model.embed_tokens.weight", {c.vocab_size, h}, ShardKind::kVocab));
   // A gate/up/down MLP of `n` under `m` whose gate and up no checkpoint stacks
   // (a shared expert's): gate_up_proj's two shards, down_proj by columns.
   auto apart_mlp = [&](const std::string& m, std::int64_t n) {
@@ -612,7 +618,7 @@ std::vector<RowSplit> stacked_checkpoint_tensors(const ModelConfig& c) {
 // check that fails until the list is looked at.)
 #if defined(__GLIBCXX__) && defined(__x86_64__) && _GLIBCXX_USE_CXX11_ABI && \
     !defined(_GLIBCXX_DEBUG)
-static_assert(sizeof(ModelConfig) == 984,
+static_assert(sizeof(ModelConfig) == 1016,
               "ModelConfig changed: add its new field to config_fields(), then this size");
 #endif
 

@@ -137,6 +137,8 @@ RopeScaling rope_scaling_of(const json& j, const std::string& origin, const std:
   setting("short_mscale", r.short_mscale);
   setting("long_mscale", r.long_mscale);
   setting("alpha", r.alpha);
+  setting("mscale", r.mscale);
+  setting("mscale_all_dim", r.mscale_all_dim);
   for (auto [key, out] :
        {std::pair{"short_factor", &r.short_factor}, std::pair{"long_factor", &r.long_factor}}) {
     if (!s.contains(key) || s[key].is_null()) continue;

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
-#include <set>
+#include <string_view>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "../families/family.h"
 #include "tpreload/checkpoint/row_split.h"
@@ -187,8 +189,10 @@ void ShardingRules::build_rules() {
   // parameter, its shard of it, how that is split); an FP8 scale is placed as
   // its weight, in the weight's fused parameter's scale.
   const std::vector<CheckpointTensorSpec> specs = loader_tensor_specs(config_);
-  std::map<std::string, const CheckpointTensorSpec*> by_name;
+  std::unordered_map<std::string_view, const CheckpointTensorSpec*> by_name;
+  by_name.reserve(specs.size());
   for (const auto& spec : specs) by_name.emplace(spec.name, &spec);
+  rules_.reserve(specs.size());
   // (a replicated parameter merged from parts: its rows and shards, and each
   // part's shard and the rows before it, in the layout's order)
   std::map<std::string, std::pair<std::uint32_t, std::int64_t>> merged, part;
@@ -245,7 +249,8 @@ void ShardingRules::check_fp8_blocks() const {
                         fp8.block_n, ", ", fp8.block_k, "]; vLLM refuses it too)");
   };
   // A fused parameter is quantized whole or not at all.
-  std::map<std::string, const std::pair<std::string, Rule>*> first_part;
+  std::unordered_map<std::string_view, const std::pair<std::string, Rule>*> first_part;
+  first_part.reserve(rules_.size());
   for (const auto& entry : rules_) {
     const auto [it, fresh] = first_part.emplace(entry.second.param, &entry);
     if (fresh) continue;
@@ -283,7 +288,8 @@ void ShardingRules::build_params() {
   const auto& c = config_;
   const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
   const std::int64_t qkv_rows = q_local + 2 * kv_heads_per_rank() * c.head_dim;
-  std::set<std::string> seen;  // params_ is sorted only at the end
+  std::unordered_set<std::string_view> seen;  // params_ is sorted only at the end
+  seen.reserve(rules_.size());
   for (const auto& [name, rule] : rules_) {
     if (!seen.insert(rule.param).second) continue;
     const NameParts p = split_name(rule.param);
@@ -441,7 +447,7 @@ const ShardingRules::Rule* ShardingRules::find_rule(const std::string& checkpoin
 }
 
 std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name, int tp_rank,
-                                              SkipReason* why) const {
+                                              SkipReason* why, bool names) const {
   if (why) *why = SkipReason::kNone;
   const Rule* rule = find_rule(checkpoint_name);
   if (!rule) {
@@ -452,8 +458,10 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
     return std::nullopt;
   }
   Placement pl;
-  pl.checkpoint_name = checkpoint_name;
-  pl.param = rule->param;
+  if (names) {
+    pl.checkpoint_name = checkpoint_name;
+    pl.param = rule->param;
+  }
   pl.slot = rule->slot;
   if (!rule->fp8_scale) {
     place_rule(*rule, tp_rank, pl);

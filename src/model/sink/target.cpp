@@ -40,16 +40,21 @@ std::vector<ReloadTarget::Stored> ReloadTarget::stored_parameters() const {
 
 std::string checkpoint_tensor_problem(const ShardingRules& rules, int tp_rank, const Placement& pl,
                                       const std::vector<std::int64_t>& shape, DType dtype,
-                                      bool presliced) {
+                                      bool presliced, const std::string& name) {
   const std::vector<std::int64_t> want = presliced ? pl.slice_shape() : pl.source_shape;
-  const std::string who = detail::concat("tensor '", pl.checkpoint_name, "' for parameter '",
-                                         pl.param, "' on tp rank ", tp_rank, "/", rules.tp_size());
+  const ParamSpec& param = rules.params().at(pl.slot);
+  // (named only where there is a problem: a plan checks every tensor)
+  const bool fits =
+      pl.held && shape == want && convertible(dtype, param.dtype, param.quantized_on_load());
+  if (fits) return "";
+  const std::string who = detail::concat(
+      "tensor '", pl.checkpoint_name.empty() ? name : pl.checkpoint_name, "' for parameter '",
+      param.name, "' on tp rank ", tp_rank, "/", rules.tp_size());
   if (!pl.held) return who + ": not held by this rank (another rank holds this expert)";
   if (shape != want)
     return detail::concat(who, ": expected ", presliced ? "slice " : "", shape_string(want), " ",
                           dtype_name(checkpoint_dtype(rules, pl.slot)), ", got ",
                           shape_string(shape), " ", dtype_name(dtype));
-  const ParamSpec& param = rules.params().at(pl.slot);
   return dtype_problem(who, dtype, param.dtype, param.quantized_on_load());
 }
 
