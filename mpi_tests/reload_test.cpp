@@ -345,12 +345,11 @@ TPRELOAD_RANKS_TEST(Reload, Glm4MoeFloat32RouterAndSharedExperts) {
 // fused_qkv_a_proj, q_b_proj and kv_b_proj split by heads, a dense layer, then
 // routed experts, shared ones and a float32 score correction) tensor- and
 // expert-parallel; DeepSeek-V2-Lite (q_proj, kv_a_proj_with_mqa replicated
-// alone, experts every second layer) plain and int8. The MTP layer a V3
+// alone, experts every second layer) in int8. The MTP layer a V3
 // checkpoint carries is reported skipped.
 TPRELOAD_RANKS_TEST(Reload, DeepSeekMultiHeadLatentAttentionAndExperts) {
   run_checkpoint_matrix("deepseek_v3", {world().size(), "", false});
   run_checkpoint_matrix("deepseek_v3", {world().size(), "", false, true});
-  run_checkpoint_matrix("deepseek_v2_lite", {world().size(), "", false});
   run_checkpoint_matrix("deepseek_v2_lite", {world().size(), "int8", false});
   const ModelConfig config = testdata::tiny_config("deepseek_v3");
   auto with_mtp = testdata::random_checkpoint(config, 301);
