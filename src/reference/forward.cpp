@@ -495,6 +495,11 @@ at::Tensor Forward::run(const std::vector<std::int64_t>& tokens, Communicator& c
   const ModelConfig& c = config();
   // (before any collective) Gemma 3's and OLMo 3's sliding layers turn apart;
   // MLA turns qk_rope_head_dim of each head (mla_rope).
+  if (c.sigmoid_routing && !c.score_correction)
+    raise<ModelError>("forward: ", c.architecture,
+                      "'s sigmoid routing without "
+                      "e_score_correction_bias (scoring_func sigmoid, topk_method other than "
+                      "noaux_tc) is not computed here; reloading its weights is not affected");
   const bool mla = c.kv_lora_rank > 0;
   const std::int64_t rotary = mla ? c.qk_rope_head_dim : rotary_dims(c);
   const Rope rope = rope_of(c.rope_theta, c.rope_scaling, rotary, c.rope_interleaved);

@@ -1,4 +1,4 @@
-// The device int8 and conversion kernels against the CPU code, byte for byte,
+// The device int8, conversion and head_rows kernels against the CPU code, byte for byte,
 // and the CUDA device's copies. Needs a CUDA device: built in every CUDA build, run by
 // scripts/gpu_check.sh (registered with ctest only with TPRELOAD_GPU_TESTS).
 #include <gtest/gtest.h>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tpreload/comm/cuda_device.h"
+#include "tpreload/core/head_rows.h"
 #include "tpreload/model/convert.h"
 #include "tpreload/model/quantize.h"
 
@@ -135,6 +136,59 @@ TEST(CudaDevice, StridedCopiesAndFillsLandWhereTheySay) {
     for (std::uint64_t c = 0; c < width; ++c)
       ASSERT_EQ(out[r * dst_pitch + c], src[r * src_pitch + 40 + c]);
   for (std::uint64_t i = rows * dst_pitch; i < out.size(); ++i) ASSERT_EQ(out[i], 0);
+}
+
+// The device's head_rows (DeepSeek's W_UK_T and W_UV after a reload) against
+// the CPU's, byte for byte: FP8 codes times a block grid into bfloat16,
+// transposed; int8 times row scales into float16; bfloat16 copied as it is.
+TEST(CudaHeadRows, EqualsTheCpuByteForByte) {
+  const std::int64_t heads = 3, head_rows = 48, cols = 96, rows = 16, first = 32;
+  std::mt19937 rng(7);
+  std::vector<std::uint8_t> w(heads * head_rows * cols * 2);
+  for (auto& b : w) b = static_cast<std::uint8_t>(rng() % 0x7E);  // (finite codes)
+  std::vector<float> scale(heads * head_rows * 2);
+  for (auto& f : scale) f = 0.01f + static_cast<float>(rng() % 1000) / 997.0f;
+  Device& d = *device();
+  auto stream = d.make_stream();
+  Buffer dw = d.memory().allocate(w.size()), ds = d.memory().allocate(scale.size() * 4);
+  stream->copy(dw.data(), w.data(), w.size(), CopyKind::kHostToDevice);
+  stream->copy(ds.data(), scale.data(), scale.size() * 4, CopyKind::kHostToDevice);
+  struct Case {
+    DType w, out;
+    HeadRows::Scale kind;
+    bool transpose;
+  };
+  for (const Case& k : {Case{DType::kFloat8E4M3, DType::kBFloat16, HeadRows::Scale::kBlocks, true},
+                        Case{DType::kInt8, DType::kFloat16, HeadRows::Scale::kRow, false},
+                        Case{DType::kBFloat16, DType::kBFloat16, HeadRows::Scale::kNone, false}}) {
+    HeadRows a;
+    a.w_dtype = k.w;
+    a.heads = heads;
+    a.head_rows = head_rows;
+    a.first = first;
+    a.rows = rows;
+    a.cols = cols;
+    a.scale_kind = k.kind;
+    a.block_n = 16;
+    a.block_k = 32;
+    a.grid_cols = cols / 32;
+    a.transpose = k.transpose;
+    a.out_dtype = k.out;
+    std::vector<std::byte> cpu(a.elements() * dtype_size(k.out)), gpu(cpu.size());
+    a.w = w.data();
+    a.scale = scale.data();
+    a.out = cpu.data();
+    head_rows_host(a);
+    Buffer dout = d.memory().allocate(gpu.size());
+    a.w = dw.data();
+    a.scale = reinterpret_cast<const float*>(ds.data());
+    a.out = dout.data();
+    stream->head_rows(a);
+    stream->copy(gpu.data(), dout.data(), gpu.size(), CopyKind::kDeviceToHost);
+    synchronize(*stream, 30s, "head_rows test");
+    EXPECT_EQ(0, std::memcmp(cpu.data(), gpu.data(), cpu.size()))
+        << dtype_name(k.w) << " -> " << dtype_name(k.out);
+  }
 }
 
 }  // namespace
