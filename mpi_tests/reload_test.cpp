@@ -180,7 +180,7 @@ std::string mode_name(const ReadMode& m) {
 }
 
 const std::vector<std::string> kSourceKinds = {"memory", "single", "sharded", "hdf5"};
-const std::vector<std::uint64_t> kBucketBytes = {700, std::uint64_t{1} << 30};
+const std::vector<std::uint64_t> kBucketBytes = {1900, std::uint64_t{1} << 30};
 
 // One reload: version 1 from memory, then version 2 from `kind` read in `mode`
 // with `bucket`-byte buckets; every parameter must then hold its expected
@@ -198,7 +198,7 @@ void reload_cell(const std::string& config_name, const Variant& setup, const Mod
   ReloadOptions o;
   mode.apply(o);
   o.bucket_bytes = bucket;
-  o.zero_copy = bucket > 700;  // both ways of filling a broadcast bucket
+  o.zero_copy = bucket > 1900;  // both ways of filling a broadcast bucket
   o.reader_rank = world().size() - 1;
   reload_from(model, "", &v1, o);  // the live weights: version 1
   const auto before = layout_of(model);

@@ -22,7 +22,7 @@ if ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, long) { return 0; 
   echo "fuzz: $cxx cannot build libFuzzer targets (apt-get install clang)" >&2
   exit 77
 fi
-flags=(-std=c++17 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+flags=(-std=c++17 -O1 -g1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/src/checkpoint")
 # What the parsers need, and nothing that needs LibTorch, MPI or HDF5, built
 # once (each object rebuilt when its source or any header changed).
