@@ -122,7 +122,7 @@ TEST(DataPlane, CheckpointFormatOverEveryPlane) {
           o.distribution = d;
           o.readers = mode == 2 ? Readers::kAll : mode >= 3 ? Readers::kNode : Readers::kOne;
           o.ranks_per_node = std::max(1, world().size() / 2);
-          o.bucket_bytes = 1500;
+          o.bucket_bytes = 4000;
           o.pipeline_depth = 2;
           o.reader_rank = world().size() - 1;
           o.rotate_broadcast_roots = mode >= 5;

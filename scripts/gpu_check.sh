@@ -199,14 +199,18 @@ suites() {
 }
 
 # The bundle: both programs built without MPI, HDF5 or LibTorch (neither links
-# it), machine code for sm_90 and sm_100 and sm_100's PTX, and beside them in
-# lib/ every shared library they load that is not the C library's (found through
-# their RUNPATH, $ORIGIN/lib). The driver and NCCL are loaded at run time, from
-# the GPU machine.
+# it), RelWithDebInfo as the main build, machine code for sm_90 and sm_100 and
+# sm_100's PTX, and beside them in lib/ every shared library they load that is
+# not the C library's (found through their RUNPATH, $ORIGIN/lib). The driver
+# and NCCL are loaded at run time, from the GPU machine.
 bundle() {
   set -e
   local build=${GPU_CHECK_BUNDLE_BUILD:-build-gpu-bundle} start=$SECONDS
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DTPRELOAD_CUDA=ON -DTPRELOAD_MPI=OFF \
+  # (the main build's type, flags and ccache settings: each object both builds
+  # compile alike, all but the checkpoint layer's and the .cu files', comes
+  # from the cache the main build filled)
+  . scripts/ccache_env.sh
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTPRELOAD_CUDA=ON -DTPRELOAD_MPI=OFF \
     -DTPRELOAD_HDF5=OFF -DTPRELOAD_PYTHON=OFF "-DCMAKE_CUDA_ARCHITECTURES=${CUDA_ARCHS:-90-real;100}" \
     '-DCMAKE_BUILD_RPATH=$ORIGIN/lib' >/dev/null
   cmake --build "$build" -j "${JOBS:-$(nproc)}" --target gpu_tests tpreload_gpu_check

@@ -34,10 +34,7 @@ fi
 BUILD_DIR=${BUILD_DIR:-build}
 BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo}
 JOBS=${JOBS:-$(nproc)}
-# The precompiled header is compatible with ccache only with these sloppiness settings.
-export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}
-# Paths relative to the checkout, so a fresh clone elsewhere still hits the cache.
-export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
+. scripts/ccache_env.sh
 start=$(date +%s)
 # The Python module is built for Debian's python3, the one python3-torch and
 # python3-pytest belong to (another python3 earlier on PATH would not see them).
