@@ -2,12 +2,13 @@
 # scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 # Builds the libFuzzer targets of tests/fuzz with clang (-fsanitize=fuzzer,
 # address,undefined) into build-fuzz/ and runs each for SECONDS_PER_TARGET
-# (default 60), starting from the committed seeds in tests/fuzz/corpus/<target>
+# (default 60; JOBS runs at a time, a core each, JOBS defaulting to the
+# cores), starting from the committed seeds in tests/fuzz/corpus/<target>
 # (never written to: new inputs go to build-fuzz/corpus/<target>). Exits
 # non-zero on the first finding, whose input is left in build-fuzz/artifacts/
 # (add it to tests/fuzz/corpus/<target> as a regression case once fixed).
 #   scripts/fuzz.sh 10            # the short run of the test command
-#   scripts/fuzz.sh 150           # 10 minutes over the four targets
+#   scripts/fuzz.sh 150           # 150 s each: 5 minutes on 2 cores
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 seconds=${1:-60}
@@ -50,23 +51,42 @@ done
 for pid in "${compiles[@]}"; do
   wait "$pid" || { echo "fuzz: a library object failed to compile" >&2; exit 1; }
 done
+# The targets, then their runs, JOBS at a time (each run is one process on one core).
+jobs_at_most() { while [ "$(jobs -rp | wc -l)" -ge "${JOBS:-$(nproc)}" ]; do sleep 0.2; done; }
+builds=()
 for t in "${targets[@]}"; do
   bin="$out/${t}_fuzz"
   src="$root/tests/fuzz/${t}_fuzz.cpp"
   if [ ! -x "$bin" ] || [ -n "$(find "$root/tests/fuzz" "${objects[@]}" -newer "$bin" -print -quit)" ]; then
+    jobs_at_most
     echo "fuzz: building $t"
-    "$cxx" "${flags[@]}" "$src" "${objects[@]}" -lspdlog -lfmt -o "$bin"
+    rm -f "$bin"
+    "$cxx" "${flags[@]}" "$src" "${objects[@]}" -lspdlog -lfmt -o "$bin" &
+    builds+=("$!")
   fi
+done
+for pid in "${builds[@]}"; do
+  wait "$pid" || { echo "fuzz: a target failed to build" >&2; exit 1; }
+done
+runs=()
+for t in "${targets[@]}"; do
   mkdir -p "$out/corpus/$t"
   rm -f "$out/artifacts/$t-"*  # a finding of an earlier run is judged by this run
+  jobs_at_most
   echo "fuzz: running $t for $seconds s"
   (cd "$out/artifacts" &&
-    "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="$out/artifacts/$t-" "$out/corpus/$t" "$root/tests/fuzz/corpus/$t" 2>&1 |
-    grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==|SUMMARY|artifact)" || true)
+    "$out/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      -artifact_prefix="$out/artifacts/$t-" "$out/corpus/$t" "$root/tests/fuzz/corpus/$t" \
+      > "$out/$t.log" 2>&1 || true) &
+  runs+=("$!")
+done
+wait "${runs[@]}"
+for t in "${targets[@]}"; do
+  echo "fuzz: $t:"
+  grep -E "^(#[0-9]+ +DONE|stat::number_of_executed_units|==[0-9]+==|SUMMARY|artifact)" "$out/$t.log" || true
   if compgen -G "$out/artifacts/$t-*" > /dev/null; then
     echo "fuzz: FINDING in $t: $(ls "$out"/artifacts/"$t"-*)" >&2
     exit 1
   fi
 done
-echo "fuzz: no findings (${#targets[@]} targets, $seconds s each)"
+echo "fuzz: no findings (${#targets[@]} targets, $seconds s each, ${JOBS:-$(nproc)} at a time)"
