@@ -27,6 +27,7 @@
 #include "tpreload/model/torch_dtype.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
+#include "tpreload/reload/sharded_source.h"
 
 namespace tpreload {
 namespace {
@@ -1284,6 +1285,210 @@ TPRELOAD_RANKS_TEST(Reload, ReadersAllRefusesARankThatSeesOtherFiles) {
     EXPECT_EQ(msg.find(hint) != std::string::npos, !every_rank) << msg;
     EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << msg;
   }
+}
+
+// ------------------------------------------------------------ sharded sources
+
+// How the ranks hold the checkpoint: each tensor in world-size row slices
+// (FSDP), column slices (Megatron's row-parallel cut; 1-D tensors by rows), or
+// whole on two ranks in turn (replicas: tensor i on ranks i and i + 1).
+enum class Holding { kRows, kColumns, kWholeTwice };
+
+// Rank `rank`'s boxes of `ckpt` under `how`, cut here by the test's own
+// arithmetic (near-equal parts, the first ones an element longer) with
+// at::narrow, each box's bytes a contiguous copy kept alive by its entry.
+std::vector<HeldTensor> holding(const std::map<std::string, at::Tensor>& ckpt, Holding how,
+                                int rank, int ranks) {
+  std::vector<HeldTensor> out;
+  int i = 0;
+  for (const auto& [name, t] : ckpt) {
+    const int tensor = i++;
+    at::Tensor part = t;
+    std::vector<std::int64_t> offset(static_cast<std::size_t>(t.dim()), 0), size = t.sizes().vec();
+    if (how == Holding::kWholeTwice) {
+      if (rank != tensor % ranks && rank != (tensor + 1) % ranks) continue;
+    } else if (t.dim() == 0) {
+      if (rank != 0) continue;
+    } else {
+      const std::int64_t d = how == Holding::kColumns && t.dim() >= 2 ? 1 : 0;
+      const std::int64_t n = t.size(d), base = n / ranks, extra = n % ranks;
+      const std::int64_t begin = rank * base + std::min<std::int64_t>(rank, extra);
+      const std::int64_t length = base + (rank < extra ? 1 : 0);
+      part = t.narrow(d, begin, length);
+      offset[static_cast<std::size_t>(d)] = begin;
+      size[static_cast<std::size_t>(d)] = length;
+    }
+    auto kept = std::make_shared<at::Tensor>(part.contiguous());
+    out.push_back({name, dtype_from_torch(t.scalar_type()), t.sizes().vec(), Box{offset, size},
+                   ConstBytes(kept->data_ptr(), kept->nbytes()), kept});
+  }
+  return out;
+}
+
+const char* holding_name(Holding how) {
+  return how == Holding::kRows ? "rows" : how == Holding::kColumns ? "columns" : "whole twice";
+}
+
+// Every rank holds part of version 2 (rows, columns, replicas) and a model
+// loaded with version 1; after the sharded reload every parameter holds its
+// expected slice (the tests' own slicing), where it was before. A second
+// reload of version 3 with the same boxes reuses the kept plan.
+TPRELOAD_RANKS_TEST(Sharded, RowsColumnsAndReplicasLoadEveryShard) {
+  const int n = world().size();
+  for (const std::string config_name : {"llama_gqa", "qwen3_moe"}) {
+    const ModelConfig config = testdata::tiny_config(config_name);
+    const auto v1 = testdata::random_checkpoint(config, 100),
+               v2 = testdata::random_checkpoint(config, 200),
+               v3 = testdata::random_checkpoint(config, 300);
+    // tp = world, and (from 2 ranks) tp = world / 2: two replicas.
+    for (const int tp : n >= 2 ? std::vector<int>{n, n / 2} : std::vector<int>{1}) {
+      const Variant setup{tp, "", false};
+      const auto want2 = expected_params(config, setup, v2);
+      for (Holding how : {Holding::kRows, Holding::kColumns, Holding::kWholeTwice}) {
+        const std::string what =
+            config_name + " tp " + std::to_string(tp) + " " + holding_name(how);
+        TensorParallelModel model(config, options_for(setup));
+        ReloadOptions o;
+        o.bucket_bytes = how == Holding::kColumns ? std::uint64_t{1} << 30 : 1900;
+        reload_from(model, "", &v1, o);
+        const auto before = layout_of(model);
+        ReloadWorkspace workspace;
+        const ShardedSource held(holding(v2, how, world().rank(), n));
+        const ReloadResult r = reload_weights(model, world(), held, o, &workspace);
+        EXPECT_TRUE(r.complete()) << what;
+        EXPECT_TRUE(r.skipped.empty()) << what;
+        // (At 2 ranks each holds every tensor whole twice over: nothing moves.)
+        if (n > 2 || (n == 2 && how != Holding::kWholeTwice)) {
+          EXPECT_GT(r.bytes_transferred, 0u) << what;
+        } else {
+          EXPECT_EQ(r.bytes_transferred, 0u) << what;
+        }
+        expect_params(model, want2, what);
+        expect_same_layout(model, before);
+        if (how != Holding::kRows) continue;
+        const detail::CachedPlan* kept = workspace.cached_plan();
+        const ShardedSource next(holding(v3, how, world().rank(), n));
+        EXPECT_TRUE(reload_weights(model, world(), next, o, &workspace).complete()) << what;
+        EXPECT_EQ(workspace.cached_plan(), kept) << what << ": the plan was made again";
+        expect_params(model, expected_params(config, setup, v3), what + " (version 3)");
+      }
+    }
+  }
+}
+
+// A range no rank holds is named (tensor, range, rank) on every rank before
+// any write: the parameters keep version 1.
+TPRELOAD_RANKS_TEST(Sharded, AMissingRangeIsNamedBeforeAnyWrite) {
+  const int n = world().size();
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 100),
+             v2 = testdata::random_checkpoint(config, 200);
+  const Variant setup{n, "", false};
+  TensorParallelModel model(config, options_for(setup));
+  reload_from(model, "", &v1, ReloadOptions{});
+  // The last rank holds its row slice of one tensor but the last row.
+  const std::string dropped = "model.layers.1.mlp.down_proj.weight";
+  const at::Tensor& t = v2.at(dropped);
+  std::vector<HeldTensor> mine = holding(v2, Holding::kRows, world().rank(), n);
+  if (world().rank() == n - 1)
+    for (HeldTensor& h : mine)
+      if (h.name == dropped) {
+        h.box.size[0] -= 1;
+        auto shorter =
+            std::make_shared<at::Tensor>(t.narrow(0, h.box.offset[0], h.box.size[0]).contiguous());
+        h.bytes = ConstBytes(shorter->data_ptr(), shorter->nbytes());
+        h.keep_alive = shorter;
+      }
+  std::string error;
+  try {
+    reload_weights(model, world(), ShardedSource(std::move(mine)), ReloadOptions{});
+  } catch (const ValidationError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("'" + dropped + "'"), std::string::npos) << error;
+  EXPECT_NE(error.find("which no rank holds"), std::string::npos) << error;
+  const std::string last_row =
+      "[" + std::to_string(t.size(0) - 1) + ":" + std::to_string(t.size(0)) + ", ";
+  EXPECT_NE(error.find(last_row), std::string::npos) << error;
+  EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  expect_params(model, expected_params(config, setup, v1), "after the refused reload");
+}
+
+// Ranks that hold the same range with different bytes are refused (tensor,
+// range, ranks) before any write; boxes of one rank that disagree are refused
+// when its source is made.
+TPRELOAD_RANKS_TEST(Sharded, OverlapsThatDisagreeAreRefused) {
+  const int n = world().size();
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 100),
+             v2 = testdata::random_checkpoint(config, 200);
+  std::vector<HeldTensor> mine = holding(v2, Holding::kWholeTwice, world().rank(), std::max(n, 2));
+  if (n == 1) {  // one rank: a tensor whole and its first row changed
+    const auto& [name, t] = *v2.begin();
+    auto whole = std::make_shared<at::Tensor>(t.contiguous());
+    auto row = std::make_shared<at::Tensor>(t.narrow(0, 0, 1).clone());
+    row->view(-1)[0].add_(1);
+    std::vector<std::int64_t> one_row = t.sizes().vec();
+    one_row[0] = 1;
+    const DType dtype = dtype_from_torch(t.scalar_type());
+    std::vector<HeldTensor> two = {
+        {name, dtype, t.sizes().vec(), Box::whole(t.sizes().vec()),
+         ConstBytes(whole->data_ptr(), whole->nbytes()), whole},
+        {name, dtype, t.sizes().vec(),
+         Box{std::vector<std::int64_t>(static_cast<std::size_t>(t.dim()), 0), one_row},
+         ConstBytes(row->data_ptr(), row->nbytes()), row}};
+    std::string error;
+    try {
+      ShardedSource bad(std::move(two));
+    } catch (const CheckpointError& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("hold different bytes"), std::string::npos) << error;
+    EXPECT_NE(error.find("'" + name + "'"), std::string::npos) << error;
+    return;
+  }
+  const Variant setup{n, "", false};
+  TensorParallelModel model(config, options_for(setup));
+  reload_from(model, "", &v1, ReloadOptions{});
+  // The second holder of the first tensor (rank 1) holds a changed copy.
+  const std::string name = v2.begin()->first;
+  if (world().rank() == 1)
+    for (HeldTensor& h : mine)
+      if (h.name == name) {
+        auto changed = std::make_shared<at::Tensor>(v2.at(name).clone());
+        changed->view(-1)[0].add_(1);
+        h.bytes = ConstBytes(changed->data_ptr(), changed->nbytes());
+        h.keep_alive = changed;
+      }
+  std::string error;
+  try {
+    reload_weights(model, world(), ShardedSource(std::move(mine)), ReloadOptions{});
+  } catch (const ValidationError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("hold different bytes"), std::string::npos) << error;
+  EXPECT_NE(error.find("'" + name + "' held by ranks 0, 1"), std::string::npos) << error;
+  EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+  expect_params(model, expected_params(config, setup, v1), "after the refused reload");
+}
+
+// What sharded sources do not take is refused by name before anything moves.
+TPRELOAD_RANKS_TEST(Sharded, WhatItCannotTakeIsRefusedByName) {
+  const int n = world().size();
+  const ModelConfig phi3 = testdata::tiny_config("phi3");
+  TensorParallelModel model(phi3, options_for({n, "", false}));
+  const ShardedSource held(
+      holding(testdata::random_checkpoint(phi3, 1), Holding::kRows, world().rank(), n));
+  std::string error;
+  try {
+    reload_weights(model, world(), held, ReloadOptions{});
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("stacks checkpoint tensors"), std::string::npos) << error;
+  ReloadOptions kernel;
+  kernel.format = WeightFormat::kKernel;
+  EXPECT_THROW(reload_weights(model, world(), held, kernel), UsageError);
 }
 
 #ifndef TPRELOAD_RANKS_AS_THREADS  // (run under mpirun by ctest)

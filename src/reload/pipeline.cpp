@@ -759,6 +759,30 @@ void Pipeline::apply(Slot& slot) {
   if (placed) placing_[slot.bucket] = kCounted;
 }
 
+}  // namespace
+
+void complete_bucket(ReloadTarget& model, const Bucket& bucket, const BucketApply& a,
+                     const ReloadOptions& options, PipelineStats& stats, Clock::time_point start) {
+  ParameterSink& sink = model.sink();
+  for (const RowZero& z : a.zeros) sink.zero(z);
+  // The slot is reused only once every write from it has landed.
+  sink.flush(options.device_timeout);
+  for (const auto& [param, shards] : a.completed) sink.mark_loaded(param, shards);
+  // Checkpoint processing of the layers this bucket completed, into the
+  // parameters or, in an atomic reload, their second copy before the commit.
+  if (options.format == WeightFormat::kCheckpoint)
+    for (std::int64_t layer : bucket.finished_layers) sink.process_layer(layer, model.tp_rank());
+  stats.apply += since(start);
+  // An atomic reload's layers are in the second copy until the commit, which
+  // processes them after it (the model's own storage still holds the old ones).
+  if (options.atomic) return;
+  start = Clock::now();
+  for (std::int64_t layer : bucket.finished_layers) model.finish_layer(layer);
+  stats.finish += since(start);
+}
+
+namespace {
+
 // Bucket `bucket`'s writes from `src` (a bucket buffer), or, for a direct apply,
 // each from the source tensor's rows it names: a plain copy of contiguous rows
 // is read straight into the parameter (the source merges reads that follow each
@@ -789,22 +813,7 @@ void Pipeline::apply_writes(std::size_t bucket, const BucketApply& a, const std:
     write_in_chunks(w, from);
   }
   if (!reads.empty()) source_->read_many(reads);
-  for (const RowZero& z : a.zeros) sink_.zero(z);
-  // The slot is reused only once every write from it has landed.
-  sink_.flush(options_.device_timeout);
-  for (const auto& [param, shards] : a.completed) sink_.mark_loaded(param, shards);
-  // Checkpoint processing of the layers this bucket completed, into the
-  // parameters or, in an atomic reload, their second copy before the commit.
-  if (options_.format == WeightFormat::kCheckpoint)
-    for (std::int64_t layer : plan_.buckets[bucket].finished_layers)
-      sink_.process_layer(layer, model_.tp_rank());
-  stats_.apply += since(start);
-  // An atomic reload's layers are in the second copy until the commit, which
-  // processes them after it (the model's own storage still holds the old ones).
-  if (options_.atomic) return;
-  start = Clock::now();
-  for (std::int64_t layer : plan_.buckets[bucket].finished_layers) model_.finish_layer(layer);
-  stats_.finish += since(start);
+  complete_bucket(model_, plan_.buckets[bucket], a, options_, stats_, start);
 }
 
 // A direct write from full rows of its tensor: from.range is the write's

@@ -5,6 +5,7 @@
 // sends or receives, in the memory spaces the transport and the parameters need.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 #include "tpreload/model/target.h"
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
+#include "tpreload/reload/transfer_plan.h"
 #include "verify_chains.h"
 
 namespace tpreload::detail {
@@ -34,6 +36,21 @@ struct PipelineStats {
   // host memory: each write read straight into its parameter, one bucket after
   // another, with no staging).
   int depth = 0;
+};
+
+// Where a box of checkpoint tensor `name` lies in one rank's view of a bucket
+// (its scatter region): `bytes` from `offset`, the box's elements row-major.
+struct ViewPart {
+  std::string name;
+  Box box;
+  std::uint64_t offset = 0, bytes = 0;
+};
+
+// A region of checkpoint tensor `name` that several ranks hold.
+struct SharedRegion {
+  std::string name;
+  Box box;
+  std::vector<int> ranks;
 };
 
 // A plan a ReloadWorkspace keeps for the next reload (see ReloadWorkspace).
@@ -59,6 +76,12 @@ struct CachedPlan {
   // rank verifies, which the reader sums (the same on every rank).
   std::vector<ChainLayout> chains;
   std::vector<std::vector<char>> chains_read, chains_checked;
+  // Sharded sources (sharded.h): per bucket, what moves between the ranks and
+  // where each box lies in this rank's view; and the regions several ranks
+  // hold, whose bytes are compared before every reload.
+  std::vector<TransferPlan> exchanges;
+  std::vector<std::vector<ViewPart>> views;
+  std::vector<SharedRegion> shared;
 };
 
 // Readers::kNode: this rank's node, as a control communicator and a data
@@ -88,6 +111,15 @@ struct NodePlanes {
 // what it could, the lowest failing rank's); a transfer failure throws from the
 // transport; apply failures are returned (for the caller to agree on), never
 // thrown. `node` (Readers::kNode only) carries the node's transfers.
+// The end of applying a bucket whose writes were issued (`start`: when its
+// apply began): the padding rows zeroed, the writes waited for, the shards it
+// completes marked loaded, the layers it completes processed and (except in
+// an atomic reload, whose commit does it) finished. Adds to stats.apply and
+// stats.finish.
+void complete_bucket(ReloadTarget& model, const Bucket& bucket, const BucketApply& a,
+                     const ReloadOptions& options, PipelineStats& stats,
+                     std::chrono::steady_clock::time_point start);
+
 PipelineStats run_pipeline(const CachedPlan& planned, ReloadTarget& model, Communicator& control,
                            DataTransport& data, WeightSource* source, const ReloadOptions& options,
                            ReloadWorkspace& workspace, NodePlanes* node = nullptr);

@@ -12,6 +12,7 @@
 
 #include "agreement.h"
 #include "pipeline.h"
+#include "sharded.h"
 #include "sync.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/comm/agreement.h"
@@ -501,6 +502,65 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   return *workspace.cached_plan();
 }
 
+// COLLECTIVE. plan_reload() for sharded sources: the listing is every rank's
+// boxes, gathered; the plan scatters every tensor (each rank's view of a
+// bucket is its slices of it), and each bucket's transfers say which rank
+// sends each box. Kept and reused like any plan, keyed by the boxes' hash.
+const CachedPlan& plan_sharded(Communicator& world, const ShardedSource& mine,
+                               const ReloadTarget& model, const ReloadOptions& options,
+                               std::int64_t fingerprint, ReloadWorkspace& workspace) {
+  std::uint64_t hash = 0;
+  const std::vector<HeldBox> held = detail::gather_held(world, mine, hash);
+  std::uint64_t key =
+      fnv1a_word(fnv1a_word(hash, static_cast<std::uint64_t>(fingerprint)), fnv1a("sharded"));
+  key = fnv1a_word(fnv1a_word(fnv1a_word(key, world.size()), world.rank()), model.tp_rank());
+  const CachedPlan* cached = workspace.cached_plan();
+  std::int64_t all_cached = cached && cached->key == key;
+  world.allreduce_ints(&all_cached, 1, IntOp::kMin);
+  if (all_cached) return *cached;
+
+  workspace.keep_plan(nullptr);  // a plan that fails preflight is not kept
+  auto fresh = std::make_unique<CachedPlan>();
+  fresh->key = key;
+  fresh->listing_hash = static_cast<std::int64_t>(hash >> 1);
+  const int tp = model.rules().tp_size();
+  const PlanOptions plan_options{WeightFormat::kCheckpoint,
+                                 Distribution::kScatter,
+                                 options.bucket_bytes,
+                                 world.size(),
+                                 tp,
+                                 std::numeric_limits<std::uint64_t>::max()};
+  std::optional<std::string> problem;
+  try {  // (the same boxes and rules on every rank: the same verdict everywhere)
+    std::size_t holders = 0;
+    for (std::size_t i = 0; i < held.size(); ++i)
+      if (i == 0 || held[i].rank != held[i - 1].rank) ++holders;
+    fresh->metadata = detail::sharded_metadata(held, "");
+    fresh->metadata.description =
+        detail::concat("sharded sources: ", fresh->metadata.tensors.size(), " tensors in ",
+                       held.size(), " boxes on ", holders, " of ", world.size(), " ranks");
+    fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
+    detail::plan_exchanges(*fresh, held, world.size(), tp, world.rank(), options.bucket_bytes);
+  } catch (const ValidationError& e) {
+    throw Agreed<ValidationError>(e.what());
+  } catch (const UsageError& e) {
+    throw Agreed<UsageError>(e.what());
+  } catch (const std::exception& e) {
+    problem = detail::concat("planning the reload: ", e.what());
+  }
+  if (!problem) problem = preflight_problem(fresh->plan, fresh->metadata, model, world.rank());
+  if (!problem) problem = part_layer_problem(fresh->plan, model);
+  if (!problem) try {
+      fresh->applies =
+          resolve_applies(fresh->plan, fresh->metadata, model.rules(), plan_options, world.rank());
+    } catch (const std::exception& e) {
+      problem = detail::concat("resolving this rank's writes: ", e.what());
+    }
+  agree_on_problem<ValidationError>(world, problem, "preflight (nothing was reloaded)");
+  workspace.keep_plan(std::move(fresh));
+  return *workspace.cached_plan();
+}
+
 // COLLECTIVE. Ranks that hold the same tp rank in different replicas must hold
 // the same bytes: every rank's CRC-32C of each parameter (in the rules' order,
 // the same on every rank) is summed slot by slot over the world, and every rank
@@ -686,7 +746,23 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
 // a device transport only for parameters on that device. Agreed on before
 // anything else, so that a rank that objects never leaves its peers waiting.
 std::optional<std::string> local_problem(const ReloadOptions& o, const Communicator& control,
-                                         const DataTransport& data, const ReloadTarget& model) {
+                                         const DataTransport& data, const ReloadTarget& model,
+                                         bool sharded) {
+  if (sharded) {
+    if (o.format != WeightFormat::kCheckpoint)
+      return "sharded sources hold checkpoint tensors: a kernel-format reload reads "
+             "kernel-format shards (a directory) instead";
+    if (o.readers != Readers::kOne)
+      return detail::concat("sharded sources are read by the ranks that hold them: --readers ",
+                            readers_name(o.readers), " is for checkpoint files");
+    if (data.memory() != MemoryKind::kHost || model.sink().device())
+      return "sharded sources move host memory into host parameters; parameters or a data "
+             "transport on a device are not supported with them yet";
+    if (!stacked_checkpoint_tensors(model.rules().config()).empty())
+      return detail::concat("sharded sources: the ", model.rules().config().architecture,
+                            " stacks checkpoint tensors (split by its weight loaders), "
+                            "which sharded sources do not take yet");
+  }
   if (o.reader_rank < 0 || o.reader_rank >= control.size())
     return detail::concat("reader rank ", o.reader_rank, " is not a rank of the ", control.size(),
                           "-rank world");
@@ -723,30 +799,46 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, WeightSour
   return reload_weights(model, world, *data, source, options, workspace);
 }
 
-ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransport& data,
-                            WeightSource* source, const ReloadOptions& options,
-                            ReloadWorkspace* workspace) {
+namespace {
+
+// reload_weights() from a source (`sharded` null) or from sharded sources.
+ReloadResult reload(ReloadTarget& model, Communicator& world, DataTransport& data,
+                    WeightSource* source, const ShardedSource* sharded,
+                    const ReloadOptions& options, ReloadWorkspace* workspace) {
   ReloadWorkspace local;  // freed on return when the caller keeps none
   ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
   // (stacked tensors, Phi-3's q/k/v and gate/up or GraniteMoE's experts, read
   // as the tensors the loaders take)
   std::unique_ptr<WeightSource> view;
-  if (source && options.format == WeightFormat::kCheckpoint)
+  if (source && options.format == WeightFormat::kCheckpoint && !sharded)
     view = loader_view(*source, model.rules().config());
   if (view) source = view.get();
   ParameterSink& sink = model.sink();
   sink.begin_load();  // from here, what this reload writes is tracked
-  agree_on_problem<UsageError>(world, local_problem(options, world, data, model),
+  agree_on_problem<UsageError>(world, local_problem(options, world, data, model, sharded),
                                "checking the reload options and planes (nothing was reloaded)");
+  // Every rank reloads from sharded sources, or none: their collectives differ.
+  std::int64_t mode[2] = {sharded ? 1 : 0, sharded ? -1 : 0};
+  world.allreduce_ints(mode, 2, IntOp::kMax);
+  if (mode[0] != -mode[1])
+    raise<Agreed<UsageError>>(
+        "some ranks reload from sharded sources and others from a weight "
+        "source: every rank must pass its ShardedSource (nothing was "
+        "reloaded)");
   const std::int64_t fingerprint = detail::check_ranks_agree(world, model, options, data);
   ReloadOptions chosen = options;  // (the pipeline depth: the option, or chosen here)
   chosen.pipeline_depth = chosen_pipeline_depth(world, options);
   const bool reader = opens_source(options, world.rank());
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
   NodeService service;  // Readers::kNode: each rank's serving node, when some cannot read
-  const CachedPlan& planned = plan_reload(world, source, model, options, fingerprint,
-                                          data.memory() != MemoryKind::kDevice, kept, service);
+  const CachedPlan& planned =
+      sharded ? plan_sharded(world, *sharded, model, options, fingerprint, kept)
+              : plan_reload(world, source, model, options, fingerprint,
+                            data.memory() != MemoryKind::kDevice, kept, service);
+  if (sharded)  // bytes held twice must agree, whatever the plan (they change every time)
+    agree_on_problem<ValidationError>(world, detail::compare_shared(world, planned, *sharded),
+                                      "comparing the sharded sources (nothing was reloaded)");
   const SourceMetadata& md = planned.metadata;
   const Plan& plan = planned.plan;
   log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
@@ -810,7 +902,8 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
     detail::NodePlanes* node = options.readers == Readers::kNode
                                    ? &node_planes(world, data, options, kept, service)
                                    : nullptr;
-    stats = detail::run_pipeline(planned, model, world, data, source, chosen, kept, node);
+    stats = sharded ? detail::run_exchanges(planned, model, world, data, *sharded, chosen)
+                    : detail::run_pipeline(planned, model, world, data, source, chosen, kept, node);
     result.pipeline_depth = stats.depth;
     // Zero-copy buckets went out of the mapping during the transfer: were they
     // all still backed by the file?
@@ -877,6 +970,26 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransp
   const std::uint64_t read_bytes = reader && source ? source->bytes_read() - read_before : 0;
   reduce_figures(world, result, stats, read_bytes, sink.processing_staging_bytes());
   return result;
+}
+
+}  // namespace
+
+ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransport& data,
+                            WeightSource* source, const ReloadOptions& options,
+                            ReloadWorkspace* workspace) {
+  return reload(model, world, data, source, nullptr, options, workspace);
+}
+
+ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransport& data,
+                            const ShardedSource& held, const ReloadOptions& options,
+                            ReloadWorkspace* workspace) {
+  return reload(model, world, data, nullptr, &held, options, workspace);
+}
+
+ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const ShardedSource& held,
+                            const ReloadOptions& options, ReloadWorkspace* workspace) {
+  const auto data = make_communicator_transport(world);
+  return reload_weights(model, world, *data, held, options, workspace);
 }
 
 ReloadResult result_for(const ReloadOptions& options) {

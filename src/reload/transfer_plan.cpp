@@ -1,6 +1,7 @@
 #include "tpreload/reload/transfer_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -23,6 +24,18 @@ std::string Box::describe() const {
 
 Box Box::whole(const std::vector<std::int64_t>& shape) {
   return Box{std::vector<std::int64_t>(shape.size(), 0), shape};
+}
+
+std::optional<Box> intersect(const Box& a, const Box& b) {
+  Box out = a;
+  for (std::size_t d = 0; d < a.offset.size(); ++d) {
+    const std::int64_t begin = std::max(a.offset[d], b.offset[d]);
+    const std::int64_t end = std::min(a.offset[d] + a.size[d], b.offset[d] + b.size[d]);
+    if (end <= begin) return std::nullopt;
+    out.offset[d] = begin;
+    out.size[d] = end - begin;
+  }
+  return out;
 }
 
 namespace {
@@ -300,6 +313,49 @@ TransferPlan plan_transfers(std::vector<HeldBox> held, std::vector<NeededBox> ne
     }
   }
   return plan;
+}
+
+void copy_region(ConstBytes from, const Box& from_box, MutableBytes to, const Box& to_box,
+                 const Box& region, std::size_t element_bytes) {
+  const std::size_t dims = region.offset.size();
+  auto fits = [&](const Box& box, std::size_t bytes) {
+    return box.offset.size() == dims && box.size.size() == dims && region.size.size() == dims &&
+           contains(box, region) &&
+           static_cast<std::uint64_t>(box.elements()) * element_bytes == bytes;
+  };
+  if (!fits(from_box, from.size) || !fits(to_box, to.size))
+    throw UsageError("copy_region: region " + region.describe() + " is not inside " +
+                     from_box.describe() + " (" + std::to_string(from.size) + " bytes) and " +
+                     to_box.describe() + " (" + std::to_string(to.size) + " bytes)");
+  if (region.elements() == 0) return;
+  // Each box's stride per dimension, in bytes; the copies are runs along the
+  // last dimension.
+  auto strides = [&](const Box& box) {
+    std::vector<std::uint64_t> s(dims, element_bytes);
+    for (std::size_t d = dims; d-- > 1;) s[d - 1] = s[d] * static_cast<std::uint64_t>(box.size[d]);
+    return s;
+  };
+  const std::vector<std::uint64_t> fs = strides(from_box), ts = strides(to_box);
+  const std::uint64_t run =
+      dims ? static_cast<std::uint64_t>(region.size[dims - 1]) * element_bytes : element_bytes;
+  std::vector<std::int64_t> at(dims == 0 ? 0 : dims - 1, 0);  // position in the outer dimensions
+  while (true) {
+    std::uint64_t f = 0, t = 0;
+    for (std::size_t d = 0; d < dims; ++d) {
+      const std::int64_t i = region.offset[d] + (d + 1 < dims ? at[d] : 0);
+      f += static_cast<std::uint64_t>(i - from_box.offset[d]) * fs[d];
+      t += static_cast<std::uint64_t>(i - to_box.offset[d]) * ts[d];
+    }
+    std::memcpy(to.data + t, from.data + f, run);
+    std::size_t d = at.size();
+    while (d > 0) {
+      --d;
+      if (++at[d] < region.size[d]) break;
+      at[d] = 0;
+      if (d == 0) return;
+    }
+    if (at.empty()) return;
+  }
 }
 
 }  // namespace tpreload

@@ -41,6 +41,41 @@ TEST(ThreadCommunicator, BroadcastsFromEveryRoot) {
       });
 }
 
+// DataTransport::exchange over the threads communicator: rank f sends rank t
+// (f + 2t) % 5 bytes (none to itself), byte i of that message pattern(f * 8 + t,
+// i); every rank finds each message from each source, in source order.
+TEST(ThreadCommunicator, ExchangesPointToPointThroughTheTransport) {
+  for (int n : {1, 2, 4})
+    run_ranks(n, [&](Communicator& c) {
+      const auto ranks = static_cast<std::size_t>(n);
+      auto bytes = [&](int f, int t) {
+        return f == t ? std::uint64_t{0} : static_cast<std::uint64_t>((f + 2 * t) % 5);
+      };
+      std::vector<std::uint64_t> counts(ranks * ranks);
+      for (int f = 0; f < n; ++f)
+        for (int t = 0; t < n; ++t) counts[static_cast<std::size_t>(f) * ranks + t] = bytes(f, t);
+      std::vector<std::byte> send, recv;
+      for (int t = 0; t < n; ++t)
+        for (std::size_t i = 0; i < bytes(c.rank(), t); ++i)
+          send.push_back(pattern(c.rank() * 8 + t, i));
+      std::uint64_t in = 0;
+      for (int f = 0; f < n; ++f) in += bytes(f, c.rank());
+      recv.assign(in, std::byte{0xEE});
+      auto transport = make_communicator_transport(c);
+      transport->exchange({send.data(), send.size()}, {recv.data(), recv.size()}, counts)->wait();
+      std::size_t at = 0;
+      for (int f = 0; f < n; ++f)
+        for (std::size_t i = 0; i < bytes(f, c.rank()); ++i, ++at)
+          ASSERT_EQ(recv[at], pattern(f * 8 + c.rank(), i))
+              << "rank " << c.rank() << " from " << f << " byte " << i;
+      // Buffers that do not match the counts are refused before anything moves.
+      std::vector<std::byte> short_recv(in + 1);
+      EXPECT_THROW(transport->exchange({send.data(), send.size()},
+                                       {short_recv.data(), short_recv.size()}, counts),
+                   UsageError);
+    });
+}
+
 TEST(ThreadCommunicator, ScattersUnevenRangesInAnyOrderAndInPlaceOnTheRoot) {
   const int n = 4;
   // Rank r's range: 10 * r bytes (rank 0 none), laid out in reverse rank order.

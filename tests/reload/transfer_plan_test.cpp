@@ -265,5 +265,67 @@ TEST(TransferPlan, DisagreeingHoldersAndBadBoxesAreRefused) {
             std::string::npos);
 }
 
+// A box's elements of a tensor whose every element is its own flat index.
+std::vector<std::int32_t> box_values(const Shape& shape, const Box& box) {
+  std::vector<std::int32_t> out;
+  for (std::int64_t e : elements_of(shape, box.offset, box.size))
+    out.push_back(static_cast<std::int32_t>(e));
+  return out;
+}
+
+TEST(TransferPlan, CopyRegionMovesExactlyTheRegionBetweenBoxes) {
+  const Shape shape{5, 6, 7};
+  const Box from{{1, 0, 2}, {4, 6, 5}}, to{{0, 2, 0}, {5, 3, 7}}, region{{1, 2, 3}, {3, 2, 4}};
+  const std::vector<std::int32_t> source = box_values(shape, from);
+  std::vector<std::int32_t> target(static_cast<std::size_t>(to.elements()), -1);
+  copy_region(ConstBytes(source), from, MutableBytes(target), to, region, 4);
+  const auto in_region = elements_of(shape, region.offset, region.size);
+  const auto flats = elements_of(shape, to.offset, to.size);
+  for (std::size_t i = 0; i < flats.size(); ++i) {
+    const bool inside = std::binary_search(in_region.begin(), in_region.end(), flats[i]);
+    EXPECT_EQ(target[i], inside ? flats[i] : -1) << "element " << flats[i];
+  }
+  // A 0-d tensor: one element.
+  const std::int32_t one = 42;
+  std::int32_t copy = 0;
+  copy_region(ConstBytes(&one, 4), Box{}, MutableBytes(&copy, 4), Box{}, Box{}, 4);
+  EXPECT_EQ(copy, 42);
+  // A region outside a box, or a buffer of another size, is refused.
+  EXPECT_THROW(
+      copy_region(ConstBytes(source), from, MutableBytes(target), to, Box{{0, 2, 3}, {1, 2, 4}}, 4),
+      UsageError);
+  EXPECT_THROW(copy_region(ConstBytes(source.data(), 4), from, MutableBytes(target), to, region, 4),
+               UsageError);
+}
+
+// The plan carried out by hand: each sender packs its transfers out of what
+// it holds, each receiver unpacks them into what it needs; every needed box
+// then holds the tensor's own elements.
+TEST(TransferPlan, CarriedOutThePlanFillsEveryNeededBox) {
+  const Shape shape{10, 12};
+  std::vector<HeldBox> h = {held("w", shape, {0, 0}, {4, 12}, 3, DType::kInt32),
+                            held("w", shape, {4, 0}, {6, 12}, 4, DType::kInt32),
+                            held("w", shape, {0, 0}, {10, 6}, 0, DType::kInt32)};
+  std::vector<NeededBox> n = {need("w", {0, 0}, {10, 4}, 0), need("w", {0, 4}, {10, 4}, 1),
+                              need("w", {0, 8}, {10, 4}, 2), need("w", {2, 2}, {7, 9}, 3)};
+  const TransferPlan plan = plan_transfers(h, n, 5, 64);
+  std::map<int, std::vector<std::int32_t>> holding, needing;
+  for (const HeldBox& b : h) holding[b.rank] = box_values(shape, b.box);
+  for (const NeededBox& b : n)
+    needing[b.rank].assign(static_cast<std::size_t>(b.box.elements()), -1);
+  auto box_of = [&](const auto& list, int rank) {
+    for (const auto& b : list)
+      if (b.rank == rank) return b.box;
+    throw std::logic_error("no box");
+  };
+  for (const TransferPlan::Transfer& t : plan.transfers) {
+    std::vector<std::int32_t> wire(static_cast<std::size_t>(t.box.elements()));
+    copy_region(ConstBytes(holding.at(t.from)), box_of(h, t.from), MutableBytes(wire), t.box, t.box,
+                4);
+    copy_region(ConstBytes(wire), t.box, MutableBytes(needing.at(t.to)), box_of(n, t.to), t.box, 4);
+  }
+  for (const NeededBox& b : n) EXPECT_EQ(needing.at(b.rank), box_values(shape, b.box)) << b.rank;
+}
+
 }  // namespace
 }  // namespace tpreload

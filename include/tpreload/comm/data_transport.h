@@ -90,6 +90,18 @@ class DataTransport {
   virtual std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
                                             MutableBytes recv, int root) = 0;
 
+  // Point to point among all ranks (an all-to-all of uneven sizes): rank f sends
+  // counts[f * size() + t] bytes to rank t. This rank's messages lie one after
+  // another in `send`, by destination rank; what it receives lands one message
+  // after another in `recv`, by source rank. `counts` is identical on every
+  // rank, its diagonal 0 (a rank copies to itself), `send` and `recv` exactly
+  // as long as this rank's row and column add up to (UsageError otherwise). A
+  // pair with nothing to send moves nothing, and no byte passes through a third
+  // rank. The default runs one scatter() per rank that sends anything, each
+  // waited for before the next, and returns a completed Transfer; a backend
+  // with point-to-point operations posts them all at once instead.
+  virtual std::unique_ptr<Transfer> exchange(ConstBytes send, MutableBytes recv,
+                                             const std::vector<std::uint64_t>& counts);
   // COLLECTIVE. A transport of the same kind over the ranks that share `color`,
   // ordered by (key, rank): `group` is the control communicator split the same
   // way (Communicator::split(color, key)), which must outlive the result.

@@ -46,6 +46,7 @@ namespace tpreload {
 class Communicator;
 class DataTransport;
 class WeightSource;
+class ShardedSource;
 
 // How far a reload has come, on the reader rank (see ReloadOptions::progress).
 struct ReloadProgress {
@@ -267,6 +268,30 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& control, DataTran
 
 // The same with the data carried by `world`'s own collectives, in host memory.
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, WeightSource* source,
+                            const ReloadOptions& options, ReloadWorkspace* workspace = nullptr);
+
+// Reload from sharded sources: every rank of `world` passes what it holds of
+// the checkpoint (an empty ShardedSource where it holds nothing); no rank
+// reads a file. The ranks gather their boxes (name, dtype, full shape, box),
+// plan every tensor as scattered slices and, per bucket of at most
+// options.bucket_bytes per rank, which rank sends each box a rank needs:
+// point to point over the data plane (DataTransport::exchange), among the
+// ranks that hold the same bytes the one that has sent least so far, the
+// rank itself where it holds what it needs. No rank receives a byte it does
+// not keep. Before any write, every rank raises the same ValidationError
+// for a needed range no rank holds (naming the tensor, the range and the
+// rank) and for ranks whose overlapping boxes hold different bytes
+// (compared by CRC-32C: tensor, range, ranks). Checkpoint format, host
+// memory, readers kOne only (UsageError otherwise, before anything moves);
+// `distribution`, `zero_copy` and `reader_rank` do not apply. Atomic mode,
+// checksums (each message carries its CRC-32C), validation, replica
+// comparison and the result are as for any source; bytes_transferred is the
+// most any rank sent. The plan is kept in `workspace` for the next reload
+// with the same boxes.
+ReloadResult reload_weights(ReloadTarget& model, Communicator& control, DataTransport& data,
+                            const ShardedSource& held, const ReloadOptions& options,
+                            ReloadWorkspace* workspace = nullptr);
+ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const ShardedSource& held,
                             const ReloadOptions& options, ReloadWorkspace* workspace = nullptr);
 
 // Where the model's weights come from, as the serving config records it.

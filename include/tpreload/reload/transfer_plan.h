@@ -8,10 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tpreload/core/dtype.h"
+#include "tpreload/core/span.h"
 
 namespace tpreload {
 
@@ -31,6 +33,9 @@ struct Box {
   }
   friend bool operator!=(const Box& a, const Box& b) { return !(a == b); }
 };
+
+// The elements two boxes of one tensor share, or nullopt when they share none.
+std::optional<Box> intersect(const Box& a, const Box& b);
 
 // A box one rank holds of a checkpoint tensor of `shape` (the full tensor's).
 struct HeldBox {
@@ -93,5 +98,13 @@ struct TransferPlan {
 // with the count of the others).
 TransferPlan plan_transfers(std::vector<HeldBox> held, std::vector<NeededBox> needed,
                             int world_size, std::uint64_t piece_bytes);
+
+// Copies the elements of `region` from `from`, which holds those of `from_box`
+// (row-major, contiguous), into `to`, which holds those of `to_box` alike:
+// how a sender packs a transfer out of what it holds, how a receiver unpacks
+// it into what it needs, and a rank's copy of its own. `region` must lie in
+// both boxes and each buffer must be its box's size; else UsageError.
+void copy_region(ConstBytes from, const Box& from_box, MutableBytes to, const Box& to_box,
+                 const Box& region, std::size_t element_bytes);
 
 }  // namespace tpreload
