@@ -124,6 +124,48 @@ TEST(Scatterv, SplitIntoManyRounds) {
   check_scatterv(*comm, 2500, 0);
 }
 
+// The MPI data transport's point-to-point exchange: rank f sends rank t
+// (f + 3t) % 4 x `unit` bytes (none to itself), tagged f * 64 + t; each
+// message is found where the source order puts it, split into messages of at
+// most 1000 bytes on the small-message world.
+void check_exchange(MpiCommunicator& comm, std::uint64_t unit) {
+  const int n = comm.size(), me = comm.rank();
+  const auto ranks = static_cast<std::size_t>(n);
+  auto bytes = [&](int f, int t) {
+    return f == t ? std::uint64_t{0} : static_cast<std::uint64_t>((f + 3 * t) % 4) * unit;
+  };
+  std::vector<std::uint64_t> counts(ranks * ranks);
+  std::vector<std::uint8_t> send, recv;
+  std::uint64_t in = 0;
+  for (int f = 0; f < n; ++f)
+    for (int t = 0; t < n; ++t) counts[static_cast<std::size_t>(f) * ranks + t] = bytes(f, t);
+  for (int t = 0; t < n; ++t) {
+    const auto part = filled(bytes(me, t), static_cast<std::uint64_t>(me * 64 + t));
+    send.insert(send.end(), part.begin(), part.end());
+    in += bytes(t, me);
+  }
+  recv.assign(in, 0xEE);
+  auto data = comm.make_data_transport();
+  EXPECT_EQ(data->backend(), "mpi");
+  data->exchange(ConstBytes(send), MutableBytes(recv), counts)->wait();
+  std::uint64_t at = 0;
+  for (int f = 0; f < n; ++f) {
+    const std::vector<std::uint8_t> got(recv.begin() + at, recv.begin() + at + bytes(f, me));
+    EXPECT_EQ(count_wrong(got, static_cast<std::uint64_t>(f * 64 + me)), 0u)
+        << "from rank " << f << " unit " << unit;
+    at += bytes(f, me);
+  }
+}
+
+TEST(Exchange, PointToPointInSourceOrder) {
+  for (std::uint64_t unit : {1, 4099}) check_exchange(mpitest::mpi_world(), unit);
+}
+
+TEST(Exchange, SplitIntoManyMessages) {
+  auto comm = small_message_world();
+  check_exchange(*comm, 2500);
+}
+
 TEST(Scatterv, AllRangesEmpty) {
   std::vector<ByteRange> ranges(world().size());
   std::vector<std::uint8_t> send(world().rank() == 0 ? 16 : 0), recv;

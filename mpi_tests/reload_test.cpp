@@ -1335,6 +1335,13 @@ const char* holding_name(Holding how) {
 // reload of version 3 with the same boxes reuses the kept plan.
 TPRELOAD_RANKS_TEST(Sharded, RowsColumnsAndReplicasLoadEveryShard) {
   const int n = world().size();
+  // Under mpirun, MPI's point-to-point exchange; as threads, scatters over the
+  // threads communicator.
+#ifdef TPRELOAD_RANKS_AS_THREADS
+  const std::unique_ptr<DataTransport> data = make_communicator_transport(world());
+#else
+  const std::unique_ptr<DataTransport> data = mpitest::mpi_world().make_data_transport();
+#endif
   for (const std::string config_name : {"llama_gqa", "qwen3_moe"}) {
     const ModelConfig config = testdata::tiny_config(config_name);
     const auto v1 = testdata::random_checkpoint(config, 100),
@@ -1354,7 +1361,7 @@ TPRELOAD_RANKS_TEST(Sharded, RowsColumnsAndReplicasLoadEveryShard) {
         const auto before = layout_of(model);
         ReloadWorkspace workspace;
         const ShardedSource held(holding(v2, how, world().rank(), n));
-        const ReloadResult r = reload_weights(model, world(), held, o, &workspace);
+        const ReloadResult r = reload_weights(model, world(), *data, held, o, &workspace);
         EXPECT_TRUE(r.complete()) << what;
         EXPECT_TRUE(r.skipped.empty()) << what;
         // (At 2 ranks each holds every tensor whole twice over: nothing moves.)
@@ -1368,7 +1375,7 @@ TPRELOAD_RANKS_TEST(Sharded, RowsColumnsAndReplicasLoadEveryShard) {
         if (how != Holding::kRows) continue;
         const detail::CachedPlan* kept = workspace.cached_plan();
         const ShardedSource next(holding(v3, how, world().rank(), n));
-        EXPECT_TRUE(reload_weights(model, world(), next, o, &workspace).complete()) << what;
+        EXPECT_TRUE(reload_weights(model, world(), *data, next, o, &workspace).complete()) << what;
         EXPECT_EQ(workspace.cached_plan(), kept) << what << ": the plan was made again";
         expect_params(model, expected_params(config, setup, v3), what + " (version 3)");
       }

@@ -72,43 +72,57 @@ std::unique_ptr<DataTransport> DataTransport::split(Communicator&, int, int) {
                     " data transport cannot be split into groups (as --readers node needs)");
 }
 
-std::unique_ptr<Transfer> DataTransport::exchange(ConstBytes send, MutableBytes recv,
-                                                  const std::vector<std::uint64_t>& counts) {
-  const int n = size(), me = rank();
-  const std::size_t ranks = static_cast<std::size_t>(n);
+namespace detail {
+
+ExchangeLayout exchange_layout(int rank, int size, ConstBytes send, MutableBytes recv,
+                               const std::vector<std::uint64_t>& counts) {
+  const auto ranks = static_cast<std::size_t>(size);
   if (counts.size() != ranks * ranks)
-    raise<UsageError>("rank ", me, ": exchange over ", n, " ranks with ", counts.size(),
+    raise<UsageError>("rank ", rank, ": exchange over ", size, " ranks with ", counts.size(),
                       " counts (", ranks * ranks, " expected)");
   auto count = [&](int from, int to) {
     return counts[static_cast<std::size_t>(from) * ranks + static_cast<std::size_t>(to)];
   };
+  ExchangeLayout layout;
   std::uint64_t out = 0, in = 0;
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < size; ++r) {
     if (count(r, r) != 0)
-      raise<UsageError>("rank ", me, ": exchange with ", count(r, r), " bytes from rank ", r,
+      raise<UsageError>("rank ", rank, ": exchange with ", count(r, r), " bytes from rank ", r,
                         " to itself");
-    out += count(me, r);
-    in += count(r, me);
+    layout.send_at.push_back(out);
+    layout.recv_at.push_back(in);
+    out += count(rank, r);
+    in += count(r, rank);
   }
   if (send.size != out || recv.size != in)
-    raise<UsageError>("rank ", me, ": exchange sends ", out, " and receives ", in,
+    raise<UsageError>("rank ", rank, ": exchange sends ", out, " and receives ", in,
                       " bytes, given buffers of ", send.size, " and ", recv.size);
-  std::uint64_t at = 0;  // where the current root's message lands in `recv`
+  return layout;
+}
+
+}  // namespace detail
+
+std::unique_ptr<Transfer> DataTransport::exchange(ConstBytes send, MutableBytes recv,
+                                                  const std::vector<std::uint64_t>& counts) {
+  const int n = size(), me = rank();
+  const detail::ExchangeLayout layout = detail::exchange_layout(me, n, send, recv, counts);
+  const auto ranks = static_cast<std::size_t>(n);
   for (int root = 0; root < n; ++root) {
     std::vector<ByteRange> ranges;
     std::uint64_t offset = 0;
-    for (int to = 0; to < n; ++to) {
-      ranges.push_back({offset, count(root, to)});
-      offset += count(root, to);
+    for (std::size_t to = 0; to < ranks; ++to) {
+      const std::uint64_t bytes = counts[static_cast<std::size_t>(root) * ranks + to];
+      ranges.push_back({offset, bytes});
+      offset += bytes;
     }
     if (offset == 0) continue;  // (every rank knows this root sends nothing)
-    const std::uint64_t mine = count(root, me);
+    const std::uint64_t mine = ranges[static_cast<std::size_t>(me)].length;
+    const std::uint64_t at = layout.recv_at[static_cast<std::size_t>(root)];
     scatter(root == me ? send : ConstBytes(), ranges, MutableBytes(recv.data + at, mine), root)
         ->wait();
-    at += mine;
   }
-  return completed_transfer(
-      detail::concat("exchange of ", out, " bytes sent and ", in, " received by rank ", me));
+  return completed_transfer(detail::concat("exchange of ", send.size, " bytes sent and ", recv.size,
+                                           " received by rank ", me));
 }
 
 std::unique_ptr<Transfer> completed_transfer(std::string what) {

@@ -273,6 +273,41 @@ std::unique_ptr<Transfer> MpiCommunicator::post_scatterv(ConstBytes send,
   return t;
 }
 
+std::unique_ptr<Transfer> MpiCommunicator::post_exchange(ConstBytes send, MutableBytes recv,
+                                                         const std::vector<std::uint64_t>& counts) {
+  check_usable("exchange");
+  const detail::ExchangeLayout layout = detail::exchange_layout(rank_, size_, send, recv, counts);
+  auto t = std::make_unique<MpiTransfer>(
+      *this, detail::concat("exchange of ", send.size, " bytes sent and ", recv.size, " received"));
+  const auto ranks = static_cast<std::size_t>(size_);
+  // Pieces of one pair match in the order they were posted (MPI does not let
+  // messages of one source, tag and communicator overtake each other).
+  auto post = [&](bool sending, int peer) {
+    const std::uint64_t bytes =
+        sending ? counts[static_cast<std::size_t>(rank_) * ranks + static_cast<std::size_t>(peer)]
+                : counts[static_cast<std::size_t>(peer) * ranks + static_cast<std::size_t>(rank_)];
+    const std::uint64_t at =
+        (sending ? layout.send_at : layout.recv_at)[static_cast<std::size_t>(peer)];
+    for (const ByteRange& piece : split_range(bytes, options_.max_message_bytes)) {
+      t->requests.emplace_back(MPI_REQUEST_NULL);
+      const int count = static_cast<int>(piece.length);
+      if (sending)
+        TPRELOAD_MPI_POST(*this,
+                          MPI_Isend(send.data + at + piece.offset, count, MPI_BYTE, peer, 0, comm_,
+                                    &t->requests.back()),
+                          t->what());
+      else
+        TPRELOAD_MPI_POST(*this,
+                          MPI_Irecv(recv.data + at + piece.offset, count, MPI_BYTE, peer, 0, comm_,
+                                    &t->requests.back()),
+                          t->what());
+    }
+  };
+  for (int peer = 0; peer < size_; ++peer) post(false, peer);  // receives first
+  for (int peer = 0; peer < size_; ++peer) post(true, peer);
+  return t;
+}
+
 void MpiCommunicator::scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
                                MutableBytes recv, int root) {
   post_scatterv(send, ranges, recv, root)->wait();
@@ -354,6 +389,10 @@ class MpiDataTransport final : public DataTransport {
   std::unique_ptr<Transfer> scatter(ConstBytes send, const std::vector<ByteRange>& ranges,
                                     MutableBytes recv, int root) override {
     return comm_->post_scatterv(send, ranges, recv, root);
+  }
+  std::unique_ptr<Transfer> exchange(ConstBytes send, MutableBytes recv,
+                                     const std::vector<std::uint64_t>& counts) override {
+    return comm_->post_exchange(send, recv, counts);
   }
   // Over a split of this transport's own communicator (never the control one).
   std::unique_ptr<DataTransport> split(Communicator&, int color, int key) override {

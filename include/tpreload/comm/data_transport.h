@@ -36,6 +36,18 @@ namespace tpreload {
 class Communicator;
 class Device;
 
+namespace detail {
+// Where the messages of an exchange (DataTransport::exchange) lie on rank
+// `rank` of `size`: the one to rank t at send_at[t] of `send`, the one from
+// rank f at recv_at[f] of `recv`. Throws UsageError naming the rank for counts
+// or buffers that do not match.
+struct ExchangeLayout {
+  std::vector<std::uint64_t> send_at, recv_at;
+};
+ExchangeLayout exchange_layout(int rank, int size, ConstBytes send, MutableBytes recv,
+                               const std::vector<std::uint64_t>& counts);
+}  // namespace detail
+
 // One posted transfer.
 class Transfer {
  public:

@@ -94,6 +94,11 @@ class MpiCommunicator final : public Communicator {
   // broadcast() and scatterv() are these plus wait()). The caller waits for it
   // before reusing the buffers or posting a collective it must not overtake.
   std::unique_ptr<Transfer> post_broadcast(MutableBytes buffer, int root);
+  // DataTransport::exchange as MPI non-blocking sends and receives, one per
+  // peer (in pieces of at most CommOptions::max_message_bytes), all posted at
+  // once; only ranks with bytes for each other take part.
+  std::unique_ptr<Transfer> post_exchange(ConstBytes send, MutableBytes recv,
+                                          const std::vector<std::uint64_t>& counts);
   std::unique_ptr<Transfer> post_scatterv(ConstBytes send, const std::vector<ByteRange>& ranges,
                                           MutableBytes recv, int root);
 
