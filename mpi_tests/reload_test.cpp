@@ -1332,7 +1332,8 @@ const char* holding_name(Holding how) {
 // Every rank holds part of version 2 (rows, columns, replicas) and a model
 // loaded with version 1; after the sharded reload every parameter holds its
 // expected slice (the tests' own slicing), where it was before. A second
-// reload of version 3 with the same boxes reuses the kept plan.
+// reload of version 3 with the same boxes reuses the kept plan. Columns go
+// in one atomic reload, replicas without checksums.
 TPRELOAD_RANKS_TEST(Sharded, RowsColumnsAndReplicasLoadEveryShard) {
   const int n = world().size();
   // Under mpirun, MPI's point-to-point exchange; as threads, scatters over the
@@ -1357,6 +1358,8 @@ TPRELOAD_RANKS_TEST(Sharded, RowsColumnsAndReplicasLoadEveryShard) {
         TensorParallelModel model(config, options_for(setup));
         ReloadOptions o;
         o.bucket_bytes = how == Holding::kColumns ? std::uint64_t{1} << 30 : 1900;
+        o.atomic = how == Holding::kColumns;        // into the second copy, then committed
+        o.checksums = how != Holding::kWholeTwice;  // messages without their CRC-32C
         reload_from(model, "", &v1, o);
         const auto before = layout_of(model);
         ReloadWorkspace workspace;
