@@ -542,7 +542,7 @@ const CachedPlan& plan_sharded(Communicator& world, const ShardedSource& mine,
     fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
     detail::plan_exchanges(*fresh, held, world.size(), tp, world.rank(), options.bucket_bytes);
   } catch (const ValidationError& e) {
-    throw Agreed<ValidationError>(e.what());
+    throw Agreed<ValidationError>(detail::concat(e.what(), " (nothing was reloaded)"));
   } catch (const UsageError& e) {
     throw Agreed<UsageError>(e.what());
   } catch (const std::exception& e) {
@@ -802,9 +802,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, WeightSour
 namespace {
 
 // reload_weights() from a source (`sharded` null) or from sharded sources.
-ReloadResult reload(ReloadTarget& model, Communicator& world, DataTransport& data,
-                    WeightSource* source, const ShardedSource* sharded,
-                    const ReloadOptions& options, ReloadWorkspace* workspace) {
+ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport& data,
+                        WeightSource* source, const ShardedSource* sharded,
+                        const ReloadOptions& options, ReloadWorkspace* workspace) {
   ReloadWorkspace local;  // freed on return when the caller keeps none
   ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
@@ -977,13 +977,13 @@ ReloadResult reload(ReloadTarget& model, Communicator& world, DataTransport& dat
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransport& data,
                             WeightSource* source, const ReloadOptions& options,
                             ReloadWorkspace* workspace) {
-  return reload(model, world, data, source, nullptr, options, workspace);
+  return reload_any(model, world, data, source, nullptr, options, workspace);
 }
 
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransport& data,
                             const ShardedSource& held, const ReloadOptions& options,
                             ReloadWorkspace* workspace) {
-  return reload(model, world, data, nullptr, &held, options, workspace);
+  return reload_any(model, world, data, nullptr, &held, options, workspace);
 }
 
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const ShardedSource& held,
@@ -1008,10 +1008,12 @@ ReloadableModel::ReloadableModel(ReloadTarget& model, WeightLocation location, D
     : model_(model), location_(std::move(location)), data_(data) {}
 
 ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& options,
-                                  WeightSource* source) {
+                                  WeightSource* source, const ShardedSource* held) {
   try {
-    if (data_) return reload_weights(model_, world, *data_, source, options, &workspace_);
-    return reload_weights(model_, world, source, options, &workspace_);
+    std::unique_ptr<DataTransport> own;
+    DataTransport* data = data_;
+    if (!data) data = (own = make_communicator_transport(world)).get();
+    return reload_any(model_, world, *data, source, held, options, &workspace_);
   } catch (const std::exception& e) {
     // Weights that changed before the failure: caches derived from them must go.
     ReloadResult failed = result_for(options);
@@ -1106,6 +1108,13 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
 ReloadResult ReloadableModel::reload_from(Communicator& world, const ReloadOptions& options,
                                           WeightSource* source) {
   ReloadResult result = run(world, options, source);
+  for (const auto& callback : callbacks_) callback(result);
+  return result;
+}
+
+ReloadResult ReloadableModel::reload_from(Communicator& world, const ReloadOptions& options,
+                                          const ShardedSource& held) {
+  ReloadResult result = run(world, options, nullptr, &held);
   for (const auto& callback : callbacks_) callback(result);
   return result;
 }

@@ -4,6 +4,7 @@
 //   reload_ckpt inspect PATH
 //   reload_ckpt convert IN OUT [--format F] [--shards K] [--gzip L] [--flat]
 //   reload_ckpt verify PATH [--read-data]
+//   reload_ckpt split IN OUT --ranks N [--by rows|cols|whole]
 //
 // Errors: one line on stderr, exit status 1 (2 for bad command-line usage).
 #include <CLI/CLI.hpp>
@@ -24,6 +25,7 @@
 #include "tpreload/model/config.h"
 #include "tpreload/model/kernel_shards.h"
 #include "tpreload/model/synthetic_model.h"
+#include "tpreload/reload/sharded_files.h"
 
 namespace {
 
@@ -315,6 +317,41 @@ int run_shard(const ShardArgs& a) {
   return 0;
 }
 
+struct SplitArgs {
+  std::string in, out, by = "rows";
+  int ranks = 0;
+};
+
+CLI::App* add_split(CLI::App& app, SplitArgs& a) {
+  auto* cmd = app.add_subcommand(
+      "split",
+      "Split a checkpoint among N source ranks, as a trainer holds it: one "
+      "rank-0000r.safetensors per rank with that rank's boxes (their full shapes and offsets in "
+      "its metadata) plus manifest.json. `reload_runner --weights OUT --sharded-source` then "
+      "has each rank read its own file and the ranks move what each needs point to point.");
+  cmd->add_option("IN", a.in, "Checkpoint (file or directory), checkpoint format")->required();
+  cmd->add_option("OUT", a.out, "Output directory (created if missing)")->required();
+  cmd->add_option("--ranks", a.ranks, "Source ranks (files)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--by", a.by,
+                  "rows: near-equal slices of each tensor's first dimension (FSDP); cols: of its "
+                  "second (1-D tensors by rows); whole: tensor i whole on rank i mod N")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"rows", "cols", "whole"}));
+  return cmd;
+}
+
+int run_split(const SplitArgs& a) {
+  const auto source = open_weight_source(a.in);
+  const auto files = write_split_source(a.out, *source, a.ranks, *parse_split_by(a.by));
+  std::cout << "split " << source->tensors().size() << " tensors ("
+            << total_bytes(source->tensors()) << " bytes) of " << a.in << " by " << a.by
+            << " among " << a.ranks << " ranks into " << a.out << ": " << files.size() - 1
+            << (files.size() == 2 ? " file" : " files") << " + manifest.json\n";
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -330,6 +367,8 @@ int main(int argc, char** argv) {
   auto* convert_cmd = add_convert(app, convert);
   ShardArgs shard;
   auto* shard_cmd = add_shard(app, shard);
+  SplitArgs split;
+  auto* split_cmd = add_split(app, split);
   auto* inspect = app.add_subcommand(
       "inspect", "List every tensor (name, dtype, shape, bytes, rank), the metadata and totals.");
   inspect->add_option("PATH", path, "Checkpoint file or directory")->required();
@@ -361,6 +400,7 @@ int main(int argc, char** argv) {
     if (generate_cmd->parsed()) return run_generate(generate);
     if (convert_cmd->parsed()) return run_convert(convert);
     if (shard_cmd->parsed()) return run_shard(shard);
+    if (split_cmd->parsed()) return run_split(split);
     if (inspect->parsed()) return run_inspect(path);
     if (verify->parsed()) return run_verify(path, read_data);
     return 0;

@@ -28,6 +28,7 @@
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
+#include "tpreload/reload/sharded_files.h"
 #include "tpreload/runtime/data_plane.h"
 #include "tpreload/runtime/launch_env.h"
 #include "tpreload/runtime/program.h"
@@ -42,6 +43,7 @@ struct RunnerOptions {
   std::string model_dir;
   std::string weights;
   bool kernel_format = false;
+  bool sharded_source = false;
   int tp = 0;  // 0: chosen (tp_from_layout)
   std::string quantization;
   bool lora = false;
@@ -72,7 +74,7 @@ struct RunnerOptions {
   std::string describe() const {
     return tpreload::detail::concat(
         "model=", model_dir, " weights=", weights.empty() ? "(model)" : weights,
-        " kernel_format=", kernel_format, " tp=", tp,
+        " kernel_format=", kernel_format, " sharded_source=", sharded_source, " tp=", tp,
         " quantization=", quantization.empty() ? "none" : quantization, " lora=", lora,
         " expert_parallel=", expert_parallel, " distribution=", distribution,
         " bucket_mb=", bucket_mb, " pipeline_depth=", pipeline_depth, " reader_rank=", reader_rank,
@@ -127,6 +129,13 @@ void add_options(CLI::App& app, RunnerOptions& o) {
                "The weights given with --weights are kernel-format shards (made by `reload_ckpt "
                "shard`): copy them straight into the parameters")
       ->needs(weights);
+  app.add_flag("--sharded-source", o.sharded_source,
+               "The weights given with --weights are a split (made by `reload_ckpt split`): each "
+               "rank reads its own file (a rank past the split's ranks holds nothing) and the "
+               "ranks move what each needs point to point; no rank reads a whole checkpoint. "
+               "Checkpoint format, --readers one, host memory")
+      ->needs(weights)
+      ->excludes("--kernel-format");
   app.add_option(
          "--tp", o.tp,
          "Tensor-parallel size; the world is replicas x tp, world rank w is tp rank w % tp of "
@@ -442,7 +451,7 @@ void check_paths(const RunnerOptions& o, Communicator& world) {
         o.model_dir, "'");
   // (with --readers node or all the reload itself says which ranks cannot read,
   // and who could serve them)
-  const bool reader = world.rank() == o.reader_rank && o.readers == "one";
+  const bool reader = world.rank() == o.reader_rank && o.readers == "one" && !o.sharded_source;
   if (!problem && !o.weights.empty() && reader && !fs::exists(o.weights, ec))
     problem =
         tpreload::detail::concat("--weights '", o.weights, "' does not exist on the reader rank");
@@ -466,7 +475,7 @@ void check_paths(const RunnerOptions& o, Communicator& world) {
 // open is left to the reload, which says why.
 void check_weights(const RunnerOptions& o, const TensorParallelModel& model, Communicator& world) {
   std::optional<std::string> problem;
-  if (!o.weights.empty() && world.rank() == o.reader_rank) {
+  if (!o.weights.empty() && world.rank() == o.reader_rank && !o.sharded_source) {
     std::unique_ptr<WeightSource> source;
     try {
       source = open_weight_source(o.weights);
@@ -545,7 +554,21 @@ int run_reloads(const RunnerOptions& o, Communicator& world, const DataPlane& pl
       phase =
           tpreload::detail::concat("reload ", i + 1, " of ", o.repeat, " from ",
                                    o.weights.empty() ? "--model " : "--weights ", attempted_source);
-      last = served.reload(world, attempted, o.weights);
+      if (o.sharded_source) {
+        // Each rank's own file, opened for every reload (a trainer writes a new one).
+        std::unique_ptr<ShardedSource> held;
+        std::optional<std::string> unreadable;
+        try {
+          held = open_split_source(o.weights, world.rank());
+        } catch (const std::exception& e) {
+          unreadable = e.what();
+        }
+        agree_on_problem<CheckpointError>(world, unreadable,
+                                          "opening the sharded source (nothing was reloaded)");
+        last = served.reload_from(world, attempted, *held);
+      } else {
+        last = served.reload(world, attempted, o.weights);
+      }
       if (world.rank() == 0)
         std::cout << "reload " << i + 1 << " of " << o.repeat << ":\n" << summary_text(last);
     }

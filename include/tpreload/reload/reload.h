@@ -338,9 +338,15 @@ class ReloadableModel {
   // weights_iterator): `source` on the reader rank, nullptr on the others. The
   // model's location does not change.
   ReloadResult reload_from(Communicator& world, const ReloadOptions& options, WeightSource* source);
+  // COLLECTIVE. Reload from what every rank holds (reload_weights() with a
+  // ShardedSource, an empty one on a rank that holds nothing). The model's
+  // location does not change.
+  ReloadResult reload_from(Communicator& world, const ReloadOptions& options,
+                           const ShardedSource& held);
 
  private:
-  ReloadResult run(Communicator& world, const ReloadOptions& options, WeightSource* source);
+  ReloadResult run(Communicator& world, const ReloadOptions& options, WeightSource* source,
+                   const ShardedSource* held = nullptr);
 
   ReloadTarget& model_;
   WeightLocation location_;
