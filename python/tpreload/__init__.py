@@ -188,8 +188,26 @@ def _describe(name, tensor, *extra):
             tuple(int(s) for s in tensor.stride()), dtype, _device_of(tensor)) + tuple(extra)
 
 
+def _shard_descriptors(shards, held):
+    """Descriptors of the boxes this rank holds: (name, tensor, full_shape,
+    offsets), each tensor made contiguous and kept alive in ``held``."""
+    out = []
+    for item in shards:
+        name, tensor, full_shape, offsets = item
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        held.append(tensor)
+        full_shape = tuple(int(s) for s in full_shape)
+        offsets = tuple(int(o) for o in offsets)
+        if len(full_shape) != tensor.dim() or len(offsets) != tensor.dim():
+            raise UsageError("shards: '%s' is a %d-d box of a tensor of shape %s at offsets %s"
+                             % (name, tensor.dim(), list(full_shape), list(offsets)))
+        out.append(_describe(name, tensor) + (full_shape, offsets))
+    return out
+
+
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
-                   is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
+                   shards=None, is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
                    distribution="scatter", bucket_mb=8, pipeline_depth=0, reader_rank=0,
                    readers="one", ranks_per_node=0, rotate_broadcast_roots=False, transport="mpi", workspace=None,
                    fingerprint=False, atomic=False, require_complete=False, checksums=True,
@@ -215,6 +233,15 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         parameters in the serving layout). CPU tensors; they are kept alive (and
         made contiguous) until the call returns, so a generator may yield
         temporaries.
+    shards: sharded sources, instead of a path or an iterator: on EVERY rank, the
+        boxes of checkpoint tensors this rank holds, as (name, tensor, full_shape,
+        offsets) tuples: ``tensor`` (CPU) holds the elements of the tensor ``name``
+        of shape ``full_shape`` from ``offsets`` on along each dimension (a
+        trainer's row or column slice, a whole tensor with zero offsets, an
+        expert); ``[]`` on a rank that holds nothing. The ranks move each needed box point to point
+        from a rank that holds it; a range no rank holds, or ranks holding
+        different bytes where their boxes overlap, is a ValidationError on every
+        rank before any write. Checkpoint format, readers="one", CPU parameters.
     is_checkpoint_format: checkpoint format (through the weight loaders) or kernel
         format (already processed and sharded: copied by name).
     quantization: None, "int8", "fp8" (online FP8, a scale per tensor) or
@@ -277,6 +304,10 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
             request.weights_path = _os.fspath(weights_path)
         if weights_iterator is not None:
             request.weights_iterator = _iterator_descriptors(weights_iterator, is_checkpoint_format, held)
+        if shards is not None:
+            if weights_path is not None or weights_iterator is not None:
+                raise UsageError("give shards, weights_path or weights_iterator, one of them")
+            request.shards = _shard_descriptors(shards, held)
         request.checkpoint_format = bool(is_checkpoint_format)
         request.quantization = quantization or ""
         request.lora = bool(lora)

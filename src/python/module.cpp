@@ -24,6 +24,7 @@
 #include "tpreload/model/config.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
+#include "tpreload/reload/sharded_source.h"
 #include "tpreload/runtime/data_plane.h"
 #include "tpreload/runtime/program.h"
 
@@ -197,12 +198,39 @@ std::vector<InMemoryTensor> in_memory(const std::vector<py::tuple>& descriptors,
   return out;
 }
 
+// Sharded sources: (name, data_ptr, box shape, strides, dtype, device, full
+// shape, offsets) per box this rank holds.
+std::unique_ptr<ShardedSource> sharded_source(const std::vector<py::tuple>& descriptors) {
+  std::vector<HeldTensor> held;
+  for (const auto& d : descriptors) {
+    const BorrowedTensor t = borrowed(d);
+    if (!t.unknown_dtype.empty())
+      raise<UsageError>("shards tensor '", t.name, "' has dtype ", t.unknown_dtype,
+                        ", which tpreload does not read");
+    if (t.device != "cpu")
+      raise<UsageError>("shards tensor '", t.name, "' is on ", t.device,
+                        "; sharded sources move host memory (move it to the CPU first)");
+    if (!is_contiguous(t)) raise<UsageError>("shards tensor '", t.name, "' is not contiguous");
+    HeldTensor h;
+    h.name = t.name;
+    h.dtype = t.dtype;
+    h.shape = d[6].cast<std::vector<std::int64_t>>();
+    h.box = {d[7].cast<std::vector<std::int64_t>>(), t.shape};
+    std::uint64_t bytes = dtype_size(t.dtype);
+    for (auto s : t.shape) bytes *= static_cast<std::uint64_t>(s);
+    h.bytes = ConstBytes(t.data, bytes);
+    held.push_back(std::move(h));
+  }
+  return std::make_unique<ShardedSource>(std::move(held));
+}
+
 struct Request {
   std::optional<std::string> problem;  // what the package found wrong on this rank
   std::string config;                  // config.json or its directory
   int tp_size = 0;
   std::optional<std::string> weights_path;
   std::optional<std::vector<py::tuple>> weights_iterator;
+  std::optional<std::vector<py::tuple>> shards;  // sharded sources: what this rank holds
   bool checkpoint_format = true;
   std::string quantization;
   bool lora = false, expert_parallel = false;
@@ -311,6 +339,7 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
   bool reader = false;  // passes a source (opens_source), once the options are read
   std::vector<BorrowedTensor> tensors;
   std::vector<InMemoryTensor> memory;
+  std::unique_ptr<ShardedSource> held;  // shards=: what this rank holds
   if (!problem) {
     try {  // with the GIL: descriptors are Python objects
       options = reload_options(q);
@@ -320,14 +349,18 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
       if (world.size() % q.tp_size != 0)
         raise<UsageError>("tp_size ", q.tp_size, " does not divide the world size ", world.size());
       for (const auto& d : params) tensors.push_back(borrowed(d));
-      if (reader && q.weights_iterator)
+      if (q.shards)
+        held = sharded_source(*q.shards);
+      else if (reader && q.weights_iterator)
         memory = in_memory(*q.weights_iterator, !q.checkpoint_format);
     } catch (const std::exception& e) {
       problem = e.what();
     }
   }
   const bool from_memory = q.weights_iterator.has_value();
+  const bool sharded = q.shards.has_value();
   q.weights_iterator.reset();  // its Python tuples stay with the caller
+  q.shards.reset();
   ReloadResult result;
   std::optional<std::vector<ParamFingerprint>> fingerprints;
   world.collective([&] {  // no Python object is touched in here
@@ -368,14 +401,19 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
                                       "checking the parameters (nothing was reloaded)");
     std::unique_ptr<WeightSource> source;
     try {
-      if (reader) source = open_source(q, *config, from_memory, std::move(memory), workspace);
+      if (reader && !sharded)
+        source = open_source(q, *config, from_memory, std::move(memory), workspace);
     } catch (const std::exception& e) {
       problem = e.what();
     }
     agree_on_problem<CheckpointError>(comm, problem, "opening the weights (nothing was reloaded)");
     ReloadWorkspace local;
-    result = reload_weights(*target, comm, *plane.transport, source.get(), options,
-                            workspace ? workspace : &local);
+    if (sharded)  // (a rank given no shards= while others were is refused by the engine)
+      result = reload_weights(*target, comm, *plane.transport, *held, options,
+                              workspace ? workspace : &local);
+    else
+      result = reload_weights(*target, comm, *plane.transport, source.get(), options,
+                              workspace ? workspace : &local);
     if (q.fingerprint) fingerprints = gather_fingerprints(*target, comm, options.device_timeout);
   });
   return result_dict(result, fingerprints);
@@ -471,6 +509,7 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("tp_size", &Request::tp_size)
       .def_readwrite("weights_path", &Request::weights_path)
       .def_readwrite("weights_iterator", &Request::weights_iterator)
+      .def_readwrite("shards", &Request::shards)
       .def_readwrite("checkpoint_format", &Request::checkpoint_format)
       .def_readwrite("quantization", &Request::quantization)
       .def_readwrite("lora", &Request::lora)

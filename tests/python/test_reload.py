@@ -568,3 +568,56 @@ def test_online_fp8_block_quantizes_each_linear_in_blocks(world, shared_dir):
         assert torch.equal(params[n], e4m3_codes(scaled)), n
     others = {n: t for n, t in bf16.items() if n not in linear}
     assert_holds({n: params[n] for n in others}, others, "unquantized")
+
+
+def row_slice(tensor, rank, ranks):
+    """Rows of ``tensor`` that rank ``rank`` of ``ranks`` holds (the first
+    rows % ranks ranks one row more), and their first row."""
+    rows = tensor.shape[0]
+    base, extra = divmod(rows, ranks)
+    first = rank * base + min(rank, extra)
+    return tensor[first:first + base + (1 if rank < extra else 0)], first
+
+
+@pytest.mark.parametrize("holding", ["rows", "whole_on_last"])
+def test_shards_held_by_every_rank_reload_in_place(world, shared_dir, holding):
+    tp = world.size
+    config = config_only(world, shared_dir)
+    v2 = checkpoint(2)
+    shards = []
+    for name, t in v2.items():
+        if holding == "rows":  # each rank a row slice of every tensor (FSDP)
+            part, first = row_slice(t, world.rank, world.size)
+            if part.shape[0]:
+                shards.append((name, part, t.shape, [first] + [0] * (t.dim() - 1)))
+        elif world.rank == world.size - 1:  # one rank holds everything, whole
+            shards.append((name, t, t.shape, [0] * t.dim()))
+    params = zeros_like_shards(world, tp)
+    pointers = {n: t.data_ptr() for n, t in params.items()}
+    r = tpreload.reload_weights(params, config, world=world, shards=shards, bucket_mb=0.01)
+    assert r.complete and not r.skipped
+    assert_holds(params, expected_shards(v2, tp, world.rank), holding)
+    assert {n: t.data_ptr() for n, t in params.items()} == pointers, "a parameter moved"
+    assert r.source.startswith("sharded sources"), r.source
+
+
+def test_shards_missing_a_range_are_refused_on_every_rank(world, shared_dir):
+    config = config_only(world, shared_dir)
+    v2 = checkpoint(2)
+    name = "model.layers.0.mlp.down_proj.weight"
+    shards = []
+    for n, t in v2.items():
+        part, first = row_slice(t, world.rank, world.size)
+        if n == name and world.rank == world.size - 1:
+            part = part[:-1]  # the last row of the tensor: held by none
+        if part.shape[0]:
+            shards.append((n, part, t.shape, [first] + [0] * (t.dim() - 1)))
+    params = zeros_like_shards(world, world.size)
+    with pytest.raises(tpreload.ValidationError) as e:
+        tpreload.reload_weights(params, config, world=world, shards=shards)
+    assert e.value.agreed
+    rows = v2[name].shape[0]
+    assert "'%s'" % name in str(e.value) and "[%d:%d, " % (rows - 1, rows) in str(e.value), str(e.value)
+    assert all(not t.any() for t in params.values()), "nothing is written"
+    with pytest.raises(tpreload.UsageError):
+        tpreload.reload_weights(params, config, world=world, shards=shards, weights_path=config)
