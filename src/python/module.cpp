@@ -177,21 +177,26 @@ BorrowedTensor borrowed(const py::tuple& d) {
   return t;
 }
 
+// The bytes of a host tensor the caller hands over (`what`: "weights_iterator",
+// "shards"), which must be of a dtype tpreload reads, on the CPU and contiguous.
+ConstBytes host_bytes(const BorrowedTensor& t, const char* what) {
+  if (!t.unknown_dtype.empty())
+    raise<UsageError>(what, " tensor '", t.name, "' has dtype ", t.unknown_dtype,
+                      ", which tpreload does not read");
+  if (t.device != "cpu")
+    raise<UsageError>(what, " tensor '", t.name, "' is on ", t.device,
+                      "; it is read from host memory (move it to the CPU first)");
+  if (!is_contiguous(t)) raise<UsageError>(what, " tensor '", t.name, "' is not contiguous");
+  std::uint64_t bytes = dtype_size(t.dtype);
+  for (auto s : t.shape) bytes *= static_cast<std::uint64_t>(s);
+  return ConstBytes(t.data, bytes);
+}
+
 std::vector<InMemoryTensor> in_memory(const std::vector<py::tuple>& descriptors, bool kernel) {
   std::vector<InMemoryTensor> out;
   for (const auto& d : descriptors) {
     const BorrowedTensor t = borrowed(d);
-    if (!t.unknown_dtype.empty())
-      raise<UsageError>("weights_iterator tensor '", t.name, "' has dtype ", t.unknown_dtype,
-                        ", which tpreload does not read");
-    if (t.device != "cpu")
-      raise<UsageError>("weights_iterator tensor '", t.name, "' is on ", t.device,
-                        "; the reader rank reads host memory (move it to the CPU first)");
-    if (!is_contiguous(t))
-      raise<UsageError>("weights_iterator tensor '", t.name, "' is not contiguous");
-    std::uint64_t bytes = dtype_size(t.dtype);
-    for (auto s : t.shape) bytes *= static_cast<std::uint64_t>(s);
-    InMemoryTensor m{t.name, t.dtype, t.shape, ConstBytes(t.data, bytes), nullptr};
+    InMemoryTensor m{t.name, t.dtype, t.shape, host_bytes(t, "weights_iterator"), nullptr};
     if (kernel) m.tp_rank = d[6].cast<int>();
     out.push_back(std::move(m));
   }
@@ -204,21 +209,12 @@ std::unique_ptr<ShardedSource> sharded_source(const std::vector<py::tuple>& desc
   std::vector<HeldTensor> held;
   for (const auto& d : descriptors) {
     const BorrowedTensor t = borrowed(d);
-    if (!t.unknown_dtype.empty())
-      raise<UsageError>("shards tensor '", t.name, "' has dtype ", t.unknown_dtype,
-                        ", which tpreload does not read");
-    if (t.device != "cpu")
-      raise<UsageError>("shards tensor '", t.name, "' is on ", t.device,
-                        "; sharded sources move host memory (move it to the CPU first)");
-    if (!is_contiguous(t)) raise<UsageError>("shards tensor '", t.name, "' is not contiguous");
     HeldTensor h;
     h.name = t.name;
     h.dtype = t.dtype;
     h.shape = d[6].cast<std::vector<std::int64_t>>();
     h.box = {d[7].cast<std::vector<std::int64_t>>(), t.shape};
-    std::uint64_t bytes = dtype_size(t.dtype);
-    for (auto s : t.shape) bytes *= static_cast<std::uint64_t>(s);
-    h.bytes = ConstBytes(t.data, bytes);
+    h.bytes = host_bytes(t, "shards");
     held.push_back(std::move(h));
   }
   return std::make_unique<ShardedSource>(std::move(held));
