@@ -27,6 +27,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "../src/reload/pipeline.h"  // (the kept plan's exchanges, for the sharded bound)
 #include "tpreload/checkpoint/synthetic.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/error.h"
@@ -38,6 +39,7 @@
 #include "tpreload/model/synthetic_model.h"
 #include "tpreload/reload/plan.h"
 #include "tpreload/reload/reload.h"
+#include "tpreload/reload/sharded_files.h"
 #include "tpreload/runtime/program.h"
 
 namespace {
@@ -260,7 +262,12 @@ void scramble(TensorParallelModel& model) {
 struct Row {
   std::string format, quantization, distribution;
   double bucket_mb;
-  std::string readers = "one";  // one, node, all, or "whole": every rank loads the whole checkpoint
+  // one, node, all, "whole" (every rank loads the whole checkpoint), or
+  // "sharded" (every rank holds a row slice of every tensor, as a trainer's
+  // FSDP ranks do, and the ranks move what each needs point to point).
+  std::string readers = "one";
+  // sharded: the bytes the busiest rank and the average rank sent.
+  double sent_max = 0, sent_mean = 0;
   double seconds = 0, bound = 0;
   double checksum = 0;  // of `seconds`: computing and verifying CRC-32Cs (max over ranks)
   // --checksum-cost: each iteration's reload with checksums and the one without
@@ -474,6 +481,93 @@ Row run_row(const BenchOptions& o, const ModelConfig& config, const std::string&
   return row;
 }
 
+// Sharded sources: every rank holds rows [r * n / world, ...) of every tensor
+// (read from the checkpoint once, untimed, as a trainer holds its shards) and
+// the reload moves what each rank needs point to point over MPI's data
+// transport. Its bound: the same exchanges (the kept plan's per-bucket byte
+// counts) between raw buffers, no packing, no model.
+Row run_sharded_row(const BenchOptions& o, const ModelConfig& config, const std::string& ckpt_dir,
+                    Row row, MpiCommunicator& world) {
+  const std::string quant = row.quantization == "none" ? "" : row.quantization;
+  RankModel rank_model(o, config, quant, ckpt_dir, world);
+  TensorParallelModel& model = rank_model.model;
+  row.distribution = "scatter";
+  std::vector<HeldTensor> held;
+  {
+    auto source = open_weight_source(ckpt_dir);
+    for (std::size_t i = 0; i < source->tensors().size(); ++i) {
+      const TensorInfo& t = source->tensors()[i];
+      for (const Box& box : split_boxes(t.shape, i, SplitBy::kRows, world.rank(), world.size())) {
+        const std::uint64_t row_bytes = t.shape.empty() || t.shape[0] == 0
+                                            ? t.nbytes
+                                            : t.nbytes / static_cast<std::uint64_t>(t.shape[0]);
+        const std::uint64_t first =
+            box.offset.empty() ? 0 : static_cast<std::uint64_t>(box.offset[0]) * row_bytes;
+        auto bytes = std::make_shared<std::vector<std::byte>>(
+            static_cast<std::size_t>(box.elements()) * dtype_size(t.dtype));
+        source->read(i, {first, bytes->size()}, MutableBytes(bytes->data(), bytes->size()));
+        held.push_back(
+            {t.name, t.dtype, t.shape, box, ConstBytes(bytes->data(), bytes->size()), bytes});
+      }
+    }
+  }
+  const ShardedSource mine(std::move(held));
+  const auto data = world.make_data_transport();
+  ReloadOptions ro;
+  ro.bucket_bytes = static_cast<std::uint64_t>(row.bucket_mb * 1024 * 1024);
+  ro.checksums = !o.no_checksums;
+  ReloadWorkspace workspace;
+  for (int i = 0; i < o.warmup; ++i) reload_weights(model, world, *data, mine, ro, &workspace);
+  for (int i = 0; i < o.iters; ++i) {
+    scramble(model);
+    world.barrier();
+    const auto start = Clock::now();
+    const ReloadResult r = reload_weights(model, world, *data, mine, ro, &workspace);
+    row.seconds +=
+        max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+    row.wrong += rank_model.wrong(world);
+    row.bytes = r.bytes_transferred;
+    row.checksum += r.seconds.checksum;
+    row.staging = std::max(row.staging, r.peak_staging_bytes);
+    row.depth = r.pipeline_depth;
+    std::uint64_t sum = 0;
+    for (std::uint64_t b : r.bytes_sent_by_rank) sum += b;
+    row.sent_max = static_cast<double>(r.bytes_transferred);
+    row.sent_mean = static_cast<double>(sum) / world.size();
+  }
+  row.seconds /= o.iters;
+  row.checksum /= o.iters;
+  // The bound: each bucket's exchange, raw.
+  const tpreload::detail::CachedPlan& plan = *workspace.cached_plan();
+  const auto n = static_cast<std::size_t>(world.size()),
+             me = static_cast<std::size_t>(world.rank());
+  std::vector<std::vector<std::uint64_t>> counts;
+  std::uint64_t most_out = 0, most_in = 0;
+  for (const TransferPlan& x : plan.exchanges) {
+    auto& c = counts.emplace_back(n * n, 0);
+    for (const TransferPlan::Transfer& t : x.transfers)
+      if (t.from != t.to)
+        c[static_cast<std::size_t>(t.from) * n + static_cast<std::size_t>(t.to)] += t.bytes;
+    std::uint64_t out = 0, in = 0;
+    for (std::size_t r = 0; r < n; ++r) out += c[me * n + r], in += c[r * n + me];
+    most_out = std::max(most_out, out);
+    most_in = std::max(most_in, in);
+  }
+  std::vector<std::byte> send(most_out, std::byte{1}), recv(most_in, std::byte{0});  // (warm)
+  for (int i = 0; i < o.iters; ++i) {
+    world.barrier();
+    const auto start = Clock::now();
+    for (const auto& c : counts) {
+      std::uint64_t out = 0, in = 0;
+      for (std::size_t r = 0; r < n; ++r) out += c[me * n + r], in += c[r * n + me];
+      data->exchange(ConstBytes(send.data(), out), MutableBytes(recv.data(), in), c)->wait();
+    }
+    row.bound += max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  row.bound /= o.iters;
+  return row;
+}
+
 // What users run today when each worker loads from disk (vLLM's default): every
 // rank opens the whole checkpoint and loads it through the weight loaders,
 // keeping its slices. Its bound: every rank reading every byte of the files.
@@ -594,6 +688,19 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
                     << one.distribution << "), " << what << ": "
                     << verdict(r.seconds / one.seconds, 1 / 1.5) << " of its time\n";
     }
+    if (r.readers == "sharded") {
+      std::cout << "#   sharded: the busiest source sends <= 1.1x the mean (" << std::fixed
+                << std::setprecision(0) << r.sent_max << " and " << r.sent_mean << " bytes), "
+                << what << ": " << verdict(r.sent_mean > 0 ? r.sent_max / r.sent_mean : 1.0, 1.1)
+                << "\n";
+      for (const Row& one : rows)
+        if (one.readers == "one" && one.format == r.format && one.quantization == r.quantization &&
+            one.bucket_mb == r.bucket_mb)
+          std::cout << "#   sharded no slower than one (" << one.distribution << ")"
+                    << (world.size() >= 4 ? ", faster from 4 ranks" : "") << ", " << what << ": "
+                    << verdict(r.seconds / one.seconds, world.size() >= 4 ? 0.999 : 1.0)
+                    << " of its time\n";
+    }
     if (whole && r.quantization == "none" && r.format == "checkpoint")
       std::cout << "#   no slower than every rank loading the whole checkpoint"
                 << (world.size() >= 4 ? " (faster from 4 ranks)" : "") << ", " << what << ": "
@@ -669,8 +776,10 @@ int main(int argc, char** argv) {
                  "one (the reader rank reads and sends), node (a reader per node sends within its "
                  "node; bound: one reader's times the share of its bytes the busiest node reader "
                  "reads) and/or all (every rank "
-                 "reads its own slices; one row per format, laid out as scatter)")
-      ->check(CLI::IsMember({"one", "node", "all"}))
+                 "reads its own slices; one row per format, laid out as scatter) and/or sharded "
+                 "(every rank holds a row slice of every tensor and the ranks move what each "
+                 "needs point to point; checkpoint format; bound: the same exchanges, raw)")
+      ->check(CLI::IsMember({"one", "node", "all", "sharded"}))
       ->capture_default_str();
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "readers node: world ranks per node (default 0: the ranks MPI says share memory; "
@@ -741,8 +850,14 @@ int main(int argc, char** argv) {
           for (const auto& dist : o.distributions) {
             // Every rank reading has one layout: one row per bucket size.
             if (readers == "all" && dist != o.distributions.front()) continue;
+            // Sharded sources: checkpoint format, its one layout (scatter).
+            if (readers == "sharded" && (format != "checkpoint" || dist != o.distributions.front()))
+              continue;
             for (double mb : o.bucket_mb)
-              add(run_row(o, config, dir, Row{format, quant, dist, mb, readers}, world));
+              add(readers == "sharded"
+                      ? run_sharded_row(o, config, dir, Row{format, quant, dist, mb, readers},
+                                        world)
+                      : run_row(o, config, dir, Row{format, quant, dist, mb, readers}, world));
           }
     print_targets(o, rows, world);
     return wrong == 0 ? 0 : 5;

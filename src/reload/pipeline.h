@@ -25,10 +25,11 @@ namespace tpreload::detail {
 
 struct PipelineStats {
   double read = 0, transfer = 0, apply = 0, finish = 0;
-  double checksum = 0;             // computing (reader) and verifying (receivers) bucket CRC-32Cs
-  std::uint64_t bytes_sent = 0;    // reader rank
-  std::uint64_t bytes_copied = 0;  // reader rank: as ReloadResult::bytes_copied_on_reader
-  StagingBytes staging;            // staging buffers this rank used, per memory space
+  double checksum = 0;               // computing (reader) and verifying (receivers) bucket CRC-32Cs
+  std::uint64_t bytes_sent = 0;      // reader rank (sharded sources: every rank)
+  std::uint64_t bytes_received = 0;  // sharded sources: from other ranks
+  std::uint64_t bytes_copied = 0;    // reader rank: as ReloadResult::bytes_copied_on_reader
+  StagingBytes staging;              // staging buffers this rank used, per memory space
   std::optional<std::string> apply_error;  // first apply failure on this rank
   std::optional<std::string> corrupted;    // a bucket that failed its checksum here
   bool device_stuck = false;  // device work timed out: its staging buffers are abandoned

@@ -969,6 +969,17 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
   result.seconds.total = since(start);
   const std::uint64_t read_bytes = reader && source ? source->bytes_read() - read_before : 0;
   reduce_figures(world, result, stats, read_bytes, sink.processing_staging_bytes());
+  if (sharded) {
+    const auto n = static_cast<std::size_t>(world.size());
+    std::vector<std::int64_t> moved(2 * n, 0);
+    moved[static_cast<std::size_t>(world.rank())] = static_cast<std::int64_t>(stats.bytes_sent);
+    moved[n + static_cast<std::size_t>(world.rank())] =
+        static_cast<std::int64_t>(stats.bytes_received);
+    allreduce_ints(world, moved, IntOp::kSum);
+    result.bytes_sent_by_rank.assign(moved.begin(), moved.begin() + static_cast<std::ptrdiff_t>(n));
+    result.bytes_received_by_rank.assign(moved.begin() + static_cast<std::ptrdiff_t>(n),
+                                         moved.end());
+  }
   return result;
 }
 

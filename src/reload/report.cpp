@@ -116,6 +116,10 @@ std::string report_json(const ReloadResult& r, const ReportContext& ctx,
       {"not_loaded", {{"on_all_ranks", r.not_loaded_on_all_ranks}, {"on_some_ranks", some}}},
       {"fingerprint", model_fingerprint(fingerprints)},
       {"ranks", ranks}};
+  if (!r.bytes_sent_by_rank.empty()) {  // sharded sources: point to point, per rank
+    doc["bytes_sent_by_rank"] = r.bytes_sent_by_rank;
+    doc["bytes_received_by_rank"] = r.bytes_received_by_rank;
+  }
   if (!r.error.empty()) {  // a failed reload: what happened, what may have changed
     doc["error"] = r.error;
     doc["possibly_changed"] = r.possibly_mixed;
@@ -166,6 +170,15 @@ std::string summary_text(const ReloadResult& r) {
       << r.seconds.read << ", transfer " << r.seconds.transfer << ", apply " << r.seconds.apply
       << ", finish " << r.seconds.finish << ", validate " << r.seconds.validate << " (checksums "
       << r.seconds.checksum << ")\n";
+  if (!r.bytes_sent_by_rank.empty()) {  // sharded sources
+    auto most_and_mean = [](const std::vector<std::uint64_t>& v) {
+      std::uint64_t most = 0, sum = 0;
+      for (std::uint64_t b : v) most = std::max(most, b), sum += b;
+      return detail::concat(most, " most, ", v.empty() ? 0 : sum / v.size(), " mean");
+    };
+    out << "  point to point: sent " << most_and_mean(r.bytes_sent_by_rank) << ", received "
+        << most_and_mean(r.bytes_received_by_rank) << " bytes per rank\n";
+  }
   if (!r.skipped.empty()) {
     out << "  " << r.skipped.size() << " source tensors have no parameter (skipped):";
     for (const auto& n : r.skipped) out << " " << n;

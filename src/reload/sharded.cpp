@@ -318,7 +318,9 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
           at += t.bytes;
         }
         if (at != begin && trailer) {
+          const auto summing = Clock::now();
           const std::uint32_t sum = crc32c(send_at + begin, at - begin);
+          stats.checksum += since(summing);
           std::memcpy(send_at + at, &sum, sizeof sum);
           at += trailer;
         }
@@ -343,6 +345,7 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     data.exchange(ConstBytes(send_at, out), MutableBytes(recv_at, in), counts)->wait();
     stats.transfer += since(start);
     stats.bytes_sent += out;
+    stats.bytes_received += in;
     start = Clock::now();
     // A tensor may have several parts in one view (pieces the plan cut), and a
     // transfer's box may span them: each part takes what lies in it.
@@ -373,7 +376,9 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
         if (trailer) {
           std::uint32_t sent = 0;
           std::memcpy(&sent, recv_at + at + length - trailer, sizeof sent);
+          const auto summing = Clock::now();
           const std::uint32_t got = crc32c(recv_at + at, length - trailer);
+          stats.checksum += since(summing);
           if (got != sent && !stats.corrupted)
             stats.corrupted =
                 concat("rank ", me, " received ", length - trailer, " bytes of bucket ", k + 1,

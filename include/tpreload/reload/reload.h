@@ -217,6 +217,9 @@ struct ReloadResult {
                                         // reader sent to the other ranks of its node)
   // bytes the reader read or copied into send buffers (its own scatter rows: into its parameters)
   std::uint64_t bytes_copied_on_reader = 0;
+  // Sharded sources: the bytes each world rank sent to and received from the
+  // others (messages with their checksums); empty for other sources.
+  std::vector<std::uint64_t> bytes_sent_by_rank, bytes_received_by_rank;
   std::uint64_t peak_staging_bytes = 0;  // max over ranks of staging.total()
   StagingBytes staging;                  // per memory space, each the max over ranks
   // Held by the parameters' sink for FP8 processing (ParameterSink::
