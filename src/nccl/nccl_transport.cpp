@@ -162,6 +162,37 @@ class NcclTransport final : public DataTransport {
     return std::make_unique<NcclTransfer>(*this, stream_->record(), what, deadline);
   }
 
+  // Every pair's bytes in one NCCL group: each ncclSend and ncclRecv of this
+  // rank posted together, so that no pair waits on another's order.
+  std::unique_ptr<Transfer> exchange(ConstBytes send, MutableBytes recv,
+                                     const std::vector<std::uint64_t>& counts) override {
+    const std::string what = detail::concat("NCCL exchange of ", send.size, " bytes sent and ",
+                                            recv.size, " received by rank ", rank_);
+    check(0, what);
+    const detail::ExchangeLayout layout = detail::exchange_layout(rank_, size_, send, recv, counts);
+    const auto current = device_->make_current();
+    const auto deadline = Clock::now() + timeout_;
+    ncclResult_t first = ncclSuccess;  // (as in scatter: aborted only once the group closed)
+    auto keep = [&first](ncclResult_t rc) {
+      if (first == ncclSuccess && !ok_or_pending(rc)) first = rc;
+    };
+    const auto n = static_cast<std::size_t>(size_), me = static_cast<std::size_t>(rank_);
+    GroupGuard group;
+    for (std::size_t peer = 0; peer < n; ++peer) {
+      const int to = static_cast<int>(peer);
+      if (const std::uint64_t out = counts[me * n + peer])
+        keep(nccl::library().Send(send.data + layout.send_at[peer], out, ncclUint8, to, comm_.get(),
+                                  stream()));
+      if (const std::uint64_t in = counts[peer * n + me])
+        keep(nccl::library().Recv(recv.data + layout.recv_at[peer], in, ncclUint8, to, comm_.get(),
+                                  stream()));
+    }
+    const ncclResult_t ended = group.end();
+    if (first != ncclSuccess) fail(what, nccl::result_text(first), false);
+    call(ended, what, deadline);
+    return std::make_unique<NcclTransfer>(*this, stream_->record(), what, deadline);
+  }
+
   // A communicator of the group's own, joined over its control plane as this
   // one was over the world's (a fresh unique id, the same deadlines).
   std::unique_ptr<DataTransport> split(Communicator& group, int, int) override {

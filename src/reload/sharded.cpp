@@ -342,7 +342,9 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     }
     stats.read += since(start);
     start = Clock::now();
-    data.exchange(ConstBytes(send_at, out), MutableBytes(recv_at, in), counts)->wait();
+    // Posted, then this rank's own bytes copied while the messages move.
+    std::unique_ptr<Transfer> moving =
+        data.exchange(ConstBytes(send_at, out), MutableBytes(recv_at, in), counts);
     stats.transfer += since(start);
     stats.bytes_sent += out;
     stats.bytes_received += in;
@@ -358,16 +360,29 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
           copy_region(from, box, MutableBytes(view_at + p->offset, p->bytes), p->box, *region,
                       element);
     };
-    std::vector<std::byte> own;  // a box this rank holds of its own view
-    try {
+    try {  // (the transfer is waited for whatever happens here: it uses the buffers)
+      // What this rank holds of its own view: straight from its boxes.
       for (const TransferPlan::Transfer& t : x.transfers) {
         if (t.from != me || t.to != me) continue;
         const std::string& name = x.tensors[t.tensor].name;
-        own.resize(t.bytes);
-        gather_box(held.at(name), t.box, MutableBytes(own.data(), own.size()));
-        unpack(name, ConstBytes(own.data(), own.size()), t.box,
-               dtype_size(x.tensors[t.tensor].dtype));
+        const std::size_t element = dtype_size(x.tensors[t.tensor].dtype);
+        for (const ViewPart* p : parts_of[name])
+          if (const auto in_view = intersect(t.box, p->box))
+            for (const HeldTensor* h : held.at(name))
+              if (const auto region = intersect(*in_view, h->box))
+                copy_region(h->bytes, h->box, MutableBytes(view_at + p->offset, p->bytes), p->box,
+                            *region, element);
       }
+    } catch (const std::exception& e) {
+      if (!stats.apply_error)
+        stats.apply_error = concat("copying bucket ", k + 1, " on rank ", me, ": ", e.what());
+    }
+    stats.read += since(start);
+    start = Clock::now();
+    moving->wait();
+    stats.transfer += since(start);
+    start = Clock::now();
+    try {
       at = 0;
       for (int from = 0; from < n; ++from) {
         const std::uint64_t length =
