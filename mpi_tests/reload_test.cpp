@@ -1376,13 +1376,45 @@ TPRELOAD_RANKS_TEST(Sharded, RowsColumnsAndReplicasLoadEveryShard) {
         expect_params(model, want2, what);
         expect_same_layout(model, before);
         if (how != Holding::kRows) continue;
+        // Progress on the reader rank: a call per bucket, then the finished one.
+        std::vector<ReloadProgress> calls;
+        ReloadOptions reported = o;
+        reported.progress = [&](const ReloadProgress& p) { calls.push_back(p); };
         const detail::CachedPlan* kept = workspace.cached_plan();
         const ShardedSource next(holding(v3, how, world().rank(), n));
-        EXPECT_TRUE(reload_weights(model, world(), *data, next, o, &workspace).complete()) << what;
+        const ReloadResult again =
+            reload_weights(model, world(), *data, next, reported, &workspace);
+        EXPECT_TRUE(again.complete()) << what;
         EXPECT_EQ(workspace.cached_plan(), kept) << what << ": the plan was made again";
+        if (world().rank() == reported.reader_rank) {
+          ASSERT_EQ(calls.size(), again.buckets + 1) << what;
+          EXPECT_TRUE(calls.back().finished && calls.back().buckets_done == again.buckets) << what;
+          EXPECT_EQ(calls.back().bytes_done, calls.back().bytes_total) << what;
+        } else {
+          EXPECT_TRUE(calls.empty()) << what;
+        }
         expect_params(model, expected_params(config, setup, v3), what + " (version 3)");
       }
     }
+  }
+}
+
+// Online FP8 from row slices: each layer is quantized once its shards are
+// complete, as a reload from files does (the expected bytes: a local load of
+// the same checkpoint through the model's loaders, checked on its own by the
+// unit tests).
+TPRELOAD_RANKS_TEST(Sharded, OnlineFp8QuantizesWhatTheSlicesBring) {
+  const int n = world().size();
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v2 = testdata::random_checkpoint(config, 200);
+  for (const std::string quantization : {"fp8", "fp8-block"}) {
+    const Variant setup{n, quantization, false};
+    TensorParallelModel model(config, options_for(setup));
+    ReloadOptions o;
+    o.bucket_bytes = 1900;
+    const ShardedSource held(holding(v2, Holding::kRows, world().rank(), n));
+    EXPECT_TRUE(reload_weights(model, world(), held, o).complete()) << quantization;
+    expect_params(model, expected_params(config, setup, v2), "sharded " + quantization);
   }
 }
 

@@ -761,6 +761,30 @@ void Pipeline::apply(Slot& slot) {
 
 }  // namespace
 
+bool report_progress(const ReloadOptions& options, const Plan& plan, std::size_t buckets_done,
+                     bool finished, double seconds) {
+  ReloadProgress p;
+  p.buckets_done = buckets_done;
+  p.buckets_total = plan.buckets.size();
+  for (std::size_t b = 0; b < plan.buckets.size(); ++b) {
+    p.bytes_total += plan.buckets[b].bytes;
+    if (b < buckets_done) p.bytes_done += plan.buckets[b].bytes;
+  }
+  p.seconds = seconds;
+  p.finished = finished;
+  // The caller's callback, between collectives: what it throws must not leave
+  // this rank's peers waiting, and costs only the progress reports.
+  try {
+    options.progress(p);
+    return true;
+  } catch (const std::exception& e) {
+    log().warn("the progress callback threw ({}); it is not called again in this reload", e.what());
+  } catch (...) {
+    log().warn("the progress callback threw; it is not called again in this reload");
+  }
+  return false;
+}
+
 void complete_bucket(ReloadTarget& model, const Bucket& bucket, const BucketApply& a,
                      const ReloadOptions& options, PipelineStats& stats, Clock::time_point start) {
   ParameterSink& sink = model.sink();
@@ -948,26 +972,8 @@ void Pipeline::stop() {
 }
 
 void Pipeline::report_progress(std::size_t buckets_done, bool finished) {
-  ReloadProgress p;
-  p.buckets_done = buckets_done;
-  p.buckets_total = plan_.buckets.size();
-  for (std::size_t b = 0; b < plan_.buckets.size(); ++b) {
-    p.bytes_total += plan_.buckets[b].bytes;
-    if (b < buckets_done) p.bytes_done += plan_.buckets[b].bytes;
-  }
-  p.seconds = since(started_);
-  p.finished = finished;
-  // The caller's callback, between collectives: what it throws must not leave
-  // this rank's peers waiting, and costs only the progress reports.
-  try {
-    options_.progress(p);
-  } catch (const std::exception& e) {
-    progress_threw_ = true;
-    log().warn("the progress callback threw ({}); it is not called again in this reload", e.what());
-  } catch (...) {
-    progress_threw_ = true;
-    log().warn("the progress callback threw; it is not called again in this reload");
-  }
+  progress_threw_ =
+      !detail::report_progress(options_, plan_, buckets_done, finished, since(started_));
 }
 
 PipelineStats Pipeline::run() {

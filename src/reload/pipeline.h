@@ -112,6 +112,11 @@ struct NodePlanes {
 // what it could, the lowest failing rank's); a transfer failure throws from the
 // transport; apply failures are returned (for the caller to agree on), never
 // thrown. `node` (Readers::kNode only) carries the node's transfers.
+// Calls options.progress (which must be set) with `buckets_done` of `plan`'s
+// buckets done; false when it threw (logged; the caller calls it no more).
+bool report_progress(const ReloadOptions& options, const Plan& plan, std::size_t buckets_done,
+                     bool finished, double seconds);
+
 // The end of applying a bucket whose writes were issued (`start`: when its
 // apply began): the padding rows zeroed, the writes waited for, the shards it
 // completes marked loaded, the layers it completes processed and (except in

@@ -277,6 +277,9 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
   // Each message between two ranks ends with its CRC-32C.
   const std::uint64_t trailer = options.checksums && n > 1 ? sizeof(std::uint32_t) : 0;
   std::vector<std::uint64_t> view, send, recv;  // (8-byte aligned, as a scatter region is)
+  // Progress goes to the reader rank, as for the other sources.
+  bool reports = me == options.reader_rank && options.progress != nullptr;
+  const auto began = Clock::now();
   auto words = [](std::uint64_t bytes) { return static_cast<std::size_t>((bytes + 7) / 8); };
   for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
     const Bucket& bucket = plan.buckets[k];
@@ -414,6 +417,7 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
         stats.apply_error = concat("unpacking bucket ", k + 1, " on rank ", me, ": ", e.what());
     }
     stats.read += since(start);
+    if (reports) reports = report_progress(options, plan, k + 1, false, since(began));
     // Nothing more is written on this rank after a failure or a corrupted
     // message; the exchanges go on (the peers wait for them) and the caller
     // agrees on the failure.
@@ -427,6 +431,7 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
       stats.apply_error = e.what();
     }
   }
+  if (reports) report_progress(options, plan, plan.buckets.size(), true, since(began));
   return stats;
 }
 
