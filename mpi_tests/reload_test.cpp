@@ -1514,20 +1514,44 @@ TPRELOAD_RANKS_TEST(Sharded, OverlapsThatDisagreeAreRefused) {
   expect_params(model, expected_params(config, setup, v1), "after the refused reload");
 }
 
-// What sharded sources do not take is refused by name before anything moves.
-TPRELOAD_RANKS_TEST(Sharded, WhatItCannotTakeIsRefusedByName) {
+// Checkpoints that stack tensors (Phi-3's qkv_proj and gate_up_proj, the
+// GraniteMoE experts [E, 2I, H] by rows of their last dimension) are held as
+// the trainer holds them, stacked; the reload cuts each box as the weight
+// loaders cut the tensor. A box that cuts an expert's rows (column slices of
+// [E, 2I, H]) is refused by name before anything moves, as is kernel format.
+TPRELOAD_RANKS_TEST(Sharded, StackedTensorsAreCutAsTheLoadersCutThem) {
   const int n = world().size();
+  for (const std::string config_name : {"phi3", "granite_moe"})
+    for (Holding how : {Holding::kRows, Holding::kColumns}) {
+      const std::string what = config_name + " " + holding_name(how);
+      const ModelConfig config = testdata::tiny_config(config_name);
+      const auto v2 = testdata::random_checkpoint(config, 200);
+      const Variant setup{n, "", false};
+      TensorParallelModel model(config, options_for(setup));
+      ReloadOptions o;
+      o.bucket_bytes = 1900;
+      const ShardedSource held(holding(v2, how, world().rank(), n));
+      const bool cuts_experts = config_name == "granite_moe" && how == Holding::kColumns && n > 1;
+      std::string error;
+      try {
+        EXPECT_TRUE(reload_weights(model, world(), held, o).complete()) << what;
+      } catch (const UsageError& e) {
+        error = e.what();
+      }
+      if (!cuts_experts) {
+        EXPECT_EQ(error, "") << what;
+        expect_params(model, expected_params(config, setup, v2), what);
+        continue;
+      }
+      EXPECT_NE(error.find("block_sparse_moe.input_linear.weight' box"), std::string::npos)
+          << error;
+      EXPECT_NE(error.find("cuts dimension 1"), std::string::npos) << error;
+      EXPECT_TRUE(mpitest::same_on_every_rank(error)) << error;
+    }
   const ModelConfig phi3 = testdata::tiny_config("phi3");
   TensorParallelModel model(phi3, options_for({n, "", false}));
   const ShardedSource held(
       holding(testdata::random_checkpoint(phi3, 1), Holding::kRows, world().rank(), n));
-  std::string error;
-  try {
-    reload_weights(model, world(), held, ReloadOptions{});
-  } catch (const UsageError& e) {
-    error = e.what();
-  }
-  EXPECT_NE(error.find("stacks checkpoint tensors"), std::string::npos) << error;
   ReloadOptions kernel;
   kernel.format = WeightFormat::kKernel;
   EXPECT_THROW(reload_weights(model, world(), held, kernel), UsageError);

@@ -758,10 +758,6 @@ std::optional<std::string> local_problem(const ReloadOptions& o, const Communica
     if (data.memory() != MemoryKind::kHost || model.sink().device())
       return "sharded sources move host memory into host parameters; parameters or a data "
              "transport on a device are not supported with them yet";
-    if (!stacked_checkpoint_tensors(model.rules().config()).empty())
-      return detail::concat("sharded sources: the ", model.rules().config().architecture,
-                            " stacks checkpoint tensors (split by its weight loaders), "
-                            "which sharded sources do not take yet");
   }
   if (o.reader_rank < 0 || o.reader_rank >= control.size())
     return detail::concat("reader rank ", o.reader_rank, " is not a rank of the ", control.size(),
@@ -816,7 +812,17 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
   if (view) source = view.get();
   ParameterSink& sink = model.sink();
   sink.begin_load();  // from here, what this reload writes is tracked
-  agree_on_problem<UsageError>(world, local_problem(options, world, data, model, sharded),
+  std::optional<std::string> refused = local_problem(options, world, data, model, sharded);
+  // Stacked checkpoint tensors (Phi-3's qkv_proj...): held as boxes of their
+  // parts, as the weight loaders take them.
+  std::optional<ShardedSource> parts;
+  if (sharded && !refused && options.format == WeightFormat::kCheckpoint) try {
+      const std::vector<RowSplit> stacked = stacked_checkpoint_tensors(model.rules().config());
+      if (!stacked.empty()) sharded = &parts.emplace(split_stacked(*sharded, stacked));
+    } catch (const std::exception& e) {
+      refused = e.what();
+    }
+  agree_on_problem<UsageError>(world, refused,
                                "checking the reload options and planes (nothing was reloaded)");
   // Every rank reloads from sharded sources, or none: their collectives differ.
   std::int64_t mode[2] = {sharded ? 1 : 0, sharded ? -1 : 0};

@@ -6,6 +6,7 @@
 #include <set>
 #include <tuple>
 
+#include "tpreload/checkpoint/row_split.h"
 #include "tpreload/core/error.h"
 
 namespace tpreload {
@@ -70,6 +71,65 @@ std::string ShardedSource::describe() const {
   std::set<std::string> names;
   for (const HeldTensor& h : held_) names.insert(h.name);
   return detail::concat(held_.size(), " boxes of ", names.size(), " tensors (", bytes(), " bytes)");
+}
+
+ShardedSource split_stacked(const ShardedSource& held, const std::vector<RowSplit>& splits) {
+  std::map<std::string, const RowSplit*> by_name;
+  for (const RowSplit& s : splits) by_name.emplace(s.name, &s);
+  std::vector<HeldTensor> out;
+  for (const HeldTensor& h : held.held()) {
+    const auto found = by_name.find(h.name);
+    if (found == by_name.end()) {
+      out.push_back(h);
+      continue;
+    }
+    const RowSplit& split = *found->second;
+    const std::size_t dims = h.shape.size();
+    std::int64_t parts_rows = 0;
+    for (const RowPart& p : split.parts) parts_rows += p.rows;
+    // The rows it stacks: of its first dimension, or (flat) of its last, every
+    // leading one flattened; `inner`: the flattened rows per row of dimension 0.
+    std::int64_t inner = 1;
+    if (split.flat)
+      for (std::size_t d = 1; d + 1 < dims; ++d) inner *= h.shape[d];
+    const bool shaped = dims >= (split.flat ? 2u : 1u) &&
+                        (split.shape.empty() || h.shape == split.shape) &&
+                        h.shape[0] * inner == parts_rows;
+    if (!shaped)
+      raise<CheckpointError>("sharded source: '", h.name, "' has shape ", shape_string(h.shape),
+                             "; the model's config stacks ", parts_rows, " rows",
+                             split.flat ? " of its last dimension" : "", " in it");
+    for (std::size_t d = 1; split.flat && d + 1 < dims; ++d)
+      if (h.box.offset[d] != 0 || h.box.size[d] != h.shape[d])
+        raise<CheckpointError>("sharded source: '", h.name, "' box ", h.box.describe(),
+                               " cuts dimension ", d,
+                               " of a tensor the model takes by rows of "
+                               "its last dimension (",
+                               shape_string(h.shape), "): hold whole rows of its first dimension");
+    // The box as rows (flat rows) of `row_bytes` each, row-major.
+    const std::int64_t first = h.box.offset[0] * inner, rows = h.box.size[0] * inner;
+    const std::uint64_t row_bytes = rows == 0 ? 0 : h.bytes.size / static_cast<std::uint64_t>(rows);
+    std::int64_t start = 0;
+    for (const RowPart& p : split.parts) {
+      const std::int64_t lo = std::max(first, start), hi = std::min(first + rows, start + p.rows);
+      start += p.rows;
+      if (lo >= hi) continue;
+      HeldTensor part = h;
+      part.name = p.name;
+      if (split.flat) {
+        part.shape = {p.rows, h.shape.back()};
+        part.box = {{lo - (start - p.rows), h.box.offset.back()}, {hi - lo, h.box.size.back()}};
+      } else {
+        part.shape[0] = p.rows;
+        part.box.offset[0] = lo - (start - p.rows);
+        part.box.size[0] = hi - lo;
+      }
+      part.bytes = ConstBytes(h.bytes.data + static_cast<std::uint64_t>(lo - first) * row_bytes,
+                              static_cast<std::uint64_t>(hi - lo) * row_bytes);
+      out.push_back(std::move(part));
+    }
+  }
+  return ShardedSource(std::move(out));
 }
 
 Box slice_box(const std::vector<std::int64_t>& shape, int dim, int part, int parts) {

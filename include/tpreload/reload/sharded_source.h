@@ -47,6 +47,18 @@ class ShardedSource {
   std::vector<HeldTensor> held_;
 };
 
+struct RowSplit;
+
+// `held` with every box of a tensor that `splits` stacks (stacked_checkpoint_
+// tensors(): Phi-3's qkv_proj and gate_up_proj, GLM-4's gate_up_proj,
+// GraniteMoE's experts, Granite's shared MLP) listed as boxes of its parts, as
+// the weight loaders take them; the bytes are views into `held`'s (which must
+// outlive the result). A box of a tensor split by rows of its last dimension
+// (`flat`) must span every dimension between the first and the last whole
+// (whole experts, rows of experts). Throws CheckpointError naming the tensor,
+// its shape and box for a stacked tensor of another shape, or such a box.
+ShardedSource split_stacked(const ShardedSource& held, const std::vector<RowSplit>& splits);
+
 // The boxes of `shape` that rank `part` of `parts` holds when a tensor is cut
 // into `parts` near-equal slices along dimension `dim` (the first
 // shape[dim] % parts ranks one element more): what a trainer's FSDP row
