@@ -23,13 +23,6 @@ std::string rank_file(int rank) {
   return name;
 }
 
-// A box of the split, its bytes read out of the whole tensor by rows of the
-// box (each row a run of its last dimension).
-void copy_box(ConstBytes whole, const std::vector<std::int64_t>& shape, const Box& box,
-              MutableBytes dst, std::size_t element) {
-  copy_region(whole, Box::whole(shape), dst, box, box, element);
-}
-
 }  // namespace
 
 std::string_view split_by_name(SplitBy by) {
@@ -94,7 +87,8 @@ std::vector<std::string> write_split_source(const std::string& dir, WeightSource
       if (box == Box::whole(t.shape)) return source.read(i, {0, t.nbytes}, dst);
       whole.resize(t.nbytes);
       source.read(i, {0, t.nbytes}, MutableBytes(whole.data(), whole.size()));
-      copy_box(ConstBytes(whole.data(), whole.size()), t.shape, box, dst, dtype_size(t.dtype));
+      copy_region(ConstBytes(whole.data(), whole.size()), Box::whole(t.shape), dst, box, box,
+                  dtype_size(t.dtype));
     };
     files.push_back(rank_file(r));
     write_safetensors((fs::path(dir) / files.back()).string(), specs, fill,
