@@ -16,6 +16,7 @@
 
 #include "../src/reload/pipeline.h"
 #include "../tests/support/faults.h"
+#include "../tests/support/streams.h"
 #include "../tests/support/tiny_models.h"
 #include "mpi_test_main.h"
 #include "tpreload/checkpoint/kernel_format.h"
@@ -1555,6 +1556,140 @@ TPRELOAD_RANKS_TEST(Sharded, StackedTensorsAreCutAsTheLoadersCutThem) {
   ReloadOptions kernel;
   kernel.format = WeightFormat::kKernel;
   EXPECT_THROW(reload_weights(model, world(), held, kernel), UsageError);
+}
+
+// ------------------------------------------------------------ weight streams
+
+// A model loaded with version 1 takes version 2 from a stream on the reader
+// rank (the last), segment by segment (1900-byte buckets, depth 2: segments
+// of 3800 bytes), at tp = world and world / 2, dense and MoE, in checkpoint
+// format, online FP8 (llama_gqa), and kernel format (each rank's slices of
+// version 3, tagged with their tp ranks): every parameter holds its expected
+// slice (the tests' own slicing; FP8: a local load), where it was before, and
+// the reader held at most one segment and the tensor that crossed it.
+TPRELOAD_RANKS_TEST(Stream, EveryRankGetsItsShardsSegmentBySegment) {
+  const int n = world().size(), reader = n - 1;
+  for (const std::string config_name : {"llama_gqa", "qwen3_moe"}) {
+    const ModelConfig config = testdata::tiny_config(config_name);
+    const auto v1 = testdata::random_checkpoint(config, 100),
+               v2 = testdata::random_checkpoint(config, 200),
+               v3 = testdata::random_checkpoint(config, 300);
+    std::uint64_t largest = 0;
+    for (const auto& [name, t] : v2) largest = std::max<std::uint64_t>(largest, t.nbytes());
+    for (const int tp : n >= 2 ? std::vector<int>{n, n / 2} : std::vector<int>{1}) {
+      for (const std::string quantization : {"", "fp8"}) {
+        if (!quantization.empty() && config_name != "llama_gqa") continue;
+        const Variant setup{tp, quantization, false};
+        const std::string what = config_name + " tp " + std::to_string(tp) + " " + quantization;
+        TensorParallelModel model(config, options_for(setup));
+        ReloadOptions o;
+        o.bucket_bytes = 1900;
+        o.pipeline_depth = 2;
+        o.reader_rank = reader;
+        reload_from(model, "", &v1, o);
+        const auto before = layout_of(model);
+        auto counts = std::make_shared<testing::StreamCounts>();
+        auto stream = world().rank() == reader
+                          ? testing::counting_stream(testdata::in_memory(v2), counts)
+                          : nullptr;
+        const ReloadResult r = reload_from_stream(model, world(), stream.get(), o);
+        EXPECT_TRUE(r.complete()) << what;
+        EXPECT_TRUE(r.skipped.empty()) << what;
+        EXPECT_NE(r.source.find(std::to_string(v2.size()) + " tensors in "), std::string::npos)
+            << r.source;
+        EXPECT_NE(r.source.find(" segments of at most 3800 bytes"), std::string::npos) << r.source;
+        expect_params(model, expected_params(config, setup, v2), what);
+        expect_same_layout(model, before);
+        if (world().rank() == reader) {
+          EXPECT_EQ(counts->yielded, v2.size()) << what;
+          EXPECT_EQ(counts->live, 0u) << what << ": the reload kept tensors of the stream";
+          EXPECT_GT(counts->most, 0u) << what;
+          EXPECT_LE(counts->most, 3800 + largest) << what;
+        }
+        if (!quantization.empty()) continue;
+        // Kernel format: every tp rank's slices of version 3, from the stream.
+        std::vector<InMemoryTensor> slices;
+        if (world().rank() == reader)
+          for (int t = 0; t < tp; ++t)
+            for (InMemoryTensor& m :
+                 testdata::in_memory(testdata::expected_shards(config, v3, tp, t))) {
+              m.tp_rank = t;
+              slices.push_back(std::move(m));
+            }
+        const KernelFormatInfo info{tp, config.dtype, "", config.json, false};
+        auto kernel = world().rank() == reader
+                          ? testing::counting_stream(std::move(slices), counts, info)
+                          : nullptr;
+        ReloadOptions k = o;
+        k.format = WeightFormat::kKernel;
+        EXPECT_TRUE(reload_from_stream(model, world(), kernel.get(), k).complete()) << what;
+        expect_params(model, testdata::expected_shards(config, v3, tp, world().rank() % tp),
+                      what + " kernel format");
+        expect_same_layout(model, before);
+      }
+    }
+  }
+}
+
+// A stream that fails once segments have been written (it throws; it yields a
+// tensor a second time) is the same CheckpointError on every rank, naming the
+// stream's error and, unless the reload is atomic, the parameters that may
+// hold a mix; an atomic reload leaves every parameter as it was.
+TPRELOAD_RANKS_TEST(Stream, AFailingStreamIsTheSameErrorOnEveryRank) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const int n = world().size();
+  const auto v1 = testdata::random_checkpoint(config, 100),
+             v2 = testdata::random_checkpoint(config, 200);
+  const Variant setup{n, "", false};
+  const auto want1 = expected_params(config, setup, v1);
+  const std::string third = std::next(v2.begin(), 3)->first;
+  const std::size_t half = v2.size() / 2;  // (segments of 1900 bytes were written before it)
+  for (const bool atomic : {false, true}) {
+    for (const bool throws : {true, false}) {
+      TensorParallelModel model(config, options_for(setup));
+      ReloadOptions o;
+      o.bucket_bytes = 1900;
+      o.pipeline_depth = 1;
+      o.atomic = atomic;
+      reload_from(model, "", &v1, o);
+      testing::StreamFaults faults;
+      if (throws)
+        faults.fail_at = half;
+      else
+        faults.again = 3;
+      auto counts = std::make_shared<testing::StreamCounts>();
+      auto stream = world().rank() == 0 ? testing::counting_stream(testdata::in_memory(v2), counts,
+                                                                   std::nullopt, faults)
+                                        : nullptr;
+      std::string msg = "no error";
+      try {
+        reload_from_stream(model, world(), stream.get(), o);
+      } catch (const CheckpointError& e) {
+        msg = e.what();
+      }
+      const std::string what =
+          std::string(atomic ? "atomic, " : "") + (throws ? "throws" : "again");
+      EXPECT_NE(msg.find("taking the weight stream's next tensors failed on rank 0/"),
+                std::string::npos)
+          << what << ": " << msg;
+      EXPECT_NE(
+          msg.find(throws ? "test stream: the trainer failed at tensor " + std::to_string(half)
+                          : "test stream: tensor '" + third + "' comes a second time"),
+          std::string::npos)
+          << what << ": " << msg;
+      EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << what << ": " << msg;
+      if (atomic) {
+        EXPECT_NE(msg.find("every parameter is as it was before the reload"), std::string::npos)
+            << msg;
+        expect_params(model, want1, what);
+      } else {
+        EXPECT_NE(msg.find("may hold a mix of old and new weights"), std::string::npos) << msg;
+      }
+      if (world().rank() == 0) {
+        EXPECT_EQ(counts->live, 0u) << what;
+      }
+    }
+  }
 }
 
 #ifndef TPRELOAD_RANKS_AS_THREADS  // (run under mpirun by ctest)

@@ -87,7 +87,31 @@ class InMemorySource final : public WeightSource {
   std::uint64_t bytes_read_ = 0;
 };
 
+class FunctionStream final : public WeightStream {
+ public:
+  FunctionStream(std::function<std::optional<InMemoryTensor>()> next,
+                 std::optional<KernelFormatInfo> kernel, std::string description)
+      : next_(std::move(next)), kernel_(std::move(kernel)), description_(std::move(description)) {
+    if (!next_) raise<UsageError>("a weight stream needs a function that yields its tensors");
+  }
+  std::string describe() const override { return description_; }
+  std::optional<InMemoryTensor> next() override { return next_(); }
+  std::optional<KernelFormatInfo> kernel_format() const override { return kernel_; }
+
+ private:
+  std::function<std::optional<InMemoryTensor>()> next_;
+  std::optional<KernelFormatInfo> kernel_;
+  std::string description_;
+};
+
 }  // namespace
+
+std::unique_ptr<WeightStream> make_weight_stream(
+    std::function<std::optional<InMemoryTensor>()> next, std::optional<KernelFormatInfo> kernel,
+    std::string description) {
+  return std::make_unique<FunctionStream>(std::move(next), std::move(kernel),
+                                          std::move(description));
+}
 
 std::unique_ptr<WeightSource> make_in_memory_source(std::vector<InMemoryTensor> tensors,
                                                     std::optional<KernelFormatInfo> kernel) {

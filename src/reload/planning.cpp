@@ -275,6 +275,7 @@ const CachedPlan& plan_reload(Communicator& world, WeightSource* source, const R
   std::uint64_t key = fnv1a_word(fnv1a_word(static_cast<std::uint64_t>(listing[0]), listing[1]),
                                  static_cast<std::uint64_t>(fingerprint));
   key = fnv1a_word(fnv1a_word(fnv1a_word(key, world.size()), world.rank()), model.tp_rank());
+  if (scope == PlanScope::kSegment) key = fnv1a_word(key, fnv1a("segment"));  // (no layer ends)
   // The hash picks the plan; the reader, which holds both listings, compared
   // them field by field above, so that no listing can pass for another.
   std::int64_t all_cached = cached && cached->key == key;

@@ -14,6 +14,7 @@
 #include "pipeline.h"
 #include "planning.h"
 #include "sharded.h"
+#include "stream.h"
 #include "sync.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/comm/agreement.h"
@@ -330,6 +331,17 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
   r.processing_staging_bytes = static_cast<std::uint64_t>(v[15]);
 }
 
+// What a reload reads: a source (on the ranks that open it), every rank's
+// sharded source, or a stream (on the reader rank). Every rank must say the
+// same kind: their collectives differ.
+enum class SourceKind : std::int64_t { kSource, kSharded, kStream };
+struct Inputs {
+  SourceKind kind = SourceKind::kSource;
+  WeightSource* source = nullptr;
+  const ShardedSource* sharded = nullptr;
+  WeightStream* stream = nullptr;
+};
+
 // This rank's objection to its options and planes, if any (the agreement names
 // the rank): a reader rank in the world, a positive bucket and depth, a data
 // transport over the same ranks, and
@@ -337,8 +349,17 @@ void reduce_figures(Communicator& world, ReloadResult& r, const detail::Pipeline
 // anything else, so that a rank that objects never leaves its peers waiting.
 std::optional<std::string> local_problem(const ReloadOptions& o, const Communicator& control,
                                          const DataTransport& data, const ReloadTarget& model,
-                                         bool sharded) {
-  if (sharded) {
+                                         SourceKind kind) {
+  if (kind == SourceKind::kStream) {
+    if (o.readers != Readers::kOne)
+      return detail::concat("a weight stream is taken by the reader rank alone: --readers ",
+                            readers_name(o.readers), " is for checkpoint files");
+    if (o.require_complete && !o.atomic)
+      return "--require-complete refuses a source that lacks parameters before any write, but a "
+             "weight stream's tensors are known only once it has ended: reload atomically "
+             "(the check then runs before the commit)";
+  }
+  if (kind == SourceKind::kSharded) {
     if (o.format != WeightFormat::kCheckpoint)
       return "sharded sources hold checkpoint tensors: a kernel-format reload reads "
              "kernel-format shards (a directory) instead";
@@ -387,22 +408,24 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, WeightSour
 
 namespace {
 
-// reload_weights() from a source (`sharded` null) or from sharded sources.
+// reload_weights() from a source, sharded sources or a stream.
 ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport& data,
-                        WeightSource* source, const ShardedSource* sharded,
-                        const ReloadOptions& options, ReloadWorkspace* workspace) {
+                        const Inputs& in, const ReloadOptions& options,
+                        ReloadWorkspace* workspace) {
+  WeightSource* source = in.source;
+  const ShardedSource* sharded = in.sharded;
   ReloadWorkspace local;  // freed on return when the caller keeps none
   ReloadWorkspace& kept = workspace ? *workspace : local;
   const auto start = Clock::now();
   // (stacked tensors, Phi-3's q/k/v and gate/up or GraniteMoE's experts, read
   // as the tensors the loaders take)
   std::unique_ptr<WeightSource> view;
-  if (source && options.format == WeightFormat::kCheckpoint && !sharded)
+  if (source && options.format == WeightFormat::kCheckpoint)
     view = loader_view(*source, model.rules().config());
   if (view) source = view.get();
   ParameterSink& sink = model.sink();
   sink.begin_load();  // from here, what this reload writes is tracked
-  std::optional<std::string> refused = local_problem(options, world, data, model, sharded);
+  std::optional<std::string> refused = local_problem(options, world, data, model, in.kind);
   // Stacked checkpoint tensors (Phi-3's qkv_proj...): held as boxes of their
   // parts, as the weight loaders take them.
   std::optional<ShardedSource> parts;
@@ -414,42 +437,50 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
     }
   agree_on_problem<UsageError>(world, refused,
                                "checking the reload options and planes (nothing was reloaded)");
-  // Every rank reloads from sharded sources, or none: their collectives differ.
-  std::int64_t mode[2] = {sharded ? 1 : 0, sharded ? -1 : 0};
+  // Every rank reloads from the same kind of source: their collectives differ.
+  std::int64_t mode[2] = {static_cast<std::int64_t>(in.kind), -static_cast<std::int64_t>(in.kind)};
   world.allreduce_ints(mode, 2, IntOp::kMax);
   if (mode[0] != -mode[1])
     raise<Agreed<UsageError>>(
-        "some ranks reload from sharded sources and others from a weight "
-        "source: every rank must pass its ShardedSource (nothing was "
-        "reloaded)");
+        "the ranks reload from different kinds of source (a weight source, sharded sources, a "
+        "weight stream): every rank must call the same reload (a ShardedSource on every rank, "
+        "an empty one where it holds nothing; a stream on the reader rank and null elsewhere) "
+        "(nothing was reloaded)");
   const std::int64_t fingerprint = detail::check_ranks_agree(world, model, options, data);
   ReloadOptions chosen = options;  // (the pipeline depth: the option, or chosen here)
   chosen.pipeline_depth = chosen_pipeline_depth(world, options);
   const bool reader = opens_source(options, world.rank());
   const std::uint64_t read_before = reader && source ? source->bytes_read() : 0;
   NodeService service;  // Readers::kNode: each rank's serving node, when some cannot read
-  const CachedPlan& planned =
-      sharded ? detail::plan_sharded(world, *sharded, model, options, fingerprint, kept)
-              : detail::plan_reload(world, source, model, options, fingerprint,
-                                    data.memory() != MemoryKind::kDevice, kept, service);
+  // The whole reload's plan (a stream plans each segment as it comes).
+  const CachedPlan* planned = nullptr;
+  if (sharded)
+    planned = &detail::plan_sharded(world, *sharded, model, options, fingerprint, kept);
+  else if (in.kind == SourceKind::kSource)
+    planned = &detail::plan_reload(world, source, model, options, fingerprint,
+                                   data.memory() != MemoryKind::kDevice, kept, service);
   if (sharded)  // bytes held twice must agree, whatever the plan (they change every time)
-    agree_on_problem<ValidationError>(world, detail::compare_shared(world, planned, *sharded),
+    agree_on_problem<ValidationError>(world, detail::compare_shared(world, *planned, *sharded),
                                       "comparing the sharded sources (nothing was reloaded)");
-  const SourceMetadata& md = planned.metadata;
-  const Plan& plan = planned.plan;
-  log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
-              plan.tensors.size(), plan.buckets.size(), plan.largest_bucket, plan.skipped.size());
-
-  if (options.require_complete)
-    agree_on_problem<ValidationError>(
-        world, detail::unplanned_problem(plan, model, options.format, md.description),
-        "--require-complete (nothing was reloaded)");
-
   ReloadResult result = result_for(options);
-  result.source = md.description;
+  std::vector<std::int64_t> finished_layers;  // (an atomic reload's, finished after the commit)
+  if (planned) {
+    const Plan& plan = planned->plan;
+    log().debug("reload plan: {} tensors in {} buckets ({} bytes largest), {} skipped",
+                plan.tensors.size(), plan.buckets.size(), plan.largest_bucket, plan.skipped.size());
+    if (options.require_complete)
+      agree_on_problem<ValidationError>(
+          world,
+          detail::unplanned_problem(plan, model, options.format, planned->metadata.description),
+          "--require-complete (nothing was reloaded)");
+    result.source = planned->metadata.description;
+    result.skipped = plan.skipped;
+    result.buckets = plan.buckets.size();
+    for (const Bucket& b : plan.buckets)
+      finished_layers.insert(finished_layers.end(), b.finished_layers.begin(),
+                             b.finished_layers.end());
+  }
   result.nodes_served = service.nodes_served;
-  result.skipped = plan.skipped;
-  result.buckets = plan.buckets.size();
   result.transport = data.backend();
   result.parameter_memory = sink.device() ? sink.device()->describe() : "host";
   struct ShadowGuard {  // an atomic reload that does not commit leaves the parameters alone
@@ -479,6 +510,7 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
   }
   result.seconds.prepare = since(start);
   detail::PipelineStats stats;
+  std::uint64_t streamed_bytes = 0;  // (the reader's, from a stream)
   // Post-load processing: an atomic reload's per-layer processing too, which
   // waits for the commit (the pipeline processes each layer after the bucket
   // that completes it otherwise).
@@ -486,8 +518,7 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
     std::optional<std::string> finish_problem;
     try {
       if (options.atomic)
-        for (const Bucket& b : plan.buckets)
-          for (std::int64_t layer : b.finished_layers) model.finish_layer(layer);
+        for (std::int64_t layer : finished_layers) model.finish_layer(layer);
       model.finish();
     } catch (const std::exception& e) {
       finish_problem = e.what();
@@ -495,11 +526,25 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
     agree_on_problem<ModelError>(world, finish_problem, "post-load processing (finish)");
   };
   try {
-    detail::NodePlanes* node = options.readers == Readers::kNode
-                                   ? &node_planes(world, data, options, kept, service)
-                                   : nullptr;
-    stats = sharded ? detail::run_exchanges(planned, model, world, data, *sharded, chosen)
-                    : detail::run_pipeline(planned, model, world, data, source, chosen, kept, node);
+    if (in.kind == SourceKind::kStream) {
+      detail::StreamRun run =
+          detail::run_stream(world, data, in.stream, model, chosen, fingerprint, kept);
+      stats = run.stats;
+      streamed_bytes = run.bytes_read;
+      finished_layers = std::move(run.finished_layers);
+      result.source = detail::concat("weight stream (", run.tensors, " tensors in ", run.segments,
+                                     run.segments == 1 ? " segment" : " segments", " of at most ",
+                                     detail::stream_segment_bytes(chosen), " bytes)");
+      result.skipped = std::move(run.skipped);
+      result.buckets = run.buckets;
+    } else if (sharded) {
+      stats = detail::run_exchanges(*planned, model, world, data, *sharded, chosen);
+    } else {
+      detail::NodePlanes* node = options.readers == Readers::kNode
+                                     ? &node_planes(world, data, options, kept, service)
+                                     : nullptr;
+      stats = detail::run_pipeline(*planned, model, world, data, source, chosen, kept, node);
+    }
     result.pipeline_depth = stats.depth;
     // Zero-copy buckets went out of the mapping during the transfer: were they
     // all still backed by the file?
@@ -518,6 +563,17 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
     t = Clock::now();
     validate(world, model, options.format, result);
     result.loaded = sink.loaded_names(options.format);
+    // (a stream's extent is known at its end: atomic only, before the commit)
+    if (in.kind == SourceKind::kStream && options.require_complete) {
+      std::vector<std::string> missing = result.not_loaded_on_all_ranks;
+      for (const auto& [name, ranks] : result.not_loaded_on_some_ranks) missing.push_back(name);
+      std::sort(missing.begin(), missing.end());
+      if (!missing.empty())
+        raise<Agreed<ValidationError>>("--require-complete: the weight stream lacked ",
+                                       missing.size(),
+                                       missing.size() == 1 ? " parameter" : " parameters",
+                                       " some rank needs: ", name_list(missing, 12));
+    }
     // Replicas must hold the same bytes; in atomic mode what is compared is the
     // second copy, before the vote, so a difference changes nothing.
     if (options.compare_replicas) compare_replicas(world, model, options.device_timeout);
@@ -563,7 +619,8 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
   result.seconds.apply = stats.apply;
   result.seconds.checksum = stats.checksum;
   result.seconds.total = since(start);
-  const std::uint64_t read_bytes = reader && source ? source->bytes_read() - read_before : 0;
+  const std::uint64_t read_bytes =
+      reader && source ? source->bytes_read() - read_before : streamed_bytes;
   reduce_figures(world, result, stats, read_bytes, sink.processing_staging_bytes());
   if (sharded) {
     const auto n = static_cast<std::size_t>(world.size());
@@ -584,19 +641,34 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransport& data,
                             WeightSource* source, const ReloadOptions& options,
                             ReloadWorkspace* workspace) {
-  return reload_any(model, world, data, source, nullptr, options, workspace);
+  return reload_any(model, world, data, Inputs{SourceKind::kSource, source, nullptr, nullptr},
+                    options, workspace);
 }
 
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, DataTransport& data,
                             const ShardedSource& held, const ReloadOptions& options,
                             ReloadWorkspace* workspace) {
-  return reload_any(model, world, data, nullptr, &held, options, workspace);
+  return reload_any(model, world, data, Inputs{SourceKind::kSharded, nullptr, &held, nullptr},
+                    options, workspace);
 }
 
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const ShardedSource& held,
                             const ReloadOptions& options, ReloadWorkspace* workspace) {
   const auto data = make_communicator_transport(world);
   return reload_weights(model, world, *data, held, options, workspace);
+}
+
+ReloadResult reload_from_stream(ReloadTarget& model, Communicator& world, DataTransport& data,
+                                WeightStream* stream, const ReloadOptions& options,
+                                ReloadWorkspace* workspace) {
+  return reload_any(model, world, data, Inputs{SourceKind::kStream, nullptr, nullptr, stream},
+                    options, workspace);
+}
+
+ReloadResult reload_from_stream(ReloadTarget& model, Communicator& world, WeightStream* stream,
+                                const ReloadOptions& options, ReloadWorkspace* workspace) {
+  const auto data = make_communicator_transport(world);
+  return reload_from_stream(model, world, *data, stream, options, workspace);
 }
 
 ReloadResult result_for(const ReloadOptions& options) {
@@ -615,12 +687,12 @@ ReloadableModel::ReloadableModel(ReloadTarget& model, WeightLocation location, D
     : model_(model), location_(std::move(location)), data_(data) {}
 
 ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& options,
-                                  WeightSource* source, const ShardedSource* held) {
+                                  const std::function<ReloadResult(DataTransport&)>& reload) {
   try {
     std::unique_ptr<DataTransport> own;
     DataTransport* data = data_;
     if (!data) data = (own = make_communicator_transport(world)).get();
-    return reload_any(model_, world, *data, source, held, options, &workspace_);
+    return reload(*data);
   } catch (const std::exception& e) {
     // Weights that changed before the failure: caches derived from them must go.
     ReloadResult failed = result_for(options);
@@ -697,7 +769,9 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
     // (before the reload's own clock: the other ranks wait for it in `prepare`)
     log().debug("opening '{}' took {:.1f} ms", from, since(start) * 1e3);
   }
-  ReloadResult result = run(world, options, opened.get());
+  ReloadResult result = run(world, options, [&](DataTransport& data) {
+    return reload_weights(model_, world, data, opened.get(), options, &workspace_);
+  });
   // A partial reload changed some weights (callbacks must still drop derived
   // caches) but does not make `from` the model's location.
   if (from != location_.path && result.complete()) {
@@ -714,14 +788,27 @@ ReloadResult ReloadableModel::reload(Communicator& world, const ReloadOptions& o
 
 ReloadResult ReloadableModel::reload_from(Communicator& world, const ReloadOptions& options,
                                           WeightSource* source) {
-  ReloadResult result = run(world, options, source);
+  ReloadResult result = run(world, options, [&](DataTransport& data) {
+    return reload_weights(model_, world, data, source, options, &workspace_);
+  });
   for (const auto& callback : callbacks_) callback(result);
   return result;
 }
 
 ReloadResult ReloadableModel::reload_from(Communicator& world, const ReloadOptions& options,
                                           const ShardedSource& held) {
-  ReloadResult result = run(world, options, nullptr, &held);
+  ReloadResult result = run(world, options, [&](DataTransport& data) {
+    return reload_weights(model_, world, data, held, options, &workspace_);
+  });
+  for (const auto& callback : callbacks_) callback(result);
+  return result;
+}
+
+ReloadResult ReloadableModel::reload_from_stream(Communicator& world, const ReloadOptions& options,
+                                                 WeightStream* stream) {
+  ReloadResult result = run(world, options, [&](DataTransport& data) {
+    return tpreload::reload_from_stream(model_, world, data, stream, options, &workspace_);
+  });
   for (const auto& callback : callbacks_) callback(result);
   return result;
 }

@@ -56,7 +56,8 @@ struct Fp8TestCheckpoint {
   void fp8(const std::string& module, std::int64_t rows, std::int64_t cols) {
     add_fp8(*this, module, rows, cols);
   }
-  std::unique_ptr<WeightSource> source() const {
+  // Views of the tensors, in name order (this checkpoint must outlive them).
+  std::vector<InMemoryTensor> in_memory() const {
     std::vector<InMemoryTensor> out;
     for (const auto& [name, t] : tensors)
       out.push_back({name, dtypes.at(name),
@@ -64,8 +65,9 @@ struct Fp8TestCheckpoint {
                      ConstBytes(static_cast<const std::byte*>(t.data_ptr()),
                                 static_cast<std::uint64_t>(t.numel() * t.element_size())),
                      nullptr});
-    return make_in_memory_source(std::move(out));
+    return out;
   }
+  std::unique_ptr<WeightSource> source() const { return make_in_memory_source(in_memory()); }
 };
 
 inline void fp8_attention(Fp8TestCheckpoint& c, const Fp8Sizes& s, const std::string& p,

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "../support/emulated_device.h"
+#include "../support/streams.h"
 #include "fp8_checkpoints.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/comm/communicator.h"
@@ -332,6 +333,48 @@ TEST(Fp8Tensor, ALayerBroughtInPartIsRefusedNamingIt) {
                                    "part of 'model.layers.0.self_attn.qkv_proj.weight_scale', "
                                    "beside 'model.layers.0.self_attn.qkv_proj.weight'"),
         std::string::npos)
+        << e.what();
+  }
+}
+
+// From a stream, in reverse name order and in segments of 1 KiB (layer 1
+// before layer 0, a layer's scales before its weights, each layer over
+// several segments): each layer is requantized once it has every part, as
+// from a file. A stream that lacks k_proj's scale fails on every rank naming
+// the layer, once the stream has ended.
+TEST(Fp8Tensor, AStreamProcessesEachLayerOnceItHasAllOfIt) {
+  const Checkpoint v1 = dense_checkpoint();
+  Checkpoint v2 = dense_checkpoint();
+  for (auto& [name, t] : v2.tensors) t = t.dim() == 0 ? t * 1.5 : t.flip({0}).contiguous();
+  auto control = make_local_communicator();
+  ReloadOptions o;
+  o.bucket_bytes = 512;
+  o.pipeline_depth = 2;
+  TensorParallelModel model(config(kDense), rank(1, 0));
+  auto first = v1.source();
+  reload_weights(model, *control, first.get(), o);
+  std::vector<InMemoryTensor> reversed = v2.in_memory();
+  std::reverse(reversed.begin(), reversed.end());
+  auto counts = std::make_shared<testing::StreamCounts>();
+  auto stream = testing::counting_stream(reversed, counts);
+  const ReloadResult r = reload_from_stream(model, *control, stream.get(), o);
+  EXPECT_TRUE(r.complete());
+  EXPECT_EQ(counts->yielded, v2.tensors.size());
+  expect_shards(model, expected_dense(v2, 1, 0), "from a reversed stream");
+
+  reversed.erase(std::find_if(reversed.begin(), reversed.end(), [](const InMemoryTensor& t) {
+    return t.name == "model.layers.0.self_attn.k_proj.weight_scale";
+  }));
+  auto part = testing::counting_stream(reversed, counts);
+  try {
+    reload_from_stream(model, *control, part.get(), o);
+    FAIL() << "the stream brought k_proj's weight without its scale";
+  } catch (const ModelError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "processing the layers the stream brought in part failed on rank 0/1: "
+                  "per-tensor FP8 layer 0 on tp rank 0: this load brings only part of "
+                  "'model.layers.0.self_attn.qkv_proj.weight_scale'"),
+              std::string::npos)
         << e.what();
   }
 }

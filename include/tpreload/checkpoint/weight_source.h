@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -164,5 +165,31 @@ struct InMemoryTensor {
 // kernel format's (or given without one).
 std::unique_ptr<WeightSource> make_in_memory_source(
     std::vector<InMemoryTensor> tensors, std::optional<KernelFormatInfo> kernel = std::nullopt);
+
+// Tensors handed over one at a time, as a trainer yields them (vLLM's
+// weights_iterator consumed lazily: each tensor a gathered temporary that is
+// needed only until it has been sent). A reload from a stream
+// (reload_from_stream) takes them segment by segment, so that the reader
+// holds at most about the buckets in flight, not the model.
+class WeightStream {
+ public:
+  virtual ~WeightStream() = default;
+  // One line for logs and the report.
+  virtual std::string describe() const = 0;
+  // The next tensor, or nullopt once there are no more. Its bytes must stay
+  // valid as long as the returned InMemoryTensor (its keep_alive) lives; the
+  // reload drops it once its bytes have been sent. May throw: the reload then
+  // fails on every rank, naming the error.
+  virtual std::optional<InMemoryTensor> next() = 0;
+  // Kernel-format tensors (tagged with their tp ranks), as for
+  // make_in_memory_source; nullopt for checkpoint tensors.
+  virtual std::optional<KernelFormatInfo> kernel_format() const { return std::nullopt; }
+};
+
+// A stream that calls `next` for each tensor (nullopt ends it).
+std::unique_ptr<WeightStream> make_weight_stream(
+    std::function<std::optional<InMemoryTensor>()> next,
+    std::optional<KernelFormatInfo> kernel = std::nullopt,
+    std::string description = "streamed weights");
 
 }  // namespace tpreload

@@ -112,6 +112,11 @@ class ParameterSink {
   // Shard `shard` of the parameter arrived (kAllShards: the whole of it).
   void mark_loaded(ParamSlot slot, std::uint32_t shard);
   bool loaded(ParamSlot slot) const;
+  // Of the parameters of decoder layer `layer` a load in `format` must fill
+  // (expected_slots): whether this load brought all of them, part, or none.
+  // A load whose extent is not known ahead (a stream) processes a layer once
+  // it has all of it, as vLLM's layerwise reload does.
+  Brought layer_brought(std::int64_t layer, WeightFormat format) const;
   // Slots a load in `format` must fill, in slot order (which is name order):
   // weight_scale only in kernel format.
   std::vector<ParamSlot> expected_slots(WeightFormat format) const;

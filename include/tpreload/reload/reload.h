@@ -46,6 +46,7 @@ namespace tpreload {
 class Communicator;
 class DataTransport;
 class WeightSource;
+class WeightStream;
 class ShardedSource;
 
 // How far a reload has come, on the reader rank (see ReloadOptions::progress).
@@ -297,6 +298,29 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& control, DataTran
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const ShardedSource& held,
                             const ReloadOptions& options, ReloadWorkspace* workspace = nullptr);
 
+// COLLECTIVE. reload_weights() from a stream of tensors (vLLM's
+// weights_iterator taken lazily, as a trainer yields gathered temporaries):
+// `stream` on the reader rank, nullptr on the others. The reader takes the
+// stream's tensors until it holds bucket_bytes x pipeline depth (the tensor
+// that crosses it included), the ranks plan and move that segment as an
+// in-memory source, and the next segment follows: the reader holds one
+// segment at a time, never the model. Each layer is processed (checkpoint
+// processing, the family's derived tensors) once this reload has brought all
+// of its parameters, as vLLM's layerwise reload does, and the layers brought
+// in part after the stream ends. Each segment is preflighted before its own
+// writes, not before the reload's first: an error after the first segment
+// (the stream throws, a tensor comes twice or does not fit its parameter)
+// names what may hold a mix of old and new weights, unless the reload is
+// atomic. Readers kOne only; require_complete needs atomic (checked before
+// the commit). Both formats (a stream of kernel-format tensors says so with
+// WeightStream::kernel_format()). The result's `source` names the tensors and
+// segments; bytes_read is what the reader took from the stream.
+ReloadResult reload_from_stream(ReloadTarget& model, Communicator& world, DataTransport& data,
+                                WeightStream* stream, const ReloadOptions& options,
+                                ReloadWorkspace* workspace = nullptr);
+ReloadResult reload_from_stream(ReloadTarget& model, Communicator& world, WeightStream* stream,
+                                const ReloadOptions& options, ReloadWorkspace* workspace = nullptr);
+
 // Where the model's weights come from, as the serving config records it.
 struct WeightLocation {
   std::string path;        // checkpoint directory or file
@@ -346,10 +370,16 @@ class ReloadableModel {
   // location does not change.
   ReloadResult reload_from(Communicator& world, const ReloadOptions& options,
                            const ShardedSource& held);
+  // COLLECTIVE. Reload from a stream of tensors (reload_from_stream): `stream`
+  // on the reader rank, nullptr on the others. The model's location does not
+  // change.
+  ReloadResult reload_from_stream(Communicator& world, const ReloadOptions& options,
+                                  WeightStream* stream);
 
  private:
-  ReloadResult run(Communicator& world, const ReloadOptions& options, WeightSource* source,
-                   const ShardedSource* held = nullptr);
+  // `reload` over this model's data plane, with the callbacks of a failure.
+  ReloadResult run(Communicator& world, const ReloadOptions& options,
+                   const std::function<ReloadResult(DataTransport&)>& reload);
 
   ReloadTarget& model_;
   WeightLocation location_;

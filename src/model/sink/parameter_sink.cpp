@@ -566,6 +566,16 @@ bool ParameterSink::loaded(ParamSlot slot) const {
   return true;
 }
 
+Brought ParameterSink::layer_brought(std::int64_t layer, WeightFormat format) const {
+  bool all = true, any = false;
+  for (ParamSlot s : expected_slots(format)) {
+    if (rules_.params()[s].layer != layer) continue;
+    all = all && loaded(s);
+    any = any || any_loaded(s);
+  }
+  return any ? (all ? Brought::kAll : Brought::kPart) : Brought::kNone;
+}
+
 std::vector<ParamSlot> ParameterSink::expected_slots(WeightFormat format) const {
   std::vector<ParamSlot> slots;
   for (ParamSlot s = 0; s < storage_.size(); ++s)

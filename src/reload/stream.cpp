@@ -1,0 +1,197 @@
+#include "stream.h"
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "planning.h"
+#include "sync.h"
+#include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
+#include "tpreload/model/sharding.h"
+
+namespace tpreload::detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The reader's next segment of `stream`: tensors until `budget` bytes are
+// held (the one that crosses it included), none at its end. Throws
+// CheckpointError for a tensor that came before (per tp rank in kernel
+// format).
+std::vector<InMemoryTensor> take_segment(WeightStream& stream, std::uint64_t budget,
+                                         std::set<std::pair<int, std::string>>& seen) {
+  std::vector<InMemoryTensor> segment;
+  std::uint64_t held = 0;
+  while (held < budget) {
+    std::optional<InMemoryTensor> t = stream.next();
+    if (!t) break;
+    if (!seen.emplace(t->tp_rank, t->name).second)
+      raise<CheckpointError>("tensor '", t->name, "'",
+                             t->tp_rank >= 0 ? detail::concat(" of tp rank ", t->tp_rank) : "",
+                             " comes a second time");
+    held += t->bytes.size;
+    segment.push_back(std::move(*t));
+  }
+  return segment;
+}
+
+void add(PipelineStats& total, const PipelineStats& s) {
+  total.read += s.read;
+  total.transfer += s.transfer;
+  total.apply += s.apply;
+  total.finish += s.finish;
+  total.checksum += s.checksum;
+  total.bytes_sent += s.bytes_sent;
+  total.bytes_received += s.bytes_received;
+  total.bytes_copied += s.bytes_copied;
+  total.staging.host = std::max(total.staging.host, s.staging.host);
+  total.staging.pinned = std::max(total.staging.pinned, s.staging.pinned);
+  total.staging.device = std::max(total.staging.device, s.staging.device);
+  total.depth = std::max(total.depth, s.depth);
+  total.device_stuck = total.device_stuck || s.device_stuck;
+}
+
+// The progress of a segment's pipeline as the stream's: its buckets after
+// those of the segments before; `finished` only once the stream has ended.
+struct StreamProgress {
+  const ReloadOptions& options;
+  Clock::time_point start;
+  ReloadProgress before;  // the segments so far
+  bool gone = false;      // the callback threw: not called again in this reload
+
+  void report(ReloadProgress p, bool finished) {
+    if (!options.progress || gone) return;
+    if (p.finished && !finished) return;  // (a segment's last call repeats its last bucket's)
+    p.buckets_done += before.buckets_done;
+    p.buckets_total += before.buckets_done;
+    p.bytes_done += before.bytes_done;
+    p.bytes_total += before.bytes_done;
+    p.seconds = since(start);
+    p.finished = finished;
+    try {
+      options.progress(p);
+    } catch (...) {
+      gone = true;
+      throw;  // (the pipeline logs it)
+    }
+  }
+};
+
+}  // namespace
+
+std::uint64_t stream_segment_bytes(const ReloadOptions& options) {
+  return options.bucket_bytes * static_cast<std::uint64_t>(std::max(options.pipeline_depth, 1));
+}
+
+StreamRun run_stream(Communicator& world, DataTransport& data, WeightStream* stream,
+                     ReloadTarget& model, const ReloadOptions& options, std::int64_t fingerprint,
+                     ReloadWorkspace& workspace) {
+  const bool reader = world.rank() == options.reader_rank;
+  const bool checkpoint = options.format == WeightFormat::kCheckpoint;
+  ParameterSink& sink = model.sink();
+  std::vector<std::int64_t> layers;  // every decoder layer, ascending
+  for (const ParamSpec& p : model.rules().params())
+    if (p.layer >= 0) layers.push_back(p.layer);
+  std::sort(layers.begin(), layers.end());
+  layers.erase(std::unique(layers.begin(), layers.end()), layers.end());
+  std::vector<bool> done(layers.size(), false);
+  // A layer complete: processed, finished (unless atomic), recorded.
+  StreamRun run;
+  auto complete = [&](std::size_t i) {
+    const auto t = Clock::now();
+    if (checkpoint) sink.process_layer(layers[i], model.tp_rank());
+    run.stats.apply += since(t);
+    if (!options.atomic) {
+      const auto f = Clock::now();
+      model.finish_layer(layers[i]);
+      run.stats.finish += since(f);
+    }
+    run.finished_layers.push_back(layers[i]);
+    done[i] = true;
+  };
+  // COLLECTIVE. Every layer not yet complete that this reload brought as
+  // `brought` says; a failure on any rank fails every rank.
+  auto complete_layers = [&](Brought brought, const char* what) {
+    std::optional<std::string> problem;
+    try {
+      for (std::size_t i = 0; i < layers.size(); ++i)
+        if (!done[i] && sink.layer_brought(layers[i], options.format) == brought) complete(i);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    agree_on_problem<ModelError>(world, problem, what);
+  };
+
+  StreamProgress progress{options, Clock::now(), {}};
+  ReloadOptions segment_options = options;
+  if (options.progress)
+    segment_options.progress = [&progress](const ReloadProgress& p) { progress.report(p, false); };
+  std::set<std::pair<int, std::string>> seen;  // (the reader's)
+  const std::uint64_t budget = stream_segment_bytes(options);
+  for (;;) {
+    std::optional<std::string> problem;
+    std::unique_ptr<WeightSource> source, view;
+    std::int64_t more = 0;
+    if (reader) try {
+        if (!stream)
+          raise<UsageError>("no weight stream was given to the reader rank ", world.rank());
+        std::vector<InMemoryTensor> segment = take_segment(*stream, budget, seen);
+        more = segment.empty() ? 0 : 1;
+        if (more) source = make_in_memory_source(std::move(segment), stream->kernel_format());
+      } catch (const std::exception& e) {
+        problem = detail::concat(stream ? stream->describe() : "the weight stream", ": ", e.what());
+      }
+    agree_on_problem<CheckpointError>(world, problem, "taking the weight stream's next tensors");
+    world.broadcast(MutableBytes(&more, sizeof more), options.reader_rank);
+    if (!more) break;
+    WeightSource* from = source.get();
+    if (from && checkpoint) try {  // (stacked tensors, as the loaders take them)
+        view = loader_view(*from, model.rules().config());
+        if (view) from = view.get();
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+    agree_on_problem<CheckpointError>(world, problem, "reading the weight stream's tensors");
+    NodeService service;
+    const CachedPlan& planned =
+        plan_reload(world, from, model, segment_options, fingerprint,
+                    data.memory() != MemoryKind::kDevice, workspace, service, PlanScope::kSegment);
+    const PipelineStats s =
+        run_pipeline(planned, model, world, data, from, segment_options, workspace, nullptr);
+    add(run.stats, s);
+    agree_on_problem<CommError>(world, s.corrupted, "verifying the transferred bytes");
+    agree_on_problem<ModelError>(world, s.apply_error, "applying weights");
+    ++run.segments;
+    run.tensors += planned.metadata.tensors.size();
+    run.buckets += planned.plan.buckets.size();
+    run.skipped.insert(run.skipped.end(), planned.plan.skipped.begin(), planned.plan.skipped.end());
+    if (source) run.bytes_read += source->bytes_read();
+    for (const Bucket& b : planned.plan.buckets) progress.before.bytes_done += b.bytes;
+    progress.before.buckets_done += planned.plan.buckets.size();
+    complete_layers(Brought::kAll, "processing the layers the stream completed");
+    log().debug("weight stream: segment {} ({} tensors, {} buckets) applied", run.segments,
+                planned.metadata.tensors.size(), planned.plan.buckets.size());
+  }
+  // The layers this reload brought in part: processed as a whole load would
+  // process them (which refuses what cannot be processed in part).
+  complete_layers(Brought::kPart, "processing the layers the stream brought in part");
+  std::sort(run.skipped.begin(), run.skipped.end());
+  if (reader) try {
+      progress.report(ReloadProgress{}, true);
+    } catch (const std::exception& e) {
+      log().warn("the progress callback threw ({}); it is not called again in this reload",
+                 e.what());
+    } catch (...) {
+      log().warn("the progress callback threw; it is not called again in this reload");
+    }
+  return run;
+}
+
+}  // namespace tpreload::detail
