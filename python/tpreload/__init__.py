@@ -181,6 +181,30 @@ def _iterator_descriptors(weights_iterator, checkpoint_format, held):
     return out
 
 
+def _stream(weights_iterator, checkpoint_format):
+    """The reader's weights_iterator as the native reload takes it, one tensor
+    per call: (descriptor, tensor), the tensor made contiguous (the reload keeps
+    it alive until it has sent it), or None at the end."""
+    items = iter(weights_iterator)
+    done = object()
+
+    def next_tensor():
+        item = next(items, done)
+        if item is done:
+            return None
+        if checkpoint_format:
+            name, tensor = item
+            extra = ()
+        else:
+            name, tensor, tp_rank = item
+            extra = (int(tp_rank),)
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        return _describe(name, tensor, *extra), tensor
+
+    return next_tensor
+
+
 def _describe(name, tensor, *extra):
     dtype = str(tensor.dtype)
     dtype = dtype[len("torch."):] if dtype.startswith("torch.") else dtype
@@ -230,9 +254,17 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
     weights_iterator: on the reader rank instead of a path, tensors in memory:
         (name, tensor) pairs in checkpoint format (Hugging Face names, full
         tensors), or (name, tensor, tp_rank) triples in kernel format (each rank's
-        parameters in the serving layout). CPU tensors; they are kept alive (and
-        made contiguous) until the call returns, so a generator may yield
-        temporaries.
+        parameters in the serving layout). CPU tensors (made contiguous where
+        they are not). With readers="one" it is taken as the reload goes, a
+        segment of about bucket_mb x pipeline_depth at a time: each tensor is
+        kept only until it has been sent, so a generator that yields gathered
+        temporaries never holds the model; each layer is processed once all of
+        it has arrived. The iterator runs on the reader rank while the other
+        ranks wait in the reload: it must not wait on them (a gather over the
+        same ranks). An exception it raises fails the reload on every rank (a
+        CheckpointError; after the first segment, parameters already written
+        hold the new weights unless ``atomic``). With "node" and "all" every
+        rank gives the whole list and it is read before the reload.
     shards: sharded sources, instead of a path or an iterator: on EVERY rank, the
         boxes of checkpoint tensors this rank holds, as (name, tensor, full_shape,
         offsets) tuples: ``tensor`` (CPU) holds the elements of the tensor ``name``
@@ -272,7 +304,9 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         a UsageError on every rank where it cannot be had).
     require_complete: refuse (ValidationError, before any write) a source that
         lacks a parameter some rank needs; by default those are reported in the
-        result and the rest is reloaded, as vLLM does.
+        result and the rest is reloaded, as vLLM does. A weights_iterator
+        (readers="one") is known only once it has ended: it needs ``atomic``,
+        and is then checked before the commit.
     checksums: the reader sends a CRC-32C of each rank's share of every bucket
         and each rank verifies it before applying (a mismatch: CommError on every
         rank); False skips both.
@@ -302,7 +336,9 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
             raise UsageError("give weights_path or weights_iterator, not both")
         if weights_path is not None:
             request.weights_path = _os.fspath(weights_path)
-        if weights_iterator is not None:
+        if weights_iterator is not None and str(readers) == "one":
+            request.weights_stream = _stream(weights_iterator, is_checkpoint_format)
+        elif weights_iterator is not None:
             request.weights_iterator = _iterator_descriptors(weights_iterator, is_checkpoint_format, held)
         if shards is not None:
             if weights_path is not None or weights_iterator is not None:

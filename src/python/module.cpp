@@ -192,16 +192,56 @@ ConstBytes host_bytes(const BorrowedTensor& t, const char* what) {
   return ConstBytes(t.data, bytes);
 }
 
+// One tensor of weights_iterator from its descriptor (kernel format: its tp
+// rank last).
+InMemoryTensor in_memory(const py::tuple& d, bool kernel) {
+  const BorrowedTensor t = borrowed(d);
+  InMemoryTensor m{t.name, t.dtype, t.shape, host_bytes(t, "weights_iterator"), nullptr};
+  if (kernel) m.tp_rank = d[6].cast<int>();
+  return m;
+}
+
 std::vector<InMemoryTensor> in_memory(const std::vector<py::tuple>& descriptors, bool kernel) {
   std::vector<InMemoryTensor> out;
-  for (const auto& d : descriptors) {
-    const BorrowedTensor t = borrowed(d);
-    InMemoryTensor m{t.name, t.dtype, t.shape, host_bytes(t, "weights_iterator"), nullptr};
-    if (kernel) m.tp_rank = d[6].cast<int>();
-    out.push_back(std::move(m));
-  }
+  for (const auto& d : descriptors) out.push_back(in_memory(d, kernel));
   return out;
 }
+
+// The reader's weights_iterator taken as the reload goes (readers="one"):
+// `next` (the package's) returns (descriptor, tensor) per tensor and None at
+// the end. Called inside the reload, where the GIL is released: it takes the
+// GIL for each tensor, and each tensor is kept alive (a Python reference,
+// dropped under the GIL) until the reload has sent it.
+class PythonStream final : public WeightStream {
+ public:
+  PythonStream(py::function next, bool kernel) : next_(std::move(next)), tagged_(kernel) {}
+  // Kernel format: what the tensors were made for (the model's layout).
+  void set_kernel_format(KernelFormatInfo info) { kernel_ = std::move(info); }
+
+  std::string describe() const override { return "weights_iterator"; }
+  std::optional<KernelFormatInfo> kernel_format() const override { return kernel_; }
+  std::optional<InMemoryTensor> next() override {
+    py::gil_scoped_acquire gil;
+    try {
+      const py::object item = next_();
+      if (item.is_none()) return std::nullopt;
+      const auto pair = item.cast<py::tuple>();
+      InMemoryTensor m = in_memory(pair[0].cast<py::tuple>(), tagged_);
+      m.keep_alive = std::shared_ptr<const void>(new py::object(pair[1]), [](py::object* o) {
+        py::gil_scoped_acquire again;
+        delete o;
+      });
+      return m;
+    } catch (py::error_already_set& e) {  // (its text, while the GIL is held)
+      raise<CheckpointError>(e.what());
+    }
+  }
+
+ private:
+  py::function next_;
+  bool tagged_;
+  std::optional<KernelFormatInfo> kernel_;
+};
 
 // Sharded sources: (name, data_ptr, box shape, strides, dtype, device, full
 // shape, offsets) per box this rank holds.
@@ -226,6 +266,7 @@ struct Request {
   int tp_size = 0;
   std::optional<std::string> weights_path;
   std::optional<std::vector<py::tuple>> weights_iterator;
+  std::optional<py::function> weights_stream;    // the reader's iterator, taken lazily
   std::optional<std::vector<py::tuple>> shards;  // sharded sources: what this rank holds
   bool checkpoint_format = true;
   std::string quantization;
@@ -335,7 +376,8 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
   bool reader = false;  // passes a source (opens_source), once the options are read
   std::vector<BorrowedTensor> tensors;
   std::vector<InMemoryTensor> memory;
-  std::unique_ptr<ShardedSource> held;  // shards=: what this rank holds
+  std::unique_ptr<ShardedSource> held;   // shards=: what this rank holds
+  std::unique_ptr<PythonStream> stream;  // the reader's weights_iterator, taken lazily
   if (!problem) {
     try {  // with the GIL: descriptors are Python objects
       options = reload_options(q);
@@ -349,6 +391,8 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
         held = sharded_source(*q.shards);
       else if (reader && q.weights_iterator)
         memory = in_memory(*q.weights_iterator, !q.checkpoint_format);
+      else if (reader && q.weights_stream)
+        stream = std::make_unique<PythonStream>(*q.weights_stream, !q.checkpoint_format);
     } catch (const std::exception& e) {
       problem = e.what();
     }
@@ -359,7 +403,8 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
   q.shards.reset();
   ReloadResult result;
   std::optional<std::vector<ParamFingerprint>> fingerprints;
-  world.collective([&] {  // no Python object is touched in here
+  // No Python object is touched in here but by the stream, which takes the GIL.
+  world.collective([&] {
     MpiCommunicator& comm = world.comm();
     agree_on_problem<UsageError>(comm, problem, "reading the request");
     // (fingerprints are gathered collectively after the reload)
@@ -397,16 +442,25 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
                                       "checking the parameters (nothing was reloaded)");
     std::unique_ptr<WeightSource> source;
     try {
-      if (reader && !sharded)
+      if (reader && !sharded && !stream)
         source = open_source(q, *config, from_memory, std::move(memory), workspace);
+      if (stream && !q.checkpoint_format)
+        stream->set_kernel_format(KernelFormatInfo{q.tp_size, config->dtype, q.quantization,
+                                                   config->json, q.expert_parallel});
     } catch (const std::exception& e) {
       problem = e.what();
     }
     agree_on_problem<CheckpointError>(comm, problem, "opening the weights (nothing was reloaded)");
     ReloadWorkspace local;
+    // The reader's choice: every rank reloads from its stream, or none does.
+    std::int64_t streamed = stream ? 1 : 0;
+    comm.allreduce_ints(&streamed, 1, IntOp::kMax);
     if (sharded)  // (a rank given no shards= while others were is refused by the engine)
       result = reload_weights(*target, comm, *plane.transport, *held, options,
                               workspace ? workspace : &local);
+    else if (streamed)
+      result = reload_from_stream(*target, comm, *plane.transport, stream.get(), options,
+                                  workspace ? workspace : &local);
     else
       result = reload_weights(*target, comm, *plane.transport, source.get(), options,
                               workspace ? workspace : &local);
@@ -505,6 +559,7 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("tp_size", &Request::tp_size)
       .def_readwrite("weights_path", &Request::weights_path)
       .def_readwrite("weights_iterator", &Request::weights_iterator)
+      .def_readwrite("weights_stream", &Request::weights_stream)
       .def_readwrite("shards", &Request::shards)
       .def_readwrite("checkpoint_format", &Request::checkpoint_format)
       .def_readwrite("quantization", &Request::quantization)

@@ -137,6 +137,51 @@ def test_weights_iterator_in_both_formats(world, shared_dir):
     assert_holds(params, expected_shards(ckpt, tp, world.rank), "iterator, kernel format")
 
 
+def test_a_generator_is_taken_as_the_reload_goes(world, shared_dir):
+    """With readers="one" the reader takes the iterator a segment at a time
+    (here one tensor: 8 KiB tensors, 1 KiB buckets) and drops each tensor once
+    sent: a generator of gathered temporaries never has more than the segment
+    alive. An exception it raises is the same error on every rank."""
+    import weakref
+    tp = world.size
+    config = config_only(world, shared_dir)
+    ckpt = checkpoint(11)
+    alive, most = [], [0]
+
+    def gathered():
+        for name, t in ckpt.items():
+            most[0] = max(most[0], sum(1 for r in alive if r() is not None))
+            temporary = t.clone()
+            alive.append(weakref.ref(temporary))
+            yield name, temporary
+
+    params = zeros_like_shards(world, tp)
+    it = gathered() if world.rank == 0 else None
+    r = tpreload.reload_weights(params, config, world=world, weights_iterator=it, bucket_mb=0.001,
+                                pipeline_depth=1)
+    assert r.complete
+    assert "segments" in r.source, r.source
+    assert_holds(params, expected_shards(ckpt, tp, world.rank), "lazy generator")
+    if world.rank == 0:
+        assert len(alive) == len(ckpt)
+        assert most[0] <= 1, "%d yielded tensors were alive at once" % most[0]
+        assert all(r() is None for r in alive), "the reload kept tensors of the iterator"
+
+    def failing():
+        for i, item in enumerate(ckpt.items()):
+            if i == 3:
+                raise RuntimeError("the trainer lost its shard")
+            yield item
+
+    with pytest.raises(tpreload.CheckpointError) as error:
+        tpreload.reload_weights(params, config, world=world, weights_iterator=failing() if world.rank == 0 else None,
+                                bucket_mb=0.001, pipeline_depth=1)
+    assert error.value.agreed
+    assert "RuntimeError: the trainer lost its shard" in str(error.value), str(error.value)
+    messages = world.allgather(str(error.value))
+    assert len(set(messages)) == 1, messages
+
+
 def test_mismatched_parameters_are_refused_on_every_rank(world, shared_dir):
     tp = world.size
     if world.rank == 0:
@@ -279,9 +324,11 @@ def test_a_problem_on_one_rank_is_the_same_error_on_every_rank(world, shared_dir
     # A tp size that is not a size.
     e = raised(tp_size=-tp)
     assert isinstance(e, tpreload.UsageError) and "tp_size must be positive, got %d" % -tp in str(e)
-    # The reader's iterator yields something that is not a pair.
+    # The reader's iterator yields something that is not a pair (found as the
+    # reload takes it).
     e = raised(weights_iterator=[("x",)] if world.rank == 0 else None)
-    assert isinstance(e, tpreload.UsageError) and "rank 0/" in str(e)
+    assert isinstance(e, tpreload.CheckpointError) and "rank 0/" in str(e), str(e)
+    assert "weights_iterator: ValueError: not enough values to unpack" in str(e), str(e)
     # The last rank's parameter has the wrong shape.
     params = zeros_like_shards(world, tp)
     if world.rank == last:
