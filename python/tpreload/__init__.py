@@ -162,45 +162,42 @@ def _synchronize_cuda(tensors):
             torch.cuda.synchronize(device)
 
 
+def _item(item, checkpoint_format):
+    """(descriptor, tensor) of one weights_iterator item, the tensor made
+    contiguous (a transposed or expanded tensor is copied)."""
+    if checkpoint_format:
+        name, tensor = item
+        extra = ()
+    else:
+        name, tensor, tp_rank = item
+        extra = (int(tp_rank),)
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return _describe(name, tensor, *extra), tensor
+
+
 def _iterator_descriptors(weights_iterator, checkpoint_format, held):
-    """Descriptors of the iterator's tensors. Each tensor (made contiguous: a
-    transposed or expanded tensor is copied) is appended to ``held``, which keeps
-    it alive while the reload reads it: a generator drops what it yielded."""
+    """Descriptors of the iterator's tensors. Each tensor is appended to
+    ``held``, which keeps it alive while the reload reads it: a generator drops
+    what it yielded."""
     out = []
     for item in weights_iterator:
-        if checkpoint_format:
-            name, tensor = item
-            extra = ()
-        else:
-            name, tensor, tp_rank = item
-            extra = (int(tp_rank),)
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
+        descriptor, tensor = _item(item, checkpoint_format)
         held.append(tensor)
-        out.append(_describe(name, tensor, *extra))
+        out.append(descriptor)
     return out
 
 
 def _stream(weights_iterator, checkpoint_format):
     """The reader's weights_iterator as the native reload takes it, one tensor
-    per call: (descriptor, tensor), the tensor made contiguous (the reload keeps
-    it alive until it has sent it), or None at the end."""
+    per call: _item()'s (descriptor, tensor) (the reload keeps the tensor alive
+    until it has sent it), or None at the end."""
     items = iter(weights_iterator)
     done = object()
 
     def next_tensor():
         item = next(items, done)
-        if item is done:
-            return None
-        if checkpoint_format:
-            name, tensor = item
-            extra = ()
-        else:
-            name, tensor, tp_rank = item
-            extra = (int(tp_rank),)
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
-        return _describe(name, tensor, *extra), tensor
+        return None if item is done else _item(item, checkpoint_format)
 
     return next_tensor
 
