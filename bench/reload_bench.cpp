@@ -27,7 +27,9 @@
 #include <iostream>
 #include <sstream>
 
-#include "../src/reload/pipeline.h"  // (the kept plan's exchanges, for the sharded bound)
+#include "../src/reload/pipeline.h"    // (the kept plan's exchanges, for the sharded bound)
+#include "../src/reload/stream.h"      // (a stream's segment size)
+#include "../tests/support/streams.h"  // (a stream that counts what the reader holds of it)
 #include "tpreload/checkpoint/synthetic.h"
 #include "tpreload/checkpoint/weight_source.h"
 #include "tpreload/core/error.h"
@@ -268,6 +270,8 @@ struct Row {
   std::string readers = "one";
   // sharded: the bytes the busiest rank and the average rank sent.
   double sent_max = 0, sent_mean = 0;
+  // stream: the most bytes of the stream the reader held at once, of all of it.
+  std::uint64_t held_most = 0, held_total = 0, largest_tensor = 0;
   double seconds = 0, bound = 0;
   double checksum = 0;  // of `seconds`: computing and verifying CRC-32Cs (max over ranks)
   // --checksum-cost: each iteration's reload with checksums and the one without
@@ -568,6 +572,76 @@ Row run_sharded_row(const BenchOptions& o, const ModelConfig& config, const std:
   return row;
 }
 
+// Weight streams: the reader rank holds every tensor of the checkpoint in
+// memory (read once, untimed, as a trainer's gathered tensors) and hands them
+// over as a stream, taken a segment (bucket x depth) at a time. Its bound: the
+// same tensors as one in-memory source, which the reader holds whole for the
+// whole reload (what the stream spares).
+Row run_stream_row(const BenchOptions& o, const ModelConfig& config, const std::string& ckpt_dir,
+                   Row row, Communicator& world) {
+  const std::string quant = row.quantization == "none" ? "" : row.quantization;
+  RankModel rank_model(o, config, quant, ckpt_dir, world);
+  TensorParallelModel& model = rank_model.model;
+  std::vector<InMemoryTensor> tensors;  // (the reader's)
+  if (world.rank() == 0) {
+    auto source = open_weight_source(ckpt_dir);
+    for (std::size_t i = 0; i < source->tensors().size(); ++i) {
+      const TensorInfo& t = source->tensors()[i];
+      auto bytes = std::make_shared<std::vector<std::byte>>(t.nbytes);
+      source->read(i, {0, t.nbytes}, MutableBytes(bytes->data(), bytes->size()));
+      tensors.push_back(
+          {t.name, t.dtype, t.shape, ConstBytes(bytes->data(), bytes->size()), bytes});
+      row.held_total += t.nbytes;
+      row.largest_tensor = std::max(row.largest_tensor, t.nbytes);
+    }
+  }
+  ReloadOptions ro;
+  ro.distribution =
+      row.distribution == "scatter" ? Distribution::kScatter : Distribution::kBroadcast;
+  ro.bucket_bytes = static_cast<std::uint64_t>(row.bucket_mb * 1024 * 1024);
+  ro.pipeline_depth = o.pipeline_depth;
+  ro.checksums = !o.no_checksums;
+  ReloadWorkspace workspace;
+  // Seconds of `reload` (collective), the most over the ranks.
+  auto timed = [&](const std::function<ReloadResult()>& reload) {
+    scramble(model);
+    world.barrier();
+    const auto start = Clock::now();
+    const ReloadResult r = reload();
+    const double seconds =
+        max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
+    row.wrong += rank_model.wrong(world);
+    return std::make_pair(seconds, r);
+  };
+  auto streamed = [&] {
+    auto counts = std::make_shared<testing::StreamCounts>();
+    auto stream = world.rank() == 0 ? testing::counting_stream(tensors, counts) : nullptr;
+    ReloadResult r = reload_from_stream(model, world, stream.get(), ro, &workspace);
+    row.held_most = std::max(row.held_most, counts->most);
+    return r;
+  };
+  for (int i = 0; i < o.warmup; ++i) streamed();
+  for (int i = 0; i < o.iters; ++i) {
+    const auto [seconds, r] = timed(streamed);
+    row.seconds += seconds;
+    row.bytes = r.bytes_transferred;
+    row.checksum += r.seconds.checksum;
+    row.staging = std::max(row.staging, r.peak_staging_bytes);
+    row.copied = r.bytes_copied_on_reader;
+    row.depth = r.pipeline_depth;
+  }
+  row.seconds /= o.iters;
+  row.checksum /= o.iters;
+  auto whole = [&] {
+    auto source = world.rank() == 0 ? make_in_memory_source(tensors) : nullptr;
+    return reload_weights(model, world, source.get(), ro, &workspace);
+  };
+  whole();  // (its plan made, untimed)
+  for (int i = 0; i < o.iters; ++i) row.bound += timed(whole).first;
+  row.bound /= o.iters;
+  return row;
+}
+
 // What users run today when each worker loads from disk (vLLM's default): every
 // rank opens the whole checkpoint and loads it through the weight loaders,
 // keeping its slices. Its bound: every rank reading every byte of the files.
@@ -688,6 +762,15 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
                     << one.distribution << "), " << what << ": "
                     << verdict(r.seconds / one.seconds, 1 / 1.5) << " of its time\n";
     }
+    if (r.readers == "stream") {
+      const double limit = static_cast<double>(tpreload::detail::kBucketsPerSegment) * r.bucket_mb *
+                               1048576 * static_cast<double>(std::max(r.depth, std::int64_t{1})) +
+                           static_cast<double>(r.largest_tensor);
+      std::cout << "#   stream: the reader holds <= " << tpreload::detail::kBucketsPerSegment
+                << " x bucket x depth + one tensor (" << std::fixed << std::setprecision(1)
+                << r.held_most / 1048576.0 << " of " << r.held_total / 1048576.0 << " MB), " << what
+                << ": " << verdict(r.held_most / 1048576.0, limit / 1048576.0, " MB") << "\n";
+    }
     if (r.readers == "sharded") {
       std::cout << "#   sharded: the busiest source sends <= 1.1x the mean (" << std::fixed
                 << std::setprecision(0) << r.sent_max << " and " << r.sent_mean << " bytes), "
@@ -778,8 +861,11 @@ int main(int argc, char** argv) {
                  "reads) and/or all (every rank "
                  "reads its own slices; one row per format, laid out as scatter) and/or sharded "
                  "(every rank holds a row slice of every tensor and the ranks move what each "
-                 "needs point to point; checkpoint format; bound: the same exchanges, raw)")
-      ->check(CLI::IsMember({"one", "node", "all", "sharded"}))
+                 "needs point to point; checkpoint format; bound: the same exchanges, raw) and/or "
+                 "stream (the reader holds the checkpoint in memory and hands it over as a "
+                 "weight stream, a segment at a time; checkpoint format; bound: the same "
+                 "tensors as one in-memory source)")
+      ->check(CLI::IsMember({"one", "node", "all", "sharded", "stream"}))
       ->capture_default_str();
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "readers node: world ranks per node (default 0: the ranks MPI says share memory; "
@@ -853,11 +939,13 @@ int main(int argc, char** argv) {
             // Sharded sources: checkpoint format, its one layout (scatter).
             if (readers == "sharded" && (format != "checkpoint" || dist != o.distributions.front()))
               continue;
-            for (double mb : o.bucket_mb)
-              add(readers == "sharded"
-                      ? run_sharded_row(o, config, dir, Row{format, quant, dist, mb, readers},
-                                        world)
-                      : run_row(o, config, dir, Row{format, quant, dist, mb, readers}, world));
+            if (readers == "stream" && format != "checkpoint") continue;
+            for (double mb : o.bucket_mb) {
+              const Row row{format, quant, dist, mb, readers};
+              add(readers == "sharded"  ? run_sharded_row(o, config, dir, row, world)
+                  : readers == "stream" ? run_stream_row(o, config, dir, row, world)
+                                        : run_row(o, config, dir, row, world));
+            }
           }
     print_targets(o, rows, world);
     return wrong == 0 ? 0 : 5;

@@ -253,7 +253,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         tensors), or (name, tensor, tp_rank) triples in kernel format (each rank's
         parameters in the serving layout). CPU tensors (made contiguous where
         they are not). With readers="one" it is taken as the reload goes, a
-        segment of about bucket_mb x pipeline_depth at a time: each tensor is
+        segment of about 4 x bucket_mb x pipeline_depth at a time: each tensor is
         kept only until it has been sent, so a generator that yields gathered
         temporaries never holds the model; each layer is processed once all of
         it has arrived. The iterator runs on the reader rank while the other

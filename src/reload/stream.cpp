@@ -87,7 +87,8 @@ struct StreamProgress {
 }  // namespace
 
 std::uint64_t stream_segment_bytes(const ReloadOptions& options) {
-  return options.bucket_bytes * static_cast<std::uint64_t>(std::max(options.pipeline_depth, 1));
+  return kBucketsPerSegment * options.bucket_bytes *
+         static_cast<std::uint64_t>(std::max(options.pipeline_depth, 1));
 }
 
 StreamRun run_stream(Communicator& world, DataTransport& data, WeightStream* stream,

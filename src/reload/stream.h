@@ -1,5 +1,5 @@
 // A reload from a WeightStream (internal): the reader takes the stream's
-// tensors segment by segment (about the buckets in flight at a time), and
+// tensors segment by segment (a few buckets at a time), and
 // each segment is planned, preflighted, moved and applied as an in-memory
 // source; each layer is processed once the reload has brought all of it.
 // reload.cpp runs this in place of the plan and the pipeline of one source;
@@ -27,7 +27,12 @@ struct StreamRun {
 };
 
 // The bytes the reader takes from a stream before the ranks move them: one
-// segment, at most the buckets in flight (at least one tensor).
+// segment, kBucketsPerSegment x the buckets in flight (bucket_bytes x pipeline
+// depth). Each segment costs a plan (its listing broadcast, its writes
+// resolved) and a pipeline that fills and drains: with one bucket in flight a
+// segment, TinyLlama at 2 ranks took 1.4-1.9x the reload of the same tensors
+// as one in-memory source; with four, 1.0-1.4x (docs/PERFORMANCE.md).
+constexpr std::uint64_t kBucketsPerSegment = 4;
 std::uint64_t stream_segment_bytes(const ReloadOptions& options);
 
 // COLLECTIVE. The whole stream (`stream` on options.reader_rank, null on the

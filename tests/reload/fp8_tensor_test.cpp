@@ -348,7 +348,7 @@ TEST(Fp8Tensor, AStreamProcessesEachLayerOnceItHasAllOfIt) {
   for (auto& [name, t] : v2.tensors) t = t.dim() == 0 ? t * 1.5 : t.flip({0}).contiguous();
   auto control = make_local_communicator();
   ReloadOptions o;
-  o.bucket_bytes = 512;
+  o.bucket_bytes = 128;  // (segments of 4 x 128 x 2 bytes)
   o.pipeline_depth = 2;
   TensorParallelModel model(config(kDense), rank(1, 0));
   auto first = v1.source();

@@ -170,7 +170,7 @@ std::unique_ptr<WeightSource> make_in_memory_source(
 // weights_iterator consumed lazily: each tensor a gathered temporary that is
 // needed only until it has been sent). A reload from a stream
 // (reload_from_stream) takes them segment by segment, so that the reader
-// holds at most about the buckets in flight, not the model.
+// holds a few buckets of it at a time, not the model.
 class WeightStream {
  public:
   virtual ~WeightStream() = default;

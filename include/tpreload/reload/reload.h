@@ -301,7 +301,7 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const Shar
 // COLLECTIVE. reload_weights() from a stream of tensors (vLLM's
 // weights_iterator taken lazily, as a trainer yields gathered temporaries):
 // `stream` on the reader rank, nullptr on the others. The reader takes the
-// stream's tensors until it holds bucket_bytes x pipeline depth (the tensor
+// stream's tensors until it holds 4 x bucket_bytes x pipeline depth (the tensor
 // that crosses it included), the ranks plan and move that segment as an
 // in-memory source, and the next segment follows: the reader holds one
 // segment at a time, never the model. Each layer is processed (checkpoint
