@@ -1,6 +1,9 @@
 // Embedding tpreload in a serving engine: the engine owns a tensor-parallel model,
 // and between batches it swaps in weights an RL trainer produced in memory
 // (vLLM's `weights_iterator`), then drops caches derived from the old weights.
+// Step 1 hands the trainer's tensors over all at once (an in-memory source);
+// the next steps as a stream, each tensor made as the reload asks for it and
+// dropped once sent, so the trainer never holds the whole model.
 //
 //   launch/mpirun.sh 2 build/examples/embed_reload
 #include <ATen/ATen.h>
@@ -42,6 +45,20 @@ std::vector<at::Tensor> trainer_step(const ModelConfig& config, int step,
   return keep;
 }
 
+// The same tensors as a stream: each one drawn when the reload takes it (a
+// trainer's gathered temporary), owned by its entry until the reload drops it.
+std::unique_ptr<WeightStream> trainer_stream(const ModelConfig& config, int step) {
+  auto specs = std::make_shared<std::vector<CheckpointTensorSpec>>(checkpoint_tensor_specs(config));
+  auto next = std::make_shared<std::size_t>(0);
+  at::manual_seed(step);
+  return make_weight_stream([specs, next]() -> std::optional<InMemoryTensor> {
+    if (*next == specs->size()) return std::nullopt;
+    const CheckpointTensorSpec& spec = (*specs)[(*next)++];
+    auto t = std::make_shared<at::Tensor>(at::randn(spec.shape) * 0.05);
+    return InMemoryTensor{spec.name, DType::kFloat32, spec.shape, tensor_bytes(*t), t};
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,15 +72,20 @@ int main(int argc, char** argv) {
     int cache_generation = 0;
     served.on_reloaded([&](const ReloadResult&) { ++cache_generation; });  // drop derived caches
 
-    for (int step = 1; step <= 2; ++step) {
+    for (int step = 1; step <= 3; ++step) {
       std::vector<InMemoryTensor> tensors;
       std::vector<at::Tensor> keep;
       std::unique_ptr<WeightSource> source;
-      if (world.rank() == 0) {  // only the reader rank holds the trainer's tensors
+      std::unique_ptr<WeightStream> stream;
+      if (world.rank() == 0 && step == 1) {  // only the reader rank holds the trainer's tensors
         keep = trainer_step(config, step, tensors);
         source = make_in_memory_source(std::move(tensors));
+      } else if (world.rank() == 0) {
+        stream = trainer_stream(config, step);
       }
-      const ReloadResult r = served.reload_from(world, ReloadOptions{}, source.get());
+      const ReloadResult r = step == 1
+                                 ? served.reload_from(world, ReloadOptions{}, source.get())
+                                 : served.reload_from_stream(world, ReloadOptions{}, stream.get());
       const at::Tensor logits = reference_forward(model, {3, 1, 4, 1, 5}, world);
       if (world.rank() == 0)
         std::cout << "step " << step << ": " << summary_text(r)
