@@ -499,17 +499,13 @@ Row run_sharded_row(const BenchOptions& o, const ModelConfig& config, const std:
   std::vector<HeldTensor> held;
   {
     auto source = open_weight_source(ckpt_dir);
+    std::vector<std::byte> scratch;
     for (std::size_t i = 0; i < source->tensors().size(); ++i) {
       const TensorInfo& t = source->tensors()[i];
       for (const Box& box : split_boxes(t.shape, i, SplitBy::kRows, world.rank(), world.size())) {
-        const std::uint64_t row_bytes = t.shape.empty() || t.shape[0] == 0
-                                            ? t.nbytes
-                                            : t.nbytes / static_cast<std::uint64_t>(t.shape[0]);
-        const std::uint64_t first =
-            box.offset.empty() ? 0 : static_cast<std::uint64_t>(box.offset[0]) * row_bytes;
         auto bytes = std::make_shared<std::vector<std::byte>>(
             static_cast<std::size_t>(box.elements()) * dtype_size(t.dtype));
-        source->read(i, {first, bytes->size()}, MutableBytes(bytes->data(), bytes->size()));
+        read_box(*source, i, box, MutableBytes(bytes->data(), bytes->size()), scratch);
         held.push_back(
             {t.name, t.dtype, t.shape, box, ConstBytes(bytes->data(), bytes->size()), bytes});
       }

@@ -174,8 +174,12 @@ SourceMetadata sharded_metadata(const std::vector<HeldBox>& held, const std::str
 std::vector<std::vector<ViewPart>> bucket_views(const Plan& plan, const SourceMetadata& md,
                                                 const Bucket& bucket, int world_size, int tp_size) {
   std::vector<std::vector<ViewPart>> views(static_cast<std::size_t>(world_size));
-  if (!bucket.scatter)
-    raise<Error>("sharded sources: a broadcast bucket in the plan (every tensor is scattered)");
+  if (!bucket.scatter)  // (an internal invariant: make_plan scatters every tensor here)
+    raise<Error>(
+        "sharded sources: the plan broadcasts a bucket (of ", bucket.pieces.size(),
+        " pieces, the first of '",
+        bucket.pieces.empty() ? "" : md.tensors[plan.tensors[bucket.pieces[0].planned].index].name,
+        "'), but every tensor of a sharded reload is scattered");
   for (const Piece& p : bucket.pieces) {
     const PlannedTensor& t = plan.tensors[p.planned];
     const TensorInfo& info = md.tensors[t.index];

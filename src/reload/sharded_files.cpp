@@ -51,6 +51,25 @@ std::vector<Box> split_boxes(const std::vector<std::int64_t>& shape, std::size_t
   return {box};
 }
 
+void read_box(WeightSource& source, std::size_t index, const Box& box, MutableBytes dst,
+              std::vector<std::byte>& scratch) {
+  const TensorInfo& t = source.tensors().at(index);
+  // Rows with every other dimension whole are one run of the tensor.
+  bool rows = !box.offset.empty();
+  for (std::size_t d = 1; rows && d < box.size.size(); ++d) rows = box.size[d] == t.shape[d];
+  if (rows) {
+    const std::uint64_t row_bytes =
+        t.shape[0] == 0 ? 0 : t.nbytes / static_cast<std::uint64_t>(t.shape[0]);
+    return source.read(index, {static_cast<std::uint64_t>(box.offset[0]) * row_bytes, dst.size},
+                       dst);
+  }
+  if (box == Box::whole(t.shape)) return source.read(index, {0, t.nbytes}, dst);
+  scratch.resize(t.nbytes);
+  source.read(index, {0, t.nbytes}, MutableBytes(scratch.data(), scratch.size()));
+  copy_region(ConstBytes(scratch.data(), scratch.size()), Box::whole(t.shape), dst, box, box,
+              dtype_size(t.dtype));
+}
+
 std::vector<std::string> write_split_source(const std::string& dir, WeightSource& source, int ranks,
                                             SplitBy by) {
   if (ranks < 1) raise<UsageError>("split: --ranks must be at least 1, got ", ranks);
@@ -72,23 +91,7 @@ std::vector<std::string> write_split_source(const std::string& dir, WeightSource
         boxes[tensors[i].name] = {{"shape", tensors[i].shape}, {"offset", box.offset}};
       }
     const FillFn fill = [&](std::size_t k, MutableBytes dst) {
-      const auto& [i, box] = parts[k];
-      const TensorInfo& t = tensors[i];
-      // Rows with every other dimension whole are one run of the tensor.
-      bool rows = !box.offset.empty();
-      for (std::size_t d = 1; rows && d < box.size.size(); ++d) rows = box.size[d] == t.shape[d];
-      if (rows) {
-        const std::uint64_t row_bytes = box.offset.empty() || t.shape[0] == 0
-                                            ? 0
-                                            : t.nbytes / static_cast<std::uint64_t>(t.shape[0]);
-        return source.read(i, {static_cast<std::uint64_t>(box.offset[0]) * row_bytes, dst.size},
-                           dst);
-      }
-      if (box == Box::whole(t.shape)) return source.read(i, {0, t.nbytes}, dst);
-      whole.resize(t.nbytes);
-      source.read(i, {0, t.nbytes}, MutableBytes(whole.data(), whole.size()));
-      copy_region(ConstBytes(whole.data(), whole.size()), Box::whole(t.shape), dst, box, box,
-                  dtype_size(t.dtype));
+      read_box(source, parts[k].first, parts[k].second, dst, whole);
     };
     files.push_back(rank_file(r));
     write_safetensors((fs::path(dir) / files.back()).string(), specs, fill,

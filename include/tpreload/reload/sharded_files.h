@@ -37,6 +37,14 @@ std::optional<SplitBy> parse_split_by(std::string_view name);
 std::vector<Box> split_boxes(const std::vector<std::int64_t>& shape, std::size_t index, SplitBy by,
                              int rank, int ranks);
 
+// The elements of `box` of tensors()[index] of `source`, row-major, into
+// `dst` (box.elements() x the dtype's size bytes): one read where the box is
+// whole rows (every dimension after the first whole) or the whole tensor,
+// else the whole tensor read into `scratch` and the box copied out of it.
+// Throws as WeightSource::read does.
+void read_box(WeightSource& source, std::size_t index, const Box& box, MutableBytes dst,
+              std::vector<std::byte>& scratch);
+
 // Writes the split of every tensor of `source` (checkpoint format) into `dir`
 // (created if missing): one file per rank (one with no boxes holds no
 // tensors), then the manifest. Atomic per file (writers.h); a failure leaves
