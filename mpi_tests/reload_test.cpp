@@ -1631,6 +1631,51 @@ TPRELOAD_RANKS_TEST(Stream, EveryRankGetsItsShardsSegmentBySegment) {
   }
 }
 
+// Ranks that call different reloads (a stream on the reader, a weight source
+// elsewhere) are refused alike on every rank before anything moves, as is a
+// stream with --readers all.
+TPRELOAD_RANKS_TEST(Stream, EveryRankMustReloadFromTheStream) {
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const int n = world().size();
+  const auto v1 = testdata::random_checkpoint(config, 100),
+             v2 = testdata::random_checkpoint(config, 200);
+  const Variant setup{n, "", false};
+  TensorParallelModel model(config, options_for(setup));
+  reload_from(model, "", &v1, ReloadOptions{});
+  auto counts = std::make_shared<testing::StreamCounts>();
+  if (n > 1) {  // (one rank cannot disagree with itself)
+    std::string msg = "no error";
+    try {
+      if (world().rank() == 0) {
+        auto stream = testing::counting_stream(testdata::in_memory(v2), counts);
+        reload_from_stream(model, world(), stream.get(), ReloadOptions{});
+      } else {
+        reload_weights(model, world(), nullptr, ReloadOptions{});
+      }
+    } catch (const UsageError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("the ranks reload from different kinds of source"), std::string::npos)
+        << msg;
+    EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << msg;
+  }
+  ReloadOptions all;
+  all.readers = Readers::kAll;
+  auto stream =
+      world().rank() == 0 ? testing::counting_stream(testdata::in_memory(v2), counts) : nullptr;
+  try {
+    reload_from_stream(model, world(), stream.get(), all);
+    FAIL() << "a stream with --readers all";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("a weight stream is taken by the reader rank alone: "
+                                         "--readers all is for checkpoint files"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(counts->yielded, 0u) << "the stream was taken from";
+  expect_params(model, expected_params(config, setup, v1), "after the refused reloads");
+}
+
 // A stream that fails once segments have been written (it throws; it yields a
 // tensor a second time) is the same CheckpointError on every rank, naming the
 // stream's error and, unless the reload is atomic, the parameters that may
