@@ -1419,6 +1419,127 @@ TPRELOAD_RANKS_TEST(Sharded, OnlineFp8QuantizesWhatTheSlicesBring) {
   }
 }
 
+// A trainer's ranks in the serving job's world (ReloadOptions::serving_ranks):
+// the first half of the world serves (tp = the serving ranks, and from 4
+// ranks two replicas of half of them), the second half holds FSDP row slices
+// of each version and nothing else (push_shards); the serving ranks hold
+// nothing. Two steps (versions 2 and 3, the same boxes: the plan is kept):
+// every serving parameter holds its expected slice (the tests' own slicing;
+// online FP8 too), no byte reaches a trainer rank, and only trainer ranks send.
+TPRELOAD_RANKS_TEST(Sharded, RanksThatServeNothingSendWhatTheyHold) {
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "a trainer rank beside a serving one needs two ranks";
+  const int serving = n / 2, trainers = n - serving, me = world().rank();
+  const bool serves = me < serving;
+#ifdef TPRELOAD_RANKS_AS_THREADS
+  const std::unique_ptr<DataTransport> data = make_communicator_transport(world());
+#else
+  const std::unique_ptr<DataTransport> data = mpitest::mpi_world().make_data_transport();
+#endif
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 100);
+  const std::vector<std::map<std::string, at::Tensor>> steps = {
+      testdata::random_checkpoint(config, 200), testdata::random_checkpoint(config, 300)};
+  for (const int tp : serving >= 2 ? std::vector<int>{serving, serving / 2} : std::vector<int>{1}) {
+    for (const std::string quantization : {"", "fp8"}) {
+      const std::string what = "tp " + std::to_string(tp) + " of " + std::to_string(serving) +
+                               " serving, " + std::to_string(trainers) + " trainer ranks " +
+                               quantization;
+      const Variant setup{tp, quantization, false};
+      ReloadOptions o;
+      o.bucket_bytes = 1900;
+      o.serving_ranks = serving;
+      ReloadWorkspace workspace;
+      std::unique_ptr<TensorParallelModel> model;
+      const ShardingRules rules(config, tp, quantization);
+      if (serves) {
+        model = std::make_unique<TensorParallelModel>(config, options_for(setup));
+        model->load_weights(*testdata::memory_source(v1));  // (local: the trainers serve nothing)
+      }
+      const detail::CachedPlan* kept = nullptr;
+      for (std::size_t step = 0; step < steps.size(); ++step) {
+        const ShardedSource held(
+            serves ? std::vector<HeldTensor>{}
+                   : holding(steps[step], Holding::kRows, me - serving, trainers));
+        const ReloadResult r = serves ? reload_weights(*model, world(), *data, held, o, &workspace)
+                                      : push_shards(world(), *data, held, rules, o, &workspace);
+        EXPECT_TRUE(r.complete()) << what;
+        ASSERT_EQ(r.bytes_sent_by_rank.size(), static_cast<std::size_t>(n)) << what;
+        for (int w = 0; w < n; ++w) {
+          const auto at = static_cast<std::size_t>(w);
+          if (w < serving) {
+            EXPECT_EQ(r.bytes_sent_by_rank[at], 0u) << what << ": serving rank " << w << " sent";
+            EXPECT_GT(r.bytes_received_by_rank[at], 0u) << what << ": rank " << w;
+          } else {
+            EXPECT_GT(r.bytes_sent_by_rank[at], 0u) << what << ": trainer rank " << w;
+            EXPECT_EQ(r.bytes_received_by_rank[at], 0u) << what << ": trainer rank " << w;
+          }
+        }
+        if (step == 1) {
+          EXPECT_EQ(workspace.cached_plan(), kept) << what << ": the plan was made again";
+        }
+        kept = workspace.cached_plan();
+        if (serves) {
+          expect_params(*model, expected_params(config, setup, steps[step]),
+                        what + " step " + std::to_string(step));
+        } else {
+          EXPECT_TRUE(r.loaded.empty()) << what;
+        }
+      }
+    }
+  }
+}
+
+// Ranks that serve nothing are checked with the serving ones, and every rank
+// raises the same error before any write: trainer ranks whose layout differs
+// from the serving model's, a rank past the serving ranks given a model, and
+// a range of a tensor no trainer rank holds.
+TPRELOAD_RANKS_TEST(Sharded, RanksThatServeNothingAreCheckedAlike) {
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "a trainer rank beside a serving one needs two ranks";
+  const int serving = n / 2, trainers = n - serving, me = world().rank();
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 100),
+             v2 = testdata::random_checkpoint(config, 200);
+  const Variant setup{serving, "", false};
+  ReloadOptions o;
+  o.serving_ranks = serving;
+  TensorParallelModel model(config, options_for(setup));
+  model.load_weights(*testdata::memory_source(v1));
+  const auto want1 = expected_params(config, setup, v1);
+  const auto data = make_communicator_transport(world());
+  // (each trainer rank's rows; `last_holds`: whether the last trainer rank holds its own)
+  auto run = [&](const ShardingRules& rules, bool last_holds, bool last_has_model) {
+    const bool holds = me >= serving && (last_holds || me != n - 1);
+    const ShardedSource held(holds ? holding(v2, Holding::kRows, me - serving, trainers)
+                                   : std::vector<HeldTensor>{});
+    std::string msg = "no error";
+    try {
+      if (me < serving || (last_has_model && me == n - 1))
+        reload_weights(model, world(), *data, held, o);
+      else
+        push_shards(world(), *data, held, rules, o);
+    } catch (const Error& e) {
+      msg = e.what();
+    }
+    EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << msg;
+    EXPECT_NE(msg.find("nothing was reloaded"), std::string::npos) << msg;
+    if (me < serving) expect_params(model, want1, "after: " + msg);
+    return msg;
+  };
+  std::string msg = run(ShardingRules(config, serving, "int8"), true, false);
+  EXPECT_NE(msg.find("ranks disagree on the quantization"), std::string::npos) << msg;
+  msg = run(ShardingRules(config, serving), true, true);
+  EXPECT_NE(msg.find("rank " + std::to_string(n - 1) + " is past the " + std::to_string(serving) +
+                     " serving ranks"),
+            std::string::npos)
+      << msg;
+  if (trainers >= 2) {  // (with one, nothing at all is held: nothing is listed)
+    msg = run(ShardingRules(config, serving), false, false);
+    EXPECT_NE(msg.find("no rank holds"), std::string::npos) << msg;
+  }
+}
+
 // A range no rank holds is named (tensor, range, rank) on every rank before
 // any write: the parameters keep version 1.
 TPRELOAD_RANKS_TEST(Sharded, AMissingRangeIsNamedBeforeAnyWrite) {

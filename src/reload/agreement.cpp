@@ -101,7 +101,8 @@ std::vector<AgreedValue> agreement_parts(const ReloadTarget& model, const Reload
                 {"checksums", o.checksums},
                 // (explicit depths may differ: only the automatic choice is collective)
                 {"whether the pipeline depth is chosen per rank", o.pipeline_depth == 0},
-                {"compare-replicas", o.compare_replicas}});
+                {"compare-replicas", o.compare_replicas},
+                {"the serving ranks", o.serving_ranks}});
   return parts;
 }
 

@@ -373,10 +373,13 @@ const CachedPlan& plan_sharded(Communicator& world, const ShardedSource& mine,
   fresh->key = key;
   fresh->listing_hash = static_cast<std::int64_t>(hash >> 1);
   const int tp = model.rules().tp_size();
+  // The ranks that receive: the serving ranks (every rank sends what it holds).
+  const int serving = options.serving_ranks ? options.serving_ranks : world.size();
+  const bool serves = world.rank() < serving;
   const PlanOptions plan_options{WeightFormat::kCheckpoint,
                                  Distribution::kScatter,
                                  options.bucket_bytes,
-                                 world.size(),
+                                 serving,
                                  tp,
                                  std::numeric_limits<std::uint64_t>::max()};
   std::optional<std::string> problem;
@@ -385,11 +388,14 @@ const CachedPlan& plan_sharded(Communicator& world, const ShardedSource& mine,
     for (std::size_t i = 0; i < held.size(); ++i)
       if (i == 0 || held[i].rank != held[i - 1].rank) ++holders;
     fresh->metadata = detail::sharded_metadata(held, "");
-    fresh->metadata.description =
-        detail::concat("sharded sources: ", fresh->metadata.tensors.size(), " tensors in ",
-                       held.size(), " boxes on ", holders, " of ", world.size(), " ranks");
+    fresh->metadata.description = detail::concat(
+        "sharded sources: ", fresh->metadata.tensors.size(), " tensors in ", held.size(),
+        " boxes on ", holders, " of ", world.size(), " ranks",
+        serving < world.size() ? detail::concat(", into the ", serving, " serving ranks")
+                               : std::string());
     fresh->plan = make_plan(fresh->metadata, model.rules(), plan_options);
-    detail::plan_exchanges(*fresh, held, world.size(), tp, world.rank(), options.bucket_bytes);
+    detail::plan_exchanges(*fresh, held, world.size(), serving, tp, world.rank(),
+                           options.bucket_bytes);
   } catch (const ValidationError& e) {
     throw Agreed<ValidationError>(detail::concat(e.what(), " (nothing was reloaded)"));
   } catch (const UsageError& e) {
@@ -397,11 +403,14 @@ const CachedPlan& plan_sharded(Communicator& world, const ShardedSource& mine,
   } catch (const std::exception& e) {
     problem = detail::concat("planning the reload: ", e.what());
   }
-  if (!problem) problem = preflight_problem(fresh->plan, fresh->metadata, model, world.rank());
-  if (!problem) problem = part_layer_problem(fresh->plan, model);
+  // (a rank that serves nothing writes nothing: it has no preflight)
+  if (!problem && serves)
+    problem = preflight_problem(fresh->plan, fresh->metadata, model, world.rank());
+  if (!problem && serves) problem = part_layer_problem(fresh->plan, model);
   if (!problem) try {
-      fresh->applies =
-          resolve_applies(fresh->plan, fresh->metadata, model.rules(), plan_options, world.rank());
+      fresh->applies = serves ? resolve_applies(fresh->plan, fresh->metadata, model.rules(),
+                                                plan_options, world.rank())
+                              : std::vector<BucketApply>(fresh->plan.buckets.size());
     } catch (const std::exception& e) {
       problem = detail::concat("resolving this rank's writes: ", e.what());
     }

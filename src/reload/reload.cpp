@@ -158,17 +158,19 @@ namespace {
 // groups each tp rank's world ranks by the value they hold. The same
 // ValidationError on every rank names each parameter that differs and which
 // ranks hold which value.
-void compare_replicas(Communicator& world, ReloadTarget& model,
+void compare_replicas(Communicator& world, int serving, ReloadTarget& model,
                       std::chrono::milliseconds device_timeout) {
-  const int n = world.size(), tp = model.rules().tp_size();
+  // (the serving ranks: those that hold parameters, ReloadOptions::serving_ranks)
+  const int n = serving, tp = model.rules().tp_size();
   if (n <= tp) return;
   const auto& params = model.rules().params();
-  std::vector<std::int64_t> crcs(params.size() * n, 0);
+  const auto all = static_cast<std::size_t>(world.size());
+  std::vector<std::int64_t> crcs(params.size() * all, 0);
   std::optional<std::string> problem;  // reading a parameter back can fail on one rank
   try {
-    for (std::size_t i = 0; i < params.size(); ++i) {
+    for (std::size_t i = 0; model.sink().holds_parameters() && i < params.size(); ++i) {
       const ParamStorage& s = model.sink().storage(static_cast<ParamSlot>(i));
-      crcs[i * n + world.rank()] =
+      crcs[i * all + static_cast<std::size_t>(world.rank())] =
           model.sink().crc32c(s.data, s.bytes, "'" + params[i].name + "'", device_timeout);
     }
   } catch (const std::exception& e) {
@@ -183,8 +185,10 @@ void compare_replicas(Communicator& world, ReloadTarget& model,
     std::string groups;
     for (int r = 0; r < tp; ++r) {
       std::map<std::int64_t, std::string> holders;
-      for (int w = r; w < n; w += tp)
-        holders[crcs[i * n + w]] += detail::concat(holders[crcs[i * n + w]].empty() ? "" : ", ", w);
+      for (int w = r; w < n; w += tp) {
+        std::string& ranks = holders[crcs[i * all + static_cast<std::size_t>(w)]];
+        ranks += detail::concat(ranks.empty() ? "" : ", ", w);
+      }
       if (holders.size() < 2) continue;
       std::string by_value;
       for (const auto& [crc, ranks] : holders)
@@ -214,7 +218,9 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
   std::vector<std::uint64_t> mine(words, 0);
   for (std::size_t i = 0; i < expected.size(); ++i)
     if (sink.loaded(expected[i])) mine[i / 64] |= 1ull << (i % 64);
+  // (a rank that holds no parameters, push_shards, counts as neither)
   auto any = mine, all = mine;
+  if (!sink.holds_parameters()) std::fill(all.begin(), all.end(), ~std::uint64_t{0});
   allreduce_bits(world, any, BitOp::kOr);
   allreduce_bits(world, all, BitOp::kAnd);
   std::vector<std::size_t> partial;
@@ -230,7 +236,8 @@ void validate(Communicator& world, const ReloadTarget& model, WeightFormat forma
   const int n = world.size();
   std::vector<std::int64_t> has(partial.size() * n, 0);
   for (std::size_t k = 0; k < partial.size(); ++k)
-    has[k * n + world.rank()] = (mine[partial[k] / 64] >> (partial[k] % 64)) & 1;
+    has[k * n + world.rank()] =
+        sink.holds_parameters() ? (mine[partial[k] / 64] >> (partial[k] % 64)) & 1 : 1;
   allreduce_ints(world, has, IntOp::kSum);
   for (std::size_t k = 0; k < partial.size(); ++k)
     for (int r = 0; r < n; ++r)
@@ -359,6 +366,29 @@ std::optional<std::string> local_problem(const ReloadOptions& o, const Communica
              "weight stream's tensors are known only once it has ended: reload atomically "
              "(the check then runs before the commit)";
   }
+  const int serving = o.serving_ranks;
+  if (serving < 0 || serving > control.size())
+    return detail::concat("serving ranks ", serving, " is not in [0, ", control.size(),
+                          "] (0: every rank serves)");
+  if (serving > 0 && kind != SourceKind::kSharded)
+    return detail::concat("ranks that serve nothing (serving ranks ", serving, " of ",
+                          control.size(),
+                          ") only send sharded sources: reload every rank from "
+                          "its ShardedSource (push_shards on the ranks that serve nothing)");
+  const int tp = model.rules().tp_size();
+  if (serving % tp != 0)
+    return detail::concat("the ", serving, " serving ranks are not a whole number of tp groups of ",
+                          tp, " (the serving ranks are replicas x tp)");
+  const bool should_serve = serving == 0 || control.rank() < serving;
+  if (should_serve && !model.sink().holds_parameters())
+    return detail::concat("rank ", control.rank(), " is one of the ",
+                          serving ? serving : control.size(),
+                          " serving ranks but holds no parameters (push_shards is for the ranks "
+                          "from serving ranks on; set ReloadOptions::serving_ranks)");
+  if (!should_serve && model.sink().holds_parameters())
+    return detail::concat("rank ", control.rank(), " is past the ", serving,
+                          " serving ranks (it only sends what it holds: push_shards), but was "
+                          "given a model's parameters");
   if (kind == SourceKind::kSharded) {
     if (o.format != WeightFormat::kCheckpoint)
       return "sharded sources hold checkpoint tensors: a kernel-format reload reads "
@@ -424,7 +454,8 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
     view = loader_view(*source, model.rules().config());
   if (view) source = view.get();
   ParameterSink& sink = model.sink();
-  sink.begin_load();  // from here, what this reload writes is tracked
+  const bool serves = sink.holds_parameters();  // (else it only sends: push_shards)
+  sink.begin_load();                            // from here, what this reload writes is tracked
   std::optional<std::string> refused = local_problem(options, world, data, model, in.kind);
   // Stacked checkpoint tensors (Phi-3's qkv_proj...): held as boxes of their
   // parts, as the weight loaders take them.
@@ -491,7 +522,7 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
   if (options.atomic) {
     std::optional<std::string> problem, stuck;
     try {
-      sink.begin_shadow(options.device_timeout);
+      if (serves) sink.begin_shadow(options.device_timeout);
     } catch (const CommTimeoutError& e) {
       stuck = e.what();  // the device, not the memory
     } catch (const ModelError& e) {
@@ -576,7 +607,9 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
     }
     // Replicas must hold the same bytes; in atomic mode what is compared is the
     // second copy, before the vote, so a difference changes nothing.
-    if (options.compare_replicas) compare_replicas(world, model, options.device_timeout);
+    if (options.compare_replicas)
+      compare_replicas(world, options.serving_ranks ? options.serving_ranks : world.size(), model,
+                       options.device_timeout);
     result.seconds.validate = since(t);
   } catch (const std::exception& e) {
     // Node planes a failed transfer may have broken are made again next time
@@ -595,7 +628,7 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
     // new weights are in place (on that device's rank, maybe in part).
     std::optional<std::string> stuck;
     try {
-      sink.commit_shadow(options.device_timeout);
+      if (serves) sink.commit_shadow(options.device_timeout);
     } catch (const std::exception& e) {
       stuck = e.what();
     }
@@ -656,6 +689,34 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const Shar
                             const ReloadOptions& options, ReloadWorkspace* workspace) {
   const auto data = make_communicator_transport(world);
   return reload_weights(model, world, *data, held, options, workspace);
+}
+
+namespace {
+
+// A rank past the serving ranks: the serving model's rules, no parameters.
+class SourceOnlyTarget final : public ReloadTarget {
+ public:
+  SourceOnlyTarget(const ShardingRules& rules, bool lora)
+      : rules_(rules), lora_(lora), sink_(rules, ParameterSink::NoParameters{}) {}
+  const ShardingRules& rules() const override { return rules_; }
+  int tp_rank() const override { return 0; }
+  ParameterSink& sink() override { return sink_; }
+  bool lora() const override { return lora_; }
+
+ private:
+  const ShardingRules& rules_;
+  bool lora_;
+  ParameterSink sink_;
+};
+
+}  // namespace
+
+ReloadResult push_shards(Communicator& world, DataTransport& data, const ShardedSource& held,
+                         const ShardingRules& serving_rules, const ReloadOptions& options,
+                         ReloadWorkspace* workspace, bool lora) {
+  SourceOnlyTarget target(serving_rules, lora);
+  return reload_any(target, world, data, Inputs{SourceKind::kSharded, nullptr, &held, nullptr},
+                    options, workspace);
 }
 
 ReloadResult reload_from_stream(ReloadTarget& model, Communicator& world, DataTransport& data,

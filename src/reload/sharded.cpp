@@ -207,7 +207,7 @@ std::vector<std::vector<ViewPart>> bucket_views(const Plan& plan, const SourceMe
 }
 
 void plan_exchanges(CachedPlan& planned, const std::vector<HeldBox>& held, int world_size,
-                    int tp_size, int rank, std::uint64_t piece_bytes) {
+                    int serving, int tp_size, int rank, std::uint64_t piece_bytes) {
   const Plan& plan = planned.plan;
   const SourceMetadata& md = planned.metadata;
   // Every region held twice, whether or not a rank needs it.
@@ -220,18 +220,19 @@ void plan_exchanges(CachedPlan& planned, const std::vector<HeldBox>& held, int w
   planned.exchanges.clear();
   planned.views.clear();
   for (const Bucket& b : plan.buckets) {
-    std::vector<std::vector<ViewPart>> views = bucket_views(plan, md, b, world_size, tp_size);
+    std::vector<std::vector<ViewPart>> views = bucket_views(plan, md, b, serving, tp_size);
     std::vector<NeededBox> needed;
     std::vector<HeldBox> bucket_held;
     for (const Piece& p : b.pieces)
       for (const HeldBox* h : holders[md.tensors[plan.tensors[p.planned].index].name])
         bucket_held.push_back(*h);
-    for (int w = 0; w < world_size; ++w)
+    for (int w = 0; w < serving; ++w)
       for (const ViewPart& v : views[static_cast<std::size_t>(w)])
         needed.push_back({v.name, v.box, w});
     planned.exchanges.push_back(
         plan_transfers(std::move(bucket_held), std::move(needed), world_size, piece_bytes));
-    planned.views.push_back(std::move(views[static_cast<std::size_t>(rank)]));
+    planned.views.push_back(rank < serving ? std::move(views[static_cast<std::size_t>(rank)])
+                                           : std::vector<ViewPart>{});
   }
 }
 
@@ -303,7 +304,10 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
       out += counts[static_cast<std::size_t>(me) * ranks + r];
       in += counts[r * ranks + static_cast<std::size_t>(me)];
     }
-    const std::uint64_t view_bytes = bucket.ranges.at(static_cast<std::size_t>(me)).length;
+    // (a rank past the serving ranks has no view: it only sends)
+    const bool serves = static_cast<std::size_t>(me) < bucket.ranges.size();
+    const std::uint64_t view_bytes =
+        serves ? bucket.ranges[static_cast<std::size_t>(me)].length : 0;
     if (view.size() < words(view_bytes)) view.resize(words(view_bytes));
     if (send.size() < words(out)) send.resize(words(out));
     if (recv.size() < words(in)) recv.resize(words(in));
@@ -425,7 +429,7 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     // Nothing more is written on this rank after a failure or a corrupted
     // message; the exchanges go on (the peers wait for them) and the caller
     // agrees on the failure.
-    if (stats.corrupted || stats.apply_error) continue;
+    if (stats.corrupted || stats.apply_error || !serves) continue;
     start = Clock::now();
     try {
       const BucketApply& a = planned.applies[k];

@@ -33,11 +33,13 @@ SourceMetadata sharded_metadata(const std::vector<HeldBox>& held, const std::str
 std::vector<std::vector<ViewPart>> bucket_views(const Plan& plan, const SourceMetadata& md,
                                                 const Bucket& bucket, int world_size, int tp_size);
 
-// Fills planned.exchanges and planned.views (this rank's) for every bucket of
-// planned.plan, and planned.shared. Throws ValidationError naming tensor,
-// range and rank for a needed range no rank holds.
+// Fills planned.exchanges and planned.views (this rank's; none on a rank that
+// serves nothing) for every bucket of planned.plan, and planned.shared: the
+// `world_size` ranks hold boxes, world ranks [0, serving) receive their views
+// (planned.plan's world). Throws ValidationError naming tensor, range and
+// rank for a needed range no rank holds.
 void plan_exchanges(CachedPlan& planned, const std::vector<HeldBox>& held, int world_size,
-                    int tp_size, int rank, std::uint64_t piece_bytes);
+                    int serving, int tp_size, int rank, std::uint64_t piece_bytes);
 
 // COLLECTIVE (two allreduces). This rank's bytes of every region several
 // ranks hold, summed (CRC-32C) and compared with the other holders': the

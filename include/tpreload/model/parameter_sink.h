@@ -56,6 +56,13 @@ class ParameterSink {
   // ModelError for a storage whose size differs from its spec, naming it.
   ParameterSink(const ShardingRules& rules, std::vector<ParamStorage> storage,
                 std::shared_ptr<Device> device = nullptr);
+  // A sink of a rank that holds none of the parameters (a rank that only
+  // sends sharded sources, push_shards): it tracks nothing loaded and takes
+  // no write (ModelError, naming the parameter).
+  struct NoParameters {};
+  ParameterSink(const ShardingRules& rules, NoParameters);
+  // False for a NoParameters sink.
+  bool holds_parameters() const { return holds_parameters_; }
   ~ParameterSink();
   ParameterSink(const ParameterSink&) = delete;
   ParameterSink& operator=(const ParameterSink&) = delete;
@@ -174,6 +181,8 @@ class ParameterSink {
                        std::chrono::milliseconds timeout = std::chrono::minutes(5));
 
  private:
+  ParameterSink(const ShardingRules& rules, std::vector<ParamStorage> storage,
+                std::shared_ptr<Device> device, bool holds_parameters);
   void begin_write(const RowWrite& w, const ParamSpec& param);
   void write_host(const RowWrite& w, const ParamSpec& param, const std::byte* src);
   void write_device(const RowWrite& w, const ParamSpec& param, const std::byte* src);
@@ -191,6 +200,7 @@ class ParameterSink {
   void derive_layer(std::int64_t layer, int tp_rank);
 
   const ShardingRules& rules_;
+  bool holds_parameters_ = true;
   std::vector<ParamStorage> storage_;  // where writes go: the parameters, or the shadow
   std::vector<ParamStorage> params_;   // the parameters themselves
   Buffer shadow_;

@@ -182,6 +182,11 @@ struct ReloadOptions {
   // a difference fails the reload on every rank (ValidationError naming the
   // parameters and ranks). One read pass over each rank's parameters.
   bool compare_replicas = true;
+  // Sharded sources: the world ranks that serve the model, [0, serving_ranks)
+  // (replicas x tp). The ranks from serving_ranks on hold no parameters: they
+  // only send the boxes they hold (push_shards), as a trainer's ranks placed
+  // after the serving ranks in one MPI job do. 0: every rank serves.
+  int serving_ranks = 0;
 };
 
 struct PhaseSeconds {
@@ -297,6 +302,21 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& control, DataTran
                             ReloadWorkspace* workspace = nullptr);
 ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const ShardedSource& held,
                             const ReloadOptions& options, ReloadWorkspace* workspace = nullptr);
+
+// COLLECTIVE, on a world rank from options.serving_ranks on, while the
+// serving ranks (those before it) call reload_weights() with their
+// ShardedSource and the same options: sends the boxes `held` holds to the
+// serving ranks that need them, as the shared plan says, and receives
+// nothing. For a trainer's ranks in the serving job's world (`mpirun -np S
+// server : -np T trainer`, MPI_COMM_WORLD). `serving_rules` and `lora`: the
+// serving model's (config, tp size, quantization, expert layout; the ranks
+// agree on them, and the plan is made from them on every rank). Returns the
+// reload's result as every rank agrees on it (what this rank sent in
+// bytes_sent_by_rank; nothing loaded here); raises what the serving ranks
+// raise, alike.
+ReloadResult push_shards(Communicator& world, DataTransport& data, const ShardedSource& held,
+                         const ShardingRules& serving_rules, const ReloadOptions& options,
+                         ReloadWorkspace* workspace = nullptr, bool lora = false);
 
 // COLLECTIVE. reload_weights() from a stream of tensors (vLLM's
 // weights_iterator taken lazily, as a trainer yields gathered temporaries):

@@ -40,11 +40,21 @@ std::uint32_t crc_update(std::uint32_t crc, const std::byte* data, std::uint64_t
 
 ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorage> storage,
                              std::shared_ptr<Device> device)
-    : rules_(rules), storage_(std::move(storage)), device_(std::move(device)) {
+    : ParameterSink(rules, std::move(storage), std::move(device), true) {}
+
+ParameterSink::ParameterSink(const ShardingRules& rules, NoParameters)
+    : ParameterSink(rules, std::vector<ParamStorage>(rules.params().size()), nullptr, false) {}
+
+ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorage> storage,
+                             std::shared_ptr<Device> device, bool holds_parameters)
+    : rules_(rules),
+      holds_parameters_(holds_parameters),
+      storage_(std::move(storage)),
+      device_(std::move(device)) {
   if (storage_.size() != rules_.params().size())
     raise<ModelError>("parameter sink: ", storage_.size(), " storages for ", rules_.params().size(),
                       " parameters");
-  for (std::size_t i = 0; i < storage_.size(); ++i) {
+  for (std::size_t i = 0; holds_parameters_ && i < storage_.size(); ++i) {
     const ParamSpec& spec = rules_.params()[i];
     if (storage_[i].bytes != spec_bytes(spec) || (!storage_[i].data && storage_[i].bytes))
       raise<ModelError>("parameter '", spec.name, "' has ", storage_[i].bytes,
@@ -78,6 +88,9 @@ DeviceStream& ParameterSink::stream() {
 
 // Checks the write's rows against its parameter and marks what it touches.
 void ParameterSink::begin_write(const RowWrite& w, const ParamSpec& param) {
+  if (!holds_parameters_)
+    raise<ModelError>("write into parameter '", param.name,
+                      "' on a rank that holds no parameters (it only sends sharded sources)");
   const bool staged = w.kind == WriteKind::kStageScale;
   const std::int64_t rows = staged ? param.shards : param_rows(param.shape);
   if (w.dest_row < 0 || w.dest_row + w.rows > rows)
