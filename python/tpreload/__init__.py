@@ -232,7 +232,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
                    distribution="scatter", bucket_mb=8, pipeline_depth=0, reader_rank=0,
                    readers="one", ranks_per_node=0, rotate_broadcast_roots=False, transport="mpi", workspace=None,
                    fingerprint=False, atomic=False, require_complete=False, checksums=True,
-                   zero_copy=False, compare_replicas=True, read_timeout_s=300):
+                   zero_copy=False, compare_replicas=True, read_timeout_s=300, serving_ranks=0):
     """Reload ``params`` in place. COLLECTIVE: every rank of ``world`` calls it with the
     same arguments, except ``params`` (its own) and ``weights_iterator`` (reader rank only,
     or every rank with ``readers="node"`` or ``"all"``).
@@ -271,6 +271,10 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         from a rank that holds it; a range no rank holds, or ranks holding
         different bytes where their boxes overlap, is a ValidationError on every
         rank before any write. Checkpoint format, readers="one", CPU parameters.
+    serving_ranks: with shards, the world ranks that serve, [0, serving_ranks);
+        the ranks after them (a trainer's, in the same MPI job) hold no
+        parameters (``params`` empty) and only send their shards. 0: every rank
+        serves. tp_size defaults to serving_ranks.
     is_checkpoint_format: checkpoint format (through the weight loaders) or kernel
         format (already processed and sharded: copied by name).
     quantization: None, "int8", "fp8" (online FP8, a scale per tensor) or
@@ -360,6 +364,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         request.zero_copy = bool(zero_copy)
         request.compare_replicas = bool(compare_replicas)
         request.read_timeout_s = float(read_timeout_s)
+        request.serving_ranks = int(serving_ranks)
         items = list(params.items() if hasattr(params, "items") else params)
         descriptors = [_describe(n, t) for n, t in items]
         _synchronize_cuda([t for _, t in items])

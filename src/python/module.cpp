@@ -282,6 +282,7 @@ struct Request {
   bool atomic = false, require_complete = false;
   bool checksums = true;
   bool zero_copy = false, compare_replicas = true;
+  int serving_ranks = 0;  // shards=: the ranks after these serve nothing (params empty)
   double read_timeout_s = static_cast<double>(ReloadOptions{}.read_stall_timeout.count());
 };
 
@@ -306,6 +307,14 @@ ReloadOptions reload_options(const Request& q) {
   o.checksums = q.checksums;
   o.zero_copy = q.zero_copy;
   o.compare_replicas = q.compare_replicas;
+  o.serving_ranks = q.serving_ranks;
+  if (q.serving_ranks && !q.shards)
+    raise<UsageError>(
+        "serving_ranks is for shards= (ranks that serve nothing send what they hold)");
+  if (q.serving_ranks && q.fingerprint)
+    raise<UsageError>(
+        "fingerprint= reads every rank's parameters back, but with serving_ranks "
+        "some ranks hold none");
   if (!(q.read_timeout_s >= 1 && q.read_timeout_s <= kMaxSeconds))
     raise<UsageError>("read_timeout_s must be in [1, ", kMaxSeconds, "], got ", q.read_timeout_s);
   o.read_stall_timeout = std::chrono::seconds(std::llround(q.read_timeout_s));
@@ -383,9 +392,14 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
       options = reload_options(q);
       reader = opens_source(options, world.rank());
       if (q.tp_size < 0) raise<UsageError>("tp_size must be positive, got ", q.tp_size);
-      q.tp_size = q.tp_size > 0 ? q.tp_size : world.size();
-      if (world.size() % q.tp_size != 0)
-        raise<UsageError>("tp_size ", q.tp_size, " does not divide the world size ", world.size());
+      if (q.serving_ranks < 0 || q.serving_ranks > world.size())
+        raise<UsageError>("serving_ranks must be in [0, ", world.size(), "], got ",
+                          q.serving_ranks);
+      const int serving = q.serving_ranks ? q.serving_ranks : world.size();
+      q.tp_size = q.tp_size > 0 ? q.tp_size : serving;
+      if (serving % q.tp_size != 0)
+        raise<UsageError>("tp_size ", q.tp_size, " does not divide the ", serving,
+                          q.serving_ranks ? " serving ranks" : " ranks of the world");
       for (const auto& d : params) tensors.push_back(borrowed(d));
       if (q.shards)
         held = sharded_source(*q.shards);
@@ -419,11 +433,17 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     }
     agree_on_problem<ModelError>(comm, problem, "reading the model config");
     std::unique_ptr<BorrowedTarget> target;
+    std::unique_ptr<ShardingRules> rules;  // a rank that serves nothing: the servers' layout
+    const bool serves = q.serving_ranks == 0 || comm.rank() < q.serving_ranks;
     std::optional<std::string> model_problem;
     try {
       BorrowedOptions o{q.tp_size, comm.rank() % q.tp_size, q.quantization, q.lora,
                         q.expert_parallel};
-      target = std::make_unique<BorrowedTarget>(*config, o, std::move(tensors));
+      if (serves)
+        target = std::make_unique<BorrowedTarget>(*config, o, std::move(tensors));
+      else
+        rules =
+            std::make_unique<ShardingRules>(*config, q.tp_size, q.quantization, q.expert_parallel);
     } catch (const ValidationError& e) {
       problem = e.what();
     } catch (const std::exception& e) {
@@ -432,9 +452,10 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     agree_on_problem<ModelError>(comm, model_problem, "sharding the model");
     agree_on_problem<ValidationError>(comm, problem,
                                       "checking the parameters (nothing was reloaded)");
-    DataPlane& plane = world.plane(target->device_name(), q.transport);  // agrees on its failures
+    DataPlane& plane =  // (agrees on its failures)
+        world.plane(target ? target->device_name() : std::string("cpu"), q.transport);
     try {
-      target->attach(plane.device);
+      if (target) target->attach(plane.device);
     } catch (const std::exception& e) {
       problem = e.what();
     }
@@ -455,7 +476,10 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     // The reader's choice: every rank reloads from its stream, or none does.
     std::int64_t streamed = stream ? 1 : 0;
     comm.allreduce_ints(&streamed, 1, IntOp::kMax);
-    if (sharded)  // (a rank given no shards= while others were is refused by the engine)
+    if (sharded && !serves)
+      result = push_shards(comm, *plane.transport, *held, *rules, options,
+                           workspace ? workspace : &local, q.lora);
+    else if (sharded)  // (a rank given no shards= while others were is refused by the engine)
       result = reload_weights(*target, comm, *plane.transport, *held, options,
                               workspace ? workspace : &local);
     else if (streamed)
@@ -560,6 +584,7 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("weights_path", &Request::weights_path)
       .def_readwrite("weights_iterator", &Request::weights_iterator)
       .def_readwrite("weights_stream", &Request::weights_stream)
+      .def_readwrite("serving_ranks", &Request::serving_ranks)
       .def_readwrite("shards", &Request::shards)
       .def_readwrite("checkpoint_format", &Request::checkpoint_format)
       .def_readwrite("quantization", &Request::quantization)

@@ -654,6 +654,33 @@ def test_shards_held_by_every_rank_reload_in_place(world, shared_dir, holding):
     assert r.source.startswith("sharded sources"), r.source
 
 
+def test_ranks_that_serve_nothing_send_their_shards(world, shared_dir):
+    """serving_ranks: the first half of the world serves (no shards); the rest
+    hold row slices, pass no parameters and only send."""
+    if world.size < 2:
+        pytest.skip("a trainer rank beside a serving one needs two ranks")
+    serving = world.size // 2
+    trainers = world.size - serving
+    config = config_only(world, shared_dir)
+    v2 = checkpoint(12)
+    shards, params = [], {}
+    if world.rank < serving:
+        params = zeros_like_shards(world, serving)
+    else:
+        for name, t in v2.items():
+            part, first = row_slice(t, world.rank - serving, trainers)
+            if part.shape[0]:
+                shards.append((name, part, t.shape, [first] + [0] * (t.dim() - 1)))
+    r = tpreload.reload_weights(params, config, world=world, shards=shards, serving_ranks=serving,
+                                bucket_mb=0.01)
+    assert r.complete, r.source
+    assert "into the %d serving ranks" % serving in r.source, r.source
+    if world.rank < serving:
+        assert_holds(params, expected_shards(v2, serving, world.rank), "served")
+    else:
+        assert not r.loaded
+
+
 def test_shards_missing_a_range_are_refused_on_every_rank(world, shared_dir):
     config = config_only(world, shared_dir)
     v2 = checkpoint(2)
