@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "../src/reload/pipeline.h"
+#include "../tests/support/emulated_device.h"
 #include "../tests/support/faults.h"
 #include "../tests/support/streams.h"
 #include "../tests/support/tiny_models.h"
@@ -1537,6 +1538,47 @@ TPRELOAD_RANKS_TEST(Sharded, RanksThatServeNothingAreCheckedAlike) {
   if (trainers >= 2) {  // (with one, nothing at all is held: nothing is listed)
     msg = run(ShardingRules(config, serving), false, false);
     EXPECT_NE(msg.find("no rank holds"), std::string::npos) << msg;
+  }
+}
+
+// Parameters on a device (emulated; the messages in host memory): each rank's
+// view is assembled in pinned memory and copied to the device before its
+// writes (the host side of every copy must be pinned), in place, online FP8
+// too; a transport that moves device memory is refused on every rank, naming it.
+TPRELOAD_RANKS_TEST(Sharded, DeviceParametersTakeTheirViewThroughTheDevice) {
+  const int n = world().size();
+  const ModelConfig config = testdata::tiny_config("llama_gqa");
+  const auto v1 = testdata::random_checkpoint(config, 100),
+             v2 = testdata::random_checkpoint(config, 200);
+  for (const std::string quantization : {"", "fp8"}) {
+    const Variant setup{n, quantization, false};
+    auto device = std::make_shared<testing::EmulatedDevice>();
+    ModelOptions mo = options_for(setup);
+    mo.device = device;
+    TensorParallelModel model(config, mo);
+    model.load_weights(*testdata::memory_source(v1));
+    const auto before = layout_of(model);
+    device->require_pinned_host(true);
+    ReloadOptions o;
+    o.bucket_bytes = 1900;
+    const ShardedSource held(holding(v2, Holding::kRows, world().rank(), n));
+    const ReloadResult r = reload_weights(model, world(), held, o);
+    EXPECT_TRUE(r.complete()) << quantization;
+    EXPECT_GT(r.staging.device, 0u) << quantization;
+    expect_params(model, expected_params(config, setup, v2), "device parameters " + quantization);
+    expect_same_layout(model, before);
+    if (!quantization.empty()) continue;
+    auto moving =
+        testing::make_emulated_device_transport(make_communicator_transport(world()), *device);
+    try {
+      reload_weights(model, world(), *moving, held, o);
+      FAIL() << "sharded sources over a device transport";
+    } catch (const UsageError& e) {
+      EXPECT_NE(std::string(e.what()).find("transport moves device memory, which they do not "
+                                           "support yet"),
+                std::string::npos)
+          << e.what();
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "tpreload/comm/device.h"
 #include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/fnv.h"
@@ -282,6 +283,12 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
   // Each message between two ranks ends with its CRC-32C.
   const std::uint64_t trailer = options.checksums && n > 1 ? sizeof(std::uint32_t) : 0;
   std::vector<std::uint64_t> view, send, recv;  // (8-byte aligned, as a scatter region is)
+  // Parameters on a device (the messages in host memory): the view is
+  // assembled in pinned memory, copied to the device and written from there.
+  Device* device = sink.device();
+  std::unique_ptr<Device::Scope> current = device ? device->make_current() : nullptr;
+  std::unique_ptr<DeviceStream> to_device = device ? device->make_stream() : nullptr;
+  Buffer pinned_view, device_view;
   // Progress goes to the reader rank, as for the other sources.
   bool reports = me == options.reader_rank && options.progress != nullptr;
   const auto began = Clock::now();
@@ -308,12 +315,20 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     const bool serves = static_cast<std::size_t>(me) < bucket.ranges.size();
     const std::uint64_t view_bytes =
         serves ? bucket.ranges[static_cast<std::size_t>(me)].length : 0;
-    if (view.size() < words(view_bytes)) view.resize(words(view_bytes));
+    if (!device && view.size() < words(view_bytes)) view.resize(words(view_bytes));
+    if (device && pinned_view.size() < view_bytes) {
+      pinned_view = Buffer();  // (freed before the larger one is had)
+      device_view = Buffer();
+      pinned_view = device->pinned_memory().allocate(view_bytes);
+      device_view = device->memory().allocate(view_bytes);
+      stats.staging.pinned = std::max(stats.staging.pinned, view_bytes);
+      stats.staging.device = std::max(stats.staging.device, view_bytes);
+    }
     if (send.size() < words(out)) send.resize(words(out));
     if (recv.size() < words(in)) recv.resize(words(in));
     stats.staging.host =
         std::max<std::uint64_t>(stats.staging.host, 8 * (view.size() + send.size() + recv.size()));
-    auto* view_at = reinterpret_cast<std::byte*>(view.data());
+    auto* view_at = device ? pinned_view.data() : reinterpret_cast<std::byte*>(view.data());
     auto* send_at = reinterpret_cast<std::byte*>(send.data());
     auto* recv_at = reinterpret_cast<std::byte*>(recv.data());
     // Pack: by destination, each message its transfers in plan order. A rank
@@ -433,7 +448,15 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     start = Clock::now();
     try {
       const BucketApply& a = planned.applies[k];
-      for (const RowWrite& w : a.writes) sink.write(w, view_at);
+      const std::byte* from = view_at;
+      if (device && view_bytes) {
+        to_device->copy(device_view.data(), view_at, view_bytes, CopyKind::kHostToDevice);
+        synchronize(
+            *to_device, options.device_timeout,
+            concat("copying bucket ", k + 1, " (", view_bytes, " bytes) to ", device->describe()));
+        from = device_view.data();
+      }
+      for (const RowWrite& w : a.writes) sink.write(w, from);
       complete_bucket(model, bucket, a, options, stats, start);
     } catch (const std::exception& e) {
       stats.apply_error = e.what();
