@@ -499,17 +499,7 @@ Row run_sharded_row(const BenchOptions& o, const ModelConfig& config, const std:
   std::vector<HeldTensor> held;
   {
     auto source = open_weight_source(ckpt_dir);
-    std::vector<std::byte> scratch;
-    for (std::size_t i = 0; i < source->tensors().size(); ++i) {
-      const TensorInfo& t = source->tensors()[i];
-      for (const Box& box : split_boxes(t.shape, i, SplitBy::kRows, world.rank(), world.size())) {
-        auto bytes = std::make_shared<std::vector<std::byte>>(
-            static_cast<std::size_t>(box.elements()) * dtype_size(t.dtype));
-        read_box(*source, i, box, MutableBytes(bytes->data(), bytes->size()), scratch);
-        held.push_back(
-            {t.name, t.dtype, t.shape, box, ConstBytes(bytes->data(), bytes->size()), bytes});
-      }
-    }
+    held = read_split(*source, SplitBy::kRows, world.rank(), world.size());
   }
   const ShardedSource mine(std::move(held));
   const auto data = world.make_data_transport();

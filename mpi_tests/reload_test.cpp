@@ -1541,15 +1541,17 @@ TPRELOAD_RANKS_TEST(Sharded, RanksThatServeNothingAreCheckedAlike) {
   }
 }
 
-// Parameters on a device (emulated; the messages in host memory): each rank's
-// view is assembled in pinned memory and copied to the device before its
-// writes (the host side of every copy must be pinned), in place, online FP8
-// too; a transport that moves device memory is refused on every rank, naming it.
-TPRELOAD_RANKS_TEST(Sharded, DeviceParametersTakeTheirViewThroughTheDevice) {
+// Parameters on a device (emulated), the messages in host memory (each rank's
+// view assembled in pinned memory and copied to the device) and then moved in
+// device memory (a transport that moves it, as NCCL does: packed and unpacked
+// in pinned memory): every parameter in place with the version's slices,
+// online FP8 too. The host side of every copy must be pinned.
+TPRELOAD_RANKS_TEST(Sharded, DeviceParametersOverHostAndDeviceTransports) {
   const int n = world().size();
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto v1 = testdata::random_checkpoint(config, 100),
-             v2 = testdata::random_checkpoint(config, 200);
+             v2 = testdata::random_checkpoint(config, 200),
+             v3 = testdata::random_checkpoint(config, 300);
   for (const std::string quantization : {"", "fp8"}) {
     const Variant setup{n, quantization, false};
     auto device = std::make_shared<testing::EmulatedDevice>();
@@ -1567,18 +1569,17 @@ TPRELOAD_RANKS_TEST(Sharded, DeviceParametersTakeTheirViewThroughTheDevice) {
     EXPECT_GT(r.staging.device, 0u) << quantization;
     expect_params(model, expected_params(config, setup, v2), "device parameters " + quantization);
     expect_same_layout(model, before);
-    if (!quantization.empty()) continue;
     auto moving =
         testing::make_emulated_device_transport(make_communicator_transport(world()), *device);
-    try {
-      reload_weights(model, world(), *moving, held, o);
-      FAIL() << "sharded sources over a device transport";
-    } catch (const UsageError& e) {
-      EXPECT_NE(std::string(e.what()).find("transport moves device memory, which they do not "
-                                           "support yet"),
-                std::string::npos)
-          << e.what();
+    const ShardedSource next(holding(v3, Holding::kRows, world().rank(), n));
+    const ReloadResult d = reload_weights(model, world(), *moving, next, o);
+    EXPECT_TRUE(d.complete()) << quantization;
+    if (n > 1) {
+      EXPECT_GT(d.bytes_transferred, 0u) << quantization;
     }
+    expect_params(model, expected_params(config, setup, v3),
+                  "device parameters, device transport " + quantization);
+    expect_same_layout(model, before);
   }
 }
 

@@ -396,11 +396,6 @@ std::optional<std::string> local_problem(const ReloadOptions& o, const Communica
     if (o.readers != Readers::kOne)
       return detail::concat("sharded sources are read by the ranks that hold them: --readers ",
                             readers_name(o.readers), " is for checkpoint files");
-    if (data.memory() != MemoryKind::kHost)
-      return detail::concat(
-          "sharded sources move host memory (each rank's view is copied to its "
-          "parameters' device); the ",
-          data.backend(), " transport moves device memory, which they do not support yet");
   }
   if (o.reader_rank < 0 || o.reader_rank >= control.size())
     return detail::concat("reader rank ", o.reader_rank, " is not a rank of the ", control.size(),

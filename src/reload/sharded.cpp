@@ -282,17 +282,52 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
   const auto held = by_name(mine);
   // Each message between two ranks ends with its CRC-32C.
   const std::uint64_t trailer = options.checksums && n > 1 ? sizeof(std::uint32_t) : 0;
-  std::vector<std::uint64_t> view, send, recv;  // (8-byte aligned, as a scatter region is)
-  // Parameters on a device (the messages in host memory): the view is
-  // assembled in pinned memory, copied to the device and written from there.
+  // Where the view and the messages are staged: in host memory (8-byte
+  // aligned, as a scatter region is) where no device copies them. Parameters
+  // on a device: the view is assembled in pinned memory and copied to the
+  // device. A transport that moves device memory (the parameters' device):
+  // the messages are packed and unpacked in pinned memory and move between
+  // device buffers.
   Device* device = sink.device();
+  const bool device_transport = data.memory() == MemoryKind::kDevice;
   std::unique_ptr<Device::Scope> current = device ? device->make_current() : nullptr;
-  std::unique_ptr<DeviceStream> to_device = device ? device->make_stream() : nullptr;
-  Buffer pinned_view, device_view;
+  std::unique_ptr<DeviceStream> copies = device ? device->make_stream() : nullptr;
+  struct Staged {
+    std::vector<std::uint64_t> pageable;
+    Buffer pinned, on_device;
+  } view, send, recv;
+  auto words = [](std::uint64_t bytes) { return static_cast<std::size_t>((bytes + 7) / 8); };
+  // At least `bytes` of `s` in host memory, pinned where a device copies them.
+  auto host = [&](Staged& s, std::uint64_t bytes, bool pinned) {
+    if (!pinned) {
+      if (s.pageable.size() < words(bytes)) s.pageable.resize(words(bytes));
+      return reinterpret_cast<std::byte*>(s.pageable.data());
+    }
+    if (s.pinned.size() < bytes) {
+      s.pinned = Buffer();  // (freed before the larger one is had)
+      s.pinned = device->pinned_memory().allocate(bytes);
+    }
+    return s.pinned.data();
+  };
+  auto on_device = [&](Staged& s, std::uint64_t bytes) {
+    if (s.on_device.size() < bytes) {
+      s.on_device = Buffer();
+      s.on_device = device->memory().allocate(bytes);
+    }
+    return s.on_device.data();
+  };
+  // `bytes` from `from` to `to` on the device's stream, waited for.
+  auto copy = [&](std::byte* to, const std::byte* from, std::uint64_t bytes, CopyKind kind,
+                  const std::string& what) {
+    if (bytes == 0) return;
+    copies->copy(to, from, bytes, kind);
+    synchronize(*copies, options.device_timeout,
+                concat("copying ", what, " (", bytes, " bytes) ",
+                       kind == CopyKind::kHostToDevice ? "to " : "from ", device->describe()));
+  };
   // Progress goes to the reader rank, as for the other sources.
   bool reports = me == options.reader_rank && options.progress != nullptr;
   const auto began = Clock::now();
-  auto words = [](std::uint64_t bytes) { return static_cast<std::size_t>((bytes + 7) / 8); };
   for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
     const Bucket& bucket = plan.buckets[k];
     const TransferPlan& x = planned.exchanges[k];
@@ -315,22 +350,19 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     const bool serves = static_cast<std::size_t>(me) < bucket.ranges.size();
     const std::uint64_t view_bytes =
         serves ? bucket.ranges[static_cast<std::size_t>(me)].length : 0;
-    if (!device && view.size() < words(view_bytes)) view.resize(words(view_bytes));
-    if (device && pinned_view.size() < view_bytes) {
-      pinned_view = Buffer();  // (freed before the larger one is had)
-      device_view = Buffer();
-      pinned_view = device->pinned_memory().allocate(view_bytes);
-      device_view = device->memory().allocate(view_bytes);
-      stats.staging.pinned = std::max(stats.staging.pinned, view_bytes);
-      stats.staging.device = std::max(stats.staging.device, view_bytes);
-    }
-    if (send.size() < words(out)) send.resize(words(out));
-    if (recv.size() < words(in)) recv.resize(words(in));
-    stats.staging.host =
-        std::max<std::uint64_t>(stats.staging.host, 8 * (view.size() + send.size() + recv.size()));
-    auto* view_at = device ? pinned_view.data() : reinterpret_cast<std::byte*>(view.data());
-    auto* send_at = reinterpret_cast<std::byte*>(send.data());
-    auto* recv_at = reinterpret_cast<std::byte*>(recv.data());
+    std::byte* view_at = host(view, view_bytes, device != nullptr);
+    std::byte* send_at = host(send, out, device_transport);
+    std::byte* recv_at = host(recv, in, device_transport);
+    std::byte* device_view = device ? on_device(view, view_bytes) : nullptr;
+    std::byte* device_send = device_transport ? on_device(send, out) : nullptr;
+    std::byte* device_recv = device_transport ? on_device(recv, in) : nullptr;
+    StagingBytes& staged = stats.staging;
+    staged.host = std::max<std::uint64_t>(
+        staged.host, 8 * (view.pageable.size() + send.pageable.size() + recv.pageable.size()));
+    staged.pinned =
+        std::max(staged.pinned, view.pinned.size() + send.pinned.size() + recv.pinned.size());
+    staged.device = std::max(staged.device,
+                             view.on_device.size() + send.on_device.size() + recv.on_device.size());
     // Pack: by destination, each message its transfers in plan order. A rank
     // that cannot still sends (its peers wait for the bytes): zeros, each
     // message with a CRC-32C that cannot match, so that no receiver applies it.
@@ -369,8 +401,11 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     stats.read += since(start);
     start = Clock::now();
     // Posted, then this rank's own bytes copied while the messages move.
+    if (device_transport) copy(device_send, send_at, out, CopyKind::kHostToDevice, "messages");
     std::unique_ptr<Transfer> moving =
-        data.exchange(ConstBytes(send_at, out), MutableBytes(recv_at, in), counts);
+        device_transport
+            ? data.exchange(ConstBytes(device_send, out), MutableBytes(device_recv, in), counts)
+            : data.exchange(ConstBytes(send_at, out), MutableBytes(recv_at, in), counts);
     stats.transfer += since(start);
     stats.bytes_sent += out;
     stats.bytes_received += in;
@@ -406,6 +441,7 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     stats.read += since(start);
     start = Clock::now();
     moving->wait();
+    if (device_transport) copy(recv_at, device_recv, in, CopyKind::kDeviceToHost, "messages");
     stats.transfer += since(start);
     start = Clock::now();
     try {
@@ -448,15 +484,8 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     start = Clock::now();
     try {
       const BucketApply& a = planned.applies[k];
-      const std::byte* from = view_at;
-      if (device && view_bytes) {
-        to_device->copy(device_view.data(), view_at, view_bytes, CopyKind::kHostToDevice);
-        synchronize(
-            *to_device, options.device_timeout,
-            concat("copying bucket ", k + 1, " (", view_bytes, " bytes) to ", device->describe()));
-        from = device_view.data();
-      }
-      for (const RowWrite& w : a.writes) sink.write(w, from);
+      if (device) copy(device_view, view_at, view_bytes, CopyKind::kHostToDevice, "a view");
+      for (const RowWrite& w : a.writes) sink.write(w, device ? device_view : view_at);
       complete_bucket(model, bucket, a, options, stats, start);
     } catch (const std::exception& e) {
       stats.apply_error = e.what();

@@ -70,6 +70,22 @@ void read_box(WeightSource& source, std::size_t index, const Box& box, MutableBy
               dtype_size(t.dtype));
 }
 
+std::vector<HeldTensor> read_split(WeightSource& source, SplitBy by, int rank, int ranks) {
+  std::vector<HeldTensor> held;
+  std::vector<std::byte> scratch;
+  for (std::size_t i = 0; i < source.tensors().size(); ++i) {
+    const TensorInfo& t = source.tensors()[i];
+    for (const Box& box : split_boxes(t.shape, i, by, rank, ranks)) {
+      auto bytes = std::make_shared<std::vector<std::byte>>(
+          static_cast<std::size_t>(box.elements()) * dtype_size(t.dtype));
+      read_box(source, i, box, MutableBytes(bytes->data(), bytes->size()), scratch);
+      held.push_back(
+          {t.name, t.dtype, t.shape, box, ConstBytes(bytes->data(), bytes->size()), bytes});
+    }
+  }
+  return held;
+}
+
 std::vector<std::string> write_split_source(const std::string& dir, WeightSource& source, int ranks,
                                             SplitBy by) {
   if (ranks < 1) raise<UsageError>("split: --ranks must be at least 1, got ", ranks);

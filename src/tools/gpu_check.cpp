@@ -15,6 +15,8 @@
 //      per-tensor FP8 checkpoint (the requantization kernel), online FP8 (the
 //      amax and quantization kernels) and online block FP8 from a float32
 //      checkpoint (the rounding to bfloat16 and the tile kernel);
+//  (g) sharded sources (row halves of every tensor) over the host transport
+//      and over NCCL's grouped exchange (views through pinned memory);
 // each compared with the same reload into host memory, pointers unchanged; and
 // one bench row: the reload's GB/s against a plain pinned cudaMemcpy of the
 // same bytes, in the same run, then the FP8 kernels' rates (GB/s of the bytes
@@ -50,6 +52,8 @@
 #include "tpreload/model/synthetic_model.h"
 #include "tpreload/reload/reload.h"
 #include "tpreload/reload/report.h"
+#include "tpreload/reload/sharded_files.h"
+#include "tpreload/reload/sharded_source.h"
 
 namespace {
 
@@ -72,7 +76,8 @@ const char* kHelp =
     "Reloads generated checkpoints into CUDA parameters it allocates itself (no LibTorch, world\n"
     "size 1): bf16 over NCCL, over host staging and with a node reader; float32 into bf16; int8;\n"
     "a block-scaled FP8 checkpoint;\n"
-    "an NCCL self send/recv checked by the device CRC-32C; the fingerprint pass. Each result is\n"
+    "an NCCL self send/recv checked by the device CRC-32C; the fingerprint pass; sharded sources\n"
+    "over host and NCCL transports. Each result is\n"
     "compared by CRC with the same reload into host memory. Then one bench row: the reload's\n"
     "GB/s against a pinned cudaMemcpy of the same bytes.\n"
     "  --dir             where the checkpoints are generated (kept for the next run)\n"
@@ -309,6 +314,40 @@ bool check_reloads(Planes& p, const ModelConfig& config, const std::string& dir,
   return ok;
 }
 
+// Sharded sources into CUDA parameters: the checkpoint held as row halves
+// (two boxes a tensor, as two FSDP ranks' slices would be) by this one rank,
+// over the host transport and over NCCL's grouped send/recv (nothing leaves
+// the rank: each view is assembled in pinned memory and copied to the
+// device); every parameter's CRC-32 equal to the host reload's.
+bool check_sharded(Planes& p, const ModelConfig& config, const std::string& dir,
+                   const ReloadOptions& ro) {
+  std::cout << "\n[sharded sources] row halves of every tensor into CUDA parameters\n";
+  BorrowedOptions bo;
+  Parameters host(config, bo, nullptr);
+  reload(host.target(), *p.control, *p.host, dir, ro, 0);
+  const auto want = host.crcs();
+  auto source = open_weight_source(dir);
+  std::vector<HeldTensor> held = read_split(*source, SplitBy::kRows, 0, 2);
+  for (HeldTensor& h : read_split(*source, SplitBy::kRows, 1, 2)) held.push_back(std::move(h));
+  const ShardedSource mine(std::move(held));
+  bool ok = true;
+  for (DataTransport* data : {p.host.get(), p.nccl.get()}) {
+    Parameters gpu(config, bo, p.device);
+    const auto before = gpu.pointers();
+    const ReloadResult r = reload_weights(gpu.target(), *p.control, *data, mine, ro);
+    const auto got = gpu.crcs();
+    std::cout << "over " << data->backend() << ": staging pinned " << r.staging.pinned
+              << ", device " << r.staging.device << " bytes\n";
+    ok &= report("every expected parameter loaded", r.complete());
+    ok &= report("CRC-32 of all " + std::to_string(want.size()) +
+                     " parameters equal the host reload's (" +
+                     std::to_string(count_equal(want, got)) + " equal)",
+                 want == got);
+    ok &= report("parameter pointers unchanged", gpu.pointers() == before);
+  }
+  return ok;
+}
+
 // (d): 64 MiB and an odd tail through NCCL's send/recv path to itself; the bytes
 // received checked by the device CRC-32C kernel against the host's CRC-32C.
 bool check_self_send_recv(Planes& p) {
@@ -444,6 +483,7 @@ int run_checks(const Options& o) {
   ok &= check_reloads(p, config, bf16, "online FP8", "fp8", small);
   ok &= check_reloads(p, config, f32, "online FP8 blocks, float32 checkpoint", "fp8-block", small);
   ok &= check_self_send_recv(p);
+  ok &= check_sharded(p, config, bf16, small);
   if (!o.bench_scenario.empty()) {
     bench_row(p, o, ro);
     fp8_kernel_rates(*p.device, o.iters);

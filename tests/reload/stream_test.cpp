@@ -70,7 +70,9 @@ TEST(Stream, StackedTensorsAndProgressOverTheSegments) {
   for (std::size_t i = 0; i + 1 < calls.size(); ++i) {
     EXPECT_EQ(calls[i].buckets_done, i + 1);
     EXPECT_FALSE(calls[i].finished);
-    if (i > 0) EXPECT_GT(calls[i].bytes_done, calls[i - 1].bytes_done);
+    if (i > 0) {
+      EXPECT_GT(calls[i].bytes_done, calls[i - 1].bytes_done);
+    }
   }
   EXPECT_TRUE(calls.back().finished);
   EXPECT_EQ(calls.back().buckets_done, r.buckets);

@@ -45,6 +45,11 @@ std::vector<Box> split_boxes(const std::vector<std::int64_t>& shape, std::size_t
 void read_box(WeightSource& source, std::size_t index, const Box& box, MutableBytes dst,
               std::vector<std::byte>& scratch);
 
+// Rank `rank`'s boxes of every tensor of `source` split `by` among `ranks`,
+// read (read_box) into memory each box owns: what a trainer's rank holds,
+// made from a checkpoint (benchmarks, checks). Throws as read_box does.
+std::vector<HeldTensor> read_split(WeightSource& source, SplitBy by, int rank, int ranks);
+
 // Writes the split of every tensor of `source` (checkpoint format) into `dir`
 // (created if missing): one file per rank (one with no boxes holds no
 // tensors), then the manifest. Atomic per file (writers.h); a failure leaves
