@@ -270,7 +270,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         expert); ``[]`` on a rank that holds nothing. The ranks move each needed box point to point
         from a rank that holds it; a range no rank holds, or ranks holding
         different bytes where their boxes overlap, is a ValidationError on every
-        rank before any write. Checkpoint format, readers="one", transport="mpi".
+        rank before any write. Checkpoint format, readers="one".
     serving_ranks: with shards, the world ranks that serve, [0, serving_ranks);
         the ranks after them (a trainer's, in the same MPI job) hold no
         parameters (``params`` empty) and only send their shards. 0: every rank

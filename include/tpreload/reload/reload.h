@@ -290,10 +290,11 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, WeightSour
 // not keep. Before any write, every rank raises the same ValidationError
 // for a needed range no rank holds (naming the tensor, the range and the
 // rank) and for ranks whose overlapping boxes hold different bytes
-// (compared by CRC-32C: tensor, range, ranks). Checkpoint format, a data
-// transport in host memory (parameters on a device: each view is copied there
-// through pinned memory), readers kOne only (UsageError otherwise, before
-// anything moves);
+// (compared by CRC-32C: tensor, range, ranks). Checkpoint format, readers
+// kOne only (UsageError otherwise, before anything moves); parameters on a
+// device take each view through pinned memory, and a transport that moves
+// device memory (NCCL's grouped send/recv) moves the messages between device
+// buffers, packed and unpacked in pinned memory;
 // `distribution`, `zero_copy` and `reader_rank` do not apply. Atomic mode,
 // checksums (each message carries its CRC-32C), validation, replica
 // comparison and the result are as for any source; bytes_transferred is the
