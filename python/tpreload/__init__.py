@@ -305,9 +305,10 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         a UsageError on every rank where it cannot be had).
     require_complete: refuse (ValidationError, before any write) a source that
         lacks a parameter some rank needs; by default those are reported in the
-        result and the rest is reloaded, as vLLM does. A weights_iterator
-        (readers="one") is known only once it has ended: it needs ``atomic``,
-        and is then checked before the commit.
+        result and the rest is reloaded, as vLLM does. With it (and not
+        ``atomic``) a weights_iterator is read whole before the reload, as with
+        "node" and "all"; with ``atomic`` it is taken lazily and checked before
+        the commit.
     checksums: the reader sends a CRC-32C of each rank's share of every bucket
         and each rank verifies it before applying (a mismatch: CommError on every
         rank); False skips both.
@@ -337,7 +338,9 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
             raise UsageError("give weights_path or weights_iterator, not both")
         if weights_path is not None:
             request.weights_path = _os.fspath(weights_path)
-        if weights_iterator is not None and str(readers) == "one":
+        # (require_complete without atomic refuses before any write: it needs the whole list)
+        lazy = str(readers) == "one" and not (require_complete and not atomic)
+        if weights_iterator is not None and lazy:
             request.weights_stream = _stream(weights_iterator, is_checkpoint_format)
         elif weights_iterator is not None:
             request.weights_iterator = _iterator_descriptors(weights_iterator, is_checkpoint_format, held)

@@ -671,7 +671,8 @@ ReloadResult ReloadableModel::run(Communicator& world, const ReloadOptions& opti
     // on every rank when any rank wrote (a callback may be collective itself),
     // each told its own parameters. After an error of this rank alone, here only.
     bool any_wrote = !failed.possibly_mixed.empty();
-    if (dynamic_cast<const AgreedError*>(&e)) try {
+    // (not with ranks that serve nothing: push_shards has no callbacks to run)
+    if (dynamic_cast<const AgreedError*>(&e) && options.serving_ranks == 0) try {
         std::int64_t wrote = any_wrote ? 1 : 0;
         world.allreduce_ints(&wrote, 1, IntOp::kMax);
         any_wrote = wrote != 0;

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "sync.h"
 #include "tpreload/comm/device.h"
 #include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
@@ -290,8 +291,8 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
   // device buffers.
   Device* device = sink.device();
   const bool device_transport = data.memory() == MemoryKind::kDevice;
-  std::unique_ptr<Device::Scope> current = device ? device->make_current() : nullptr;
-  std::unique_ptr<DeviceStream> copies = device ? device->make_stream() : nullptr;
+  std::unique_ptr<Device::Scope> current;
+  std::unique_ptr<DeviceStream> copies;
   struct Staged {
     std::vector<std::uint64_t> pageable;
     Buffer pinned, on_device;
@@ -327,29 +328,71 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
   };
   // Progress goes to the reader rank, as for the other sources.
   bool reports = me == options.reader_rank && options.progress != nullptr;
+  // What bucket k moves between every two ranks (each message with its
+  // trailer), and what this rank sends, receives and keeps of it.
+  struct Moves {
+    std::vector<std::uint64_t> counts;
+    std::uint64_t out = 0, in = 0, view = 0;
+  };
+  auto moves_of = [&](std::size_t k) {
+    Moves m;
+    m.counts.assign(ranks * ranks, 0);
+    for (const TransferPlan::Transfer& t : planned.exchanges[k].transfers)
+      if (t.from != t.to)
+        m.counts[static_cast<std::size_t>(t.from) * ranks + static_cast<std::size_t>(t.to)] +=
+            t.bytes;
+    for (std::uint64_t& c : m.counts)
+      if (c) c += trailer;
+    for (std::size_t r = 0; r < ranks; ++r) {
+      m.out += m.counts[static_cast<std::size_t>(me) * ranks + r];
+      m.in += m.counts[r * ranks + static_cast<std::size_t>(me)];
+    }
+    // (a rank past the serving ranks has no view: it only sends)
+    const auto& ranges = plan.buckets[k].ranges;
+    if (static_cast<std::size_t>(me) < ranges.size())
+      m.view = ranges[static_cast<std::size_t>(me)].length;
+    return m;
+  };
+  // Every bucket's staging, had before the first exchange: a rank that cannot
+  // have it stops every rank alike, and none is left waiting in an exchange.
+  {
+    Moves most;
+    for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
+      const Moves m = moves_of(k);
+      most.out = std::max(most.out, m.out);
+      most.in = std::max(most.in, m.in);
+      most.view = std::max(most.view, m.view);
+    }
+    std::optional<std::string> problem;
+    try {
+      if (device) {
+        current = device->make_current();
+        copies = device->make_stream();
+        on_device(view, most.view);
+      }
+      if (device_transport) {
+        on_device(send, most.out);
+        on_device(recv, most.in);
+      }
+      host(view, most.view, device != nullptr);
+      host(send, most.out, device_transport);
+      host(recv, most.in, device_transport);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    agree_on_problem<CommError>(control, problem,
+                                "allocating the sharded reload's staging (nothing was reloaded)");
+  }
   const auto began = Clock::now();
   for (std::size_t k = 0; k < plan.buckets.size(); ++k) {
     const Bucket& bucket = plan.buckets[k];
     const TransferPlan& x = planned.exchanges[k];
     const std::vector<ViewPart>& parts = planned.views[k];
     auto start = Clock::now();
-    // What this rank sends and receives, by peer.
-    std::vector<std::uint64_t> counts(ranks * ranks, 0);
-    for (const TransferPlan::Transfer& t : x.transfers)
-      if (t.from != t.to)
-        counts[static_cast<std::size_t>(t.from) * ranks + static_cast<std::size_t>(t.to)] +=
-            t.bytes;
-    std::uint64_t out = 0, in = 0;
-    for (std::size_t i = 0; i < counts.size(); ++i)
-      if (counts[i]) counts[i] += trailer;
-    for (std::size_t r = 0; r < ranks; ++r) {
-      out += counts[static_cast<std::size_t>(me) * ranks + r];
-      in += counts[r * ranks + static_cast<std::size_t>(me)];
-    }
-    // (a rank past the serving ranks has no view: it only sends)
+    const Moves m = moves_of(k);
+    const std::vector<std::uint64_t>& counts = m.counts;
+    const std::uint64_t out = m.out, in = m.in, view_bytes = m.view;
     const bool serves = static_cast<std::size_t>(me) < bucket.ranges.size();
-    const std::uint64_t view_bytes =
-        serves ? bucket.ranges[static_cast<std::size_t>(me)].length : 0;
     std::byte* view_at = host(view, view_bytes, device != nullptr);
     std::byte* send_at = host(send, out, device_transport);
     std::byte* recv_at = host(recv, in, device_transport);
@@ -401,7 +444,13 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     stats.read += since(start);
     start = Clock::now();
     // Posted, then this rank's own bytes copied while the messages move.
-    if (device_transport) copy(device_send, send_at, out, CopyKind::kHostToDevice, "messages");
+    // (a copy that fails still posts the exchange: the peers wait for it)
+    if (device_transport) try {
+        copy(device_send, send_at, out, CopyKind::kHostToDevice, "messages");
+      } catch (const std::exception& e) {
+        if (!stats.apply_error)
+          stats.apply_error = concat("bucket ", k + 1, " on rank ", me, ": ", e.what());
+      }
     std::unique_ptr<Transfer> moving =
         device_transport
             ? data.exchange(ConstBytes(device_send, out), MutableBytes(device_recv, in), counts)
@@ -441,7 +490,12 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     stats.read += since(start);
     start = Clock::now();
     moving->wait();
-    if (device_transport) copy(recv_at, device_recv, in, CopyKind::kDeviceToHost, "messages");
+    if (device_transport) try {
+        copy(recv_at, device_recv, in, CopyKind::kDeviceToHost, "messages");
+      } catch (const std::exception& e) {
+        if (!stats.apply_error)
+          stats.apply_error = concat("bucket ", k + 1, " on rank ", me, ": ", e.what());
+      }
     stats.transfer += since(start);
     start = Clock::now();
     try {
@@ -492,6 +546,12 @@ PipelineStats run_exchanges(const CachedPlan& planned, ReloadTarget& model, Comm
     }
   }
   if (reports) report_progress(options, plan, plan.buckets.size(), true, since(began));
+  // Writes a failed bucket queued from the device view land before it is freed.
+  if (device) try {
+      sink.flush(options.device_timeout);
+    } catch (const std::exception& e) {
+      if (!stats.apply_error) stats.apply_error = e.what();
+    }
   return stats;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <set>
 #include <utility>
@@ -87,8 +88,10 @@ struct StreamProgress {
 }  // namespace
 
 std::uint64_t stream_segment_bytes(const ReloadOptions& options) {
-  return kBucketsPerSegment * options.bucket_bytes *
-         static_cast<std::uint64_t>(std::max(options.pipeline_depth, 1));
+  const auto depth = static_cast<std::uint64_t>(std::max(options.pipeline_depth, 1));
+  const std::uint64_t most = std::numeric_limits<std::uint64_t>::max();
+  if (options.bucket_bytes > most / (kBucketsPerSegment * depth)) return most;  // (no overflow)
+  return kBucketsPerSegment * options.bucket_bytes * depth;
 }
 
 StreamRun run_stream(Communicator& world, DataTransport& data, WeightStream* stream,
@@ -147,7 +150,12 @@ StreamRun run_stream(Communicator& world, DataTransport& data, WeightStream* str
         more = segment.empty() ? 0 : 1;
         if (more) source = make_in_memory_source(std::move(segment), stream->kernel_format());
       } catch (const std::exception& e) {
-        problem = detail::concat(stream ? stream->describe() : "the weight stream", ": ", e.what());
+        std::string what = "the weight stream";
+        try {
+          if (stream) what = stream->describe();
+        } catch (...) {  // (a caller's stream may throw anything)
+        }
+        problem = detail::concat(what, ": ", e.what());
       }
     agree_on_problem<CheckpointError>(world, problem, "taking the weight stream's next tensors");
     world.broadcast(MutableBytes(&more, sizeof more), options.reader_rank);

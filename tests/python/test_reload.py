@@ -186,6 +186,10 @@ def test_a_generator_is_taken_as_the_reload_goes(world, shared_dir):
     assert "RuntimeError: the trainer lost its shard" in str(error.value), str(error.value)
     messages = world.allgather(str(error.value))
     assert len(set(messages)) == 1, messages
+    # require_complete without atomic refuses before any write: the iterator is read whole first.
+    r = tpreload.reload_weights(params, config, world=world, require_complete=True,
+                                weights_iterator=iter(ckpt.items()) if world.rank == 0 else None)
+    assert r.complete and "segments" not in r.source, r.source
 
 
 def test_mismatched_parameters_are_refused_on_every_rank(world, shared_dir):

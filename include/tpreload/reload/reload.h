@@ -373,7 +373,9 @@ class ReloadableModel {
   // `possibly_mixed` (this rank's) set, before the error is rethrown: after an
   // error every rank raised alike (an AgreedError), on every rank when any rank
   // changed parameters (so a callback may itself be collective); after an
-  // error of this rank alone, on this rank when it changed parameters.
+  // error of this rank alone, on this rank when it changed parameters. With
+  // ranks that serve nothing (ReloadOptions::serving_ranks), on the ranks
+  // that changed parameters only (push_shards has no callbacks to run).
   void on_reloaded(std::function<void(const ReloadResult&)> callback);
 
   // COLLECTIVE. Reload from the model's current location, or from `path` (which
