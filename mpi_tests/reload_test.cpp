@@ -1331,6 +1331,16 @@ const char* holding_name(Holding how) {
   return how == Holding::kRows ? "rows" : how == Holding::kColumns ? "columns" : "whole twice";
 }
 
+// The data plane sharded reloads exchange over: under mpirun, MPI's
+// point-to-point exchange; as threads, scatters over the threads communicator.
+std::unique_ptr<DataTransport> point_to_point() {
+#ifdef TPRELOAD_RANKS_AS_THREADS
+  return make_communicator_transport(world());
+#else
+  return mpitest::mpi_world().make_data_transport();
+#endif
+}
+
 // Every rank holds part of version 2 (rows, columns, replicas) and a model
 // loaded with version 1; after the sharded reload every parameter holds its
 // expected slice (the tests' own slicing), where it was before. A second
@@ -1338,13 +1348,7 @@ const char* holding_name(Holding how) {
 // in one atomic reload, replicas without checksums.
 TPRELOAD_RANKS_TEST(Sharded, RowsColumnsAndReplicasLoadEveryShard) {
   const int n = world().size();
-  // Under mpirun, MPI's point-to-point exchange; as threads, scatters over the
-  // threads communicator.
-#ifdef TPRELOAD_RANKS_AS_THREADS
-  const std::unique_ptr<DataTransport> data = make_communicator_transport(world());
-#else
-  const std::unique_ptr<DataTransport> data = mpitest::mpi_world().make_data_transport();
-#endif
+  const std::unique_ptr<DataTransport> data = point_to_point();
   for (const std::string config_name : {"llama_gqa", "qwen3_moe"}) {
     const ModelConfig config = testdata::tiny_config(config_name);
     const auto v1 = testdata::random_checkpoint(config, 100),
@@ -1432,11 +1436,7 @@ TPRELOAD_RANKS_TEST(Sharded, RanksThatServeNothingSendWhatTheyHold) {
   if (n < 2) GTEST_SKIP() << "a trainer rank beside a serving one needs two ranks";
   const int serving = n / 2, trainers = n - serving, me = world().rank();
   const bool serves = me < serving;
-#ifdef TPRELOAD_RANKS_AS_THREADS
-  const std::unique_ptr<DataTransport> data = make_communicator_transport(world());
-#else
-  const std::unique_ptr<DataTransport> data = mpitest::mpi_world().make_data_transport();
-#endif
+  const std::unique_ptr<DataTransport> data = point_to_point();
   const ModelConfig config = testdata::tiny_config("llama_gqa");
   const auto v1 = testdata::random_checkpoint(config, 100);
   const std::vector<std::map<std::string, at::Tensor>> steps = {

@@ -29,9 +29,8 @@ struct StreamRun {
 // The bytes the reader takes from a stream before the ranks move them: one
 // segment, kBucketsPerSegment x the buckets in flight (bucket_bytes x pipeline
 // depth). Each segment costs a plan (its listing broadcast, its writes
-// resolved) and a pipeline that fills and drains: with one bucket in flight a
-// segment, TinyLlama at 2 ranks took 1.4-1.9x the reload of the same tensors
-// as one in-memory source; with four, 1.0-1.4x (docs/PERFORMANCE.md).
+// resolved) and a pipeline that fills and drains, so segments of a few
+// buckets amortize it (figures: docs/PERFORMANCE.md, "Weight streams").
 constexpr std::uint64_t kBucketsPerSegment = 4;
 std::uint64_t stream_segment_bytes(const ReloadOptions& options);
 
