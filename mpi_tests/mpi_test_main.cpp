@@ -49,6 +49,9 @@ MpiCommunicator& mpi_world() {
 int world_size() {
   return g_world->size();
 }
+bool ranks_are_threads() {
+  return false;
+}
 void on_every_rank(void (*body)()) {
   body();
 }

@@ -26,6 +26,12 @@ MpiCommunicator& mpi_world();
 // world() on the calling thread).
 int world_size();
 
+// Whether the ranks are threads of this process (threads_test_main.cpp) rather
+// than MPI processes. One object of a test source serves both binaries; tests of
+// what only MPI shows go in a suite named UnderMpi, which the threads binary
+// leaves out.
+bool ranks_are_threads();
+
 // Runs a test's body on every rank: under mpirun this process's rank runs it;
 // in the threads binary (threads_test_main.cpp) every rank does, each on its
 // own thread of the one process, world() being that rank's communicator.

@@ -648,14 +648,14 @@ class ByHostName final : public Communicator {
   }
 };
 
-#ifndef TPRELOAD_RANKS_AS_THREADS  // (MPI's own grouping of a host's ranks)
+// (MPI's own grouping of a host's ranks: UnderMpi, so not as threads)
 // A reader per node: the ranks of one host form a node (MPI's shared-memory
 // domains and the host-name default agree with the host names gathered here),
 // the reader rank first on its node; ranks_per_node makes blocks of world ranks
 // instead. The node planes are kept for the next reload with the same grouping
 // and made again for another. Across the hosts of mpi_tests/multihost.sh the
 // nodes are the hosts.
-TEST(Reload, ReadersNodeGroupsTheRanksOfAHost) {
+TEST(UnderMpi, ReadersNodeGroupsTheRanksOfAHost) {
   const std::vector<std::string> hosts = host_names();
   // (the library's gathering, for messages: one collective, the same names)
   EXPECT_EQ(tpreload::host_names(world()), hosts);
@@ -704,7 +704,6 @@ TEST(Reload, ReadersNodeGroupsTheRanksOfAHost) {
   for (int r = me / 2 * 2; r < std::min(n, me / 2 * 2 + 2); ++r) block.push_back(r);
   expect_node(block, "nodes of 2 ranks");
 }
-#endif
 
 TPRELOAD_RANKS_TEST(Reload, UnopenablePathIsTheSameErrorOnEveryRank) {
   const ModelConfig config = testdata::tiny_config("llama_gqa");
@@ -1334,11 +1333,8 @@ const char* holding_name(Holding how) {
 // The data plane sharded reloads exchange over: under mpirun, MPI's
 // point-to-point exchange; as threads, scatters over the threads communicator.
 std::unique_ptr<DataTransport> point_to_point() {
-#ifdef TPRELOAD_RANKS_AS_THREADS
-  return make_communicator_transport(world());
-#else
+  if (mpitest::ranks_are_threads()) return make_communicator_transport(world());
   return mpitest::mpi_world().make_data_transport();
-#endif
 }
 
 // Every rank holds part of version 2 (rows, columns, replicas) and a model
@@ -1901,9 +1897,9 @@ TPRELOAD_RANKS_TEST(Stream, AFailingStreamIsTheSameErrorOnEveryRank) {
   }
 }
 
-#ifndef TPRELOAD_RANKS_AS_THREADS  // (run under mpirun by ctest)
+// (run under mpirun by ctest)
 // Run on its own by ctest: rank 1 never joins; the others must time out.
-TEST(Reload, DISABLED_RankOneNeverJoins) {
+TEST(UnderMpi, DISABLED_RankOneNeverJoins) {
   TPRELOAD_REQUIRE_RANKS(2);
   if (world().rank() == 1) {
     std::this_thread::sleep_for(std::chrono::seconds(30));
@@ -1915,7 +1911,6 @@ TEST(Reload, DISABLED_RankOneNeverJoins) {
   auto source = world().rank() == 0 ? testdata::memory_source(ckpt) : nullptr;
   reload_weights(model, world(), source.get(), ReloadOptions{});
 }
-#endif
 
 }  // namespace
 }  // namespace tpreload

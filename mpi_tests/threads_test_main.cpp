@@ -1,11 +1,12 @@
 // main() for mpi_tests sources built to run their ranks as threads of one
-// process (TPRELOAD_RANKS_AS_THREADS): each TPRELOAD_RANKS_TEST runs on
+// process: each TPRELOAD_RANKS_TEST runs on
 // TPRELOAD_THREAD_RANKS threads (default 2) over the threads communicator, its
 // collectives carrying the data too; no launcher, no MPI. A rank stuck in a
 // collective that a failed peer never entered times out
 // (TPRELOAD_TEST_TIMEOUT_S, default 60 s) and the test fails.
 #include <cstdlib>
 #include <iostream>
+#include <string>
 
 #include "../tests/support/thread_ranks.h"
 #include "mpi_test_main.h"
@@ -39,6 +40,9 @@ MpiCommunicator& mpi_world() {
 int world_size() {
   return g_ranks;
 }
+bool ranks_are_threads() {
+  return true;
+}
 void on_every_rank(void (*body)()) {
   testing::run_ranks(
       g_ranks,
@@ -55,6 +59,9 @@ void on_every_rank(void (*body)()) {
 int main(int argc, char** argv) {
   using namespace tpreload;
   ::testing::InitGoogleTest(&argc, argv);
+  // (the UnderMpi suites need MPI's processes: mpi_test_main.h)
+  std::string& filter = ::testing::GTEST_FLAG(filter);
+  filter += filter.find('-') == std::string::npos ? "-UnderMpi.*" : ":UnderMpi.*";
   try {
     mpitest::g_ranks = mpitest::positive_env("TPRELOAD_THREAD_RANKS", 2);
     mpitest::g_timeout = std::chrono::seconds(mpitest::positive_env("TPRELOAD_TEST_TIMEOUT_S", 60));

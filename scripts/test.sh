@@ -19,19 +19,35 @@ elif [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null; then
   exit 1
 fi
 # The single-process unit tests (labelled by their layer) a core each; then the
-# rest (ranks under mpirun or as threads, programs, fuzzing) one at a time, as
+# rest (ranks under mpirun or as threads, programs) one at a time, as
 # their deadlines assume.
 units='^(core|comm|checkpoint|model|reload|runtime)$'
 ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}" -L "$units"
 ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 900 -LE "$units"
 phase "build and ctest"
-# The checkpoint readers again under AddressSanitizer + UBSan (broken-file corpus):
-# a second build dir holding only the checkpoint test binary and the layers it
-# links (core, checkpoint). Unoptimized, with assertions: it compiles in a
+# The checkpoint readers again under AddressSanitizer + UBSan (broken-file corpus),
+# and the parsers fuzzed: a second build dir holding only the checkpoint test
+# binary, the libFuzzer targets and the layers they link (core, checkpoint),
+# built once with clang for both. Unoptimized, with assertions: it compiles in a
 # quarter of the time an -O2 build takes, and its tests still run in seconds.
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTPRELOAD_ASAN=ON -DTPRELOAD_CUDA=OFF >/dev/null
-cmake --build build-asan -j "${JOBS:-$(nproc)}" --target checkpoint_tests
-ctest --test-dir build-asan -L checkpoint --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}"
+asan=(-DCMAKE_BUILD_TYPE=Debug -DTPRELOAD_ASAN=ON -DTPRELOAD_CUDA=OFF)
+asan_targets=(checkpoint_tests)
+if echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, long) { return 0; }' |
+    clang++ -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null; then
+  asan+=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DTPRELOAD_FUZZ=ON)
+  asan_targets+=(fuzz_targets)
+else
+  echo "test.sh: clang cannot build libFuzzer targets here: the parsers are not fuzzed" >&2
+  [ -z "${CI:-}" ] || exit 1  # (setup.sh installs clang: CI must fuzz)
+fi
+# (a folder configured for the other compiler starts afresh: CMake keeps the first one)
+fuzz_now=OFF; [[ " ${asan[*]} " == *" -DTPRELOAD_FUZZ=ON "* ]] && fuzz_now=ON
+if [ -f build-asan/CMakeCache.txt ] && ! grep -q "^TPRELOAD_FUZZ:BOOL=$fuzz_now" build-asan/CMakeCache.txt; then
+  rm -rf build-asan
+fi
+cmake -S . -B build-asan "${asan[@]}" >/dev/null
+cmake --build build-asan -j "${JOBS:-$(nproc)}" --target "${asan_targets[@]}"
+ctest --test-dir build-asan -L '^(checkpoint|fuzz)$' --output-on-failure --timeout 900 -j "${JOBS:-$(nproc)}"
 phase "the ASan build and run"
 # The GPU check's bundle, built as a GPU machine will run it (docs/GPU.md), and
 # its run rehearsed here: every library found, and without a GPU exit 1 in < 5 s.

@@ -6,10 +6,12 @@
 // what every rank posted are made on every rank from the same posts, so a
 // mismatched call fails alike everywhere instead of leaving a rank waiting.
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <iostream>
 #include <mutex>
+#include <thread>
 
 #include "tpreload/comm/communicator.h"
 #include "tpreload/core/error.h"
@@ -27,6 +29,8 @@ struct Post {
 };
 
 // The shared state of one group of threads.
+constexpr int kYieldsBeforeSleeping = 128;
+
 struct Group {
   explicit Group(int n) : size(n), posts(static_cast<std::size_t>(n)), made(n) {}
 
@@ -34,7 +38,8 @@ struct Group {
   std::mutex mutex;
   std::condition_variable changed;
   int arrived = 0;
-  std::uint64_t generation = 0;
+  // (written under the mutex; read without it by ranks that wait for the others)
+  std::atomic<std::uint64_t> generation{0};
   std::string broken;  // why the group can no longer be used ("" while it can)
   std::vector<Post> posts;
   std::vector<std::shared_ptr<Group>> made;  // split: the group each leader made
@@ -200,17 +205,28 @@ class ThreadCommunicator final : public Communicator {
   void sync(const char* what) {
     std::unique_lock<std::mutex> lock(group_->mutex);
     if (!group_->broken.empty()) broken(what, group_->broken);
-    const std::uint64_t generation = group_->generation;
+    const std::uint64_t generation = group_->generation.load(std::memory_order_relaxed);
     if (++group_->arrived == group_->size) {
       group_->arrived = 0;
-      ++group_->generation;
+      group_->generation.store(generation + 1, std::memory_order_release);
+      lock.unlock();  // (the woken ranks need the mutex: not held while they wake)
       group_->changed.notify_all();
       return;
     }
+    // The last ranks to arrive usually come within a few time slices: give them
+    // the core before sleeping (with more ranks than cores, a sleep and wake-up
+    // per rank and collective is most of a small collective's cost).
+    lock.unlock();
+    for (int i = 0; i < kYieldsBeforeSleeping; ++i) {
+      if (group_->generation.load(std::memory_order_acquire) != generation) return;
+      std::this_thread::yield();
+    }
+    lock.lock();
     const bool done = group_->changed.wait_for(lock, options_.timeout, [&] {
-      return group_->generation != generation || !group_->broken.empty();
+      return group_->generation.load(std::memory_order_relaxed) != generation ||
+             !group_->broken.empty();
     });
-    if (group_->generation != generation) return;
+    if (group_->generation.load(std::memory_order_relaxed) != generation) return;
     if (!done) {
       group_->broken = detail::concat("threads ", what, " timed out after ",
                                       options_.timeout.count(), " ms on rank ", rank_, " of ",
