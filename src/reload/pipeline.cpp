@@ -154,9 +154,6 @@ void Pipeline::apply(Slot& slot) {
 
 }  // namespace pipeline_internal
 
-using pipeline_internal::Clock;
-using pipeline_internal::since;
-
 bool report_progress(const ReloadOptions& options, const Plan& plan, std::size_t buckets_done,
                      bool finished, double seconds) {
   ReloadProgress p;

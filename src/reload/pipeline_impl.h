@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "bucket_reader.h"
+#include "clock.h"
 #include "pipeline.h"
 #include "sync.h"
 #include "tpreload/comm/device.h"
@@ -23,12 +24,6 @@
 #include "tpreload/core/log.h"
 
 namespace tpreload::detail::pipeline_internal {
-
-using Clock = std::chrono::steady_clock;
-
-inline double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // A bucket whose bytes do not match the reader's CRC-32C (only verify() raises it,
 // so that other CommErrors of the apply, a device's, stay apply errors).

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "agreement.h"
+#include "clock.h"
 #include "pipeline.h"
 #include "planning.h"
 #include "sharded.h"
@@ -30,15 +31,12 @@
 namespace tpreload {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using detail::agree_on_problem;
 using detail::CachedPlan;
+using detail::Clock;
 using detail::name_list;
 using detail::NodeService;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+using detail::since;
 
 // Throws `e` again, as the same kind of error, with `extra` appended.
 [[noreturn]] void rethrow_with(const std::exception& e, const std::string& extra) {

@@ -5,6 +5,7 @@
 #include <limits>
 #include <map>
 
+#include "clock.h"
 #include "sync.h"
 #include "tpreload/comm/device.h"
 #include "tpreload/core/crc32c.h"
@@ -14,12 +15,6 @@
 
 namespace tpreload::detail {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // ------------------------------------------------------------- held lists
 

@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "clock.h"
 #include "planning.h"
 #include "sync.h"
 #include "tpreload/core/error.h"
@@ -15,12 +16,6 @@
 
 namespace tpreload::detail {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
 
 // The reader's next segment of `stream`: tensors until `budget` bytes are
 // held (the one that crosses it included), none at its end. Throws
