@@ -1836,6 +1836,16 @@ TPRELOAD_RANKS_TEST(Stream, EveryRankMustReloadFromTheStream) {
   expect_params(model, expected_params(config, setup, v1), "after the refused reloads");
 }
 
+// The CheckpointError a reload from `stream` raises ("no error" if none).
+std::string stream_error(TensorParallelModel& model, WeightStream* stream, const ReloadOptions& o) {
+  try {
+    reload_from_stream(model, world(), stream, o);
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
 // A stream that fails once segments have been written (it throws; it yields a
 // tensor a second time) is the same CheckpointError on every rank, naming the
 // stream's error and, unless the reload is atomic, the parameters that may
@@ -1866,12 +1876,7 @@ TPRELOAD_RANKS_TEST(Stream, AFailingStreamIsTheSameErrorOnEveryRank) {
       auto stream = world().rank() == 0 ? testing::counting_stream(testdata::in_memory(v2), counts,
                                                                    std::nullopt, faults)
                                         : nullptr;
-      std::string msg = "no error";
-      try {
-        reload_from_stream(model, world(), stream.get(), o);
-      } catch (const CheckpointError& e) {
-        msg = e.what();
-      }
+      const std::string msg = stream_error(model, stream.get(), o);
       const std::string what =
           std::string(atomic ? "atomic, " : "") + (throws ? "throws" : "again");
       EXPECT_NE(msg.find("taking the weight stream's next tensors failed on rank 0/"),
@@ -1895,6 +1900,69 @@ TPRELOAD_RANKS_TEST(Stream, AFailingStreamIsTheSameErrorOnEveryRank) {
       }
     }
   }
+}
+
+// A parameter a stream gives again in a later segment, under another spelling
+// that resolves to it (RoutedExperts here), is refused before the later
+// segment writes, on every rank, naming both tensors; an atomic reload leaves
+// every parameter as it was.
+TPRELOAD_RANKS_TEST(Stream, AParameterGivenAgainInALaterSegmentIsRefused) {
+  const ModelConfig config = testdata::tiny_config("qwen3_moe");
+  const int tp = world().size(), last = tp - 1;
+  const std::string w2 = "model.layers.2.mlp.experts.w2_weight";
+  const std::string w2_routed = "model.layers.2.mlp.experts.routed_experts.w2_weight";
+  const auto v1 = testdata::random_checkpoint(config, 1420),
+             v2 = testdata::random_checkpoint(config, 1421);
+  // Every tp rank's shards of v2, the last rank's w2 first and again, under
+  // its other name, last: more than a segment (4 x 1900 bytes) between them.
+  std::vector<at::Tensor> keep;
+  std::vector<InMemoryTensor> tensors(1);
+  std::uint64_t between = 0;
+  for (int r = 0; r < tp; ++r)
+    for (const auto& [name, t] : testdata::expected_shards(config, v2, tp, r)) {
+      keep.push_back(t.contiguous());
+      InMemoryTensor m{name, DType::kBFloat16, t.sizes().vec(), tensor_bytes(keep.back()), nullptr};
+      m.tp_rank = r;
+      if (r == last && name == w2) {
+        tensors.front() = m;
+      } else {
+        tensors.push_back(m);
+        between += m.bytes.size;
+      }
+    }
+  tensors.push_back(tensors.front());
+  tensors.back().name = w2_routed;
+  ASSERT_EQ(tensors.front().name, w2);
+  ASSERT_GT(between, 4u * 1900u) << "the two spellings must come in different segments";
+  TensorParallelModel model(config, options_for({tp, "", false}));
+  ReloadOptions o;
+  o.format = WeightFormat::kKernel;
+  o.bucket_bytes = 1900;
+  o.pipeline_depth = 1;
+  o.atomic = true;
+  reload_from(model, "", &v1, ReloadOptions{});
+  const auto want1 = testdata::expected_shards(config, v1, tp, world().rank());
+  std::size_t at = 0;
+  const KernelFormatInfo info{tp, config.dtype, "", config.json, false};
+  auto stream = world().rank() == 0 ? make_weight_stream(
+                                          [&]() -> std::optional<InMemoryTensor> {
+                                            if (at == tensors.size()) return std::nullopt;
+                                            return tensors[at++];
+                                          },
+                                          info)
+                                    : nullptr;
+  const std::string msg = stream_error(model, stream.get(), o);
+  EXPECT_NE(msg.find(detail::concat("checking the weight stream's next tensors failed on rank ",
+                                    last, "/", tp, ": parameter '", w2, "' of tp rank ", last)),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find(" is given twice: as '" + w2 +
+                     "' in an earlier segment of the stream and as '" + w2_routed + "'"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("every parameter is as it was before the reload"), std::string::npos) << msg;
+  EXPECT_TRUE(mpitest::same_on_every_rank(msg)) << msg;
+  expect_params(model, want1, "after the refused stream");
 }
 
 // (run under mpirun by ctest)

@@ -38,6 +38,47 @@ std::vector<InMemoryTensor> take_segment(WeightStream& stream, std::uint64_t bud
   return segment;
 }
 
+// This rank's objection to a segment that fills a shard an earlier segment
+// filled (the same parameter given again under another spelling that resolves
+// to it: ".base_layer.", ".experts.routed_experts."), as a kernel-format
+// source naming a parameter twice is refused (within a segment, the plan's
+// preflight judges as for any source). `given` (each shard's tensor so far, ""
+// for none) gains the segment's shards. Costs the segment's tensors, not the
+// model's parameters.
+std::optional<std::string> given_again_problem(const CachedPlan& planned, const ReloadTarget& model,
+                                               std::vector<std::vector<std::string>>& given) {
+  const auto& params = model.rules().params();
+  const int tp_rank = model.tp_rank();
+  if (given.empty()) given.resize(params.size());
+  struct Fill {
+    ParamSlot slot;
+    std::size_t shard;
+    const std::string* name;
+  };
+  std::vector<Fill> fills;
+  for (const PlannedTensor& t : planned.plan.tensors) {
+    if (!t.held_by(tp_rank)) continue;
+    const ParamSlot slot = t.kernel() ? t.slot : t.placements[tp_rank].slot;
+    if (slot == kNoSlot) continue;
+    const std::size_t shards = params[slot].shards;
+    std::size_t first = 0, end = shards;  // (a kernel-format tensor fills every shard)
+    if (!t.kernel()) end = (first = t.placements[tp_rank].shard) + 1;
+    std::vector<std::string>& names = given[slot];
+    if (names.empty()) names.resize(shards);
+    const std::string& name = planned.metadata.tensors[t.index].name;
+    for (std::size_t k = first; k < end && k < shards; ++k) {
+      if (!names[k].empty())
+        return detail::concat("parameter '", params[slot].name, "' of tp rank ", tp_rank,
+                              shards > 1 ? detail::concat(" (shard ", k, ")") : "",
+                              " is given twice: as '", names[k],
+                              "' in an earlier segment of the stream and as '", name, "'");
+      fills.push_back({slot, k, &name});
+    }
+  }
+  for (const Fill& f : fills) given[f.slot][f.shard] = *f.name;
+  return std::nullopt;
+}
+
 void add(PipelineStats& total, const PipelineStats& s) {
   total.read += s.read;
   total.transfer += s.transfer;
@@ -132,7 +173,8 @@ StreamRun run_stream(Communicator& world, DataTransport& data, WeightStream* str
   ReloadOptions segment_options = options;
   if (options.progress)
     segment_options.progress = [&progress](const ReloadProgress& p) { progress.report(p, false); };
-  std::set<std::pair<int, std::string>> seen;  // (the reader's)
+  std::set<std::pair<int, std::string>> seen;   // (the reader's)
+  std::vector<std::vector<std::string>> given;  // (this rank's shards: given_again_problem)
   const std::uint64_t budget = stream_segment_bytes(options);
   for (;;) {
     std::optional<std::string> problem;
@@ -167,6 +209,12 @@ StreamRun run_stream(Communicator& world, DataTransport& data, WeightStream* str
     const CachedPlan& planned =
         plan_reload(world, from, model, segment_options, fingerprint,
                     data.memory() != MemoryKind::kDevice, workspace, service, PlanScope::kSegment);
+    try {
+      problem = given_again_problem(planned, model, given);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+    agree_on_problem<CheckpointError>(world, problem, "checking the weight stream's next tensors");
     const PipelineStats s =
         run_pipeline(planned, model, world, data, from, segment_options, workspace, nullptr);
     add(run.stats, s);
