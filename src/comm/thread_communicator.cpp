@@ -28,9 +28,10 @@ struct Post {
   const std::vector<ByteRange>* ranges = nullptr;
 };
 
-// The shared state of one group of threads.
+// How often a rank that waits for the others yields its core before it sleeps.
 constexpr int kYieldsBeforeSleeping = 128;
 
+// The shared state of one group of threads.
 struct Group {
   explicit Group(int n) : size(n), posts(static_cast<std::size_t>(n)), made(n) {}
 
