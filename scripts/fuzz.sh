@@ -11,8 +11,14 @@
 # regression case once fixed); 77 where clang cannot build libFuzzer targets.
 #   scripts/fuzz.sh 10            # the short run of the test command
 #   scripts/fuzz.sh 150           # 150 s each: 5 minutes on 2 cores
+#   scripts/fuzz.sh --can-build   # exit 0 when clang builds libFuzzer targets here, else 77
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+can_build() {
+  echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, long) { return 0; }' |
+    clang++ -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null
+}
+if [ "${1:-}" = --can-build ]; then can_build && exit 0 || exit 77; fi
 seconds=${1:-60}
 shift || true
 targets=("$@")
@@ -20,8 +26,7 @@ targets=("$@")
 build=${TPRELOAD_FUZZ_BUILD:-$root/build-fuzz}
 if [ ! -f "$build/CMakeCache.txt" ]; then
   mkdir -p "$build"
-  if ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, long) { return 0; }' |
-      clang++ -x c++ -fsanitize=fuzzer - -o "$build/probe" 2>/dev/null; then
+  if ! can_build; then
     echo "fuzz: clang++ cannot build libFuzzer targets (apt-get install clang libclang-rt-14-dev)" >&2
     exit 77
   fi

@@ -32,8 +32,7 @@ phase "build and ctest"
 # quarter of the time an -O2 build takes, and its tests still run in seconds.
 asan=(-DCMAKE_BUILD_TYPE=Debug -DTPRELOAD_ASAN=ON -DTPRELOAD_CUDA=OFF)
 asan_targets=(checkpoint_tests)
-if echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, long) { return 0; }' |
-    clang++ -x c++ -fsanitize=fuzzer - -o /dev/null 2>/dev/null; then
+if scripts/fuzz.sh --can-build; then
   asan+=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DTPRELOAD_FUZZ=ON)
   asan_targets+=(fuzz_targets)
 else

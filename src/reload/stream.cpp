@@ -69,7 +69,7 @@ std::optional<std::string> given_again_problem(const CachedPlan& planned, const 
     for (std::size_t k = first; k < end && k < shards; ++k) {
       if (!names[k].empty())
         return detail::concat("parameter '", params[slot].name, "' of tp rank ", tp_rank,
-                              shards > 1 ? detail::concat(" (shard ", k, ")") : "",
+                              !t.kernel() && shards > 1 ? detail::concat(" (shard ", k, ")") : "",
                               " is given twice: as '", names[k],
                               "' in an earlier segment of the stream and as '", name, "'");
       fills.push_back({slot, k, &name});
