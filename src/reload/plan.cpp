@@ -38,6 +38,7 @@ void plan_tensors(const SourceMetadata& md, const ShardingRules& rules, const Pl
       t.rejected = info.shape != rules.params()[slot].shape;
     } else {
       bool sliced = false, everywhere = true;
+      t.placements.reserve(static_cast<std::size_t>(o.tp_size));
       for (int r = 0; r < o.tp_size; ++r) {
         auto pl = rules.place(info.name, r, nullptr, /*names=*/r == 0);
         if (!pl) break;
@@ -210,15 +211,24 @@ std::string_view distribution_name(Distribution d) {
   return d == Distribution::kBroadcast ? "broadcast" : "scatter";
 }
 
+// (Placement::slice_shape()'s rows and row bytes, without building the shape:
+// planning asks for them per rank and piece, 10^7 times for Kimi-K2.)
 std::int64_t PlannedTensor::rows_for(int tp_rank) const {
   if (!held_by(tp_rank)) return 0;
   if (kernel()) return rows;
-  return shape_rows(placements.at(tp_rank).slice_shape());
+  const Placement& p = placements[static_cast<std::size_t>(tp_rank)];
+  if (p.source_dim == 0) return p.source_length;
+  return p.source_shape.empty() ? 1 : p.source_shape[0];
 }
 
 std::uint64_t PlannedTensor::row_bytes_for(int tp_rank, const TensorInfo& info) const {
   if (kernel()) return shape_row_bytes(info.shape, info.dtype);
-  return shape_row_bytes(placements.at(tp_rank).slice_shape(), info.dtype);
+  const Placement& p = placements.at(static_cast<std::size_t>(tp_rank));
+  std::uint64_t n = dtype_size(info.dtype);
+  for (std::size_t d = 1; d < p.source_shape.size(); ++d)
+    n *= static_cast<std::uint64_t>(static_cast<int>(d) == p.source_dim ? p.source_length
+                                                                        : p.source_shape[d]);
+  return n;
 }
 
 namespace {

@@ -249,7 +249,9 @@ class ShardingRules {
   };
   const Rule* find_rule(const std::string& checkpoint_name) const;
   void check_fp8_blocks() const;
-  void place_rule(const Rule& rule, int tp_rank, Placement& pl) const;
+  // (`shape`: the rule's source_shape, or a scale's weight_shape)
+  void place_rule(const Rule& rule, const std::vector<std::int64_t>& shape, int tp_rank,
+                  Placement& pl) const;
   void to_blocks(const Rule& rule, Placement& pl) const;
   void build_rules();
   void build_params();
@@ -263,6 +265,9 @@ class ShardingRules {
   bool expert_parallel_ = false;
   std::int64_t padded_vocab_;
   std::vector<std::pair<std::string, Rule>> rules_;  // sorted by checkpoint name
+  // (rules_'s names' hashes, sorted, with their index: find_rule compares
+  // integers, not names with long common prefixes; copies with the rules)
+  std::vector<std::pair<std::size_t, std::uint32_t>> by_hash_;
   std::vector<ParamSpec> params_;
   std::vector<DerivedStep> derived_;
 };

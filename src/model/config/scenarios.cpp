@@ -39,6 +39,21 @@ const std::pair<const char*, const char*> kScenarios[] = {
       "head_dim":128,"vocab_size":151936,"num_experts":128,"num_experts_per_tok":8,
       "moe_intermediate_size":768,"norm_topk_prob":true,"rope_theta":1000000.0,
       "tie_word_embeddings":false,"torch_dtype":"bfloat16"})"},
+    // DeepSeek-V3's widths as released (hidden 7168, 128 heads of MLA with
+    // q_lora_rank 1536 and kv_lora_rank 512, experts of 2048, block FP8) on 2
+    // layers, one dense and one of 128 experts (V3 has 256: one such layer is
+    // 11.3 GB of FP8 experts, twice what a 24 GiB machine holds as model plus
+    // page cache), with a 32000-row vocabulary: 7.2 GB.
+    {"deepseek-v3-2l-fp8", R"({"architectures":["DeepseekV3ForCausalLM"],"hidden_size":7168,
+      "intermediate_size":18432,"moe_intermediate_size":2048,"num_hidden_layers":2,
+      "first_k_dense_replace":1,"moe_layer_freq":1,"num_attention_heads":128,
+      "num_key_value_heads":128,"q_lora_rank":1536,"kv_lora_rank":512,"qk_nope_head_dim":128,
+      "qk_rope_head_dim":64,"v_head_dim":128,"n_routed_experts":128,"n_shared_experts":1,
+      "num_experts_per_tok":8,"n_group":8,"topk_group":4,"topk_method":"noaux_tc",
+      "scoring_func":"sigmoid","norm_topk_prob":true,"routed_scaling_factor":2.5,
+      "vocab_size":32000,"rope_theta":10000,"tie_word_embeddings":false,"torch_dtype":"bfloat16",
+      "quantization_config":{"quant_method":"fp8","activation_scheme":"dynamic","fmt":"e4m3",
+      "weight_block_size":[128,128]}})"},
     // 9 tensors per layer, all under 64 KB: 20,709 tensors.
     {"small-tensors",
      R"({"architectures":["LlamaForCausalLM"],"hidden_size":64,"intermediate_size":128,

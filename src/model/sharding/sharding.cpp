@@ -233,6 +233,10 @@ void ShardingRules::build_rules() {
   }
   std::sort(rules_.begin(), rules_.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
+  by_hash_.reserve(rules_.size());
+  for (std::size_t i = 0; i < rules_.size(); ++i)
+    by_hash_.emplace_back(std::hash<std::string>{}(rules_[i].first), static_cast<std::uint32_t>(i));
+  std::sort(by_hash_.begin(), by_hash_.end());
 }
 
 // vLLM's block checks (validate_fp8_block_shape, Fp8MoEMethod): each rank's
@@ -440,10 +444,11 @@ const ParamSpec* ShardingRules::find_param(const std::string& name) const {
 }
 
 const ShardingRules::Rule* ShardingRules::find_rule(const std::string& checkpoint_name) const {
-  const auto it = std::lower_bound(
-      rules_.begin(), rules_.end(), checkpoint_name,
-      [](const std::pair<std::string, Rule>& r, const std::string& n) { return r.first < n; });
-  return it != rules_.end() && it->first == checkpoint_name ? &it->second : nullptr;
+  const std::size_t hash = std::hash<std::string>{}(checkpoint_name);
+  for (auto it = std::lower_bound(by_hash_.begin(), by_hash_.end(), std::pair(hash, 0u));
+       it != by_hash_.end() && it->first == hash; ++it)
+    if (rules_[it->second].first == checkpoint_name) return &rules_[it->second].second;
+  return nullptr;
 }
 
 std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name, int tp_rank,
@@ -464,12 +469,10 @@ std::optional<Placement> ShardingRules::place(const std::string& checkpoint_name
   }
   pl.slot = rule->slot;
   if (!rule->fp8_scale) {
-    place_rule(*rule, tp_rank, pl);
+    place_rule(*rule, rule->source_shape, tp_rank, pl);
     return pl;
   }
-  Rule weight = *rule;  // placed as its weight, then in blocks
-  weight.source_shape = rule->weight_shape;
-  place_rule(weight, tp_rank, pl);
+  place_rule(*rule, rule->weight_shape, tp_rank, pl);  // placed as its weight, then in blocks
   if (*rule->fp8_scale == Fp8Scale::kGrid) {
     to_blocks(*rule, pl);
     return pl;
@@ -564,9 +567,10 @@ std::vector<ScaleStep> ShardingRules::scale_steps(int tp_rank) const {
   return steps;
 }
 
-void ShardingRules::place_rule(const Rule& r, int tp_rank, Placement& pl) const {
+void ShardingRules::place_rule(const Rule& r, const std::vector<std::int64_t>& shape, int tp_rank,
+                               Placement& pl) const {
   const Rule* rule = &r;
-  pl.source_shape = rule->source_shape;
+  pl.source_shape = shape;
   if (rule->kind == ShardKind::kVocab) {
     const std::int64_t per = padded_vocab_ / tp_size_, start = tp_rank * per;
     const std::int64_t length = std::clamp<std::int64_t>(config_.vocab_size - start, 0, per);
@@ -575,7 +579,7 @@ void ShardingRules::place_rule(const Rule& r, int tp_rank, Placement& pl) const 
     pl.source_length = length;
     if (length < per) pl.zero_rows_from = length;
   } else if (rule->kind == ShardKind::kRow) {
-    const std::int64_t per = rule->source_shape[1] / tp_size_;
+    const std::int64_t per = shape[1] / tp_size_;
     pl.source_dim = 1;
     pl.source_start = tp_rank * per;
     pl.source_length = per;
@@ -630,7 +634,7 @@ void ShardingRules::place_column(const Rule& rule, int tp_rank, Placement& pl) c
     pl.source_length = kv_local;
     pl.dest_row = q_local + (rule.role == Role::kV ? kv_local : 0);
   } else {  // q, gate, up
-    const std::int64_t per = rule.source_shape[0] / tp_size_;
+    const std::int64_t per = pl.source_shape[0] / tp_size_;
     pl.shard = rule.role == Role::kUp ? 1 : 0;
     pl.source_start = tp_rank * per;
     pl.source_length = per;
