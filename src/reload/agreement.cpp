@@ -55,11 +55,13 @@ std::vector<AgreedValue> agreement_parts(const ReloadTarget& model, const Reload
   for (const ConfigField& f : config_fields(model.rules().config()))
     if (f.weights) parts.emplace_back("the model config's " + f.name, f.value);
   const ShardingRules& rules = model.rules();
-  parts.insert(parts.end(), {{"the quantization", rules.quantization().empty()
-                                                      ? std::string_view("none")
-                                                      : std::string_view(rules.quantization())},
-                             {"LoRA", model.lora()},
-                             {"expert parallelism", rules.expert_parallel()}});
+  parts.insert(
+      parts.end(),
+      {{"the quantization", rules.quantization().empty() ? std::string_view("none")
+                                                         : std::string_view(rules.quantization())},
+       {"LoRA", model.lora()},
+       {"expert parallelism", rules.expert_parallel()},
+       {"whether the family's derived parameters are held", rules.holds_derived()}});
   std::uint64_t layout = kFnvOffsetBasis;
   for (const ParamSpec& p : rules.params()) {
     layout = fnv1a_word(layout, p.name);

@@ -238,6 +238,90 @@ TEST(Borrowed, AttachRefusesADeviceOtherThanTheParameters) {
   }
 }
 
+bool is_mla_derived(const std::string& name) {
+  return name.find("mla_attn.W_U") != std::string::npos;
+}
+
+// vLLM's DeepSeek holds W_UK_T and W_UV as views of a bfloat16 kv_b_proj:
+// given without them, the reload writes kv_b_proj and the views follow.
+TEST(Borrowed, DerivedParametersOfAnUnquantizedWeightMayBeLeftToTheModel) {
+  const ModelConfig config = testdata::tiny_config("deepseek_v3");
+  const int tp = 1, rank = 0;
+  const auto ckpt = testdata::random_checkpoint(config, 52);
+  auto params = zero_shards(config, tp, rank);
+  std::map<std::string, at::Tensor> given;
+  for (const auto& [name, t] : params)
+    if (!is_mla_derived(name)) given[name] = t;
+  ASSERT_LT(given.size(), params.size());
+  // The views, as vLLM's MLA backend makes them of kv_b_proj [heads x (nope + v), L].
+  const std::int64_t heads = config.num_attention_heads / tp, nope = config.qk_nope_head_dim,
+                     v = config.v_head_dim, lora = config.kv_lora_rank;
+  const std::string a = "model.layers.0.self_attn.";
+  const at::Tensor per_head = given.at(a + "kv_b_proj.weight").view({heads, nope + v, lora});
+  const at::Tensor uk_t = per_head.slice(1, 0, nope), uv = per_head.slice(1, nope).transpose(1, 2);
+  EXPECT_FALSE(uk_t.is_contiguous());
+  BorrowedTarget target(config, on_rank(tp, rank), borrow_all(given));
+  EXPECT_FALSE(target.rules().holds_derived());
+  EXPECT_TRUE(target.rules().derived_steps().empty());
+  for (const ParamSpec& p : target.rules().params()) EXPECT_FALSE(is_mla_derived(p.name)) << p.name;
+  target.attach(nullptr);
+  auto source = testdata::memory_source(ckpt);
+  auto control = make_local_communicator();
+  ReloadOptions o;
+  o.bucket_bytes = 3000;
+  const ReloadResult r = reload_weights(target, *control, source.get(), o);
+  EXPECT_TRUE(r.complete());
+  const auto want = testdata::expected_shards(config, ckpt, tp, rank);
+  for (const auto& [name, t] : given) EXPECT_TRUE(testdata::same_bytes(t, want.at(name))) << name;
+  EXPECT_TRUE(testdata::same_bytes(uk_t.contiguous(), want.at(a + "mla_attn.mla_attn.W_UK_T")));
+  EXPECT_TRUE(testdata::same_bytes(uv.contiguous(), want.at(a + "mla_attn.mla_attn.W_UV")));
+  for (const auto& s : target.stored_parameters()) EXPECT_FALSE(is_mla_derived(s.name)) << s.name;
+}
+
+TEST(Borrowed, DerivedParametersAreGivenAllOrNoneAndAlwaysForAQuantizedWeight) {
+  const ModelConfig config = testdata::tiny_config("deepseek_v3");
+  const std::string uk_t = "model.layers.1.self_attn.mla_attn.mla_attn.W_UK_T",
+                    uv = "model.layers.1.self_attn.mla_attn.mla_attn.W_UV";
+  auto problems = [&](const BorrowedOptions& o, const std::map<std::string, at::Tensor>& given) {
+    return joined(
+        borrowed_problems(ShardingRules(config, o.tp_size, o.quantization), o, borrow_all(given)));
+  };
+  {  // one of them left out: all or none
+    auto params = zero_shards(config, 1, 0);
+    params.erase(uv);
+    const std::string text = problems(on_rank(1, 0), params);
+    EXPECT_NE(text.find("missing parameter '" + uv + "' ("), std::string::npos) << text;
+    EXPECT_NE(text.find("it is computed from 'model.layers.1.self_attn.kv_b_proj.weight' after "
+                        "each reload: give every such derived parameter, contiguous, or none"),
+              std::string::npos)
+        << text;
+    EXPECT_EQ(text.find("'" + uk_t + "'"), std::string::npos) << text;
+    EXPECT_THROW(BorrowedTarget(config, on_rank(1, 0), borrow_all(params)), ValidationError);
+  }
+  {  // given, but as a view: not contiguous
+    auto params = zero_shards(config, 1, 0);
+    params[uk_t] = at::zeros_like(params.at(uk_t)).transpose(1, 2).contiguous().transpose(1, 2);
+    const std::string text = problems(on_rank(1, 0), params);
+    EXPECT_NE(text.find("parameter '" + uk_t + "' is not contiguous"), std::string::npos) << text;
+    EXPECT_NE(text.find("or none of them"), std::string::npos) << text;
+  }
+  {  // int8 kv_b_proj: the model's W_UK_T and W_UV are tensors of their own
+    BorrowedOptions int8 = on_rank(1, 0);
+    int8.quantization = "int8";
+    std::map<std::string, at::Tensor> params;
+    const ShardingRules rules(config, 1, "int8");
+    for (const ParamSpec& p : rules.params())
+      if (!is_mla_derived(p.name))
+        params[p.name] = at::zeros(p.shape, at::TensorOptions().dtype(dtype_to_torch(p.dtype)));
+    const std::string text = problems(int8, params);
+    EXPECT_NE(text.find("missing parameter '" + uk_t + "' ("), std::string::npos) << text;
+    EXPECT_NE(text.find("it is computed from the quantized 'model.layers.1.self_attn.kv_b_proj."
+                        "weight' after each reload, into a tensor of its own"),
+              std::string::npos)
+        << text;
+  }
+}
+
 TEST(Borrowed, ContiguityIgnoresTheStridesOfSizeOneDimensions) {
   BorrowedTensor t;
   t.shape = {1, 3, 1, 2};

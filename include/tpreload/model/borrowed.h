@@ -43,7 +43,10 @@ struct BorrowedOptions {
 // experts.routed_experts., as newer vLLM nests them) or given twice, a shape or dtype other than
 // the rules', a non-contiguous tensor, a device other than "cpu" or "cuda:N", parameters on
 // different devices. Empty when they fit. Tensors the rules do not know (LoRA adapters, buffers)
-// are ignored, whatever their dtype or device.
+// are ignored, whatever their dtype or device. A family's derived parameters
+// (DeepSeek's W_UK_T and W_UV) may all be left out where their weight is not
+// quantized: the model holds them itself, as vLLM holds views of a bfloat16
+// kv_b_proj, and BorrowedTarget's rules then have none.
 std::vector<std::string> borrowed_problems(const ShardingRules& rules,
                                            const BorrowedOptions& options,
                                            const std::vector<BorrowedTensor>& tensors);

@@ -179,12 +179,16 @@ class ShardingRules {
   // scheme of quantization_schemes(): "int8" (decoder linear weights; experts
   // stay in the model's dtype), "fp8" or "fp8-block" (decoder linear weights
   // and experts).
+  // `derived` false leaves out the family's derived parameters and their steps
+  // (DerivedStep), for a model that holds them itself: vLLM's DeepSeek holds
+  // W_UK_T and W_UV as views of a bfloat16 kv_b_proj, which a reload writes.
   ShardingRules(ModelConfig config, int tp_size, std::string quantization = "",
-                bool expert_parallel = false);
+                bool expert_parallel = false, bool derived = true);
 
   const ModelConfig& config() const { return config_; }
   int tp_size() const { return tp_size_; }
   bool expert_parallel() const { return expert_parallel_; }
+  bool holds_derived() const { return holds_derived_; }
   // Experts each rank holds and their intermediate size (0 for dense models).
   std::int64_t local_experts() const;
   std::int64_t local_moe_intermediate() const;
@@ -263,6 +267,7 @@ class ShardingRules {
   int tp_size_;
   std::string quantization_;
   bool expert_parallel_ = false;
+  bool holds_derived_ = true;
   std::int64_t padded_vocab_;
   std::vector<std::pair<std::string, Rule>> rules_;  // sorted by checkpoint name
   // (rules_'s names' hashes, sorted, with their index: find_rule compares

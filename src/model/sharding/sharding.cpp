@@ -115,11 +115,12 @@ std::vector<std::int64_t> Placement::slice_shape() const {
 }
 
 ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quantization,
-                             bool expert_parallel)
+                             bool expert_parallel, bool derived)
     : config_(std::move(config)),
       tp_size_(tp_size),
       quantization_(std::move(quantization)),
-      expert_parallel_(expert_parallel) {
+      expert_parallel_(expert_parallel),
+      holds_derived_(derived) {
   if (tp_size_ < 1) raise<ModelError>("tensor-parallel size must be at least 1, got ", tp_size_);
   if (!known_quantization(quantization_))
     raise<ModelError>("unknown quantization '", quantization_,
@@ -368,7 +369,7 @@ void ShardingRules::build_params() {
     params_.push_back(spec);
   }
   // The family's derived parameters: split by heads as their weight is.
-  if (const auto derived = families::of(c).derived)
+  if (const auto derived = families::of(c).derived; derived && holds_derived_)
     for (std::int64_t l = 0; l < c.num_hidden_layers; ++l)
       for (const families::DerivedParam& d : derived(c, l, tp_size_)) {
         const HeadRows& w = d.window;
@@ -396,7 +397,7 @@ void ShardingRules::build_params() {
 // per-tensor scale).
 void ShardingRules::build_derived() {
   const auto derived = families::of(config_).derived;
-  if (!derived) return;
+  if (!derived || !holds_derived_) return;
   for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l)
     for (const families::DerivedParam& d : derived(config_, l, tp_size_)) {
       DerivedStep step{l, find_slot(d.name), find_slot(d.from), kNoSlot, d.window};

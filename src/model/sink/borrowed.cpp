@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "tpreload/core/error.h"
+#include "tpreload/core/log.h"
 
 namespace tpreload {
 namespace {
@@ -38,6 +39,46 @@ const BorrowedTensor* lookup(const std::map<std::string, const BorrowedTensor*>&
   return it == by_name.end() ? nullptr : it->second;
 }
 
+// The family's derived parameters (DerivedStep::out) by slot: true where the
+// weight they are computed from is quantized (then the model holds them as
+// tensors of their own, which only the reload's step rewrites), false where
+// it is in the model's dtype (vLLM holds them as views of it).
+std::map<ParamSlot, bool> derived_slots(const ShardingRules& rules) {
+  std::map<ParamSlot, bool> out;
+  for (const DerivedStep& d : rules.derived_steps())
+    out[d.out] = d.window.scale_kind != HeadRows::Scale::kNone;
+  return out;
+}
+
+// Whether `tensors` leave out all of the family's derived parameters, none of
+// them computed from a quantized weight: the model holds them itself.
+bool derived_left_out(const ShardingRules& rules, const BorrowedOptions& o,
+                      const std::vector<BorrowedTensor>& tensors) {
+  const auto derived = derived_slots(rules);
+  if (derived.empty()) return false;
+  std::map<std::string, const BorrowedTensor*> by_name;
+  for (const auto& t : tensors) by_name.emplace(t.name, &t);
+  for (const auto& [slot, quantized] : derived)
+    if (quantized || lookup(by_name, rules.params()[slot].name, o.lora)) return false;
+  return true;
+}
+
+// Why a derived parameter cannot be missing (or not contiguous) here.
+std::string derived_note(const ShardingRules& rules, ParamSlot slot, bool quantized) {
+  for (const DerivedStep& d : rules.derived_steps())
+    if (d.out == slot)
+      return quantized
+                 ? detail::concat("; it is computed from the quantized '",
+                                  rules.params()[d.from].name,
+                                  "' after each reload, into a tensor of its own that the reload "
+                                  "must rewrite in place: give it, contiguous")
+                 : detail::concat("; it is computed from '", rules.params()[d.from].name,
+                                  "' after each reload: give every such derived parameter, "
+                                  "contiguous, or none of them (a model that holds them as views "
+                                  "of their weights, which the reload writes)");
+  return "";
+}
+
 }  // namespace
 
 bool is_contiguous(const BorrowedTensor& t) {
@@ -58,12 +99,19 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
   for (const auto& t : tensors)
     if (!by_name.emplace(t.name, &t).second) twice.insert(t.name);
   std::map<std::string, std::vector<std::string>> by_device;  // device -> parameters
-  for (const ParamSpec& spec : rules.params()) {
+  const auto derived = derived_slots(rules);
+  const bool left_out = derived_left_out(rules, o, tensors);
+  for (ParamSlot slot = 0; slot < rules.params().size(); ++slot) {
+    const ParamSpec& spec = rules.params()[slot];
+    const auto is_derived = derived.find(slot);
+    if (left_out && is_derived != derived.end()) continue;
+    const std::string note =
+        is_derived == derived.end() ? std::string() : derived_note(rules, slot, is_derived->second);
     const BorrowedTensor* t = lookup(by_name, spec.name, o.lora);
     if (!t) {
       problems.push_back(detail::concat("missing parameter '", spec.name, "' (",
-                                        shape_string(spec.shape), " ", dtype_name(spec.dtype),
-                                        ")"));
+                                        shape_string(spec.shape), " ", dtype_name(spec.dtype), ")",
+                                        note));
       continue;
     }
     if (twice.count(t->name)) problems.push_back("parameter '" + t->name + "' is given twice");
@@ -76,7 +124,7 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
     else if (!is_contiguous(*t))
       problems.push_back(detail::concat("parameter '", t->name, "' is not contiguous (strides ",
                                         shape_string(t->strides),
-                                        "); in-place writes need row-major storage"));
+                                        "); in-place writes need row-major storage", note));
     if (!cuda_ordinal(t->device) && t->device != "cpu")
       problems.push_back(detail::concat("parameter '", t->name, "' is on ", t->device,
                                         "; tpreload writes host (cpu) and cuda memory"));
@@ -101,7 +149,7 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
 
 BorrowedTarget::BorrowedTarget(ModelConfig config, BorrowedOptions options,
                                std::vector<BorrowedTensor> tensors)
-    : rules_(std::move(config), options.tp_size, options.quantization, options.expert_parallel),
+    : rules_(config, options.tp_size, options.quantization, options.expert_parallel),
       options_(options) {
   if (options_.tp_rank < 0 || options_.tp_rank >= options_.tp_size)
     raise<UsageError>("tp rank ", options_.tp_rank, " is outside [0, ", options_.tp_size, ")");
@@ -112,6 +160,15 @@ BorrowedTarget::BorrowedTarget(ModelConfig config, BorrowedOptions options,
     raise<ValidationError>(problems.size(), " problem", problems.size() > 1 ? "s" : "",
                            " with the parameters of tp rank ", options_.tp_rank, "/",
                            options_.tp_size, ":", text);
+  }
+  if (derived_left_out(rules_, options_, tensors)) {
+    const std::size_t count = rules_.derived_steps().size();
+    rules_ = ShardingRules(std::move(config), options_.tp_size, options_.quantization,
+                           options_.expert_parallel, /*derived=*/false);
+    log().info(
+        "tp rank {}: the model holds none of its {} derived parameters ({}'s post-reload "
+        "step): left to it (views of their weights, which the reload writes)",
+        options_.tp_rank, count, rules_.config().architecture);
   }
   std::map<std::string, const BorrowedTensor*> by_name;
   for (const auto& t : tensors) by_name.emplace(t.name, &t);
