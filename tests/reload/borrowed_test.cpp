@@ -276,6 +276,24 @@ TEST(Borrowed, DerivedParametersOfAnUnquantizedWeightMayBeLeftToTheModel) {
   EXPECT_TRUE(testdata::same_bytes(uk_t.contiguous(), want.at(a + "mla_attn.mla_attn.W_UK_T")));
   EXPECT_TRUE(testdata::same_bytes(uv.contiguous(), want.at(a + "mla_attn.mla_attn.W_UV")));
   for (const auto& s : target.stored_parameters()) EXPECT_FALSE(is_mla_derived(s.name)) << s.name;
+  // Kernel format (this rank's shards, W_UK_T and W_UV among them): those two
+  // have no parameter here and are skipped; the rest is copied.
+  for (auto& [name, t] : given) t.zero_();
+  auto tagged = testdata::in_memory(want);
+  for (InMemoryTensor& t : tagged) t.tp_rank = rank;
+  auto kernel =
+      make_in_memory_source(std::move(tagged), KernelFormatInfo{tp, config.dtype, "", config.json});
+  o.format = WeightFormat::kKernel;
+  const ReloadResult k = reload_weights(target, *control, kernel.get(), o);
+  EXPECT_TRUE(k.complete());
+  std::vector<std::string> skipped = k.skipped;
+  std::sort(skipped.begin(), skipped.end());
+  std::vector<std::string> derived_names;
+  for (const auto& [name, t] : want)
+    if (is_mla_derived(name)) derived_names.push_back(name);
+  EXPECT_EQ(skipped, derived_names);
+  for (const auto& [name, t] : given) EXPECT_TRUE(testdata::same_bytes(t, want.at(name))) << name;
+  EXPECT_TRUE(testdata::same_bytes(uk_t.contiguous(), want.at(a + "mla_attn.mla_attn.W_UK_T")));
 }
 
 TEST(Borrowed, DerivedParametersAreGivenAllOrNoneAndAlwaysForAQuantizedWeight) {
