@@ -470,7 +470,7 @@ ReloadResult reload_any(ReloadTarget& model, Communicator& world, DataTransport&
       finished_layers = std::move(run.finished_layers);
       result.source = detail::concat("weight stream (", run.tensors, " tensors in ", run.segments,
                                      run.segments == 1 ? " segment" : " segments", " of at most ",
-                                     detail::stream_segment_bytes(chosen), " bytes)");
+                                     run.segment_bytes, " bytes)");
       result.skipped = std::move(run.skipped);
       result.buckets = run.buckets;
     } else if (sharded) {

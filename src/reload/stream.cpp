@@ -179,13 +179,15 @@ StreamRun run_stream(Communicator& world, DataTransport& data, WeightStream* str
   for (;;) {
     std::optional<std::string> problem;
     std::unique_ptr<WeightSource> source, view;
-    std::int64_t more = 0;
+    // (whether the reader took tensors, and its segment size, which its
+    // pipeline depth sets: the size every rank reports)
+    std::uint64_t more[2] = {0, budget};
     if (reader) try {
         if (!stream)
           raise<UsageError>("no weight stream was given to the reader rank ", world.rank());
         std::vector<InMemoryTensor> segment = take_segment(*stream, budget, seen);
-        more = segment.empty() ? 0 : 1;
-        if (more) source = make_in_memory_source(std::move(segment), stream->kernel_format());
+        more[0] = segment.empty() ? 0 : 1;
+        if (more[0]) source = make_in_memory_source(std::move(segment), stream->kernel_format());
       } catch (const std::exception& e) {
         std::string what = "the weight stream";
         try {
@@ -195,8 +197,9 @@ StreamRun run_stream(Communicator& world, DataTransport& data, WeightStream* str
         problem = detail::concat(what, ": ", e.what());
       }
     agree_on_problem<CheckpointError>(world, problem, "taking the weight stream's next tensors");
-    world.broadcast(MutableBytes(&more, sizeof more), options.reader_rank);
-    if (!more) break;
+    world.broadcast(MutableBytes(more, sizeof more), options.reader_rank);
+    run.segment_bytes = more[1];
+    if (!more[0]) break;
     WeightSource* from = source.get();
     if (from && checkpoint) try {  // (stacked tensors, as the loaders take them)
         view = loader_view(*from, model.rules().config());

@@ -23,7 +23,8 @@ struct StreamRun {
   std::vector<std::int64_t> finished_layers;
   std::vector<std::string> skipped;  // stream names with no parameter
   std::size_t segments = 0, tensors = 0, buckets = 0;
-  std::uint64_t bytes_read = 0;  // on the reader: the bytes taken from the stream's tensors
+  std::uint64_t bytes_read = 0;     // on the reader: the bytes taken from the stream's tensors
+  std::uint64_t segment_bytes = 0;  // the reader's stream_segment_bytes(), on every rank
 };
 
 // The bytes the reader takes from a stream before the ranks move them: one
