@@ -452,6 +452,13 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     agree_on_problem<ModelError>(comm, model_problem, "sharding the model");
     agree_on_problem<ValidationError>(comm, problem,
                                       "checking the parameters (nothing was reloaded)");
+    // Ranks that serve nothing take the serving model's layout, derived
+    // parameters included or not as the serving ranks' tensors have them.
+    std::int64_t derived = !target || target->rules().holds_derived() ? 1 : 0;
+    comm.allreduce_ints(&derived, 1, IntOp::kMin);
+    if (rules && !derived)
+      rules = std::make_unique<ShardingRules>(*config, q.tp_size, q.quantization, q.expert_parallel,
+                                              /*derived=*/false);
     DataPlane& plane =  // (agrees on its failures)
         world.plane(target ? target->device_name() : std::string("cpu"), q.transport);
     try {

@@ -1,5 +1,6 @@
 """tpreload's Python module under mpirun: borrowed tensors reloaded in place,
 byte for byte against an independent slicing written in conftest.py."""
+import json
 import os
 import platform
 import zlib
@@ -683,6 +684,79 @@ def test_ranks_that_serve_nothing_send_their_shards(world, shared_dir):
         assert_holds(params, expected_shards(v2, serving, world.rank), "served")
     else:
         assert not r.loaded
+
+
+DEEPSEEK = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 1, "first_k_dense_replace": 1, "num_attention_heads": 4,
+            "num_key_value_heads": 4, "moe_intermediate_size": 32, "n_routed_experts": 4,
+            "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+            "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4, "v_head_dim": 8, "vocab_size": 100, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def test_serving_ranks_without_derived_parameters_follow_the_servers(world, shared_dir):
+    """A bfloat16 DeepSeek served as vLLM holds it: W_UK_T and W_UV are views of
+    kv_b_proj, not parameters. The trainer ranks, which hold no parameters, take
+    the serving ranks' layout (without them), and the views follow kv_b_proj."""
+    if world.size < 2:
+        pytest.skip("a trainer rank beside a serving one needs two ranks")
+    c = DEEPSEEK
+    serving = world.size // 2
+    tp, r = serving, world.rank % serving
+    h, inter, heads, q_lora, kv_lora = (c[k] for k in ("hidden_size", "intermediate_size",
+                                                       "num_attention_heads", "q_lora_rank", "kv_lora_rank"))
+    nope, rope, vd = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    padded = (c["vocab_size"] + 63) // 64 * 64
+    a = "model.layers.0.self_attn."
+    shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "lm_head.weight": (c["vocab_size"], h),
+              "model.norm.weight": (h,), "model.layers.0.input_layernorm.weight": (h,),
+              "model.layers.0.post_attention_layernorm.weight": (h,), a + "q_a_proj.weight": (q_lora, h),
+              a + "q_a_layernorm.weight": (q_lora,), a + "q_b_proj.weight": (heads * (nope + rope), q_lora),
+              a + "kv_a_proj_with_mqa.weight": (kv_lora + rope, h), a + "kv_a_layernorm.weight": (kv_lora,),
+              a + "kv_b_proj.weight": (heads * (nope + vd), kv_lora), a + "o_proj.weight": (h, heads * vd),
+              "model.layers.0.mlp.gate_proj.weight": (inter, h), "model.layers.0.mlp.up_proj.weight": (inter, h),
+              "model.layers.0.mlp.down_proj.weight": (h, inter)}
+    gen = torch.Generator().manual_seed(31)
+    ckpt = {n: (torch.randn(s, generator=gen) * 0.1).to(torch.bfloat16) for n, s in sorted(shapes.items())}
+    if world.rank == 0:
+        with open(os.path.join(shared_dir, "config.json"), "w") as f:
+            json.dump(c, f)
+    world.barrier()
+    local = heads // tp
+    kv_b_rows = local * (nope + vd)
+    shards, params = [], {}
+    if world.rank < serving:  # this rank's shard shapes, as vLLM's DeepSeek holds them
+        params = {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in {
+            "model.embed_tokens.weight": (padded // tp, h), "lm_head.weight": (padded // tp, h),
+            "model.norm.weight": (h,), "model.layers.0.input_layernorm.weight": (h,),
+            "model.layers.0.post_attention_layernorm.weight": (h,),
+            a + "fused_qkv_a_proj.weight": (q_lora + kv_lora + rope, h), a + "q_a_layernorm.weight": (q_lora,),
+            a + "q_b_proj.weight": (local * (nope + rope), q_lora), a + "kv_a_layernorm.weight": (kv_lora,),
+            a + "kv_b_proj.weight": (kv_b_rows, kv_lora), a + "o_proj.weight": (h, local * vd),
+            "model.layers.0.mlp.gate_up_proj.weight": (2 * inter // tp, h),
+            "model.layers.0.mlp.down_proj.weight": (h, inter // tp)}.items()}
+    else:
+        for name, t in ckpt.items():
+            part, first = row_slice(t, world.rank - serving, world.size - serving)
+            if part.shape[0]:
+                shards.append((name, part, t.shape, [first] + [0] * (t.dim() - 1)))
+    per_head = params[a + "kv_b_proj.weight"].view(local, nope + vd, kv_lora) if params else None
+    r_ = tpreload.reload_weights(params, os.path.join(shared_dir, "config.json"), world=world, shards=shards,
+                                 serving_ranks=serving, bucket_mb=0.01)
+    assert r_.complete, r_.source
+    if world.rank >= serving:
+        return
+    def bits(t):
+        return t.contiguous().view(torch.int16)
+
+    want = ckpt[a + "kv_b_proj.weight"][r * kv_b_rows:(r + 1) * kv_b_rows].view(local, nope + vd, kv_lora)
+    assert torch.equal(bits(per_head[:, :nope]), bits(want[:, :nope])), "W_UK_T's view"
+    assert torch.equal(bits(per_head[:, nope:].transpose(1, 2)), bits(want[:, nope:].transpose(1, 2))), "W_UV's"
+    o = ckpt[a + "o_proj.weight"][:, r * local * vd:(r + 1) * local * vd]
+    assert torch.equal(bits(params[a + "o_proj.weight"]), bits(o)), "o_proj"
+    fused = torch.cat([ckpt[a + "q_a_proj.weight"], ckpt[a + "kv_a_proj_with_mqa.weight"]])
+    assert torch.equal(bits(params[a + "fused_qkv_a_proj.weight"]), bits(fused)), "fused_qkv_a_proj"
 
 
 def test_shards_missing_a_range_are_refused_on_every_rank(world, shared_dir):
