@@ -4,10 +4,10 @@
 // rank, reader copies per byte delivered, the share of the reload spent on the
 // transferred bytes' CRC-32Cs (crc%), with --checksum-cost what they cost (the
 // time of the same reloads without them, alternating), a wrong-bytes count (every iteration
-// is verified), and the bound measured in the same run: the same bytes read from
-// the same source and moved with the same collectives and bucket sizes into
-// destination buffers, with no model logic. Each timed reload opens the
-// checkpoint, as reloading a new checkpoint does (--keep-open reuses one).
+// is verified: the bytes of parameters whose CRC-32C differs from a local load's), and the bound
+// measured in the same run: the same bytes read from the same source and moved with the same
+// collectives and bucket sizes into destination buffers, with no model logic. Each timed reload
+// opens the checkpoint, as reloading a new checkpoint does (--keep-open reuses one).
 //
 //   launch/mpirun.sh 4 build/bench/reload_bench --scenario tinyllama --dir /tmp/tpreload-bench
 #include <CLI/CLI.hpp>
@@ -32,6 +32,7 @@
 #include "../tests/support/streams.h"  // (a stream that counts what the reader holds of it)
 #include "tpreload/checkpoint/synthetic.h"
 #include "tpreload/checkpoint/weight_source.h"
+#include "tpreload/core/crc32c.h"
 #include "tpreload/core/error.h"
 #include "tpreload/core/log.h"
 #include "tpreload/core/quantization.h"
@@ -242,16 +243,14 @@ double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* s
   return max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
-// Bytes of `model` that differ from `reference`.
+// The bytes of the parameters of `model` whose CRC-32C differs from `reference`'s.
 std::int64_t wrong_bytes(const TensorParallelModel& model,
-                         const std::map<std::string, at::Tensor>& reference) {
+                         const std::map<std::string, std::uint32_t>& reference) {
   std::int64_t wrong = 0;
   for (const auto& [name, want] : reference) {
     const at::Tensor got = model.named_parameters().at(name).contiguous();
-    const auto* a = static_cast<const std::uint8_t*>(got.data_ptr());
-    const auto* b = static_cast<const std::uint8_t*>(want.data_ptr());
-    const std::size_t n = want.numel() * want.element_size();
-    for (std::size_t i = 0; i < n; ++i) wrong += a[i] != b[i];
+    const std::uint64_t n = static_cast<std::uint64_t>(got.numel() * got.element_size());
+    if (crc32c(got.data_ptr(), n) != want) wrong += static_cast<std::int64_t>(n);
   }
   return wrong;
 }
@@ -301,18 +300,23 @@ struct Row {
   }
 };
 
-// This rank's model of the row, and its reference: its parameters loaded locally
-// from the same files, no transport.
+// This rank's model of the row, and its reference: the CRC-32C of each of its
+// parameters loaded locally from the same files, no transport (a copy of them
+// would double the memory a real-width scenario needs).
 struct RankModel {
   TensorParallelModel model;
-  std::map<std::string, at::Tensor> reference;
+  std::map<std::string, std::uint32_t> reference;
 
   RankModel(const BenchOptions& o, const ModelConfig& config, const std::string& quant,
             const std::string& path, Communicator& world)
       : model(config, options(o, quant, world)) {
     auto local = open_weight_source(path);
     model.load_weights(*local);
-    for (const auto& [name, t] : model.named_parameters()) reference[name] = t.clone();
+    for (const auto& [name, t] : model.named_parameters()) {
+      const at::Tensor c = t.contiguous();
+      reference[name] =
+          crc32c(c.data_ptr(), static_cast<std::uint64_t>(c.numel() * c.element_size()));
+    }
   }
   static ModelOptions options(const BenchOptions& o, const std::string& quant,
                               Communicator& world) {
