@@ -197,32 +197,48 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
       stream().convert(in, w.src_dtype, stride, dst, model, w.rows, cols);
     return;
   }
-  // On the host, a row at a time; per tensor, the amax of each row taken while
-  // it is in the cache, into its expert's (the weight's one without experts).
+  // On the host, a row at a time (into the staged rows); per tensor, the amax
+  // of each row taken while it is in the cache, into its expert's (the
+  // weight's one without experts).
+  auto stage = [&](std::int64_t first, std::int64_t end, float* amax, std::int64_t per) {
+    for (std::int64_t r = first; r < end; ++r) {
+      std::byte* row = dst + r * width;
+      if (w.src_dtype == model)
+        std::memcpy(row, in + r * w.src_pitch, width);
+      else
+        convert_rows(in + r * w.src_pitch, w.src_dtype, stride, row, model, 1, cols);
+      if (!amax) continue;
+      float& m = amax[(w.dest_row + r) / per];
+      const float a = fp8_amax_host(row, model, static_cast<std::uint64_t>(cols));
+      m = a > m ? a : m;  // (NaNs ignored, as in the amax)
+    }
+  };
   const std::int64_t block = online_fp8_block(rules_.quantization());
-  float* amax = block ? nullptr : staged_amax_[w.slot].data();
-  const std::int64_t per =
-      amax ? param_rows(param.shape) / static_cast<std::int64_t>(staged_amax_[w.slot].size()) : 1;
-  for (std::int64_t r = 0; r < w.rows; ++r) {
-    std::byte* row = dst + r * width;
-    if (w.src_dtype == model)
-      std::memcpy(row, in + r * w.src_pitch, width);
-    else
-      convert_rows(in + r * w.src_pitch, w.src_dtype, stride, row, model, 1, cols);
-    if (!amax) continue;
-    float& m = amax[(w.dest_row + r) / per];
-    const float a = fp8_amax_host(row, model, static_cast<std::uint64_t>(cols));
-    m = a > m ? a : m;  // (NaNs ignored, as in the amax)
+  if (!block) {
+    float* amax = staged_amax_[w.slot].data();
+    stage(0, w.rows, amax,
+          param_rows(param.shape) / static_cast<std::int64_t>(staged_amax_[w.slot].size()));
+    return;
   }
-  if (!block) return;
-  // With blocks, a band of rows this write completed is quantized now, while
-  // its rows are in the cache; the rest when the layer is processed.
+  // With blocks, a band of rows this write brings whole, in the model's dtype
+  // and row after row, is quantized straight from the write's rows (no staging
+  // copy); one it completes, from the staged rows while they are in the cache;
+  // the rest when the layer is processed.
+  const bool direct = w.src_dtype == model && w.src_pitch == width;
   const Bands bands = bands_of(param, block);
   auto& counts = band_rows_[w.slot];
   for (std::int64_t r = w.dest_row; r < w.dest_row + w.rows;) {
     const std::int64_t band = bands.of_row(r), end = std::min(bands.end(band), w.dest_row + w.rows);
+    const bool whole = r == bands.first(band) && end == bands.end(band);
+    if (direct && whole && counts[band] == 0) {
+      quantize_band(w.slot, bands, band, in + (r - w.dest_row) * w.src_pitch);
+    } else {
+      stage(r - w.dest_row, end - w.dest_row, nullptr, 1);
+      if (counts[band] + (end - r) == bands.end(band) - bands.first(band))
+        quantize_band(w.slot, bands, band,
+                      rows.data() + static_cast<std::uint64_t>(bands.first(band)) * width);
+    }
     counts[band] += end - r;
-    if (counts[band] == bands.end(band) - bands.first(band)) quantize_band(w.slot, bands, band);
     r = end;
   }
 }
@@ -230,14 +246,22 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
 // The bands of a block step's expert that did not complete as they landed.
 void ParameterSink::quantize_bands_left(const ScaleStep& step) {
   const Bands bands = bands_of(rules_.params()[step.weight], step.block);
+  const std::uint64_t width =
+      param_row_bytes(rules_.params()[step.weight].shape, DType::kUInt8) *
+      dtype_size(
+          rules_.config().dtype);  // (a staged row: the codes' columns, in the model's dtype)
   for (std::int64_t band = step.out_row; band < step.out_row + bands.per_band_row; ++band)
     if (band_rows_[step.weight][band] != bands.end(band) - bands.first(band))
-      quantize_band(step.weight, bands, band);
+      quantize_band(
+          step.weight, bands, band,
+          staged_rows_[step.weight].data() + static_cast<std::uint64_t>(bands.first(band)) * width);
 }
 
-// Online block FP8 on the host: one band of a weight's staged rows into its
-// codes and its row of the grid (ScaleStep::block's arithmetic on those rows).
-void ParameterSink::quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band) {
+// Online block FP8 on the host: one band of a weight's rows, in the model's
+// dtype at `x` (staged, or as a write brought them), into its codes and its
+// row of the grid (ScaleStep::block's arithmetic on those rows).
+void ParameterSink::quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band,
+                                  const std::byte* x) {
   const ParamSpec& param = rules_.params()[slot];
   const ParamSpec& scale = rules_.params()[param.scale_slot];
   const DType model = rules_.config().dtype;
@@ -245,8 +269,7 @@ void ParameterSink::quantize_band(ParamSlot slot, const Bands& bands, std::int64
   const std::int64_t first = bands.first(band);
   const std::uint64_t grid_cols = param_row_bytes(scale.shape, DType::kFloat32) / 4;
   quantize_fp8_blocks_host(
-      staged_rows_[slot].data() + static_cast<std::uint64_t>(first * cols) * dtype_size(model),
-      model, bands.end(band) - first, cols, bands.block,
+      x, model, bands.end(band) - first, cols, bands.block,
       reinterpret_cast<std::uint8_t*>(storage_[slot].data) + first * cols,
       reinterpret_cast<float*>(storage_[param.scale_slot].data) + band * grid_cols);
   touched_[slot] = true;
