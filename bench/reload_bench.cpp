@@ -107,10 +107,17 @@ void drop_from_page_cache(const std::string& path) {
     if (e.is_regular_file()) drop(e.path());
 }
 
-// Rank 0 generates the checkpoint (and kernel shards) once; reruns reuse them.
+// Rank 0 generates the checkpoint (and kernel shards) once; reruns reuse them
+// while their config.json is the scenario's (one a scenario of that name had
+// before is generated again).
 std::string prepare_checkpoint(const BenchOptions& o, const ModelConfig& config,
                                Communicator& world) {
   const std::string dir = o.dir + "/" + o.scenario;
+  if (world.rank() == 0 && fs::exists(dir + "/config.json") &&
+      !config_differences(load_model_config(dir + "/config.json"), config).empty()) {
+    log().info("{}: its config.json is not the scenario's; generating it again", dir);
+    fs::remove_all(dir);
+  }
   if (world.rank() == 0 && !fs::exists(dir + "/config.json")) {
     GenerateOptions g;
     g.values.seed = 1;

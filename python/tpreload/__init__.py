@@ -229,6 +229,7 @@ def _shard_descriptors(shards, held):
 
 def reload_weights(params, config, *, world=None, tp_size=None, weights_path=None, weights_iterator=None,
                    shards=None, is_checkpoint_format=True, quantization=None, lora=False, expert_parallel=False,
+                   derived_views=False,
                    distribution="scatter", bucket_mb=8, pipeline_depth=0, reader_rank=0,
                    readers="one", ranks_per_node=0, rotate_broadcast_roots=False, transport="mpi", workspace=None,
                    fingerprint=False, atomic=False, require_complete=False, checksums=True,
@@ -280,6 +281,10 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
     quantization: None, "int8", "fp8" (online FP8, a scale per tensor) or
         "fp8-block" (online FP8, a scale per 128 x 128 block); lora, expert_parallel: the
         model's layout.
+    derived_views: the model holds the family's derived parameters (DeepSeek's
+        W_UK_T and W_UV) as views of their unquantized weights, as vLLM holds them
+        of a bfloat16 kv_b_proj: they are not in ``params`` and the reload, which
+        writes kv_b_proj, leaves them be. Otherwise they are parameters to pass.
     distribution: "scatter" (each rank gets its slice) or "broadcast".
     bucket_mb: bucket size in MiB; pipeline_depth: buckets in flight per rank
         (1: one at a time; 2: the next bucket is read while the last is moved and
@@ -352,6 +357,7 @@ def reload_weights(params, config, *, world=None, tp_size=None, weights_path=Non
         request.quantization = quantization or ""
         request.lora = bool(lora)
         request.expert_parallel = bool(expert_parallel)
+        request.derived_views = bool(derived_views)
         request.distribution = str(distribution)
         request.bucket_mb = float(bucket_mb)
         request.pipeline_depth = int(pipeline_depth)

@@ -271,6 +271,7 @@ struct Request {
   bool checkpoint_format = true;
   std::string quantization;
   bool lora = false, expert_parallel = false;
+  bool derived_views = false;  // the model holds its derived parameters as views (BorrowedOptions)
   std::string distribution = "scatter";
   double bucket_mb = ReloadOptions{}.bucket_bytes / 1048576.0;
   int pipeline_depth = ReloadOptions{}.pipeline_depth, reader_rank = 0;
@@ -437,13 +438,13 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     const bool serves = q.serving_ranks == 0 || comm.rank() < q.serving_ranks;
     std::optional<std::string> model_problem;
     try {
-      BorrowedOptions o{q.tp_size, comm.rank() % q.tp_size, q.quantization, q.lora,
-                        q.expert_parallel};
+      BorrowedOptions o{q.tp_size, comm.rank() % q.tp_size, q.quantization,
+                        q.lora,    q.expert_parallel,       q.derived_views};
       if (serves)
         target = std::make_unique<BorrowedTarget>(*config, o, std::move(tensors));
       else
-        rules =
-            std::make_unique<ShardingRules>(*config, q.tp_size, q.quantization, q.expert_parallel);
+        rules = std::make_unique<ShardingRules>(*config, q.tp_size, q.quantization,
+                                                q.expert_parallel, !q.derived_views);
     } catch (const ValidationError& e) {
       problem = e.what();
     } catch (const std::exception& e) {
@@ -452,13 +453,6 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     agree_on_problem<ModelError>(comm, model_problem, "sharding the model");
     agree_on_problem<ValidationError>(comm, problem,
                                       "checking the parameters (nothing was reloaded)");
-    // Ranks that serve nothing take the serving model's layout, derived
-    // parameters included or not as the serving ranks' tensors have them.
-    std::int64_t derived = !target || target->rules().holds_derived() ? 1 : 0;
-    comm.allreduce_ints(&derived, 1, IntOp::kMin);
-    if (rules && !derived)
-      rules = std::make_unique<ShardingRules>(*config, q.tp_size, q.quantization, q.expert_parallel,
-                                              /*derived=*/false);
     DataPlane& plane =  // (agrees on its failures)
         world.plane(target ? target->device_name() : std::string("cpu"), q.transport);
     try {
@@ -597,6 +591,7 @@ PYBIND11_MODULE(_tpreload, m) {
       .def_readwrite("quantization", &Request::quantization)
       .def_readwrite("lora", &Request::lora)
       .def_readwrite("expert_parallel", &Request::expert_parallel)
+      .def_readwrite("derived_views", &Request::derived_views)
       .def_readwrite("distribution", &Request::distribution)
       .def_readwrite("bucket_mb", &Request::bucket_mb)
       .def_readwrite("pipeline_depth", &Request::pipeline_depth)

@@ -695,14 +695,14 @@ DEEPSEEK = {"architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 64, "inte
             "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
 
 
-def test_serving_ranks_without_derived_parameters_follow_the_servers(world, shared_dir):
+def test_derived_views_with_serving_ranks(world, shared_dir):
     """A bfloat16 DeepSeek served as vLLM holds it: W_UK_T and W_UV are views of
-    kv_b_proj, not parameters. The trainer ranks, which hold no parameters, take
-    the serving ranks' layout (without them), and the views follow kv_b_proj."""
-    if world.size < 2:
-        pytest.skip("a trainer rank beside a serving one needs two ranks")
+    kv_b_proj, not parameters (derived_views=True). The trainer ranks, which hold
+    no parameters, take the same layout; kv_b_proj is written, its views with it."""
     c = DEEPSEEK
     serving = world.size // 2
+    if world.size < 2 or c["num_attention_heads"] % serving:
+        pytest.skip("a trainer rank beside a serving one, and heads split by the serving ranks")
     tp, r = serving, world.rank % serving
     h, inter, heads, q_lora, kv_lora = (c[k] for k in ("hidden_size", "intermediate_size",
                                                        "num_attention_heads", "q_lora_rank", "kv_lora_rank"))
@@ -741,18 +741,16 @@ def test_serving_ranks_without_derived_parameters_follow_the_servers(world, shar
             part, first = row_slice(t, world.rank - serving, world.size - serving)
             if part.shape[0]:
                 shards.append((name, part, t.shape, [first] + [0] * (t.dim() - 1)))
-    per_head = params[a + "kv_b_proj.weight"].view(local, nope + vd, kv_lora) if params else None
     r_ = tpreload.reload_weights(params, os.path.join(shared_dir, "config.json"), world=world, shards=shards,
-                                 serving_ranks=serving, bucket_mb=0.01)
+                                 serving_ranks=serving, derived_views=True, bucket_mb=0.01)
     assert r_.complete, r_.source
     if world.rank >= serving:
         return
     def bits(t):
         return t.contiguous().view(torch.int16)
 
-    want = ckpt[a + "kv_b_proj.weight"][r * kv_b_rows:(r + 1) * kv_b_rows].view(local, nope + vd, kv_lora)
-    assert torch.equal(bits(per_head[:, :nope]), bits(want[:, :nope])), "W_UK_T's view"
-    assert torch.equal(bits(per_head[:, nope:].transpose(1, 2)), bits(want[:, nope:].transpose(1, 2))), "W_UV's"
+    kv_b = ckpt[a + "kv_b_proj.weight"][r * kv_b_rows:(r + 1) * kv_b_rows]
+    assert torch.equal(bits(params[a + "kv_b_proj.weight"]), bits(kv_b)), "kv_b_proj (W_UK_T's and W_UV's base)"
     o = ckpt[a + "o_proj.weight"][:, r * local * vd:(r + 1) * local * vd]
     assert torch.equal(bits(params[a + "o_proj.weight"]), bits(o)), "o_proj"
     fused = torch.cat([ckpt[a + "q_a_proj.weight"], ckpt[a + "kv_a_proj_with_mqa.weight"]])

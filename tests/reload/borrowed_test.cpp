@@ -243,8 +243,9 @@ bool is_mla_derived(const std::string& name) {
 }
 
 // vLLM's DeepSeek holds W_UK_T and W_UV as views of a bfloat16 kv_b_proj:
-// given without them, the reload writes kv_b_proj and the views follow.
-TEST(Borrowed, DerivedParametersOfAnUnquantizedWeightMayBeLeftToTheModel) {
+// with derived_views they are not given, the reload writes kv_b_proj and the
+// views follow.
+TEST(Borrowed, DerivedViewsLeaveTheDerivedParametersToTheModel) {
   const ModelConfig config = testdata::tiny_config("deepseek_v3");
   const int tp = 1, rank = 0;
   const auto ckpt = testdata::random_checkpoint(config, 52);
@@ -260,7 +261,18 @@ TEST(Borrowed, DerivedParametersOfAnUnquantizedWeightMayBeLeftToTheModel) {
   const at::Tensor per_head = given.at(a + "kv_b_proj.weight").view({heads, nope + v, lora});
   const at::Tensor uk_t = per_head.slice(1, 0, nope), uv = per_head.slice(1, nope).transpose(1, 2);
   EXPECT_FALSE(uk_t.is_contiguous());
-  BorrowedTarget target(config, on_rank(tp, rank), borrow_all(given));
+  try {  // (not without saying so: a model whose copies would go stale)
+    BorrowedTarget refused(config, on_rank(tp, rank), borrow_all(given));
+    FAIL() << "built a DeepSeek target without its derived parameters";
+  } catch (const ValidationError& e) {
+    EXPECT_NE(std::string(e.what()).find("missing parameter '" + a + "mla_attn.mla_attn.W_UK_T'"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("set derived_views"), std::string::npos) << e.what();
+  }
+  BorrowedOptions views = on_rank(tp, rank);
+  views.derived_views = true;
+  BorrowedTarget target(config, views, borrow_all(given));
   EXPECT_FALSE(target.rules().holds_derived());
   EXPECT_TRUE(target.rules().derived_steps().empty());
   for (const ParamSpec& p : target.rules().params()) EXPECT_FALSE(is_mla_derived(p.name)) << p.name;
@@ -296,47 +308,68 @@ TEST(Borrowed, DerivedParametersOfAnUnquantizedWeightMayBeLeftToTheModel) {
   EXPECT_TRUE(testdata::same_bytes(uk_t.contiguous(), want.at(a + "mla_attn.mla_attn.W_UK_T")));
 }
 
-TEST(Borrowed, DerivedParametersAreGivenAllOrNoneAndAlwaysForAQuantizedWeight) {
+TEST(Borrowed, DerivedParametersAreGivenContiguousOrLeftAsViewsOfAnUnquantizedWeight) {
   const ModelConfig config = testdata::tiny_config("deepseek_v3");
   const std::string uk_t = "model.layers.1.self_attn.mla_attn.mla_attn.W_UK_T",
-                    uv = "model.layers.1.self_attn.mla_attn.mla_attn.W_UV";
+                    uv = "model.layers.1.self_attn.mla_attn.mla_attn.W_UV",
+                    kv_b = "model.layers.1.self_attn.kv_b_proj.weight";
   auto problems = [&](const BorrowedOptions& o, const std::map<std::string, at::Tensor>& given) {
-    return joined(
-        borrowed_problems(ShardingRules(config, o.tp_size, o.quantization), o, borrow_all(given)));
+    const ShardingRules rules(config, o.tp_size, o.quantization, false, !o.derived_views);
+    return joined(borrowed_problems(rules, o, borrow_all(given)));
   };
-  {  // one of them left out: all or none
+  BorrowedOptions views = on_rank(1, 0);
+  views.derived_views = true;
+  {  // one of them left out
     auto params = zero_shards(config, 1, 0);
     params.erase(uv);
     const std::string text = problems(on_rank(1, 0), params);
     EXPECT_NE(text.find("missing parameter '" + uv + "' ("), std::string::npos) << text;
-    EXPECT_NE(text.find("it is computed from 'model.layers.1.self_attn.kv_b_proj.weight' after "
-                        "each reload: give every such derived parameter, contiguous, or none"),
+    EXPECT_NE(text.find("it is computed from '" + kv_b +
+                        "' after each reload: give it, contiguous, or, where the model holds every "
+                        "such parameter as a view of its weight (which the reload writes), set "
+                        "derived_views"),
               std::string::npos)
         << text;
     EXPECT_EQ(text.find("'" + uk_t + "'"), std::string::npos) << text;
     EXPECT_THROW(BorrowedTarget(config, on_rank(1, 0), borrow_all(params)), ValidationError);
+    // with derived_views, the one given is refused
+    const std::string viewed = problems(views, params);
+    EXPECT_NE(viewed.find("parameter '" + uk_t +
+                          "' is given, but derived_views leaves it to the "
+                          "model"),
+              std::string::npos)
+        << viewed;
+    EXPECT_EQ(viewed.find("'" + uv + "'"), std::string::npos) << viewed;
   }
   {  // given, but as a view: not contiguous
     auto params = zero_shards(config, 1, 0);
     params[uk_t] = at::zeros_like(params.at(uk_t)).transpose(1, 2).contiguous().transpose(1, 2);
     const std::string text = problems(on_rank(1, 0), params);
     EXPECT_NE(text.find("parameter '" + uk_t + "' is not contiguous"), std::string::npos) << text;
-    EXPECT_NE(text.find("or none of them"), std::string::npos) << text;
+    EXPECT_NE(text.find("set derived_views"), std::string::npos) << text;
   }
   {  // int8 kv_b_proj: the model's W_UK_T and W_UV are tensors of their own
-    BorrowedOptions int8 = on_rank(1, 0);
-    int8.quantization = "int8";
-    std::map<std::string, at::Tensor> params;
     const ShardingRules rules(config, 1, "int8");
+    std::map<std::string, at::Tensor> params;
     for (const ParamSpec& p : rules.params())
       if (!is_mla_derived(p.name))
         params[p.name] = at::zeros(p.shape, at::TensorOptions().dtype(dtype_to_torch(p.dtype)));
+    BorrowedOptions int8 = on_rank(1, 0);
+    int8.quantization = "int8";
     const std::string text = problems(int8, params);
     EXPECT_NE(text.find("missing parameter '" + uk_t + "' ("), std::string::npos) << text;
-    EXPECT_NE(text.find("it is computed from the quantized 'model.layers.1.self_attn.kv_b_proj."
-                        "weight' after each reload, into a tensor of its own"),
+    EXPECT_NE(text.find("it is computed from the quantized '" + kv_b +
+                        "' after each reload, into a tensor of its own"),
               std::string::npos)
         << text;
+    EXPECT_EQ(text.find("derived_views"), std::string::npos) << text;
+    int8.derived_views = true;
+    const std::string viewed = problems(int8, params);
+    EXPECT_NE(viewed.find("derived_views: '" + uk_t + "' is computed from the quantized '" + kv_b +
+                          "' into a tensor of the model's own"),
+              std::string::npos)
+        << viewed;
+    EXPECT_THROW(BorrowedTarget(config, int8, borrow_all(params)), ValidationError);
   }
 }
 

@@ -35,6 +35,10 @@ struct BorrowedOptions {
   std::string quantization;      // "" or a scheme of quantization_schemes()
   bool lora = false;             // linear layers named "<module>.base_layer.<leaf>"
   bool expert_parallel = false;  // MoE: whole experts per rank
+  // The model holds the family's derived parameters (DeepSeek's W_UK_T and
+  // W_UV) itself, as views of their unquantized weights (vLLM's bfloat16
+  // kv_b_proj), which the reload writes: they are not given, nor computed.
+  bool derived_views = false;
 };
 
 // What is wrong with `tensors` as this rank's parameters, one line per problem:
@@ -43,10 +47,9 @@ struct BorrowedOptions {
 // experts.routed_experts., as newer vLLM nests them) or given twice, a shape or dtype other than
 // the rules', a non-contiguous tensor, a device other than "cpu" or "cuda:N", parameters on
 // different devices. Empty when they fit. Tensors the rules do not know (LoRA adapters, buffers)
-// are ignored, whatever their dtype or device. A family's derived parameters
-// (DeepSeek's W_UK_T and W_UV) may all be left out where their weight is not
-// quantized: the model holds them itself, as vLLM holds views of a bfloat16
-// kv_b_proj, and BorrowedTarget's rules then have none.
+// are ignored, whatever their dtype or device. With derived_views (`rules`
+// built without the derived parameters), a derived parameter of a quantized
+// weight, or one given all the same, is a problem.
 std::vector<std::string> borrowed_problems(const ShardingRules& rules,
                                            const BorrowedOptions& options,
                                            const std::vector<BorrowedTensor>& tensors);

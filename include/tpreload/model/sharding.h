@@ -222,6 +222,13 @@ class ShardingRules {
 
   // The family's post-reload steps, in layer order (the same on every rank).
   const std::vector<DerivedStep>& derived_steps() const { return derived_; }
+  // Without the derived parameters (holds_derived() false): each one left out,
+  // the weight it is computed from, and whether that weight is quantized.
+  struct LeftOut {
+    std::string name, from;
+    bool quantized = false;
+  };
+  const std::vector<LeftOut>& derived_left_out() const { return left_out_; }
 
   // The KV head group rank r holds (first KV head index) and how many.
   std::int64_t kv_heads_per_rank() const;
@@ -275,6 +282,7 @@ class ShardingRules {
   std::vector<std::pair<std::size_t, std::uint32_t>> by_hash_;
   std::vector<ParamSpec> params_;
   std::vector<DerivedStep> derived_;
+  std::vector<LeftOut> left_out_;
 };
 
 // What a checkpoint-format load reads of `source`: the source with the

@@ -312,8 +312,9 @@ ReloadResult reload_weights(ReloadTarget& model, Communicator& world, const Shar
 // serving ranks that need them, as the shared plan says, and receives
 // nothing. For a trainer's ranks in the serving job's world (`mpirun -np S
 // server : -np T trainer`, MPI_COMM_WORLD). `serving_rules` and `lora`: the
-// serving model's (config, tp size, quantization, expert layout; the ranks
-// agree on them, and the plan is made from them on every rank). Returns the
+// serving model's (config, tp size, quantization, expert layout, and whether
+// it holds the family's derived parameters: ShardingRules(..., derived); the
+// ranks agree on them, and the plan is made from them on every rank). Returns the
 // reload's result as every rank agrees on it (what this rank sent in
 // bytes_sent_by_rank; nothing loaded here); raises what the serving ranks
 // raise, alike.

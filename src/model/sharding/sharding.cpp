@@ -397,9 +397,17 @@ void ShardingRules::build_params() {
 // per-tensor scale).
 void ShardingRules::build_derived() {
   const auto derived = families::of(config_).derived;
-  if (!derived || !holds_derived_) return;
+  if (!derived) return;
   for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l)
     for (const families::DerivedParam& d : derived(config_, l, tp_size_)) {
+      if (!holds_derived_) {
+        const ParamSpec* w = find_param(d.from);
+        if (!w)
+          raise<ModelError>("derived parameter '", d.name, "' of '", d.from,
+                            "': no such parameter");
+        left_out_.push_back({d.name, d.from, w->dtype != config_.dtype || w->quantize_fp8});
+        continue;
+      }
       DerivedStep step{l, find_slot(d.name), find_slot(d.from), kNoSlot, d.window};
       if (step.out == kNoSlot || step.from == kNoSlot)
         raise<ModelError>("derived parameter '", d.name, "' of '", d.from, "': no such parameter");

@@ -39,44 +39,17 @@ const BorrowedTensor* lookup(const std::map<std::string, const BorrowedTensor*>&
   return it == by_name.end() ? nullptr : it->second;
 }
 
-// The family's derived parameters (DerivedStep::out) by slot: true where the
-// weight they are computed from is quantized (then the model holds them as
-// tensors of their own, which only the reload's step rewrites), false where
-// it is in the model's dtype (vLLM holds them as views of it).
-std::map<ParamSlot, bool> derived_slots(const ShardingRules& rules) {
-  std::map<ParamSlot, bool> out;
-  for (const DerivedStep& d : rules.derived_steps())
-    out[d.out] = d.window.scale_kind != HeadRows::Scale::kNone;
-  return out;
-}
-
-// Whether `tensors` leave out all of the family's derived parameters, none of
-// them computed from a quantized weight: the model holds them itself.
-bool derived_left_out(const ShardingRules& rules, const BorrowedOptions& o,
-                      const std::vector<BorrowedTensor>& tensors) {
-  const auto derived = derived_slots(rules);
-  if (derived.empty()) return false;
-  std::map<std::string, const BorrowedTensor*> by_name;
-  for (const auto& t : tensors) by_name.emplace(t.name, &t);
-  for (const auto& [slot, quantized] : derived)
-    if (quantized || lookup(by_name, rules.params()[slot].name, o.lora)) return false;
-  return true;
-}
-
-// Why a derived parameter cannot be missing (or not contiguous) here.
-std::string derived_note(const ShardingRules& rules, ParamSlot slot, bool quantized) {
-  for (const DerivedStep& d : rules.derived_steps())
-    if (d.out == slot)
-      return quantized
-                 ? detail::concat("; it is computed from the quantized '",
-                                  rules.params()[d.from].name,
-                                  "' after each reload, into a tensor of its own that the reload "
-                                  "must rewrite in place: give it, contiguous")
-                 : detail::concat("; it is computed from '", rules.params()[d.from].name,
-                                  "' after each reload: give every such derived parameter, "
-                                  "contiguous, or none of them (a model that holds them as views "
-                                  "of their weights, which the reload writes)");
-  return "";
+// Why a derived parameter (computed from `from`, quantized or not) must be
+// given, contiguous, or may be left to the model.
+std::string derived_note(const std::string& from, bool quantized) {
+  if (quantized)
+    return detail::concat("; it is computed from the quantized '", from,
+                          "' after each reload, into a tensor of its own that the reload must "
+                          "rewrite in place: give it, contiguous");
+  return detail::concat("; it is computed from '", from,
+                        "' after each reload: give it, contiguous, or, where the model holds "
+                        "every such parameter as a view of its weight (which the reload writes), "
+                        "set derived_views");
 }
 
 }  // namespace
@@ -99,14 +72,23 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
   for (const auto& t : tensors)
     if (!by_name.emplace(t.name, &t).second) twice.insert(t.name);
   std::map<std::string, std::vector<std::string>> by_device;  // device -> parameters
-  const auto derived = derived_slots(rules);
-  const bool left_out = derived_left_out(rules, o, tensors);
+  std::map<ParamSlot, std::string> notes;                     // (the derived parameters')
+  for (const DerivedStep& d : rules.derived_steps())
+    notes[d.out] =
+        derived_note(rules.params()[d.from].name, d.window.scale_kind != HeadRows::Scale::kNone);
+  for (const ShardingRules::LeftOut& d : rules.derived_left_out()) {
+    if (d.quantized)
+      problems.push_back(detail::concat(
+          "derived_views: '", d.name, "' is computed from the quantized '", d.from,
+          "' into a tensor of the model's own, which only the reload rewrites; give it instead"));
+    else if (lookup(by_name, d.name, o.lora))
+      problems.push_back(detail::concat("parameter '", d.name,
+                                        "' is given, but derived_views leaves it to the model"));
+  }
   for (ParamSlot slot = 0; slot < rules.params().size(); ++slot) {
     const ParamSpec& spec = rules.params()[slot];
-    const auto is_derived = derived.find(slot);
-    if (left_out && is_derived != derived.end()) continue;
-    const std::string note =
-        is_derived == derived.end() ? std::string() : derived_note(rules, slot, is_derived->second);
+    const auto noted = notes.find(slot);
+    const std::string note = noted == notes.end() ? std::string() : noted->second;
     const BorrowedTensor* t = lookup(by_name, spec.name, o.lora);
     if (!t) {
       problems.push_back(detail::concat("missing parameter '", spec.name, "' (",
@@ -149,7 +131,8 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
 
 BorrowedTarget::BorrowedTarget(ModelConfig config, BorrowedOptions options,
                                std::vector<BorrowedTensor> tensors)
-    : rules_(config, options.tp_size, options.quantization, options.expert_parallel),
+    : rules_(std::move(config), options.tp_size, options.quantization, options.expert_parallel,
+             !options.derived_views),
       options_(options) {
   if (options_.tp_rank < 0 || options_.tp_rank >= options_.tp_size)
     raise<UsageError>("tp rank ", options_.tp_rank, " is outside [0, ", options_.tp_size, ")");
@@ -161,15 +144,9 @@ BorrowedTarget::BorrowedTarget(ModelConfig config, BorrowedOptions options,
                            " with the parameters of tp rank ", options_.tp_rank, "/",
                            options_.tp_size, ":", text);
   }
-  if (derived_left_out(rules_, options_, tensors)) {
-    const std::size_t count = rules_.derived_steps().size();
-    rules_ = ShardingRules(std::move(config), options_.tp_size, options_.quantization,
-                           options_.expert_parallel, /*derived=*/false);
-    log().info(
-        "tp rank {}: the model holds none of its {} derived parameters ({}'s post-reload "
-        "step): left to it (views of their weights, which the reload writes)",
-        options_.tp_rank, count, rules_.config().architecture);
-  }
+  if (!rules_.derived_left_out().empty())
+    log().debug("tp rank {}: {} derived parameters left to the model (derived_views)",
+                options_.tp_rank, rules_.derived_left_out().size());
   std::map<std::string, const BorrowedTensor*> by_name;
   for (const auto& t : tensors) by_name.emplace(t.name, &t);
   for (const ParamSpec& spec : rules_.params()) {
