@@ -267,7 +267,8 @@ class ShardingRules {
   void build_rules();
   void build_params();
   void build_derived();
-  void place_column(const Rule& rule, int tp_rank, Placement& pl) const;
+  // (`rows`: the placed tensor's, which q, gate and up split by tp)
+  void place_column(const Rule& rule, std::int64_t rows, int tp_rank, Placement& pl) const;
   void place_expert(const Rule& rule, int tp_rank, Placement& pl) const;
 
   ModelConfig config_;

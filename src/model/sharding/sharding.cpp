@@ -576,34 +576,33 @@ std::vector<ScaleStep> ShardingRules::scale_steps(int tp_rank) const {
   return steps;
 }
 
-void ShardingRules::place_rule(const Rule& r, const std::vector<std::int64_t>& shape, int tp_rank,
-                               Placement& pl) const {
-  const Rule* rule = &r;
+void ShardingRules::place_rule(const Rule& rule, const std::vector<std::int64_t>& shape,
+                               int tp_rank, Placement& pl) const {
   pl.source_shape = shape;
-  if (rule->kind == ShardKind::kVocab) {
+  if (rule.kind == ShardKind::kVocab) {
     const std::int64_t per = padded_vocab_ / tp_size_, start = tp_rank * per;
     const std::int64_t length = std::clamp<std::int64_t>(config_.vocab_size - start, 0, per);
     pl.source_dim = 0;
     pl.source_start = std::min(start, config_.vocab_size);
     pl.source_length = length;
     if (length < per) pl.zero_rows_from = length;
-  } else if (rule->kind == ShardKind::kRow) {
+  } else if (rule.kind == ShardKind::kRow) {
     const std::int64_t per = shape[1] / tp_size_;
     pl.source_dim = 1;
     pl.source_start = tp_rank * per;
     pl.source_length = per;
-  } else if (rule->kind == ShardKind::kHeads) {  // (the heads q's and k's rows hold)
-    const bool q = rule->role == Role::kQ;
+  } else if (rule.kind == ShardKind::kHeads) {  // (the heads q's and k's rows hold)
+    const bool q = rule.role == Role::kQ;
     pl.source_dim = 0;
     pl.source_length = q ? config_.num_attention_heads / tp_size_ : kv_heads_per_rank();
     pl.source_start = q ? tp_rank * pl.source_length : kv_head_start(tp_rank);
-  } else if (rule->kind == ShardKind::kColumn) {
-    place_column(*rule, tp_rank, pl);
-  } else if (rule->kind == ShardKind::kExpertGateUp || rule->kind == ShardKind::kExpertDown) {
-    place_expert(*rule, tp_rank, pl);
-  } else if (rule->merged_shards > 0) {  // (whole, at the rows of the parts before it)
-    pl.shard = rule->merged_shard;
-    pl.dest_row = rule->merged_row;
+  } else if (rule.kind == ShardKind::kColumn) {
+    place_column(rule, shape[0], tp_rank, pl);
+  } else if (rule.kind == ShardKind::kExpertGateUp || rule.kind == ShardKind::kExpertDown) {
+    place_expert(rule, tp_rank, pl);
+  } else if (rule.merged_shards > 0) {  // (whole, at the rows of the parts before it)
+    pl.shard = rule.merged_shard;
+    pl.dest_row = rule.merged_row;
   }
 }
 
@@ -632,7 +631,8 @@ void ShardingRules::to_blocks(const Rule& rule, Placement& pl) const {
     pl.dest_row = (pl.dest_row + bn - 1) / bn;
 }
 
-void ShardingRules::place_column(const Rule& rule, int tp_rank, Placement& pl) const {
+void ShardingRules::place_column(const Rule& rule, std::int64_t rows, int tp_rank,
+                                 Placement& pl) const {
   const auto& c = config_;
   const std::int64_t q_local = c.num_attention_heads / tp_size_ * c.head_dim;
   const std::int64_t kv_local = kv_heads_per_rank() * c.head_dim;
@@ -643,7 +643,7 @@ void ShardingRules::place_column(const Rule& rule, int tp_rank, Placement& pl) c
     pl.source_length = kv_local;
     pl.dest_row = q_local + (rule.role == Role::kV ? kv_local : 0);
   } else {  // q, gate, up
-    const std::int64_t per = pl.source_shape[0] / tp_size_;
+    const std::int64_t per = rows / tp_size_;
     pl.shard = rule.role == Role::kUp ? 1 : 0;
     pl.source_start = tp_rank * per;
     pl.source_length = per;
