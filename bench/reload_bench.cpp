@@ -250,14 +250,20 @@ double measure_bound(const Plan& plan, const SourceMetadata& md, WeightSource* s
   return max_over_ranks(world, std::chrono::duration<double>(Clock::now() - start).count());
 }
 
+// A parameter's bytes and their CRC-32C.
+std::pair<std::uint64_t, std::uint32_t> bytes_and_crc(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const auto n = static_cast<std::uint64_t>(c.numel() * c.element_size());
+  return {n, crc32c(c.data_ptr(), n)};
+}
+
 // The bytes of the parameters of `model` whose CRC-32C differs from `reference`'s.
 std::int64_t wrong_bytes(const TensorParallelModel& model,
                          const std::map<std::string, std::uint32_t>& reference) {
   std::int64_t wrong = 0;
   for (const auto& [name, want] : reference) {
-    const at::Tensor got = model.named_parameters().at(name).contiguous();
-    const std::uint64_t n = static_cast<std::uint64_t>(got.numel() * got.element_size());
-    if (crc32c(got.data_ptr(), n) != want) wrong += static_cast<std::int64_t>(n);
+    const auto [n, crc] = bytes_and_crc(model.named_parameters().at(name));
+    if (crc != want) wrong += static_cast<std::int64_t>(n);
   }
   return wrong;
 }
@@ -319,11 +325,8 @@ struct RankModel {
       : model(config, options(o, quant, world)) {
     auto local = open_weight_source(path);
     model.load_weights(*local);
-    for (const auto& [name, t] : model.named_parameters()) {
-      const at::Tensor c = t.contiguous();
-      reference[name] =
-          crc32c(c.data_ptr(), static_cast<std::uint64_t>(c.numel() * c.element_size()));
-    }
+    for (const auto& [name, t] : model.named_parameters())
+      reference[name] = bytes_and_crc(t).second;
   }
   static ModelOptions options(const BenchOptions& o, const std::string& quant,
                               Communicator& world) {

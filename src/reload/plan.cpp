@@ -211,24 +211,15 @@ std::string_view distribution_name(Distribution d) {
   return d == Distribution::kBroadcast ? "broadcast" : "scatter";
 }
 
-// (Placement::slice_shape()'s rows and row bytes, without building the shape:
-// planning asks for them per rank and piece, 10^7 times for Kimi-K2.)
 std::int64_t PlannedTensor::rows_for(int tp_rank) const {
   if (!held_by(tp_rank)) return 0;
   if (kernel()) return rows;
-  const Placement& p = placements[static_cast<std::size_t>(tp_rank)];
-  if (p.source_dim == 0) return p.source_length;
-  return p.source_shape.empty() ? 1 : p.source_shape[0];
+  return placements[static_cast<std::size_t>(tp_rank)].slice_rows();
 }
 
 std::uint64_t PlannedTensor::row_bytes_for(int tp_rank, const TensorInfo& info) const {
   if (kernel()) return shape_row_bytes(info.shape, info.dtype);
-  const Placement& p = placements.at(static_cast<std::size_t>(tp_rank));
-  std::uint64_t n = dtype_size(info.dtype);
-  for (std::size_t d = 1; d < p.source_shape.size(); ++d)
-    n *= static_cast<std::uint64_t>(static_cast<int>(d) == p.source_dim ? p.source_length
-                                                                        : p.source_shape[d]);
-  return n;
+  return placements.at(static_cast<std::size_t>(tp_rank)).slice_row_bytes(info.dtype);
 }
 
 namespace {

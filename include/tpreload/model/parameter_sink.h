@@ -240,6 +240,7 @@ class ParameterSink {
   static Bands bands_of(const ParamSpec& param, std::int64_t block);
   void quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band, const std::byte* x);
   void quantize_bands_left(const ScaleStep& step);
+  std::byte* staged_row(ParamSlot slot, std::int64_t row);
   // Per slot, per band: rows staged so far in this load (a band is quantized
   // when they reach its height).
   std::vector<std::vector<std::int64_t>> band_rows_;

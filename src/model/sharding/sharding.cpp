@@ -114,6 +114,19 @@ std::vector<std::int64_t> Placement::slice_shape() const {
   return shape;
 }
 
+std::int64_t Placement::slice_rows() const {
+  if (source_dim == 0) return source_length;
+  return source_shape.empty() ? 1 : source_shape[0];
+}
+
+std::uint64_t Placement::slice_row_bytes(DType dtype) const {
+  std::uint64_t n = dtype_size(dtype);
+  for (std::size_t d = 1; d < source_shape.size(); ++d)
+    n *= static_cast<std::uint64_t>(static_cast<int>(d) == source_dim ? source_length
+                                                                      : source_shape[d]);
+  return n;
+}
+
 ShardingRules::ShardingRules(ModelConfig config, int tp_size, std::string quantization,
                              bool expert_parallel, bool derived)
     : config_(std::move(config)),
@@ -400,18 +413,11 @@ void ShardingRules::build_derived() {
   if (!derived) return;
   for (std::int64_t l = 0; l < config_.num_hidden_layers; ++l)
     for (const families::DerivedParam& d : derived(config_, l, tp_size_)) {
-      if (!holds_derived_) {
-        const ParamSpec* w = find_param(d.from);
-        if (!w)
-          raise<ModelError>("derived parameter '", d.name, "' of '", d.from,
-                            "': no such parameter");
-        left_out_.push_back({d.name, d.from, w->dtype != config_.dtype || w->quantize_fp8});
-        continue;
-      }
-      DerivedStep step{l, find_slot(d.name), find_slot(d.from), kNoSlot, d.window};
-      if (step.out == kNoSlot || step.from == kNoSlot)
+      const ParamSlot from = find_slot(d.from), out = holds_derived_ ? find_slot(d.name) : kNoSlot;
+      if (from == kNoSlot || (holds_derived_ && out == kNoSlot))
         raise<ModelError>("derived parameter '", d.name, "' of '", d.from, "': no such parameter");
-      const ParamSpec& w = params_[step.from];
+      DerivedStep step{l, out, from, kNoSlot, d.window};
+      const ParamSpec& w = params_[from];
       const std::string base = d.from.substr(0, d.from.size() - 6);  // (without "weight")
       HeadRows& window = step.window;
       if (w.dtype == DType::kInt8) {
@@ -432,7 +438,10 @@ void ShardingRules::build_derived() {
       }
       if (window.scale_kind != HeadRows::Scale::kNone && step.scale == kNoSlot)
         raise<ModelError>("derived parameter '", d.name, "': '", d.from, "' has no scale");
-      derived_.push_back(step);
+      if (holds_derived_)
+        derived_.push_back(step);
+      else  // (what a step would dequantize, the model's own tensors hold)
+        left_out_.push_back({d.name, d.from, window.scale_kind != HeadRows::Scale::kNone});
     }
 }
 

@@ -160,6 +160,14 @@ bool ParameterSink::any_loaded(ParamSlot slot) const {
   return false;
 }
 
+// Row `row` of online FP8 weight `slot`'s staged rows (in the model's dtype;
+// the weight's codes are one byte a column).
+std::byte* ParameterSink::staged_row(ParamSlot slot, std::int64_t row) {
+  const std::uint64_t cols = param_row_bytes(rules_.params()[slot].shape, DType::kUInt8);
+  return staged_rows_[slot].data() +
+         static_cast<std::uint64_t>(row) * cols * dtype_size(rules_.config().dtype);
+}
+
 // Online FP8: the rows in the model's dtype (vLLM loads them into a parameter
 // of that dtype, then quantizes it: values of another dtype are rounded to it
 // first), in the weight's staging buffer, until its layer is processed.
@@ -185,7 +193,7 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
     if (const std::int64_t block = online_fp8_block(rules_.quantization()))
       band_rows_[w.slot].assign(bands_of(param, block).count(), 0);
   }
-  std::byte* dst = rows.data() + static_cast<std::uint64_t>(w.dest_row * cols) * size;
+  std::byte* dst = staged_row(w.slot, w.dest_row);
   const std::byte* in = src + w.src_offset;
   const std::uint64_t width = static_cast<std::uint64_t>(cols) * size;
   const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
@@ -235,8 +243,7 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
     } else {
       stage(r - w.dest_row, end - w.dest_row, nullptr, 1);
       if (counts[band] + (end - r) == bands.end(band) - bands.first(band))
-        quantize_band(w.slot, bands, band,
-                      rows.data() + static_cast<std::uint64_t>(bands.first(band)) * width);
+        quantize_band(w.slot, bands, band, staged_row(w.slot, bands.first(band)));
     }
     counts[band] += end - r;
     r = end;
@@ -246,15 +253,9 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
 // The bands of a block step's expert that did not complete as they landed.
 void ParameterSink::quantize_bands_left(const ScaleStep& step) {
   const Bands bands = bands_of(rules_.params()[step.weight], step.block);
-  const std::uint64_t width =
-      param_row_bytes(rules_.params()[step.weight].shape, DType::kUInt8) *
-      dtype_size(
-          rules_.config().dtype);  // (a staged row: the codes' columns, in the model's dtype)
   for (std::int64_t band = step.out_row; band < step.out_row + bands.per_band_row; ++band)
     if (band_rows_[step.weight][band] != bands.end(band) - bands.first(band))
-      quantize_band(
-          step.weight, bands, band,
-          staged_rows_[step.weight].data() + static_cast<std::uint64_t>(bands.first(band)) * width);
+      quantize_band(step.weight, bands, band, staged_row(step.weight, bands.first(band)));
 }
 
 // Online block FP8 on the host: one band of a weight's rows, in the model's
@@ -307,8 +308,7 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
     auto* out = reinterpret_cast<float*>(storage_[step.scale].data) + step.out_row * out_width;
     if (step.quantize) {  // (rows staged in the model's dtype)
       const DType model = rules_.config().dtype;
-      const std::byte* x = staged_rows_[step.weight].data() +
-                           static_cast<std::uint64_t>(step.row) * width * dtype_size(model);
+      const std::byte* x = staged_row(step.weight, step.row);
       const auto cols = static_cast<std::int64_t>(width);
       if (step.block && device_)
         stream().quantize_fp8_block(x, model, step.rows, cols, step.block, codes, out);
