@@ -3,7 +3,7 @@
 # format with reload_ckpt, reload it with reload_runner from safetensors, from an
 # HDF5 copy and from the kernel-format shards, and require every parameter CRC-32
 # of every rank to agree between the reports.
-#   mpi_tests/kernel_vs_checkpoint.sh BUILD_DIR NP TP [MODEL]
+#   mpi_tests/kernel_vs_checkpoint.sh BUILD_DIR NP TP [MODEL [--one-file]]
 # MODEL: qwen2 (default; int8), qwen3-moe (tensor-parallel experts), qwen3-moe-ep
 # (expert parallelism), qwen3-moe-fp8 and qwen3-moe-fp8-ep (a block-scaled FP8
 # checkpoint: FP8 weights and their scale grids, not quantized again),
@@ -13,8 +13,11 @@
 # per weight), qwen3-moe-fp8-block-online (the same with a scale per 128 x 128
 # block; sizes whose shards end inside blocks), phi3-fp8-block-online (the same
 # for a family whose checkpoint holds q/k/v and gate/up stacked).
+# --one-file: also shard the same weights written as one file, named alone from
+# its own directory, and require the same shards byte for byte (a property of
+# the source, not of the family: the case list runs it on two checkpoints).
 set -euo pipefail
-build=$1 np=$2 tp=$3 model=${4:-qwen2}
+build=$1 np=$2 tp=$3 model=${4:-qwen2} one_file=${5:-}
 here="$(cd "$(dirname "$0")" && pwd)"
 . "$here/../scripts/mpi_env.sh"
 work=$(mktemp -d /tmp/tpreload-e2e-XXXXXX)
@@ -92,9 +95,8 @@ esac
 "$build/reload_ckpt" generate --config "$work/config.json" --out "$work/model" --shards 2 --seed 7 --with-inv-freq
 "$build/reload_ckpt" shard "$work/model" "$work/kernel" --tp "$tp" "${quant[@]}" "${layout[@]}"
 # The same weights in one file, named alone from its own directory (its
-# config.json is found there): the same shards, byte for byte (a property of
-# the source, not of the family: an unquantized and a block-FP8 checkpoint).
-if [ "$model" = qwen2 ] || [ "$model" = qwen3-moe-fp8 ]; then
+# config.json is found there): the same shards, byte for byte.
+if [ "$one_file" = --one-file ]; then
   "$build/reload_ckpt" generate --config "$work/config.json" --out "$work/one" --seed 7 --with-inv-freq
   (cd "$work/one" && "$build/reload_ckpt" shard model.safetensors "$work/kernel-one" --tp "$tp" \
      "${quant[@]}" "${layout[@]}")
