@@ -43,8 +43,9 @@ std::vector<InMemoryTensor> take_segment(WeightStream& stream, std::uint64_t bud
 // to it: ".base_layer.", ".experts.routed_experts."), as a kernel-format
 // source naming a parameter twice is refused (within a segment, the plan's
 // preflight judges as for any source). `given` (each shard's tensor so far, ""
-// for none) gains the segment's shards. Costs the segment's tensors, not the
-// model's parameters.
+// for none) gains the segment's shards: it holds a name per shard the stream
+// has filled on this rank (Kimi-K2 at tp 8: about 70,000 names a rank with
+// its experts split, 9,400 with them whole).
 std::optional<std::string> given_again_problem(const CachedPlan& planned, const ReloadTarget& model,
                                                std::vector<std::vector<std::string>>& given) {
   const auto& params = model.rules().params();
