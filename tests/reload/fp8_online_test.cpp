@@ -14,8 +14,11 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../support/emulated_device.h"
@@ -252,6 +255,25 @@ TEST(Fp8Online, BlocksOfZerosTinyValuesAndNaN) {
   EXPECT_EQ(codes[293][0].item<int>(), 0x7F);
 }
 
+// The DType of values staged as `type` (float32, bfloat16 or float16).
+DType staged_dtype(at::ScalarType type) {
+  return type == at::kFloat      ? DType::kFloat32
+         : type == at::kBFloat16 ? DType::kBFloat16
+                                 : DType::kFloat16;
+}
+
+// f(what) at every instruction-set level of the host's kernels this CPU runs,
+// `what` naming the level and the staged dtype.
+template <typename F>
+void at_every_level(DType dtype, F f) {
+  for (const QuantizeLevel level :
+       {QuantizeLevel::kBaseline, QuantizeLevel::kAvx2, QuantizeLevel::kAvx512}) {
+    if (!quantize_supports(level)) continue;
+    detail::ScopedQuantizeLevel use(level);
+    f(std::string(quantize_level_name(level)) + ", " + std::string(dtype_name(dtype)));
+  }
+}
+
 // The host's kernels at every instruction-set level this CPU has, of values
 // staged as float32, bfloat16 and float16, against the test's arithmetic: every tie between two
 // neighbouring codes (the midpoints, both signs; with amax 448 the per-tensor scale is 1), NaNs,
@@ -278,16 +300,11 @@ TEST(Fp8Online, EveryKernelLevelGivesTheTestsBytes) {
   for (const at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf}) {
     // (the values as the staging of a model of that dtype holds them)
     const at::Tensor flat_t = flat.to(type), tiles_t = tiles.to(type);
-    const DType dtype = type == at::kFloat      ? DType::kFloat32
-                        : type == at::kBFloat16 ? DType::kBFloat16
-                                                : DType::kFloat16;
-    const auto [codes, scale] = quantized(flat_t, false);
-    for (const QuantizeLevel level :
-         {QuantizeLevel::kBaseline, QuantizeLevel::kAvx2, QuantizeLevel::kAvx512}) {
-      if (!quantize_supports(level)) continue;
-      detail::ScopedQuantizeLevel use(level);
-      const std::string what =
-          std::string(quantize_level_name(level)) + ", " + std::string(dtype_name(dtype));
+    const DType dtype = staged_dtype(type);
+    // (pairs, not bindings: a lambda below uses them)
+    at::Tensor codes, scale;
+    std::tie(codes, scale) = quantized(flat_t, false);
+    at_every_level(dtype, [&](const std::string& what) {
       at::Tensor got = at::empty({flat.numel()}, at::kByte);
       float got_scale = 0;
       quantize_fp8_host(flat_t.data_ptr(), dtype, static_cast<std::uint64_t>(flat.numel()),
@@ -317,7 +334,44 @@ TEST(Fp8Online, EveryKernelLevelGivesTheTestsBytes) {
                 << what << ", block " << block << " (" << r << ", " << c << ")";
           }
       }
-    }
+    });
+  }
+}
+
+// The same against random values of every exponent that matters (from far
+// below the smallest subnormal, 2^-9, to above 448) with random mantissas:
+// products that land anywhere between two codes, per tensor and per 128 x 128
+// block (one row of eight blocks, the last one partial).
+TEST(Fp8Online, EveryKernelLevelRoundsRandomValuesOfEveryExponent) {
+  constexpr std::int64_t kRows = 64, kCols = 1000;
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<std::uint32_t> mantissa(0, (1u << 23) - 1), exponent(100, 135),
+      sign(0, 1);
+  std::vector<float> v(kRows * kCols);
+  for (float& x : v) {
+    const std::uint32_t u = sign(gen) << 31 | exponent(gen) << 23 | mantissa(gen);
+    std::memcpy(&x, &u, sizeof x);
+  }
+  const at::Tensor values = at::tensor(v).view({kRows, kCols});
+  for (const at::ScalarType type : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    const at::Tensor staged = values.to(type).contiguous();
+    const DType dtype = staged_dtype(type);
+    at::Tensor codes, scale, block_codes, grid;  // (not bindings: the lambda uses them)
+    std::tie(codes, scale) = quantized(staged, false);
+    std::tie(block_codes, grid) = quantized(staged, true);
+    at_every_level(dtype, [&](const std::string& what) {
+      at::Tensor got = at::empty({kRows, kCols}, at::kByte);
+      float got_scale = 0;
+      quantize_fp8_host(staged.data_ptr(), dtype, kRows * kCols, got.data_ptr<std::uint8_t>(),
+                        &got_scale);
+      EXPECT_EQ(got_scale, scale.item<float>()) << what;
+      EXPECT_EQ(at::ne(got, codes).sum().item<std::int64_t>(), 0) << what << ": per tensor";
+      at::Tensor got_grid = at::empty_like(grid);
+      quantize_fp8_blocks_host(staged.data_ptr(), dtype, kRows, kCols, 128,
+                               got.data_ptr<std::uint8_t>(), got_grid.data_ptr<float>());
+      EXPECT_TRUE(at::equal(got_grid, grid)) << what;
+      EXPECT_EQ(at::ne(got, block_codes).sum().item<std::int64_t>(), 0) << what << ": blocks";
+    });
   }
 }
 

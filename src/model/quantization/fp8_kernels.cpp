@@ -15,6 +15,7 @@
 #define TPRELOAD_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #endif
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -48,27 +49,46 @@ void blocks_baseline(const T* x, std::int64_t rows, std::int64_t cols, std::int6
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 // The encoder of fp8::to_e4m3fn (`torch_nan`: of fp8::cast_e4m3fn) on 16 or 8
-// lanes: clamped to +-448 (a NaN to +448 by the min, as fminf does; with
-// `torch_nan` the NaN code 0x7F), a normal rounded in the bits (3 of 23 mantissa bits kept, the
-// carry moving up the exponent), a subnormal by the float's own
-// round-to-nearest-even conversion of |x| * 2^9, the sign or'ed in.
+// lanes, rounded by the float adder rather than in the bits. |x| is clamped to
+// 448 (a NaN to 448 by the min, as fminf does; with `torch_nan` the NaN code
+// 0x7F later). Let ec be the exponent of max(|x|, 2^-6): the codes of |x|'s
+// binade (or of the subnormals, ec = -6) are 2^(ec-3) apart. The float
+//   M = 2^(ec+20) + (ec+6) * 2^ec
+// has ulp 2^(ec-3), its low 23 bits are 8 * (ec+6) and its parity is even, so
+// |x| + M, rounded to nearest even by the adder, is M plus |x| in code steps
+// rounded to nearest even (the sum stays in M's binade: |x| < 2^(ec+1)); its
+// low byte is 8 * (ec+6) + that count: the code of |x| (a normal's exponent
+// field ec+7 times 8 plus its mantissa, which a carry moves up; a subnormal's
+// count itself). M by ec: the 15 possible ones in a table (AVX-512) or
+// computed from the exponent bits (AVX2). The sign: of a value that is not NaN.
+
+// M's bits for the exponent bits e (max(|x|, 2^-6) & 0x7F800000):
+// e + (20 << 23) + 8 * (ec + 6), with 8 * (ec + 6) = (e >> 20) - 968.
+constexpr std::uint32_t kMagicPlus = (20u << 23) - 968u;
+
+// M for the biased exponents 121..135 (2^-6 to 2^8), indexed by the exponent's
+// low 4 bits (distinct over the 15).
+struct MagicTable {
+  alignas(64) std::uint32_t m[16] = {};
+  constexpr MagicTable() {
+    for (std::uint32_t e = 121; e <= 135; ++e) m[e & 15] = (e << 23) + kMagicPlus + (e << 3);
+  }
+};
+constexpr MagicTable kMagic;
 
 TPRELOAD_AVX512 inline __m128i encode16(__m512 v, bool torch_nan) {
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  const __m512 c = _mm512_max_ps(_mm512_min_ps(v, _mm512_set1_ps(448.0f)), _mm512_set1_ps(-448.0f));
-  const __m512i u = _mm512_castps_si512(c);
-  const __m512i sign = _mm512_and_si512(_mm512_srli_epi32(u, 24), _mm512_set1_epi32(0x80));
-  const __m512i a = _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF));
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(a, 20), _mm512_set1_epi32(1));
-  const __m512i normal = _mm512_sub_epi32(
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, _mm512_set1_epi32(0x7FFFF)), odd), 20),
-      _mm512_set1_epi32(120 << 3));
-  const __m512i sub =
-      _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_castsi512_ps(a), _mm512_set1_ps(512.0f)));
-  const __mmask16 small = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(0x3C800000));
-  __m512i code = _mm512_or_si512(_mm512_mask_blend_epi32(small, normal, sub), sign);
-  if (torch_nan) code = _mm512_mask_blend_epi32(nan, code, _mm512_set1_epi32(0x7F));
-  return _mm512_cvtepi32_epi8(code);
+  const __m512 a = _mm512_min_ps(_mm512_abs_ps(v), _mm512_set1_ps(448.0f));
+  // (negative finite, negative infinity, -0: not a NaN of either sign)
+  const __mmask16 negative = _mm512_fpclass_ps_mask(v, 0x54);
+  const __m512i exponent = _mm512_srli_epi32(
+      _mm512_max_epu32(_mm512_castps_si512(a), _mm512_set1_epi32(0x3C800000)), 23);
+  const __m512i magic = _mm512_permutexvar_epi32(exponent, _mm512_load_si512(kMagic.m));
+  __m512i code = _mm512_castps_si512(_mm512_add_ps(a, _mm512_castsi512_ps(magic)));
+  code = _mm512_mask_or_epi32(code, negative, code, _mm512_set1_epi32(0x80));
+  if (torch_nan)
+    code = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), code,
+                                   _mm512_set1_epi32(0x7F));
+  return _mm512_cvtepi32_epi8(code);  // (the low byte)
 }
 
 TPRELOAD_AVX2 inline void encode8(__m256 v, bool torch_nan, std::uint8_t* out) {
@@ -77,15 +97,14 @@ TPRELOAD_AVX2 inline void encode8(__m256 v, bool torch_nan, std::uint8_t* out) {
   const __m256i u = _mm256_castps_si256(c);
   const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
   const __m256i a = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(a, 20), _mm256_set1_epi32(1));
-  const __m256i normal = _mm256_sub_epi32(
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, _mm256_set1_epi32(0x7FFFF)), odd), 20),
-      _mm256_set1_epi32(120 << 3));
-  const __m256i sub =
-      _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_castsi256_ps(a), _mm256_set1_ps(512.0f)));
-  // (a <= 0x7FFFFFFF: the signed compare orders it)
-  const __m256i small = _mm256_cmpgt_epi32(_mm256_set1_epi32(0x3C800000), a);
-  __m256i code = _mm256_or_si256(_mm256_blendv_epi8(normal, sub, small), sign);
+  const __m256i e = _mm256_and_si256(_mm256_max_epu32(a, _mm256_set1_epi32(0x3C800000)),
+                                     _mm256_set1_epi32(0x7F800000));
+  const __m256i magic = _mm256_add_epi32(_mm256_add_epi32(e, _mm256_srli_epi32(e, 20)),
+                                         _mm256_set1_epi32(static_cast<std::int32_t>(kMagicPlus)));
+  __m256i code = _mm256_and_si256(
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(magic))),
+      _mm256_set1_epi32(0x7F));
+  code = _mm256_or_si256(code, sign);
   if (torch_nan) {
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
     code = _mm256_blendv_epi8(code, _mm256_set1_epi32(0x7F), nan);
@@ -122,11 +141,75 @@ TPRELOAD_AVX2 inline __m256 load8(const fp8::HalfBits* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// The magnitude bits of a float32, bfloat16 or float16 value (non-negative
+// values order as their bits, a NaN above every number, in either width), and
+// the value of the largest.
+inline std::uint32_t magnitude_bits(float v) {
+  return fbits::bits_of(v) & 0x7FFFFFFFu;
+}
+template <typename T>
+std::uint32_t magnitude_bits(T v) {
+  return v.bits & 0x7FFFu;
+}
+inline float of_magnitude_bits(std::uint32_t b, const float*) {
+  return fbits::float_of(b);
+}
+template <typename T>
+float of_magnitude_bits(std::uint32_t b, const T*) {
+  return fp8::as_float(T{static_cast<std::uint16_t>(b)});
+}
+// A 16-bit type's infinity: the magnitudes above it are NaNs.
+constexpr std::uint16_t infinity_bits(const fp8::Bf16Bits*) {
+  return 0x7F80;
+}
+constexpr std::uint16_t infinity_bits(const fp8::HalfBits*) {
+  return 0x7C00;
+}
+
+// fp8::amax_of of bfloat16 or float16 values in their own width, 32 or 16 at
+// a time: the largest magnitude pattern that is not a NaN's.
+template <typename T>
+TPRELOAD_AVX512 float amax16_avx512(const T* x, std::uint64_t n) {
+  const __m512i abs_mask = _mm512_set1_epi16(0x7FFF), inf = _mm512_set1_epi16(infinity_bits(x));
+  __m512i m = _mm512_setzero_si512();
+  std::uint64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i v = _mm512_and_si512(_mm512_loadu_si512(x + i), abs_mask);
+    m = _mm512_mask_max_epu16(m, _mm512_cmple_epu16_mask(v, inf), m, v);
+  }
+  alignas(64) T lanes[32];
+  _mm512_store_si512(lanes, m);
+  std::uint32_t top = 0;
+  for (const T l : lanes) top = std::max(top, magnitude_bits(l));
+  const float amax = of_magnitude_bits(top, x), tail = fp8::amax_of(x + i, n - i);
+  return tail > amax ? tail : amax;
+}
+
+template <typename T>
+TPRELOAD_AVX2 float amax16_avx2(const T* x, std::uint64_t n) {
+  const __m256i abs_mask = _mm256_set1_epi16(0x7FFF), inf = _mm256_set1_epi16(infinity_bits(x));
+  __m256i m = _mm256_setzero_si256();
+  std::uint64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i v =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), abs_mask);
+    // (magnitudes are below 0x8000: the signed compare orders them)
+    m = _mm256_max_epu16(m, _mm256_andnot_si256(_mm256_cmpgt_epi16(v, inf), v));
+  }
+  alignas(32) T lanes[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
+  std::uint32_t top = 0;
+  for (const T l : lanes) top = std::max(top, magnitude_bits(l));
+  const float amax = of_magnitude_bits(top, x), tail = fp8::amax_of(x + i, n - i);
+  return tail > amax ? tail : amax;
+}
+
 // fp8::amax_of by the float max, whose NaN operand is ignored when it comes
 // first (_mm*_max_ps returns the second operand then); fp8::quantize_with_amax.
 
 template <typename T>
 TPRELOAD_AVX512 float amax_avx512(const T* x, std::uint64_t n) {
+  if constexpr (sizeof(T) == 2) return amax16_avx512(x, n);
   const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
   __m512 m0 = _mm512_setzero_ps(), m1 = m0;
   std::uint64_t i = 0;
@@ -153,6 +236,7 @@ TPRELOAD_AVX512 void encode_avx512(const T* x, std::uint64_t n, float amax, std:
 
 template <typename T>
 TPRELOAD_AVX2 float amax_avx2(const T* x, std::uint64_t n) {
+  if constexpr (sizeof(T) == 2) return amax16_avx2(x, n);
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   __m256 m0 = _mm256_setzero_ps(), m1 = m0;
   std::uint64_t i = 0;
@@ -179,32 +263,63 @@ TPRELOAD_AVX2 void encode_avx2(const T* x, std::uint64_t n, float amax, std::uin
 }
 
 // fp8::quantize_block_step, a tile at a time: the tile's amax as the largest
-// |x| bit pattern (non-negative floats order as their bits; a NaN's pattern is
-// above every number's, so a NaN is the amax, as fp8::nan_max makes it), then its
-// codes. A row of the tile in whole vectors, its last columns one by one.
+// |x| bit pattern in the staged type's own width (non-negative floats, float32,
+// bfloat16 or float16, order as their bits; a NaN's pattern is above every
+// number's, so a NaN is the amax, as fp8::nan_max makes it), then its codes. A
+// row of the tile in whole vectors, its last columns one by one.
+
+template <typename T>
+TPRELOAD_AVX512 float tile_amax_avx512(const T* x, std::int64_t h, std::int64_t w,
+                                       std::int64_t pitch) {
+  constexpr bool k16 = sizeof(T) == 2;
+  constexpr std::int64_t kLanes = 64 / sizeof(T);
+  const __m512i abs_mask = k16 ? _mm512_set1_epi16(0x7FFF) : _mm512_set1_epi32(0x7FFFFFFF);
+  __m512i m = _mm512_setzero_si512();
+  std::uint32_t top = 0;
+  const std::int64_t whole = w / kLanes * kLanes;
+  for (std::int64_t r = 0; r < h; ++r) {
+    const T* row = x + r * pitch;
+    for (std::int64_t c = 0; c < whole; c += kLanes) {
+      const __m512i v = _mm512_and_si512(_mm512_loadu_si512(row + c), abs_mask);
+      m = k16 ? _mm512_max_epu16(m, v) : _mm512_max_epu32(m, v);
+    }
+    for (std::int64_t c = whole; c < w; ++c) top = std::max(top, magnitude_bits(row[c]));
+  }
+  alignas(64) T lanes[kLanes];
+  _mm512_store_si512(lanes, m);
+  for (const T l : lanes) top = std::max(top, magnitude_bits(l));
+  return of_magnitude_bits(top, x);
+}
+
+template <typename T>
+TPRELOAD_AVX2 float tile_amax_avx2(const T* x, std::int64_t h, std::int64_t w, std::int64_t pitch) {
+  constexpr bool k16 = sizeof(T) == 2;
+  constexpr std::int64_t kLanes = 32 / sizeof(T);
+  const __m256i abs_mask = k16 ? _mm256_set1_epi16(0x7FFF) : _mm256_set1_epi32(0x7FFFFFFF);
+  __m256i m = _mm256_setzero_si256();
+  std::uint32_t top = 0;
+  const std::int64_t whole = w / kLanes * kLanes;
+  for (std::int64_t r = 0; r < h; ++r) {
+    const T* row = x + r * pitch;
+    for (std::int64_t c = 0; c < whole; c += kLanes) {
+      const __m256i v =
+          _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c)), abs_mask);
+      m = k16 ? _mm256_max_epu16(m, v) : _mm256_max_epu32(m, v);
+    }
+    for (std::int64_t c = whole; c < w; ++c) top = std::max(top, magnitude_bits(row[c]));
+  }
+  alignas(32) T lanes[kLanes];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
+  for (const T l : lanes) top = std::max(top, magnitude_bits(l));
+  return of_magnitude_bits(top, x);
+}
 
 template <typename T>
 TPRELOAD_AVX512 float tile_avx512(const T* x, std::int64_t h, std::int64_t w, std::int64_t pitch,
                                   std::uint8_t* codes) {
-  const __m512i abs_mask = _mm512_set1_epi32(0x7FFFFFFF);
-  __m512i m = _mm512_setzero_si512();
-  std::uint32_t tail = 0;
-  const std::int64_t whole = w / 16 * 16;
-  for (std::int64_t r = 0; r < h; ++r) {
-    const T* row = x + r * pitch;
-    for (std::int64_t c = 0; c < whole; c += 16)
-      m = _mm512_max_epu32(m, _mm512_and_si512(_mm512_castps_si512(load16(row + c)), abs_mask));
-    for (std::int64_t c = whole; c < w; ++c) {
-      const std::uint32_t u = fbits::bits_of(fp8::as_float(row[c])) & 0x7FFFFFFFu;
-      tail = u > tail ? u : tail;
-    }
-  }
-  std::uint32_t bits = _mm512_reduce_max_epu32(m);
-  bits = tail > bits ? tail : bits;
-  float amax;
-  std::memcpy(&amax, &bits, 4);
-  const float s = fp8::block_scale(amax), inverse = 1.0f / s;
+  const float s = fp8::block_scale(tile_amax_avx512(x, h, w, pitch)), inverse = 1.0f / s;
   const __m512 inv = _mm512_set1_ps(inverse);
+  const std::int64_t whole = w / 16 * 16;
   for (std::int64_t r = 0; r < h; ++r) {
     const T* row = x + r * pitch;
     std::uint8_t* out = codes + r * pitch;
@@ -220,27 +335,9 @@ TPRELOAD_AVX512 float tile_avx512(const T* x, std::int64_t h, std::int64_t w, st
 template <typename T>
 TPRELOAD_AVX2 float tile_avx2(const T* x, std::int64_t h, std::int64_t w, std::int64_t pitch,
                               std::uint8_t* codes) {
-  const __m256i abs_mask = _mm256_set1_epi32(0x7FFFFFFF);
-  __m256i m = _mm256_setzero_si256();
-  std::uint32_t tail = 0;
-  const std::int64_t whole = w / 8 * 8;
-  for (std::int64_t r = 0; r < h; ++r) {
-    const T* row = x + r * pitch;
-    for (std::int64_t c = 0; c < whole; c += 8)
-      m = _mm256_max_epu32(m, _mm256_and_si256(_mm256_castps_si256(load8(row + c)), abs_mask));
-    for (std::int64_t c = whole; c < w; ++c) {
-      const std::uint32_t u = fbits::bits_of(fp8::as_float(row[c])) & 0x7FFFFFFFu;
-      tail = u > tail ? u : tail;
-    }
-  }
-  alignas(32) std::uint32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), m);
-  std::uint32_t bits = tail;
-  for (const std::uint32_t l : lanes) bits = l > bits ? l : bits;
-  float amax;
-  std::memcpy(&amax, &bits, 4);
-  const float s = fp8::block_scale(amax), inverse = 1.0f / s;
+  const float s = fp8::block_scale(tile_amax_avx2(x, h, w, pitch)), inverse = 1.0f / s;
   const __m256 inv = _mm256_set1_ps(inverse);
+  const std::int64_t whole = w / 8 * 8;
   for (std::int64_t r = 0; r < h; ++r) {
     const T* row = x + r * pitch;
     std::uint8_t* out = codes + r * pitch;
