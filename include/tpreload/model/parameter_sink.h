@@ -31,6 +31,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -215,9 +216,14 @@ class ParameterSink {
   std::vector<std::uint64_t> staged_at_;
   // Online FP8 weights' rows in the model's dtype (ParamSpec::quantize_fp8), by slot:
   // taken by their first write, spare once their layer is processed (about two
-  // layers' worth, kept warm from one reload to the next).
+  // layers' worth, kept warm from one reload to the next). Per tensor, and on a
+  // device; block FP8 on the host stages per band (partial_bands_).
   std::vector<Buffer> staged_rows_;
-  std::vector<Buffer> spare_rows_;  // processed layers' staged rows, reused by the next
+  std::vector<Buffer> spare_rows_;  // staged rows done with, reused by the next of their size
+  Buffer rows_buffer(std::uint64_t bytes);
+  // Per slot: whether this load has written the weight's rows yet (its amaxes
+  // and band counts start again at its first write).
+  std::vector<char> rows_begun_;
   // Per slot, per expert (one without experts): the amax of the staged rows so
   // far, taken as they land (host memory, per-tensor online FP8).
   std::vector<std::vector<float>> staged_amax_;
@@ -239,11 +245,14 @@ class ParameterSink {
   };
   static Bands bands_of(const ParamSpec& param, std::int64_t block);
   void quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band, const std::byte* x);
-  void quantize_bands_left(const ScaleStep& step);
+  void check_bands_quantized(const ScaleStep& step) const;
   std::byte* staged_row(ParamSlot slot, std::int64_t row);
   // Per slot, per band: rows staged so far in this load (a band is quantized
   // when they reach its height).
   std::vector<std::vector<std::int64_t>> band_rows_;
+  // Online block FP8 on the host: the bands that came in parts, by (slot,
+  // band), their rows so far (band row i at i rows in), until the last lands.
+  std::map<std::pair<ParamSlot, std::int64_t>, Buffer> partial_bands_;
   Buffer round_scratch_;          // rows of another dtype rounded to the model's on their way in
   std::vector<ScaleStep> steps_;  // scale_steps(steps_rank_), made on first use
   int steps_rank_ = -1;

@@ -73,6 +73,7 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
   }
   if (staged) staging_ = (device_ ? device_->memory() : host_allocator()).allocate(staged * 4);
   staged_rows_.resize(storage_.size());
+  rows_begun_.assign(storage_.size(), 0);
   staged_amax_.resize(storage_.size());
   band_rows_.resize(storage_.size());
 }
@@ -168,36 +169,47 @@ std::byte* ParameterSink::staged_row(ParamSlot slot, std::int64_t row) {
          static_cast<std::uint64_t>(row) * cols * dtype_size(rules_.config().dtype);
 }
 
+// A staging buffer of `bytes` for online FP8 rows: a spare one of this size if
+// there is one (layers are alike, and fresh memory costs its first touch,
+// about 1.4 s per GB on these machines), else a new one.
+Buffer ParameterSink::rows_buffer(std::uint64_t bytes) {
+  const auto spare = std::find_if(spare_rows_.begin(), spare_rows_.end(),
+                                  [&](const Buffer& b) { return b.size() == bytes; });
+  if (spare == spare_rows_.end())
+    return (device_ ? device_->memory() : host_allocator()).allocate(bytes);
+  Buffer b = std::move(*spare);
+  spare_rows_.erase(spare);
+  return b;
+}
+
 // Online FP8: the rows in the model's dtype (vLLM loads them into a parameter
 // of that dtype, then quantizes it: values of another dtype are rounded to it
-// first), in the weight's staging buffer, until its layer is processed.
+// first), staged until they can be quantized. Per tensor (and on a device) in
+// the weight's staging buffer until its layer is processed; per block on the
+// host, a band of 128 rows that a write brings whole is quantized straight from
+// it, and one that comes in parts is staged in a buffer of its own, quantized
+// when its last rows land.
 void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
   const std::int64_t cols = static_cast<std::int64_t>(param_row_bytes(param.shape, param.dtype) /
                                                       dtype_size(param.dtype));
   const DType model = rules_.config().dtype;
   const std::uint64_t size = dtype_size(model);
-  Buffer& rows = staged_rows_[w.slot];
-  if (!rows) {
-    // A spare one of this size if there is one: layers are alike, and fresh
-    // memory costs its first touch (about 1.4 s per GB on these machines).
-    const std::uint64_t bytes = static_cast<std::uint64_t>(param_rows(param.shape) * cols) * size;
-    const auto spare = std::find_if(spare_rows_.begin(), spare_rows_.end(),
-                                    [&](const Buffer& b) { return b.size() == bytes; });
-    if (spare != spare_rows_.end()) {
-      rows = std::move(*spare);
-      spare_rows_.erase(spare);
-    } else {
-      rows = (device_ ? device_->memory() : host_allocator()).allocate(bytes);
-    }
+  const std::int64_t block = online_fp8_block(rules_.quantization());
+  const bool by_band = block && !device_;
+  if (!rows_begun_[w.slot]) {  // (this load's first write of the weight)
+    rows_begun_[w.slot] = 1;
     staged_amax_[w.slot].assign(param.shape.size() == 3 ? param.shape[0] : 1, 0.0f);
-    if (const std::int64_t block = online_fp8_block(rules_.quantization()))
+    if (by_band)
       band_rows_[w.slot].assign(bands_of(param, block).count(), 0);
+    else
+      staged_rows_[w.slot] =
+          rows_buffer(static_cast<std::uint64_t>(param_rows(param.shape) * cols) * size);
   }
-  std::byte* dst = staged_row(w.slot, w.dest_row);
   const std::byte* in = src + w.src_offset;
   const std::uint64_t width = static_cast<std::uint64_t>(cols) * size;
   const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
   if (device_) {
+    std::byte* dst = staged_row(w.slot, w.dest_row);
     if (w.src_dtype == model)
       stream().copy_rows(dst, width, in, w.src_pitch, width, static_cast<std::uint64_t>(w.rows),
                          CopyKind::kDeviceToDevice);
@@ -205,12 +217,13 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
       stream().convert(in, w.src_dtype, stride, dst, model, w.rows, cols);
     return;
   }
-  // On the host, a row at a time (into the staged rows); per tensor, the amax
-  // of each row taken while it is in the cache, into its expert's (the
-  // weight's one without experts).
-  auto stage = [&](std::int64_t first, std::int64_t end, float* amax, std::int64_t per) {
+  // On the host, a row at a time: rows [first, end) of the write into `dst`
+  // (its first row's place); per tensor, the amax of each row taken while it
+  // is in the cache, into its expert's (the weight's one without experts).
+  auto stage = [&](std::int64_t first, std::int64_t end, std::byte* dst, float* amax,
+                   std::int64_t per) {
     for (std::int64_t r = first; r < end; ++r) {
-      std::byte* row = dst + r * width;
+      std::byte* row = dst + (r - first) * width;
       if (w.src_dtype == model)
         std::memcpy(row, in + r * w.src_pitch, width);
       else
@@ -221,41 +234,49 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
       m = a > m ? a : m;  // (NaNs ignored, as in the amax)
     }
   };
-  const std::int64_t block = online_fp8_block(rules_.quantization());
   if (!block) {
     float* amax = staged_amax_[w.slot].data();
-    stage(0, w.rows, amax,
+    stage(0, w.rows, staged_row(w.slot, w.dest_row), amax,
           param_rows(param.shape) / static_cast<std::int64_t>(staged_amax_[w.slot].size()));
     return;
   }
-  // With blocks, a band of rows this write brings whole, in the model's dtype
-  // and row after row, is quantized straight from the write's rows (no staging
-  // copy); one it completes, from the staged rows while they are in the cache;
-  // the rest when the layer is processed.
   const bool direct = w.src_dtype == model && w.src_pitch == width;
   const Bands bands = bands_of(param, block);
   auto& counts = band_rows_[w.slot];
   for (std::int64_t r = w.dest_row; r < w.dest_row + w.rows;) {
     const std::int64_t band = bands.of_row(r), end = std::min(bands.end(band), w.dest_row + w.rows);
-    const bool whole = r == bands.first(band) && end == bands.end(band);
-    if (direct && whole && counts[band] == 0) {
+    const std::int64_t first = bands.first(band), height = bands.end(band) - first;
+    if (direct && r == first && end - r == height && counts[band] == 0) {
       quantize_band(w.slot, bands, band, in + (r - w.dest_row) * w.src_pitch);
     } else {
-      stage(r - w.dest_row, end - w.dest_row, nullptr, 1);
-      if (counts[band] + (end - r) == bands.end(band) - bands.first(band))
-        quantize_band(w.slot, bands, band, staged_row(w.slot, bands.first(band)));
+      Buffer& part = partial_bands_[{w.slot, band}];
+      if (!part) part = rows_buffer(static_cast<std::uint64_t>(height) * width);
+      stage(r - w.dest_row, end - w.dest_row,
+            part.data() + static_cast<std::uint64_t>(r - first) * width, nullptr, 1);
+      if (counts[band] + (end - r) == height) {
+        quantize_band(w.slot, bands, band, part.data());
+        spare_rows_.push_back(std::move(part));
+        partial_bands_.erase({w.slot, band});
+      }
     }
     counts[band] += end - r;
     r = end;
   }
 }
 
-// The bands of a block step's expert that did not complete as they landed.
-void ParameterSink::quantize_bands_left(const ScaleStep& step) {
-  const Bands bands = bands_of(rules_.params()[step.weight], step.block);
-  for (std::int64_t band = step.out_row; band < step.out_row + bands.per_band_row; ++band)
-    if (band_rows_[step.weight][band] != bands.end(band) - bands.first(band))
-      quantize_band(step.weight, bands, band, staged_row(step.weight, bands.first(band)));
+// A block step's expert at processing: every band was quantized as its rows
+// landed (a weight this load brought only in part is refused before this).
+void ParameterSink::check_bands_quantized(const ScaleStep& step) const {
+  const ParamSpec& param = rules_.params()[step.weight];
+  const Bands bands = bands_of(param, step.block);
+  for (std::int64_t band = step.out_row; band < step.out_row + bands.per_band_row; ++band) {
+    const std::int64_t height = bands.end(band) - bands.first(band),
+                       got = band_rows_[step.weight][band];
+    if (got != height)
+      raise<ModelError>("online block FP8 of '", param.name, "': rows [", bands.first(band), ", ",
+                        bands.end(band), ") got ", got, " of their ", height,
+                        " rows in this load (a band is quantized once all its rows arrived)");
+  }
 }
 
 // Online block FP8 on the host: one band of a weight's rows, in the model's
@@ -312,8 +333,8 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
       const auto cols = static_cast<std::int64_t>(width);
       if (step.block && device_)
         stream().quantize_fp8_block(x, model, step.rows, cols, step.block, codes, out);
-      else if (step.block)  // (the bands not quantized as they landed)
-        quantize_bands_left(step);
+      else if (step.block)  // (quantized band by band as the rows landed)
+        check_bands_quantized(step);
       else if (device_)
         stream().quantize_fp8(x, model, n, codes, out);
       else  // (the amax taken as the rows landed)
@@ -333,8 +354,10 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
   flush();
   // (online FP8: the layer's float32 rows are done; kept for the next layer's)
   for (const ScaleStep& step : steps_)
-    if (step.layer == layer && step.quantize && staged_rows_[step.weight])
-      spare_rows_.push_back(std::move(staged_rows_[step.weight]));
+    if (step.layer == layer && step.quantize) {
+      rows_begun_[step.weight] = 0;
+      if (staged_rows_[step.weight]) spare_rows_.push_back(std::move(staged_rows_[step.weight]));
+    }
 }
 
 Brought ParameterSink::brought(ParamSlot slot) const {
@@ -493,6 +516,7 @@ std::uint64_t ParameterSink::processing_staging_bytes() const {
   std::uint64_t bytes = staging_.size();
   for (const Buffer& b : staged_rows_) bytes += b.size();
   for (const Buffer& b : spare_rows_) bytes += b.size();
+  for (const auto& [band, b] : partial_bands_) bytes += b.size();
   return bytes;
 }
 
@@ -503,6 +527,9 @@ void ParameterSink::begin_load() {
   // leaves them: spare, their amaxes started again when next taken)
   for (Buffer& rows : staged_rows_)
     if (rows) spare_rows_.push_back(std::move(rows));
+  for (auto& [band, rows] : partial_bands_) spare_rows_.push_back(std::move(rows));
+  partial_bands_.clear();
+  rows_begun_.assign(storage_.size(), 0);
   touched_.assign(storage_.size(), false);
   commit_began_ = false;
 }
