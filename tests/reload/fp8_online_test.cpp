@@ -397,17 +397,18 @@ TEST(Fp8Online, ALoadThatFailedLeavesNoStagedAmaxBehind) {
   }
 }
 
-// The report counts what the sink holds for the processing: after a reload of
-// the one-layer MoE model at tp 1, per tensor every quantized weight of the
-// layer staged in bfloat16 (2 bytes a value), kept for the next reload; per
-// block, at most the bands that came in parts.
+// The report counts what the sink holds for the processing after a reload of
+// the one-layer MoE model at tp 1 (kept for the next reload): staging per unit,
+// not per layer. Per tensor a unit is an expert (a weight without experts), all
+// of it staged for its amax: each size at most once here, as the checkpoint
+// brings an expert's tensors one after another (not the layer: 4 experts).
+// Per block, only the 128-row bands that straddle two checkpoint tensors come
+// in parts (each tensor is one write here): qkv's at q|k and k|v, each
+// expert's w13 at gate|up; every other band is quantized from its write.
 TEST(Fp8Online, TheReportCountsTheStagedWeights) {
   const Checkpoint c = testdata::fp8_moe_checkpoint(kSizes, add_bf16);
   const std::int64_t qkv = (kHeads + 2 * kKv) * kHd * kH, o = kHeads * kHd * kH;
-  const std::int64_t experts = kExperts * (2 * kMoeInter * kH + kH * kMoeInter);
-  // Per block, only the 128-row bands that straddle two checkpoint tensors
-  // come in parts (each tensor is one write here): qkv's at q|k and k|v, each
-  // expert's w13 at gate|up; every other band is quantized from its write.
+  const std::int64_t w13 = 2 * kMoeInter * kH, w2 = kH * kMoeInter;
   auto straddled = [](std::vector<std::int64_t> edges) {
     std::set<std::int64_t> bands;
     for (const std::int64_t e : edges)
@@ -423,7 +424,8 @@ TEST(Fp8Online, TheReportCountsTheStagedWeights) {
     auto source = c.source();
     const ReloadResult r = reload_weights(model, *control, source.get(), ReloadOptions{});
     if (!s.blocks) {
-      EXPECT_EQ(r.processing_staging_bytes, static_cast<std::uint64_t>((qkv + o + experts) * 2));
+      EXPECT_GE(r.processing_staging_bytes, static_cast<std::uint64_t>(qkv * 2));
+      EXPECT_LE(r.processing_staging_bytes, static_cast<std::uint64_t>((qkv + o + w13 + w2) * 2));
       continue;
     }
     EXPECT_GT(r.processing_staging_bytes, 0u);

@@ -17,9 +17,11 @@
 //
 // FP8 processing: a per-tensor FP8 checkpoint's scale write
 // (WriteKind::kStageScale) lands in the sink's staging, one float32 per shard
-// of its parameter, an online FP8 weight's rows (kStageRows) in a copy of the
-// weight in the model's dtype that lives until its layer is processed; process_layer()
-// requantizes or quantizes the layer's weights and writes their scales.
+// of its parameter; process_layer() requantizes the layer's weights and writes
+// their scales. An online FP8 weight's rows (kStageRows), in the model's dtype:
+// on the host quantized as each unit (an expert per tensor, a band of 128 rows
+// per block) completes, staged only while it is in parts; on a device staged
+// as the whole weight until process_layer() quantizes the layer.
 //
 // Atomic reloads: begin_shadow() gives every parameter a second copy in the same
 // memory space (holding its current bytes) and sends every later write, zero and
@@ -214,21 +216,22 @@ class ParameterSink {
   // space: slot s's shards at staging_ + staged_at_[s] floats.
   Buffer staging_;
   std::vector<std::uint64_t> staged_at_;
-  // Online FP8 weights' rows in the model's dtype (ParamSpec::quantize_fp8), by slot:
-  // taken by their first write, spare once their layer is processed (about two
-  // layers' worth, kept warm from one reload to the next). Per tensor, and on a
-  // device; block FP8 on the host stages per band (partial_bands_).
+  // Online FP8 weights' rows in the model's dtype (ParamSpec::quantize_fp8) on a
+  // device, by slot: taken by their first write, spare once their layer is
+  // processed (about two layers' worth, kept warm from one reload to the next).
+  // On the host they are staged per unit (partial_units_).
   std::vector<Buffer> staged_rows_;
   std::vector<Buffer> spare_rows_;  // staged rows done with, reused by the next of their size
   Buffer rows_buffer(std::uint64_t bytes);
   // Per slot: whether this load has written the weight's rows yet (its amaxes
-  // and band counts start again at its first write).
+  // and unit counts start again at its first write).
   std::vector<char> rows_begun_;
   // Per slot, per expert (one without experts): the amax of the staged rows so
   // far, taken as they land (host memory, per-tensor online FP8).
   std::vector<std::vector<float>> staged_amax_;
-  // Online block FP8 on the host: a weight's rows in bands of `block` rows of
-  // one expert (the last of each expert fewer), band b a row of its grid.
+  // A weight's rows in bands of `block` rows of one expert (the last of each
+  // expert fewer), band b a row of its grid; with `block` the expert's rows,
+  // one band per expert.
   struct Bands {
     std::int64_t experts, per_expert, per_band_row, block;  // per_band_row: bands per expert
     std::int64_t count() const { return experts * per_band_row; }
@@ -244,15 +247,18 @@ class ParameterSink {
     }
   };
   static Bands bands_of(const ParamSpec& param, std::int64_t block);
-  void quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band, const std::byte* x);
-  void check_bands_quantized(const ScaleStep& step) const;
+  // Online FP8 on the host quantizes a weight in units: per block its bands,
+  // per tensor its experts (the whole weight without experts).
+  Bands units_of(const ParamSpec& param) const;
+  void quantize_unit(ParamSlot slot, const Bands& units, std::int64_t unit, const std::byte* x);
+  void check_units_quantized(const ScaleStep& step) const;
   std::byte* staged_row(ParamSlot slot, std::int64_t row);
-  // Per slot, per band: rows staged so far in this load (a band is quantized
+  // Per slot, per unit: rows written so far in this load (a unit is quantized
   // when they reach its height).
-  std::vector<std::vector<std::int64_t>> band_rows_;
-  // Online block FP8 on the host: the bands that came in parts, by (slot,
-  // band), their rows so far (band row i at i rows in), until the last lands.
-  std::map<std::pair<ParamSlot, std::int64_t>, Buffer> partial_bands_;
+  std::vector<std::vector<std::int64_t>> unit_rows_;
+  // The units that came in parts, by (slot, unit): their rows so far (the
+  // unit's row i at i rows in), until the last lands.
+  std::map<std::pair<ParamSlot, std::int64_t>, Buffer> partial_units_;
   Buffer round_scratch_;          // rows of another dtype rounded to the model's on their way in
   std::vector<ScaleStep> steps_;  // scale_steps(steps_rank_), made on first use
   int steps_rank_ = -1;

@@ -75,7 +75,7 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
   staged_rows_.resize(storage_.size());
   rows_begun_.assign(storage_.size(), 0);
   staged_amax_.resize(storage_.size());
-  band_rows_.resize(storage_.size());
+  unit_rows_.resize(storage_.size());
 }
 
 ParameterSink::~ParameterSink() {
@@ -169,41 +169,45 @@ std::byte* ParameterSink::staged_row(ParamSlot slot, std::int64_t row) {
          static_cast<std::uint64_t>(row) * cols * dtype_size(rules_.config().dtype);
 }
 
-// A staging buffer of `bytes` for online FP8 rows: a spare one of this size if
-// there is one (layers are alike, and fresh memory costs its first touch,
-// about 1.4 s per GB on these machines), else a new one.
+// A staging buffer of at least `bytes` for online FP8 rows: the smallest spare
+// one that holds them (units complete mostly one after another, so a few
+// buffers serve a whole model; fresh memory costs its first touch, about 1.4 s
+// per GB on these machines), else a new one.
 Buffer ParameterSink::rows_buffer(std::uint64_t bytes) {
-  const auto spare = std::find_if(spare_rows_.begin(), spare_rows_.end(),
-                                  [&](const Buffer& b) { return b.size() == bytes; });
-  if (spare == spare_rows_.end())
+  auto best = spare_rows_.end();
+  for (auto it = spare_rows_.begin(); it != spare_rows_.end(); ++it)
+    if (it->size() >= bytes && (best == spare_rows_.end() || it->size() < best->size())) best = it;
+  if (best == spare_rows_.end())
     return (device_ ? device_->memory() : host_allocator()).allocate(bytes);
-  Buffer b = std::move(*spare);
-  spare_rows_.erase(spare);
+  Buffer b = std::move(*best);
+  spare_rows_.erase(best);
   return b;
 }
 
 // Online FP8: the rows in the model's dtype (vLLM loads them into a parameter
 // of that dtype, then quantizes it: values of another dtype are rounded to it
-// first), staged until they can be quantized. Per tensor (and on a device) in
-// the weight's staging buffer until its layer is processed; per block on the
-// host, a band of 128 rows that a write brings whole is quantized straight from
-// it, and one that comes in parts is staged in a buffer of its own, quantized
-// when its last rows land.
+// first), staged until they can be quantized. On a device, in the weight's
+// staging buffer until its layer is processed. On the host, in units of rows
+// (units_of): a unit that a write brings whole (per block, in the model's dtype
+// and row after row) is quantized straight from it; one that comes in parts is
+// staged in a buffer of its own and quantized when its last rows land. Per
+// tensor the unit is an expert (the weight without experts), whose amax is
+// taken row by row as its rows are staged, so it is always staged.
 void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
   const std::int64_t cols = static_cast<std::int64_t>(param_row_bytes(param.shape, param.dtype) /
                                                       dtype_size(param.dtype));
   const DType model = rules_.config().dtype;
   const std::uint64_t size = dtype_size(model);
   const std::int64_t block = online_fp8_block(rules_.quantization());
-  const bool by_band = block && !device_;
+  const Bands units = units_of(param);
   if (!rows_begun_[w.slot]) {  // (this load's first write of the weight)
     rows_begun_[w.slot] = 1;
-    staged_amax_[w.slot].assign(param.shape.size() == 3 ? param.shape[0] : 1, 0.0f);
-    if (by_band)
-      band_rows_[w.slot].assign(bands_of(param, block).count(), 0);
-    else
+    staged_amax_[w.slot].assign(units.experts, 0.0f);
+    if (device_)
       staged_rows_[w.slot] =
           rows_buffer(static_cast<std::uint64_t>(param_rows(param.shape) * cols) * size);
+    else
+      unit_rows_[w.slot].assign(units.count(), 0);
   }
   const std::byte* in = src + w.src_offset;
   const std::uint64_t width = static_cast<std::uint64_t>(cols) * size;
@@ -217,11 +221,11 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
       stream().convert(in, w.src_dtype, stride, dst, model, w.rows, cols);
     return;
   }
-  // On the host, a row at a time: rows [first, end) of the write into `dst`
-  // (its first row's place); per tensor, the amax of each row taken while it
-  // is in the cache, into its expert's (the weight's one without experts).
-  auto stage = [&](std::int64_t first, std::int64_t end, std::byte* dst, float* amax,
-                   std::int64_t per) {
+  // Rows [first, end) of the write into `dst` (its first row's place), a row at
+  // a time; per tensor, the amax of each row taken while it is in the cache,
+  // into its expert's.
+  float* amax = block ? nullptr : staged_amax_[w.slot].data();
+  auto stage = [&](std::int64_t first, std::int64_t end, std::byte* dst) {
     for (std::int64_t r = first; r < end; ++r) {
       std::byte* row = dst + (r - first) * width;
       if (w.src_dtype == model)
@@ -229,71 +233,78 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
       else
         convert_rows(in + r * w.src_pitch, w.src_dtype, stride, row, model, 1, cols);
       if (!amax) continue;
-      float& m = amax[(w.dest_row + r) / per];
+      float& m = amax[(w.dest_row + r) / units.per_expert];
       const float a = fp8_amax_host(row, model, static_cast<std::uint64_t>(cols));
       m = a > m ? a : m;  // (NaNs ignored, as in the amax)
     }
   };
-  if (!block) {
-    float* amax = staged_amax_[w.slot].data();
-    stage(0, w.rows, staged_row(w.slot, w.dest_row), amax,
-          param_rows(param.shape) / static_cast<std::int64_t>(staged_amax_[w.slot].size()));
-    return;
-  }
-  const bool direct = w.src_dtype == model && w.src_pitch == width;
-  const Bands bands = bands_of(param, block);
-  auto& counts = band_rows_[w.slot];
+  const bool direct = block && w.src_dtype == model && w.src_pitch == width;
+  auto& counts = unit_rows_[w.slot];
   for (std::int64_t r = w.dest_row; r < w.dest_row + w.rows;) {
-    const std::int64_t band = bands.of_row(r), end = std::min(bands.end(band), w.dest_row + w.rows);
-    const std::int64_t first = bands.first(band), height = bands.end(band) - first;
-    if (direct && r == first && end - r == height && counts[band] == 0) {
-      quantize_band(w.slot, bands, band, in + (r - w.dest_row) * w.src_pitch);
+    const std::int64_t unit = units.of_row(r), end = std::min(units.end(unit), w.dest_row + w.rows);
+    const std::int64_t first = units.first(unit), height = units.end(unit) - first;
+    if (direct && r == first && end - r == height && counts[unit] == 0) {
+      quantize_unit(w.slot, units, unit, in + (r - w.dest_row) * w.src_pitch);
     } else {
-      Buffer& part = partial_bands_[{w.slot, band}];
+      Buffer& part = partial_units_[{w.slot, unit}];
       if (!part) part = rows_buffer(static_cast<std::uint64_t>(height) * width);
       stage(r - w.dest_row, end - w.dest_row,
-            part.data() + static_cast<std::uint64_t>(r - first) * width, nullptr, 1);
-      if (counts[band] + (end - r) == height) {
-        quantize_band(w.slot, bands, band, part.data());
+            part.data() + static_cast<std::uint64_t>(r - first) * width);
+      if (counts[unit] + (end - r) == height) {
+        quantize_unit(w.slot, units, unit, part.data());
         spare_rows_.push_back(std::move(part));
-        partial_bands_.erase({w.slot, band});
+        partial_units_.erase({w.slot, unit});
       }
     }
-    counts[band] += end - r;
+    counts[unit] += end - r;
     r = end;
   }
 }
 
-// A block step's expert at processing: every band was quantized as its rows
-// landed (a weight this load brought only in part is refused before this).
-void ParameterSink::check_bands_quantized(const ScaleStep& step) const {
+// The units online FP8 on the host stages and quantizes a weight in: per
+// block its bands of 128 rows (each expert's apart), per tensor its experts.
+ParameterSink::Bands ParameterSink::units_of(const ParamSpec& param) const {
+  if (const std::int64_t block = online_fp8_block(rules_.quantization()))
+    return bands_of(param, block);
+  const std::int64_t experts = param.shape.size() == 3 ? param.shape[0] : 1;
+  return bands_of(param, param_rows(param.shape) / experts);
+}
+
+// A step's expert at processing: every unit was quantized as its rows landed
+// (a weight this load brought only in part is refused before this).
+void ParameterSink::check_units_quantized(const ScaleStep& step) const {
   const ParamSpec& param = rules_.params()[step.weight];
-  const Bands bands = bands_of(param, step.block);
-  for (std::int64_t band = step.out_row; band < step.out_row + bands.per_band_row; ++band) {
-    const std::int64_t height = bands.end(band) - bands.first(band),
-                       got = band_rows_[step.weight][band];
+  const Bands units = units_of(param);
+  for (std::int64_t unit = step.out_row; unit < step.out_row + units.per_band_row; ++unit) {
+    const std::int64_t height = units.end(unit) - units.first(unit),
+                       got = unit_rows_[step.weight][unit];
     if (got != height)
-      raise<ModelError>("online block FP8 of '", param.name, "': rows [", bands.first(band), ", ",
-                        bands.end(band), ") got ", got, " of their ", height,
-                        " rows in this load (a band is quantized once all its rows arrived)");
+      raise<ModelError>("online FP8 of '", param.name, "': rows [", units.first(unit), ", ",
+                        units.end(unit), ") got ", got, " of their ", height,
+                        " rows in this load (they are quantized once all arrived)");
   }
 }
 
-// Online block FP8 on the host: one band of a weight's rows, in the model's
-// dtype at `x` (staged, or as a write brought them), into its codes and its
-// row of the grid (ScaleStep::block's arithmetic on those rows).
-void ParameterSink::quantize_band(ParamSlot slot, const Bands& bands, std::int64_t band,
+// Online FP8 on the host: one unit of a weight's rows, in the model's dtype at
+// `x` (staged, or as a write brought them), into its codes and its scale (per
+// tensor: the expert's, from the amax taken as its rows were staged; per
+// block: its row of the grid, ScaleStep::block's arithmetic on those rows).
+void ParameterSink::quantize_unit(ParamSlot slot, const Bands& units, std::int64_t unit,
                                   const std::byte* x) {
   const ParamSpec& param = rules_.params()[slot];
   const ParamSpec& scale = rules_.params()[param.scale_slot];
   const DType model = rules_.config().dtype;
   const auto cols = static_cast<std::int64_t>(param_row_bytes(param.shape, param.dtype));
-  const std::int64_t first = bands.first(band);
-  const std::uint64_t grid_cols = param_row_bytes(scale.shape, DType::kFloat32) / 4;
-  quantize_fp8_blocks_host(
-      x, model, bands.end(band) - first, cols, bands.block,
-      reinterpret_cast<std::uint8_t*>(storage_[slot].data) + first * cols,
-      reinterpret_cast<float*>(storage_[param.scale_slot].data) + band * grid_cols);
+  const std::int64_t first = units.first(unit), rows = units.end(unit) - first;
+  auto* codes = reinterpret_cast<std::uint8_t*>(storage_[slot].data) + first * cols;
+  // (a scale row: the grid's, or one float per expert)
+  auto* out = reinterpret_cast<float*>(storage_[param.scale_slot].data) +
+              unit * (param_row_bytes(scale.shape, DType::kFloat32) / 4);
+  if (!online_fp8_block(rules_.quantization()))
+    quantize_fp8_with_amax_host(x, model, static_cast<std::uint64_t>(rows * cols),
+                                staged_amax_[slot].at(unit), codes, out);
+  else
+    quantize_fp8_blocks_host(x, model, rows, cols, units.block, codes, out);
   touched_[slot] = true;
   touched_[param.scale_slot] = true;
 }
@@ -333,13 +344,10 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
       const auto cols = static_cast<std::int64_t>(width);
       if (step.block && device_)
         stream().quantize_fp8_block(x, model, step.rows, cols, step.block, codes, out);
-      else if (step.block)  // (quantized band by band as the rows landed)
-        check_bands_quantized(step);
       else if (device_)
         stream().quantize_fp8(x, model, n, codes, out);
-      else  // (the amax taken as the rows landed)
-        quantize_fp8_with_amax_host(x, model, n, staged_amax_[step.weight].at(step.out_row), codes,
-                                    out);
+      else  // (quantized unit by unit as the rows landed)
+        check_units_quantized(step);
     } else {
       const float* from = staged + staged_at_[step.scale];
       if (device_)
@@ -516,7 +524,7 @@ std::uint64_t ParameterSink::processing_staging_bytes() const {
   std::uint64_t bytes = staging_.size();
   for (const Buffer& b : staged_rows_) bytes += b.size();
   for (const Buffer& b : spare_rows_) bytes += b.size();
-  for (const auto& [band, b] : partial_bands_) bytes += b.size();
+  for (const auto& [unit, b] : partial_units_) bytes += b.size();
   return bytes;
 }
 
@@ -527,8 +535,8 @@ void ParameterSink::begin_load() {
   // leaves them: spare, their amaxes started again when next taken)
   for (Buffer& rows : staged_rows_)
     if (rows) spare_rows_.push_back(std::move(rows));
-  for (auto& [band, rows] : partial_bands_) spare_rows_.push_back(std::move(rows));
-  partial_bands_.clear();
+  for (auto& [unit, rows] : partial_units_) spare_rows_.push_back(std::move(rows));
+  partial_units_.clear();
   rows_begun_.assign(storage_.size(), 0);
   touched_.assign(storage_.size(), false);
   commit_began_ = false;
