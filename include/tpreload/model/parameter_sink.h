@@ -18,10 +18,9 @@
 // FP8 processing: a per-tensor FP8 checkpoint's scale write
 // (WriteKind::kStageScale) lands in the sink's staging, one float32 per shard
 // of its parameter; process_layer() requantizes the layer's weights and writes
-// their scales. An online FP8 weight's rows (kStageRows), in the model's dtype:
-// on the host quantized as each unit (an expert per tensor, a band of 128 rows
-// per block) completes, staged only while it is in parts; on a device staged
-// as the whole weight until process_layer() quantizes the layer.
+// their scales. An online FP8 weight's rows (kStageRows), in the model's dtype,
+// are quantized as each unit (an expert per tensor, a band of 128 rows per
+// block) completes, staged only while it is in parts (on a device, always).
 //
 // Atomic reloads: begin_shadow() gives every parameter a second copy in the same
 // memory space (holding its current bytes) and sends every later write, zero and
@@ -216,12 +215,9 @@ class ParameterSink {
   // space: slot s's shards at staging_ + staged_at_[s] floats.
   Buffer staging_;
   std::vector<std::uint64_t> staged_at_;
-  // Online FP8 weights' rows in the model's dtype (ParamSpec::quantize_fp8) on a
-  // device, by slot: taken by their first write, spare once their layer is
-  // processed (about two layers' worth, kept warm from one reload to the next).
-  // On the host they are staged per unit (partial_units_).
-  std::vector<Buffer> staged_rows_;
-  std::vector<Buffer> spare_rows_;  // staged rows done with, reused by the next of their size
+  // Online FP8 units' staging buffers done with (partial_units_), reused by the
+  // next units that fit, kept warm from one reload to the next.
+  std::vector<Buffer> spare_rows_;
   Buffer rows_buffer(std::uint64_t bytes);
   // Per slot: whether this load has written the weight's rows yet (its amaxes
   // and unit counts start again at its first write).
@@ -247,12 +243,12 @@ class ParameterSink {
     }
   };
   static Bands bands_of(const ParamSpec& param, std::int64_t block);
-  // Online FP8 on the host quantizes a weight in units: per block its bands,
-  // per tensor its experts (the whole weight without experts).
+  // Online FP8 quantizes a weight in units: per block its bands, per tensor
+  // its experts (the whole weight without experts).
   Bands units_of(const ParamSpec& param) const;
-  void quantize_unit(ParamSlot slot, const Bands& units, std::int64_t unit, const std::byte* x);
+  void quantize_unit(ParamSlot slot, const Bands& units, std::int64_t unit, const std::byte* x,
+                     bool staged);
   void check_units_quantized(const ScaleStep& step) const;
-  std::byte* staged_row(ParamSlot slot, std::int64_t row);
   // Per slot, per unit: rows written so far in this load (a unit is quantized
   // when they reach its height).
   std::vector<std::vector<std::int64_t>> unit_rows_;

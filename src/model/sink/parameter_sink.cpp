@@ -72,7 +72,6 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
     if (spec.staged) staged += spec.shards;
   }
   if (staged) staging_ = (device_ ? device_->memory() : host_allocator()).allocate(staged * 4);
-  staged_rows_.resize(storage_.size());
   rows_begun_.assign(storage_.size(), 0);
   staged_amax_.resize(storage_.size());
   unit_rows_.resize(storage_.size());
@@ -161,14 +160,6 @@ bool ParameterSink::any_loaded(ParamSlot slot) const {
   return false;
 }
 
-// Row `row` of online FP8 weight `slot`'s staged rows (in the model's dtype;
-// the weight's codes are one byte a column).
-std::byte* ParameterSink::staged_row(ParamSlot slot, std::int64_t row) {
-  const std::uint64_t cols = param_row_bytes(rules_.params()[slot].shape, DType::kUInt8);
-  return staged_rows_[slot].data() +
-         static_cast<std::uint64_t>(row) * cols * dtype_size(rules_.config().dtype);
-}
-
 // A staging buffer of at least `bytes` for online FP8 rows: the smallest spare
 // one that holds them (units complete mostly one after another, so a few
 // buffers serve a whole model; fresh memory costs its first touch, about 1.4 s
@@ -186,46 +177,36 @@ Buffer ParameterSink::rows_buffer(std::uint64_t bytes) {
 
 // Online FP8: the rows in the model's dtype (vLLM loads them into a parameter
 // of that dtype, then quantizes it: values of another dtype are rounded to it
-// first), staged until they can be quantized. On a device, in the weight's
-// staging buffer until its layer is processed. On the host, in units of rows
-// (units_of): a unit that a write brings whole (per block, in the model's dtype
-// and row after row) is quantized straight from it; one that comes in parts is
-// staged in a buffer of its own and quantized when its last rows land. Per
-// tensor the unit is an expert (the weight without experts), whose amax is
-// taken row by row as its rows are staged, so it is always staged.
+// first), quantized in units of rows (units_of) as soon as a unit's last rows
+// land. A unit that one write brings whole, in the model's dtype and row after
+// row, is quantized straight from it on the host; one that comes in parts (and
+// every unit on a device) is staged in a buffer of its own until then. Per
+// tensor on the host the amax of a staged unit is taken row by row as it lands.
 void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const std::byte* src) {
   const std::int64_t cols = static_cast<std::int64_t>(param_row_bytes(param.shape, param.dtype) /
                                                       dtype_size(param.dtype));
   const DType model = rules_.config().dtype;
   const std::uint64_t size = dtype_size(model);
-  const std::int64_t block = online_fp8_block(rules_.quantization());
+  const bool per_tensor = !online_fp8_block(rules_.quantization());
   const Bands units = units_of(param);
   if (!rows_begun_[w.slot]) {  // (this load's first write of the weight)
     rows_begun_[w.slot] = 1;
     staged_amax_[w.slot].assign(units.experts, 0.0f);
-    if (device_)
-      staged_rows_[w.slot] =
-          rows_buffer(static_cast<std::uint64_t>(param_rows(param.shape) * cols) * size);
-    else
-      unit_rows_[w.slot].assign(units.count(), 0);
+    unit_rows_[w.slot].assign(units.count(), 0);
   }
   const std::byte* in = src + w.src_offset;
   const std::uint64_t width = static_cast<std::uint64_t>(cols) * size;
   const std::int64_t stride = static_cast<std::int64_t>(w.src_pitch / dtype_size(w.src_dtype));
-  if (device_) {
-    std::byte* dst = staged_row(w.slot, w.dest_row);
-    if (w.src_dtype == model)
-      stream().copy_rows(dst, width, in, w.src_pitch, width, static_cast<std::uint64_t>(w.rows),
-                         CopyKind::kDeviceToDevice);
-    else
-      stream().convert(in, w.src_dtype, stride, dst, model, w.rows, cols);
-    return;
-  }
-  // Rows [first, end) of the write into `dst` (its first row's place), a row at
-  // a time; per tensor, the amax of each row taken while it is in the cache,
-  // into its expert's.
-  float* amax = block ? nullptr : staged_amax_[w.slot].data();
+  // Rows [first, end) of the write into `dst` (its first row's place): on a
+  // device one copy; on the host a row at a time, per tensor with the amax of
+  // each row taken while it is in the cache, into its expert's.
+  float* amax = per_tensor && !device_ ? staged_amax_[w.slot].data() : nullptr;
   auto stage = [&](std::int64_t first, std::int64_t end, std::byte* dst) {
+    const std::byte* from = in + first * w.src_pitch;
+    if (device_ && w.src_dtype == model)
+      return stream().copy_rows(dst, width, from, w.src_pitch, width,
+                                static_cast<std::uint64_t>(end - first), CopyKind::kDeviceToDevice);
+    if (device_) return stream().convert(from, w.src_dtype, stride, dst, model, end - first, cols);
     for (std::int64_t r = first; r < end; ++r) {
       std::byte* row = dst + (r - first) * width;
       if (w.src_dtype == model)
@@ -238,20 +219,21 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
       m = a > m ? a : m;  // (NaNs ignored, as in the amax)
     }
   };
-  const bool direct = block && w.src_dtype == model && w.src_pitch == width;
+  const bool direct = !device_ && w.src_dtype == model && w.src_pitch == width;
   auto& counts = unit_rows_[w.slot];
   for (std::int64_t r = w.dest_row; r < w.dest_row + w.rows;) {
     const std::int64_t unit = units.of_row(r), end = std::min(units.end(unit), w.dest_row + w.rows);
     const std::int64_t first = units.first(unit), height = units.end(unit) - first;
     if (direct && r == first && end - r == height && counts[unit] == 0) {
-      quantize_unit(w.slot, units, unit, in + (r - w.dest_row) * w.src_pitch);
+      quantize_unit(w.slot, units, unit, in + (r - w.dest_row) * w.src_pitch, false);
     } else {
       Buffer& part = partial_units_[{w.slot, unit}];
       if (!part) part = rows_buffer(static_cast<std::uint64_t>(height) * width);
       stage(r - w.dest_row, end - w.dest_row,
             part.data() + static_cast<std::uint64_t>(r - first) * width);
       if (counts[unit] + (end - r) == height) {
-        quantize_unit(w.slot, units, unit, part.data());
+        quantize_unit(w.slot, units, unit, part.data(), true);
+        // (on a device the stream orders the next copy into it after the kernel)
         spare_rows_.push_back(std::move(part));
         partial_units_.erase({w.slot, unit});
       }
@@ -261,7 +243,7 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
   }
 }
 
-// The units online FP8 on the host stages and quantizes a weight in: per
+// The units online FP8 stages and quantizes a weight in: per
 // block its bands of 128 rows (each expert's apart), per tensor its experts.
 ParameterSink::Bands ParameterSink::units_of(const ParamSpec& param) const {
   if (const std::int64_t block = online_fp8_block(rules_.quantization()))
@@ -285,24 +267,30 @@ void ParameterSink::check_units_quantized(const ScaleStep& step) const {
   }
 }
 
-// Online FP8 on the host: one unit of a weight's rows, in the model's dtype at
-// `x` (staged, or as a write brought them), into its codes and its scale (per
-// tensor: the expert's, from the amax taken as its rows were staged; per
-// block: its row of the grid, ScaleStep::block's arithmetic on those rows).
+// One unit of an online FP8 weight's rows, in the model's dtype at `x` (staged,
+// or as a write brought them), into its codes and its scale: per tensor the
+// expert's (on the host from the amax taken as a staged unit landed, else of
+// `x`), per block its row of the grid (ScaleStep::block's arithmetic).
 void ParameterSink::quantize_unit(ParamSlot slot, const Bands& units, std::int64_t unit,
-                                  const std::byte* x) {
+                                  const std::byte* x, bool staged) {
   const ParamSpec& param = rules_.params()[slot];
   const ParamSpec& scale = rules_.params()[param.scale_slot];
   const DType model = rules_.config().dtype;
   const auto cols = static_cast<std::int64_t>(param_row_bytes(param.shape, param.dtype));
   const std::int64_t first = units.first(unit), rows = units.end(unit) - first;
+  const auto n = static_cast<std::uint64_t>(rows * cols);
   auto* codes = reinterpret_cast<std::uint8_t*>(storage_[slot].data) + first * cols;
   // (a scale row: the grid's, or one float per expert)
   auto* out = reinterpret_cast<float*>(storage_[param.scale_slot].data) +
               unit * (param_row_bytes(scale.shape, DType::kFloat32) / 4);
-  if (!online_fp8_block(rules_.quantization()))
-    quantize_fp8_with_amax_host(x, model, static_cast<std::uint64_t>(rows * cols),
-                                staged_amax_[slot].at(unit), codes, out);
+  const bool per_tensor = !online_fp8_block(rules_.quantization());
+  if (device_ && per_tensor)
+    stream().quantize_fp8(x, model, n, codes, out);
+  else if (device_)
+    stream().quantize_fp8_block(x, model, rows, cols, units.block, codes, out);
+  else if (per_tensor)
+    quantize_fp8_with_amax_host(
+        x, model, n, staged ? staged_amax_[slot].at(unit) : fp8_amax_host(x, model, n), codes, out);
   else
     quantize_fp8_blocks_host(x, model, rows, cols, units.block, codes, out);
   touched_[slot] = true;
@@ -338,16 +326,8 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
     // (the scale's rows: one float each, or a grid's rows)
     const std::uint64_t out_width = param_row_bytes(params[step.scale].shape, DType::kFloat32) / 4;
     auto* out = reinterpret_cast<float*>(storage_[step.scale].data) + step.out_row * out_width;
-    if (step.quantize) {  // (rows staged in the model's dtype)
-      const DType model = rules_.config().dtype;
-      const std::byte* x = staged_row(step.weight, step.row);
-      const auto cols = static_cast<std::int64_t>(width);
-      if (step.block && device_)
-        stream().quantize_fp8_block(x, model, step.rows, cols, step.block, codes, out);
-      else if (device_)
-        stream().quantize_fp8(x, model, n, codes, out);
-      else  // (quantized unit by unit as the rows landed)
-        check_units_quantized(step);
+    if (step.quantize) {  // (quantized unit by unit as the rows landed)
+      check_units_quantized(step);
     } else {
       const float* from = staged + staged_at_[step.scale];
       if (device_)
@@ -360,12 +340,9 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
   }
   derive_layer(layer, tp_rank);  // (from the weights as processed above)
   flush();
-  // (online FP8: the layer's float32 rows are done; kept for the next layer's)
+  // (online FP8: the layer's weights start again at their next load's first write)
   for (const ScaleStep& step : steps_)
-    if (step.layer == layer && step.quantize) {
-      rows_begun_[step.weight] = 0;
-      if (staged_rows_[step.weight]) spare_rows_.push_back(std::move(staged_rows_[step.weight]));
-    }
+    if (step.layer == layer && step.quantize) rows_begun_[step.weight] = 0;
 }
 
 Brought ParameterSink::brought(ParamSlot slot) const {
@@ -522,7 +499,6 @@ void ParameterSink::flush(std::chrono::milliseconds timeout) {
 
 std::uint64_t ParameterSink::processing_staging_bytes() const {
   std::uint64_t bytes = staging_.size();
-  for (const Buffer& b : staged_rows_) bytes += b.size();
   for (const Buffer& b : spare_rows_) bytes += b.size();
   for (const auto& [unit, b] : partial_units_) bytes += b.size();
   return bytes;
@@ -533,8 +509,6 @@ void ParameterSink::begin_load() {
   processed_.clear();
   // (rows an earlier load staged and never processed, as a load that failed
   // leaves them: spare, their amaxes started again when next taken)
-  for (Buffer& rows : staged_rows_)
-    if (rows) spare_rows_.push_back(std::move(rows));
   for (auto& [unit, rows] : partial_units_) spare_rows_.push_back(std::move(rows));
   partial_units_.clear();
   rows_begun_.assign(storage_.size(), 0);
