@@ -19,8 +19,8 @@
 // (WriteKind::kStageScale) lands in the sink's staging, one float32 per shard
 // of its parameter; process_layer() requantizes the layer's weights and writes
 // their scales. An online FP8 weight's rows (kStageRows), in the model's dtype,
-// are quantized as each unit (an expert per tensor, a band of 128 rows per
-// block) completes, staged only while it is in parts (on a device, always).
+// are quantized as each unit (an expert; per block on the host a band of 128
+// rows) completes, staged only while it is in parts (on a device, always).
 //
 // Atomic reloads: begin_shadow() gives every parameter a second copy in the same
 // memory space (holding its current bytes) and sends every later write, zero and
@@ -243,8 +243,8 @@ class ParameterSink {
     }
   };
   static Bands bands_of(const ParamSpec& param, std::int64_t block);
-  // Online FP8 quantizes a weight in units: per block its bands, per tensor
-  // its experts (the whole weight without experts).
+  // Online FP8 quantizes a weight in units: its experts (the whole weight
+  // without experts), per block on the host its bands.
   Bands units_of(const ParamSpec& param) const;
   void quantize_unit(ParamSlot slot, const Bands& units, std::int64_t unit, const std::byte* x,
                      bool staged);

@@ -243,11 +243,13 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
   }
 }
 
-// The units online FP8 stages and quantizes a weight in: per
-// block its bands of 128 rows (each expert's apart), per tensor its experts.
+// The units online FP8 stages and quantizes a weight in: its experts (the
+// whole weight without experts), and per block on the host its bands of 128
+// rows (each expert's apart; on a device an expert is one kernel, not one per
+// band).
 ParameterSink::Bands ParameterSink::units_of(const ParamSpec& param) const {
-  if (const std::int64_t block = online_fp8_block(rules_.quantization()))
-    return bands_of(param, block);
+  const std::int64_t block = online_fp8_block(rules_.quantization());
+  if (block && !device_) return bands_of(param, block);
   const std::int64_t experts = param.shape.size() == 3 ? param.shape[0] : 1;
   return bands_of(param, param_rows(param.shape) / experts);
 }
@@ -257,7 +259,9 @@ ParameterSink::Bands ParameterSink::units_of(const ParamSpec& param) const {
 void ParameterSink::check_units_quantized(const ScaleStep& step) const {
   const ParamSpec& param = rules_.params()[step.weight];
   const Bands units = units_of(param);
-  for (std::int64_t unit = step.out_row; unit < step.out_row + units.per_band_row; ++unit) {
+  const std::int64_t expert = step.row / units.per_expert;
+  for (std::int64_t unit = expert * units.per_band_row; unit < (expert + 1) * units.per_band_row;
+       ++unit) {
     const std::int64_t height = units.end(unit) - units.first(unit),
                        got = unit_rows_[step.weight][unit];
     if (got != height)
@@ -280,19 +284,24 @@ void ParameterSink::quantize_unit(ParamSlot slot, const Bands& units, std::int64
   const std::int64_t first = units.first(unit), rows = units.end(unit) - first;
   const auto n = static_cast<std::uint64_t>(rows * cols);
   auto* codes = reinterpret_cast<std::uint8_t*>(storage_[slot].data) + first * cols;
-  // (a scale row: the grid's, or one float per expert)
+  // (its first scale row: of the grid, the expert's grid rows then the band's;
+  // per tensor, the expert's one float)
+  const std::int64_t block = online_fp8_block(rules_.quantization());
+  const std::int64_t expert = first / units.per_expert, within = first % units.per_expert;
+  const std::int64_t scale_row =
+      block ? expert * ((units.per_expert + block - 1) / block) + within / block : expert;
   auto* out = reinterpret_cast<float*>(storage_[param.scale_slot].data) +
-              unit * (param_row_bytes(scale.shape, DType::kFloat32) / 4);
-  const bool per_tensor = !online_fp8_block(rules_.quantization());
-  if (device_ && per_tensor)
+              scale_row * (param_row_bytes(scale.shape, DType::kFloat32) / 4);
+  if (device_ && !block)
     stream().quantize_fp8(x, model, n, codes, out);
   else if (device_)
-    stream().quantize_fp8_block(x, model, rows, cols, units.block, codes, out);
-  else if (per_tensor)
-    quantize_fp8_with_amax_host(
-        x, model, n, staged ? staged_amax_[slot].at(unit) : fp8_amax_host(x, model, n), codes, out);
+    stream().quantize_fp8_block(x, model, rows, cols, block, codes, out);
+  else if (!block)
+    quantize_fp8_with_amax_host(x, model, n,
+                                staged ? staged_amax_[slot].at(expert) : fp8_amax_host(x, model, n),
+                                codes, out);
   else
-    quantize_fp8_blocks_host(x, model, rows, cols, units.block, codes, out);
+    quantize_fp8_blocks_host(x, model, rows, cols, block, codes, out);
   touched_[slot] = true;
   touched_[param.scale_slot] = true;
 }
