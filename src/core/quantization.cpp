@@ -32,11 +32,11 @@ std::string quantization_help() {
   return "int8: weight-only int8 parameters with per-row float32 scales, quantized as rows "
          "land; fp8: vLLM's online FP8 (float8_e4m3fn weights with one float32 scale per "
          "linear and per expert, amax / 448 over the rank's fused weight), quantized once a "
-         "layer's weights arrived; fp8-block: online FP8 with a float32 weight_scale_inv per 128 x "
-         "128 block of the rank's fused weight (each expert apart), amax (at least 1e-4) times "
-         "1/448, as vLLM's per_block_cast_to_fp8. Checkpoint-format loads quantize; kernel-format "
-         "loads copy "
-         "shards made with the same scheme";
+         "fused weight (an expert) arrived; fp8-block: online FP8 with a float32 "
+         "weight_scale_inv per 128 x 128 block of the rank's fused weight (each expert apart), "
+         "amax (at least 1e-4) times 1/448, as vLLM's per_block_cast_to_fp8, quantized once "
+         "128 rows (on a GPU, a fused weight or expert) arrived. Checkpoint-format loads "
+         "quantize; kernel-format loads copy shards made with the same scheme";
 }
 
 bool online_fp8(std::string_view name) {

@@ -88,9 +88,10 @@ struct ParamSpec {
   // (ShardingRules::scale_steps); a kernel-format load copies it.
   bool staged = false;
   // Online FP8 (quantization "fp8" or "fp8-block"): a float8_e4m3fn weight whose
-  // checkpoint rows (bfloat16, float16 or float32) are staged in the model's
-  // dtype (rounded to it, as vLLM's parameter holds them) and quantized once its layer arrived,
-  // into it and its weight_scale, or with blocks its weight_scale_inv grid (scale_slot).
+  // checkpoint rows (bfloat16, float16 or float32) are taken in the model's
+  // dtype (rounded to it, as vLLM's parameter holds them) and quantized as each
+  // unit of rows arrives (ParameterSink::stage_rows), into it and its
+  // weight_scale, or with blocks its weight_scale_inv grid (scale_slot).
   bool quantize_fp8 = false;
 
   // Whether checkpoint rows of the model's floating dtype are quantized into it
