@@ -1,7 +1,8 @@
 // The host's online FP8 kernels (quantize.h: quantize_fp8_host,
 // quantize_fp8_blocks_host) at each instruction-set level of the int8 kernels:
 // the baseline is tpreload/core/float8.h's scalar code (the CUDA kernels' too);
-// AVX2 and AVX-512 compute the same bytes 8 and 16 values at a time. Compiled for
+// AVX2 and AVX-512 compute the same bytes 8 and 16 values at a time (amaxes of
+// 16-bit values 16 and 32 at a time). Compiled for
 // baseline x86-64 whatever the build's -march (CMakeLists.txt), the wider
 // levels by target attributes, so that nothing here needs more than the CPU has.
 #include "tpreload/core/error.h"
@@ -204,8 +205,9 @@ TPRELOAD_AVX2 float amax16_avx2(const T* x, std::uint64_t n) {
   return tail > amax ? tail : amax;
 }
 
-// fp8::amax_of by the float max, whose NaN operand is ignored when it comes
-// first (_mm*_max_ps returns the second operand then); fp8::quantize_with_amax.
+// fp8::amax_of: of float32 values by the float max, whose NaN operand is
+// ignored when it comes first (_mm*_max_ps returns the second operand then);
+// of 16-bit values by amax16_*; fp8::quantize_with_amax.
 
 template <typename T>
 TPRELOAD_AVX512 float amax_avx512(const T* x, std::uint64_t n) {

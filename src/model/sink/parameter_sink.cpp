@@ -227,15 +227,20 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
     if (direct && r == first && end - r == height && counts[unit] == 0) {
       quantize_unit(w.slot, units, unit, in + (r - w.dest_row) * w.src_pitch, false);
     } else {
-      Buffer& part = partial_units_[{w.slot, unit}];
-      if (!part) part = rows_buffer(static_cast<std::uint64_t>(height) * width);
+      auto it = partial_units_.find({w.slot, unit});
+      if (it == partial_units_.end())  // (allocated before it is entered: nothing empty kept)
+        it = partial_units_
+                 .emplace(std::make_pair(w.slot, unit),
+                          rows_buffer(static_cast<std::uint64_t>(height) * width))
+                 .first;
+      Buffer& part = it->second;
       stage(r - w.dest_row, end - w.dest_row,
             part.data() + static_cast<std::uint64_t>(r - first) * width);
       if (counts[unit] + (end - r) == height) {
         quantize_unit(w.slot, units, unit, part.data(), true);
         // (on a device the stream orders the next copy into it after the kernel)
         spare_rows_.push_back(std::move(part));
-        partial_units_.erase({w.slot, unit});
+        partial_units_.erase(it);
       }
     }
     counts[unit] += end - r;
