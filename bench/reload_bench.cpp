@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -812,9 +813,20 @@ void print_targets(const BenchOptions& o, const std::vector<Row>& rows, Communic
       for (const Row& none : rows)
         if (none.format == "checkpoint" && none.quantization == "none" &&
             none.distribution == r.distribution && none.readers == r.readers &&
-            none.bucket_mb == r.bucket_mb)
+            none.bucket_mb == r.bucket_mb) {
           std::cout << "#   online " << r.quantization << " <= 1.3x the unquantized reload, "
                     << r.distribution << ": " << verdict(r.seconds / none.seconds, 1.3) << "\n";
+          // (the two rows' bounds move the same bytes: apart, the machine's speed
+          // moved between the rows and the ratio says little)
+          const double drift = r.bound > none.bound ? r.bound / none.bound : none.bound / r.bound;
+          if (r.bound > 0 && none.bound > 0 && drift > 1.2) {
+            char x[32];
+            std::snprintf(x, sizeof x, "%.2f", drift);
+            std::cout << "#     (their bounds differ " << x
+                      << "x: the machine's speed changed between the rows; "
+                         "scripts/online_fp8_ratio.sh measures the modes in turn)\n";
+          }
+        }
     if (r.format != "checkpoint" || r.quantization != "int8") continue;
     for (const Row& k : rows)
       if (k.format == "kernel" && k.quantization == "int8" && k.distribution == r.distribution &&
