@@ -219,9 +219,6 @@ class ParameterSink {
   // next units that fit, kept warm from one reload to the next.
   std::vector<Buffer> spare_rows_;
   Buffer rows_buffer(std::uint64_t bytes);
-  // Per slot: whether this load has written the weight's rows yet (its amaxes
-  // and unit counts start again at its first write).
-  std::vector<char> rows_begun_;
   // Per slot, per expert (one without experts): the amax of the staged rows so
   // far, taken as they land (host memory, per-tensor online FP8).
   std::vector<std::vector<float>> staged_amax_;
@@ -248,9 +245,11 @@ class ParameterSink {
   Bands units_of(const ParamSpec& param) const;
   void quantize_unit(ParamSlot slot, const Bands& units, std::int64_t unit, const std::byte* x,
                      bool staged);
-  void check_units_quantized(const ScaleStep& step) const;
+  void check_units_quantized(const ScaleStep& step, int tp_rank) const;
   // Per slot, per unit: rows written so far in this load (a unit is quantized
-  // when they reach its height).
+  // when they reach its height); empty until the load's first write of the
+  // weight, which also starts its amaxes again, and again once its layer is
+  // processed.
   std::vector<std::vector<std::int64_t>> unit_rows_;
   // The units that came in parts, by (slot, unit): their rows so far (the
   // unit's row i at i rows in), until the last lands.

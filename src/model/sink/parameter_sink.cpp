@@ -72,7 +72,6 @@ ParameterSink::ParameterSink(const ShardingRules& rules, std::vector<ParamStorag
     if (spec.staged) staged += spec.shards;
   }
   if (staged) staging_ = (device_ ? device_->memory() : host_allocator()).allocate(staged * 4);
-  rows_begun_.assign(storage_.size(), 0);
   staged_amax_.resize(storage_.size());
   unit_rows_.resize(storage_.size());
 }
@@ -189,8 +188,7 @@ void ParameterSink::stage_rows(const RowWrite& w, const ParamSpec& param, const 
   const std::uint64_t size = dtype_size(model);
   const bool per_tensor = !online_fp8_block(rules_.quantization());
   const Bands units = units_of(param);
-  if (!rows_begun_[w.slot]) {  // (this load's first write of the weight)
-    rows_begun_[w.slot] = 1;
+  if (unit_rows_[w.slot].empty()) {  // (this load's first write of the weight)
     staged_amax_[w.slot].assign(units.experts, 0.0f);
     unit_rows_[w.slot].assign(units.count(), 0);
   }
@@ -261,18 +259,20 @@ ParameterSink::Bands ParameterSink::units_of(const ParamSpec& param) const {
 
 // A step's expert at processing: every unit was quantized as its rows landed
 // (a weight this load brought only in part is refused before this).
-void ParameterSink::check_units_quantized(const ScaleStep& step) const {
+void ParameterSink::check_units_quantized(const ScaleStep& step, int tp_rank) const {
   const ParamSpec& param = rules_.params()[step.weight];
   const Bands units = units_of(param);
   const std::int64_t expert = step.row / units.per_expert;
   for (std::int64_t unit = expert * units.per_band_row; unit < (expert + 1) * units.per_band_row;
        ++unit) {
+    // (empty: this load wrote none of the weight)
+    const auto& counts = unit_rows_[step.weight];
     const std::int64_t height = units.end(unit) - units.first(unit),
-                       got = unit_rows_[step.weight][unit];
+                       got = counts.empty() ? 0 : counts[unit];
     if (got != height)
-      raise<ModelError>("online FP8 of '", param.name, "': rows [", units.first(unit), ", ",
-                        units.end(unit), ") got ", got, " of their ", height,
-                        " rows in this load (they are quantized once all arrived)");
+      raise<ModelError>("online FP8 of '", param.name, "' on tp rank ", tp_rank, ": rows [",
+                        units.first(unit), ", ", units.end(unit), ") got ", got, " of their ",
+                        height, " rows in this load (they are quantized once all arrived)");
   }
 }
 
@@ -341,7 +341,7 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
     const std::uint64_t out_width = param_row_bytes(params[step.scale].shape, DType::kFloat32) / 4;
     auto* out = reinterpret_cast<float*>(storage_[step.scale].data) + step.out_row * out_width;
     if (step.quantize) {  // (quantized unit by unit as the rows landed)
-      check_units_quantized(step);
+      check_units_quantized(step, tp_rank);
     } else {
       const float* from = staged + staged_at_[step.scale];
       if (device_)
@@ -356,7 +356,7 @@ void ParameterSink::process_layer(std::int64_t layer, int tp_rank) {
   flush();
   // (online FP8: the layer's weights start again at their next load's first write)
   for (const ScaleStep& step : steps_)
-    if (step.layer == layer && step.quantize) rows_begun_[step.weight] = 0;
+    if (step.layer == layer && step.quantize) unit_rows_[step.weight].clear();
 }
 
 Brought ParameterSink::brought(ParamSlot slot) const {
@@ -525,7 +525,7 @@ void ParameterSink::begin_load() {
   // leaves them: spare, their amaxes started again when next taken)
   for (auto& [unit, rows] : partial_units_) spare_rows_.push_back(std::move(rows));
   partial_units_.clear();
-  rows_begun_.assign(storage_.size(), 0);
+  for (auto& counts : unit_rows_) counts.clear();
   touched_.assign(storage_.size(), false);
   commit_began_ = false;
 }
