@@ -365,10 +365,16 @@ TEST(Borrowed, DerivedParametersAreGivenContiguousOrLeftAsViewsOfAnUnquantizedWe
     EXPECT_EQ(text.find("derived_views"), std::string::npos) << text;
     int8.derived_views = true;
     const std::string viewed = problems(int8, params);
-    EXPECT_NE(viewed.find("derived_views: '" + uk_t + "' is computed from the quantized '" + kv_b +
-                          "' into a tensor of the model's own"),
+    // (one line for every layer's two, W_UK_T and W_UV, naming layer 0's first
+    // and kv_b_proj's dtype)
+    const std::string layer0 = "model.layers.0.self_attn.";
+    EXPECT_NE(viewed.find("derived_views: " + std::to_string(2 * config.num_hidden_layers) +
+                          " derived parameters ('" + layer0 +
+                          "mla_attn.mla_attn.W_UK_T', ...) are computed from the quantized '" +
+                          layer0 + "kv_b_proj.weight' (int8) into a tensor of the model's own"),
               std::string::npos)
         << viewed;
+    EXPECT_EQ(viewed.find("'" + uk_t + "'"), std::string::npos) << viewed;
     EXPECT_THROW(BorrowedTarget(config, int8, borrow_all(params)), ValidationError);
   }
 }

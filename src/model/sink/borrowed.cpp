@@ -76,14 +76,24 @@ std::vector<std::string> borrowed_problems(const ShardingRules& rules, const Bor
   for (const DerivedStep& d : rules.derived_steps())
     notes[d.out] =
         derived_note(rules.params()[d.from].name, d.window.scale_kind != HeadRows::Scale::kNone);
+  // (derived from quantized weights: one line for all, naming the first)
+  const ShardingRules::LeftOut* quantized = nullptr;
+  std::size_t n_quantized = 0;
   for (const ShardingRules::LeftOut& d : rules.derived_left_out()) {
-    if (d.quantized)
-      problems.push_back(detail::concat(
-          "derived_views: '", d.name, "' is computed from the quantized '", d.from,
-          "' into a tensor of the model's own, which only the reload rewrites; give it instead"));
-    else if (lookup(by_name, d.name, o.lora))
+    if (d.quantized && n_quantized++ == 0) quantized = &d;
+    if (!d.quantized && lookup(by_name, d.name, o.lora))
       problems.push_back(detail::concat("parameter '", d.name,
                                         "' is given, but derived_views leaves it to the model"));
+  }
+  if (quantized) {
+    const ParamSpec* from = rules.find_param(quantized->from);
+    problems.push_back(detail::concat(
+        "derived_views: ", n_quantized, " derived parameter", n_quantized > 1 ? "s" : "", " ('",
+        quantized->name, "'", n_quantized > 1 ? ", ..." : "", ") ", n_quantized > 1 ? "are" : "is",
+        " computed from the quantized '", quantized->from, "' (",
+        from ? dtype_name(from->dtype) : std::string_view("?"),
+        ") into a tensor of the model's own, which only the reload rewrites; give ",
+        n_quantized > 1 ? "them" : "it", " instead"));
   }
   for (ParamSlot slot = 0; slot < rules.params().size(); ++slot) {
     const ParamSpec& spec = rules.params()[slot];
