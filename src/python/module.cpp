@@ -438,8 +438,13 @@ py::dict reload(World& world, const std::vector<py::tuple>& params, Request q,
     const bool serves = q.serving_ranks == 0 || comm.rank() < q.serving_ranks;
     std::optional<std::string> model_problem;
     try {
-      BorrowedOptions o{q.tp_size, comm.rank() % q.tp_size, q.quantization,
-                        q.lora,    q.expert_parallel,       q.derived_views};
+      BorrowedOptions o;  // (by name: three of its fields are adjacent bools)
+      o.tp_size = q.tp_size;
+      o.tp_rank = comm.rank() % q.tp_size;
+      o.quantization = q.quantization;
+      o.lora = q.lora;
+      o.expert_parallel = q.expert_parallel;
+      o.derived_views = q.derived_views;
       if (serves)
         target = std::make_unique<BorrowedTarget>(*config, o, std::move(tensors));
       else
