@@ -254,13 +254,7 @@ TEST(Borrowed, DerivedViewsLeaveTheDerivedParametersToTheModel) {
   for (const auto& [name, t] : params)
     if (!is_mla_derived(name)) given[name] = t;
   ASSERT_LT(given.size(), params.size());
-  // The views, as vLLM's MLA backend makes them of kv_b_proj [heads x (nope + v), L].
-  const std::int64_t heads = config.num_attention_heads / tp, nope = config.qk_nope_head_dim,
-                     v = config.v_head_dim, lora = config.kv_lora_rank;
   const std::string a = "model.layers.0.self_attn.";
-  const at::Tensor per_head = given.at(a + "kv_b_proj.weight").view({heads, nope + v, lora});
-  const at::Tensor uk_t = per_head.slice(1, 0, nope), uv = per_head.slice(1, nope).transpose(1, 2);
-  EXPECT_FALSE(uk_t.is_contiguous());
   try {  // (not without saying so: a model whose copies would go stale)
     BorrowedTarget refused(config, on_rank(tp, rank), borrow_all(given));
     FAIL() << "built a DeepSeek target without its derived parameters";
@@ -284,9 +278,9 @@ TEST(Borrowed, DerivedViewsLeaveTheDerivedParametersToTheModel) {
   const ReloadResult r = reload_weights(target, *control, source.get(), o);
   EXPECT_TRUE(r.complete());
   const auto want = testdata::expected_shards(config, ckpt, tp, rank);
+  // (W_UK_T and W_UV are views of kv_b_proj, which is among `given`: nothing
+  // of theirs to check apart from it)
   for (const auto& [name, t] : given) EXPECT_TRUE(testdata::same_bytes(t, want.at(name))) << name;
-  EXPECT_TRUE(testdata::same_bytes(uk_t.contiguous(), want.at(a + "mla_attn.mla_attn.W_UK_T")));
-  EXPECT_TRUE(testdata::same_bytes(uv.contiguous(), want.at(a + "mla_attn.mla_attn.W_UV")));
   for (const auto& s : target.stored_parameters()) EXPECT_FALSE(is_mla_derived(s.name)) << s.name;
   // Kernel format (this rank's shards, W_UK_T and W_UV among them): those two
   // have no parameter here and are skipped; the rest is copied.
@@ -305,7 +299,6 @@ TEST(Borrowed, DerivedViewsLeaveTheDerivedParametersToTheModel) {
     if (is_mla_derived(name)) derived_names.push_back(name);
   EXPECT_EQ(skipped, derived_names);
   for (const auto& [name, t] : given) EXPECT_TRUE(testdata::same_bytes(t, want.at(name))) << name;
-  EXPECT_TRUE(testdata::same_bytes(uk_t.contiguous(), want.at(a + "mla_attn.mla_attn.W_UK_T")));
 }
 
 TEST(Borrowed, DerivedParametersAreGivenContiguousOrLeftAsViewsOfAnUnquantizedWeight) {
