@@ -13,6 +13,8 @@
 #include "../support/tiny_models.h"
 #include "tpreload/core/error.h"
 #include "tpreload/model/config.h"
+#include "tpreload/model/row_writes.h"
+#include "tpreload/model/sharding.h"
 
 namespace tpreload {
 namespace {
@@ -73,6 +75,36 @@ TEST(Families, TheLayoutListsTheHuggingFaceCheckpointOfEveryTinyConfig) {
       EXPECT_TRUE(hf.count(tensor)) << name << ": the layout lists " << tensor
                                     << ", which the Hugging Face checkpoint does not hold";
     EXPECT_GT(hf.size(), 5u) << name;
+  }
+}
+
+// The plan takes a placed slice's rows and row bytes from Placement::slice_rows
+// and slice_row_bytes (no shape built); they agree with the slice's shape as
+// row_writes measures any shape, for every tensor of every tiny config at tp 1
+// and 2, on every rank that holds it, with and without expert parallelism
+// (MoE configs).
+TEST(Families, APlacementsRowsAreThoseOfItsSliceShape) {
+  for (const char* name : testdata::kTinyConfigs) {
+    const ModelConfig config = testdata::tiny_config(name);
+    for (const int tp : {1, 2})
+      for (const bool ep : {false, true}) {
+        if (ep && config.num_experts == 0) continue;  // (expert parallelism: MoE models only)
+        const ShardingRules rules(config, tp, "", ep);
+        std::size_t held = 0;
+        for (const auto& [tensor, shape] : testdata::hf_checkpoint_tensors(config))
+          for (int rank = 0; rank < tp; ++rank) {
+            const std::optional<Placement> pl = rules.place(tensor, rank);
+            if (!pl || !pl->held) continue;
+            ++held;
+            const std::vector<std::int64_t> slice = pl->slice_shape();
+            EXPECT_EQ(pl->slice_rows(), shape_rows(slice))
+                << name << " tp " << tp << ": " << tensor;
+            for (const DType dtype : {DType::kBFloat16, DType::kFloat32})
+              EXPECT_EQ(pl->slice_row_bytes(dtype), shape_row_bytes(slice, dtype))
+                  << name << " tp " << tp << ": " << tensor;
+          }
+        EXPECT_GT(held, 5u) << name << " tp " << tp;
+      }
   }
 }
 
